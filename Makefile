@@ -1,0 +1,42 @@
+# `make demo` and `make test` create the environment themselves on a fresh clone.
+PYTHON ?= python3
+VENV ?= .venv
+TORCH_SPEC ?= torch==2.13.0
+PY := $(VENV)/bin/python
+PYTEST_ARGS ?=
+
+.PHONY: venv demo test test-unit check format bench clean
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	# torch first, pinned, so pip never pulls a multi-GB CUDA build to satisfy torch>=2.4
+	$(PY) -m pip install --quiet "$(TORCH_SPEC)"
+	$(PY) -m pip install --quiet -e ".[dev]"
+	touch $@
+
+venv: $(VENV)/.installed
+
+demo: venv
+	$(VENV)/bin/trainhouse demo --example examples/digits
+
+test: venv
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+test-unit: venv
+	$(PY) -m pytest tests/unit $(PYTEST_ARGS)
+
+check: venv
+	$(VENV)/bin/ruff check src tests bench examples
+	$(VENV)/bin/ruff format --check src tests bench examples
+	$(VENV)/bin/mypy
+
+format: venv
+	$(VENV)/bin/ruff check --fix src tests bench examples
+	$(VENV)/bin/ruff format src tests bench examples
+
+bench: venv
+	$(PY) bench/overhead.py
+
+clean:
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

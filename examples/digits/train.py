@@ -1,0 +1,165 @@
+"""A small CNN on scikit-learn's handwritten digits (8x8 images), trained with DDP.
+
+Runs the same way everywhere:
+    trainhouse submit trainhouse.yaml            # under the server, 2 ranks
+    torchrun --nproc-per-node 2 train.py         # bare torchrun, standalone
+    python train.py                              # one process, standalone
+It resumes from its latest checkpoint when restarted.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from sklearn.datasets import load_digits
+from sklearn.model_selection import train_test_split
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data.distributed import DistributedSampler
+
+import trainhouse
+
+DEFAULTS = {"epochs": 30, "lr": 0.002, "batch_size": 32, "seed": 0}
+
+
+class DigitsCNN(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(1, 16, 3, padding=1)
+        self.conv2 = nn.Conv2d(16, 32, 3, padding=1)
+        self.fc1 = nn.Linear(32 * 4 * 4, 64)
+        self.fc2 = nn.Linear(64, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = F.relu(self.conv1(x))
+        x = F.max_pool2d(F.relu(self.conv2(x)), 2)
+        x = F.relu(self.fc1(x.flatten(1)))
+        return self.fc2(x)
+
+
+def datasets(seed: int) -> tuple[TensorDataset, TensorDataset]:
+    digits = load_digits()
+    x = torch.tensor(digits.images, dtype=torch.float32).unsqueeze(1) / 16.0
+    y = torch.tensor(digits.target, dtype=torch.long)
+    x_train, x_val, y_train, y_val = train_test_split(
+        x, y, test_size=0.2, random_state=seed, stratify=y
+    )
+    return TensorDataset(x_train, y_train), TensorDataset(x_val, y_val)
+
+
+def loaders(
+    seed: int, batch_size: int, rank: int, world_size: int
+) -> tuple[DataLoader, DistributedSampler, DataLoader]:
+    train, val = datasets(seed)
+    sampler = DistributedSampler(
+        train, num_replicas=world_size, rank=rank, shuffle=True, seed=seed, drop_last=True
+    )
+    return (
+        DataLoader(train, batch_size=batch_size, sampler=sampler),
+        sampler,
+        DataLoader(val, batch_size=256),
+    )
+
+
+def train_epoch(
+    model: nn.Module,
+    optim: torch.optim.Optimizer,
+    loader: DataLoader,
+    first_step: int,
+    on_step: Callable[[int, float], None] | None = None,
+) -> tuple[float, int, float]:
+    """One pass over ``loader``; returns (mean loss, samples seen, seconds)."""
+    model.train()
+    total, samples, step = 0.0, 0, first_step
+    start = time.perf_counter()
+    for x, y in loader:
+        optim.zero_grad(set_to_none=True)
+        loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        optim.step()
+        value = loss.item()
+        total += value * len(y)
+        samples += len(y)
+        if on_step is not None:
+            on_step(step, value)
+        step += 1
+    return total / max(samples, 1), samples, time.perf_counter() - start
+
+
+@torch.no_grad()
+def evaluate(model: nn.Module, loader: DataLoader) -> tuple[float, float]:
+    model.eval()
+    loss, correct, n = 0.0, 0, 0
+    for x, y in loader:
+        out = model(x)
+        loss += F.cross_entropy(out, y, reduction="sum").item()
+        correct += (out.argmax(1) == y).sum().item()
+        n += len(y)
+    return loss / n, correct / n
+
+
+def main() -> None:
+    with trainhouse.init(hparams=DEFAULTS) as run:
+        hp = run.hparams
+        torch.manual_seed(int(hp["seed"]))
+        train_loader, sampler, val_loader = loaders(
+            int(hp["seed"]), int(hp["batch_size"]), run.rank, run.world_size
+        )
+        steps_per_epoch = len(train_loader)
+        epochs = int(hp["epochs"])
+        run.set_total_steps(epochs * steps_per_epoch)
+
+        model = DigitsCNN()
+        ddp = DDP(model) if run.world_size > 1 else model
+        optim = torch.optim.Adam(ddp.parameters(), lr=float(hp["lr"]))
+
+        start_epoch = 0
+        state = run.checkpoint.load()
+        if state is not None:
+            model.load_state_dict(state["model"])
+            optim.load_state_dict(state["optim"])
+            start_epoch = int(state["epoch"]) + 1
+            if run.is_main:
+                print(f"resumed from the checkpoint of epoch {state['epoch']}")
+
+        def on_step(step: int, loss: float) -> None:
+            run.log({"loss": loss}, step=step)
+
+        for epoch in range(start_epoch, epochs):
+            sampler.set_epoch(epoch)
+            first = epoch * steps_per_epoch
+            train_loss, samples, seconds = train_epoch(ddp, optim, train_loader, first, on_step)
+            val_loss, val_acc = evaluate(model, val_loader)
+            last = first + steps_per_epoch - 1
+            run.log(
+                {
+                    "epoch": epoch,
+                    "train_loss": train_loss,
+                    "val_loss": val_loss,
+                    "val_acc": val_acc,
+                    "samples_per_s": samples * run.world_size / seconds,
+                },
+                step=last,
+            )
+            if run.is_main:
+                print(
+                    f"epoch {epoch}: train_loss={train_loss:.4f} val_loss={val_loss:.4f} "
+                    f"val_acc={val_acc:.4f}",
+                    flush=True,
+                )
+            run.checkpoint.save(
+                {"model": model.state_dict(), "optim": optim.state_dict(), "epoch": epoch},
+                step=last,
+                metrics={"val_loss": val_loss, "val_acc": val_acc},
+            )
+            if run.should_stop():
+                print(f"rank {run.rank}: stopping after epoch {epoch} as asked", flush=True)
+                break
+
+
+if __name__ == "__main__":
+    main()

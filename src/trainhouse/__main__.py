@@ -1,0 +1,3 @@
+from trainhouse.cli import main
+
+main()

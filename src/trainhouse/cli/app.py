@@ -1,0 +1,406 @@
+"""The typer app: every ``trainhouse`` command."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.table import Table
+
+from trainhouse.cli import render
+from trainhouse.cli.follow import Follower
+from trainhouse.cli.render import (
+    EXIT_CANCELED,
+    ago,
+    console,
+    duration,
+    errors,
+    fmt_value,
+    print_json,
+    state,
+)
+from trainhouse.client import Client
+from trainhouse.spec import json_schema, load_spec
+
+app = typer.Typer(
+    name="trainhouse",
+    help="A self-hosted training server: submit PyTorch jobs, watch them train.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+UrlOpt = Annotated[
+    str | None,
+    typer.Option("--url", envvar="TRAINHOUSE_URL", help="Server URL", show_default=False),
+]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table")]
+
+
+def client(url: str | None) -> Client:
+    return Client(url)
+
+
+def result_code(job: dict[str, Any]) -> int:
+    """The exit code ``submit`` returns for a finished job."""
+    if job["state"] == "COMPLETED":
+        return 0
+    if job["state"] == "CANCELED":
+        return EXIT_CANCELED
+    code = job.get("exit_code") or 1
+    return code if 0 < code < 256 else 1
+
+
+# -- server ----------------------------------------------------------------------------------
+from trainhouse.cli import server as _server  # noqa: E402  (registers server and demo)
+
+_server.register(app)
+
+
+# -- spec ------------------------------------------------------------------------------------
+@app.command("spec")
+def spec_cmd(
+    file: Annotated[Path | None, typer.Argument(help="A spec file to validate")] = None,
+    schema: Annotated[bool, typer.Option("--schema", help="Print the JSON Schema")] = False,
+    set_: Annotated[list[str] | None, typer.Option("--set", help="Override key=value")] = None,
+) -> None:
+    """Print the job spec's JSON Schema, or validate a spec file and print it resolved."""
+    if schema:
+        print_json(json_schema())
+        return
+    if file is None:
+        render.fail("give a spec file to validate, or --schema", render.EXIT_BAD_INPUT)
+    with errors():
+        print_json(load_spec(file, set_ or []).model_dump(mode="json"))
+
+
+# -- submit ----------------------------------------------------------------------------------
+@app.command()
+def submit(
+    file: Annotated[Path, typer.Argument(help="The job spec (YAML)")],
+    set_: Annotated[
+        list[str] | None, typer.Option("--set", help="Override a field: --set hparams.lr=0.1")
+    ] = None,
+    detach: Annotated[bool, typer.Option("--detach", "-d", help="Return once queued")] = False,
+    as_json: JsonOpt = False,
+    url: UrlOpt = None,
+) -> None:
+    """Upload the workdir and spec, then follow the job until it ends (Ctrl-C detaches).
+
+    The exit code is the job's result: 0 completed, the job's exit code if it failed,
+    4 if it was canceled.
+    """
+    with errors(), client(url) as c:
+        job = c.submit(file, overrides=set_ or [])
+        if as_json and detach:
+            print_json(job)
+            return
+        if not as_json:
+            console.print(
+                f"submitted job [bold]{job['id']}[/] ({job['name']}) to {c.url}", highlight=False
+            )
+        if detach:
+            console.print(f"follow it with: trainhouse logs {job['id']} -f")
+            return
+        try:
+            final = Follower(c, job["id"]).run()
+        except KeyboardInterrupt:
+            console.print(
+                f"\ndetached; job {job['id']} keeps running. "
+                f"Follow it with `trainhouse logs {job['id']} -f`, stop it with "
+                f"`trainhouse cancel {job['id']}`."
+            )
+            raise typer.Exit(0) from None
+        if as_json:
+            print_json(final)
+        else:
+            _summary(c, final)
+        raise typer.Exit(result_code(final))
+
+
+def _summary(c: Client, job: dict[str, Any]) -> None:
+    latest = job.get("latest_metrics") or {}
+    shown = "  ".join(f"{k}={fmt_value(v)}" for k, v in sorted(latest.items()))
+    console.print(f"job {job['id']} {state(job['state'])} after {job['attempts']} attempt(s)")
+    if shown:
+        console.print(f"  final metrics (step {job.get('last_step')}): {shown}", highlight=False)
+    if job["state"] == "FAILED" and job.get("reason"):
+        console.print(f"  reason: {job['reason']}", highlight=False, markup=False)
+    console.print(
+        f"  metrics:     trainhouse metrics {job['id']}\n"
+        f"  logs:        trainhouse logs {job['id']}   ({job['job_dir']}/logs)\n"
+        f"  checkpoints: trainhouse checkpoints {job['id']}   ({job['job_dir']}/checkpoints)",
+        highlight=False,
+    )
+
+
+# -- ps / show -------------------------------------------------------------------------------
+@app.command()
+def ps(
+    all_: Annotated[bool, typer.Option("--all", "-a", help="Include ended jobs")] = False,
+    as_json: JsonOpt = False,
+    url: UrlOpt = None,
+) -> None:
+    """List jobs (queued and running; --all for every job)."""
+    with errors(), client(url) as c:
+        jobs = c.jobs(all=all_)
+    if as_json:
+        print_json(jobs)
+        return
+    if not jobs:
+        console.print("no jobs" + ("" if all_ else " queued or running (--all shows ended ones)"))
+        return
+    table = Table(box=None, header_style="bold")
+    for col in ("ID", "NAME", "OWNER", "STATE", "PRIORITY", "RANKS", "STEP", "SUBMITTED", "NOTE"):
+        table.add_column(col, no_wrap=col != "NOTE", overflow="fold")
+    for j in jobs:
+        res = j["spec"]["resources"]
+        ranks = res["nodes"] * (res.get("procs_per_node") or 1)
+        step = "-" if j["last_step"] is None else str(j["last_step"])
+        if j.get("total_steps"):
+            step += f"/{j['total_steps']}"
+        note = (j.get("reason") or "").splitlines()[0] if j["state"] != "RUNNING" else ""
+        table.add_row(
+            str(j["id"]),
+            j["name"],
+            j["owner"],
+            state(j["state"]),
+            j["priority"],
+            str(ranks),
+            step,
+            ago(j["created_at"]),
+            note,
+        )
+    console.print(table)
+
+
+@app.command()
+def show(
+    job_id: Annotated[int, typer.Argument(metavar="JOB")],
+    as_json: JsonOpt = False,
+    url: UrlOpt = None,
+) -> None:
+    """A job's state, attempts, exit codes, placement, and why it waits."""
+    with errors(), client(url) as c:
+        job = c.job(job_id)
+    if as_json:
+        print_json(job)
+        return
+    res = job["spec"]["resources"]
+    console.print(f"[bold]job {job['id']}[/] {job['name']}  {state(job['state'])}")
+    rows = [
+        ("owner", job["owner"]),
+        ("priority", job["priority"]),
+        ("entrypoint", job["spec"]["entrypoint"]),
+        (
+            "resources",
+            f"{res['nodes']} node(s) x {res['procs_per_node']} rank(s), "
+            f"{res['gpus_per_node']} GPU(s)/node, {res['cpus_per_proc']} CPU/rank",
+        ),
+        ("submitted", ago(job["created_at"])),
+        (
+            "ran for",
+            duration((job["ended_at"] or time.time()) - job["started_at"])
+            if job["started_at"]
+            else "-",
+        ),
+        (
+            "attempts",
+            f"{job['attempts']} (restarts {job['restarts']} of {job['spec']['max_restarts']})",
+        ),
+        (
+            "progress",
+            "-"
+            if job["last_step"] is None
+            else f"step {job['last_step']}"
+            + (f" of {job['total_steps']}" if job["total_steps"] else ""),
+        ),
+        ("placement", json.dumps(job["placement"]) if job["placement"] else "-"),
+        ("checkpoints", str(job["checkpoints"])),
+        ("directory", job["job_dir"]),
+    ]
+    if job["exit_code"] is not None:
+        rows.append(("exit code", str(job["exit_code"])))
+    table = Table(box=None, show_header=False)
+    table.add_column(style="bold")
+    table.add_column(overflow="fold")
+    for k, v in rows:
+        table.add_row(k, v)
+    console.print(table, highlight=False)
+    if job.get("reason"):
+        label = "waiting" if job["state"] == "QUEUED" else "reason"
+        console.print(f"[bold]{label}:[/] ", end="")
+        console.print(job["reason"], highlight=False, markup=False)
+    if job["latest_metrics"]:
+        console.print(
+            "[bold]latest metrics:[/] "
+            + "  ".join(f"{k}={fmt_value(v)}" for k, v in sorted(job["latest_metrics"].items())),
+            highlight=False,
+        )
+    if job["attempt_history"]:
+        att = Table(title="attempts", box=None, header_style="bold", title_justify="left")
+        for col in ("#", "STARTED", "DURATION", "RESULT", "EXIT", "RANK EXIT CODES", "REASON"):
+            att.add_column(col, overflow="fold")
+        for a in job["attempt_history"]:
+            codes = a["rank_exit_codes"] or {}
+            att.add_row(
+                str(a["number"]),
+                ago(a["started_at"]),
+                duration((a["ended_at"] or time.time()) - a["started_at"]),
+                a["result"] or "running",
+                "-" if a["exit_code"] is None else str(a["exit_code"]),
+                " ".join(f"{r}:{c}" for r, c in sorted(codes.items(), key=lambda x: int(x[0])))
+                or "-",
+                (a["reason"] or "").splitlines()[0] if a["reason"] else "",
+            )
+        console.print(att, highlight=False)
+
+
+# -- cancel ----------------------------------------------------------------------------------
+@app.command()
+def cancel(
+    job_id: Annotated[int, typer.Argument(metavar="JOB")],
+    wait: Annotated[float, typer.Option(help="Seconds to wait for every process to end")] = 60,
+    url: UrlOpt = None,
+) -> None:
+    """Stop a job and every process it started."""
+    with errors(), client(url) as c:
+        job = c.cancel(job_id)
+        deadline = time.monotonic() + wait
+        while job["state"] not in ("CANCELED", "COMPLETED", "FAILED") and (
+            time.monotonic() < deadline
+        ):
+            time.sleep(0.3)
+            job = c.job(job_id)
+    if job["state"] in ("CANCELED", "COMPLETED", "FAILED"):
+        console.print(f"job {job_id} {state(job['state'])}")
+    else:
+        console.print(
+            f"job {job_id} is stopping ({job['state']}); check `trainhouse show {job_id}`"
+        )
+
+
+# -- logs ------------------------------------------------------------------------------------
+@app.command()
+def logs(
+    job_id: Annotated[int, typer.Argument(metavar="JOB")],
+    follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep printing new lines")] = False,
+    rank: Annotated[
+        str | None, typer.Option("--rank", help="Only this rank (or 'launcher')")
+    ] = None,
+    tail: Annotated[int | None, typer.Option("--tail", help="Only the last N lines")] = None,
+    url: UrlOpt = None,
+) -> None:
+    """Print a job's logs, every rank's unless --rank is given."""
+    import sys
+
+    with errors(), client(url) as c:
+        if rank is not None:
+            streams: list[str] = [rank]
+        else:
+            info = c.log_ranks(job_id)
+            streams = [str(r) for r in info["ranks"]] or ["0"]
+        prefix = len(streams) > 1
+        offsets = dict.fromkeys(streams, 0)
+        first = True
+        while True:
+            job_state = ""
+            for s in streams:
+                text, offsets[s], job_state = c.logs(
+                    job_id, rank=s, offset=offsets[s], tail=tail if first else None
+                )
+                if text:
+                    lines = text.splitlines(keepends=True)
+                    out = "".join(f"[rank {s}] {ln}" for ln in lines) if prefix else text
+                    sys.stdout.write(out)
+                    sys.stdout.flush()
+            first = False
+            if not follow or job_state in ("COMPLETED", "FAILED", "CANCELED"):
+                if follow:
+                    # one last read after the job ended, then stop
+                    for s in streams:
+                        text, offsets[s], _ = c.logs(job_id, rank=s, offset=offsets[s])
+                        if text:
+                            sys.stdout.write(text)
+                break
+            if rank is None:
+                new = [str(r) for r in c.log_ranks(job_id)["ranks"]]
+                for s in new:
+                    if s not in offsets:
+                        streams.append(s)
+                        offsets[s] = 0
+                prefix = len(streams) > 1
+            time.sleep(0.5)
+
+
+# -- metrics / checkpoints -------------------------------------------------------------------
+@app.command()
+def metrics(
+    job_id: Annotated[int, typer.Argument(metavar="JOB")],
+    name: Annotated[str | None, typer.Option("--name", help="Only this metric")] = None,
+    all_ranks: Annotated[bool, typer.Option("--all-ranks", help="Per-rank values too")] = False,
+    as_json: JsonOpt = False,
+    url: UrlOpt = None,
+) -> None:
+    """The metrics a job reported: a summary per series (--json for every point)."""
+    with errors(), client(url) as c:
+        data = c.metrics(job_id, name=name, all_ranks=all_ranks)
+    if as_json:
+        print_json(data)
+        return
+    if not data["series"]:
+        console.print(f"job {job_id} has reported no metrics yet")
+        return
+    table = Table(box=None, header_style="bold")
+    for col in ("METRIC", "RANK", "POINTS", "STEPS", "FIRST", "LAST", "MIN", "MAX"):
+        table.add_column(col)
+    for s in data["series"]:
+        pts = s["points"]
+        vals = [p[1] for p in pts if p[1] is not None]
+        table.add_row(
+            s["name"],
+            "job" if s["rank"] is None else str(s["rank"]),
+            str(len(pts)),
+            f"{pts[0][0]}..{pts[-1][0]}",
+            fmt_value(pts[0][1]),
+            fmt_value(pts[-1][1]),
+            fmt_value(min(vals)) if vals else "nan",
+            fmt_value(max(vals)) if vals else "nan",
+        )
+    console.print(table)
+
+
+@app.command()
+def checkpoints(
+    job_id: Annotated[int, typer.Argument(metavar="JOB")],
+    as_json: JsonOpt = False,
+    url: UrlOpt = None,
+) -> None:
+    """A job's checkpoints with step, size and sha256."""
+    from trainhouse.workdir import human_size
+
+    with errors(), client(url) as c:
+        data = c.checkpoints(job_id)
+    if as_json:
+        print_json(data)
+        return
+    if not data["checkpoints"]:
+        console.print(f"job {job_id} has no checkpoints yet")
+        return
+    table = Table(box=None, header_style="bold", title=data["directory"], title_justify="left")
+    for col in ("STEP", "ATTEMPT", "SIZE", "SHA256", "METRICS", "FILE", "SAVED"):
+        table.add_column(col, overflow="fold")
+    for ck in data["checkpoints"]:
+        table.add_row(
+            str(ck["step"]),
+            str(ck["attempt"]),
+            human_size(ck["size"]),
+            ck["sha256"][:16],
+            " ".join(f"{k}={fmt_value(v)}" for k, v in sorted(ck["metrics"].items())),
+            ck["path"],
+            ago(ck["created_at"]),
+        )
+    console.print(table, highlight=False)

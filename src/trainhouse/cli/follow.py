@@ -1,0 +1,102 @@
+"""Following a job live: a progress bar with step, latest loss, steps/s and state."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    SpinnerColumn,
+    TextColumn,
+    TimeElapsedColumn,
+)
+
+from trainhouse.cli.render import console, fmt_value, state
+from trainhouse.client import Client
+
+TERMINAL = ("COMPLETED", "FAILED", "CANCELED")
+
+
+def _headline_metric(latest: dict[str, float | None]) -> str:
+    if not latest:
+        return ""
+    for key in ("loss", "train_loss", "val_loss"):
+        if key in latest:
+            return f"{key} {fmt_value(latest[key])}"
+    key = sorted(latest)[0]
+    return f"{key} {fmt_value(latest[key])}"
+
+
+class Follower:
+    """Polls a job and keeps a progress bar and a line per state change up to date."""
+
+    def __init__(self, client: Client, job_id: int, *, poll: float = 0.5) -> None:
+        self.client = client
+        self.job_id = job_id
+        self.poll = poll
+        self._rate = 0.0
+        self._last: tuple[float, int] | None = None
+        self._seen_events = 0
+
+    def _steps_per_second(self, step: int | None) -> float:
+        now = time.monotonic()
+        if step is None:
+            return self._rate
+        if self._last is not None and step > self._last[1] and now > self._last[0]:
+            inst = (step - self._last[1]) / (now - self._last[0])
+            self._rate = inst if self._rate == 0 else 0.7 * self._rate + 0.3 * inst
+            self._last = (now, step)
+        elif self._last is None or step < self._last[1]:
+            self._last = (now, step)
+        return self._rate
+
+    def _print_events(self, progress: Progress, job: dict[str, Any]) -> None:
+        events = job.get("events", [])
+        for ev in events[self._seen_events :]:
+            reason = (ev.get("reason") or "").splitlines()
+            first = reason[0] if reason else ""
+            progress.console.print(
+                f"job {self.job_id}: {state(ev['to_state'])} {first}", highlight=False
+            )
+            if ev["to_state"] in ("FAILED", "RESTARTING") and len(reason) > 1:
+                for line in reason[1:]:
+                    progress.console.print(f"    {line}", highlight=False, markup=False)
+        self._seen_events = len(events)
+
+    def run(self) -> dict[str, Any]:
+        columns = [
+            SpinnerColumn(),
+            TextColumn("[bold]{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("{task.fields[metric]}"),
+            TextColumn("{task.fields[rate]}"),
+            TextColumn("{task.fields[state]}"),
+            TimeElapsedColumn(),
+        ]
+        with Progress(*columns, console=console, transient=False) as progress:
+            task = progress.add_task(f"job {self.job_id}", total=None, metric="", rate="", state="")
+            while True:
+                job = self.client.job(self.job_id)
+                self._print_events(progress, job)
+                step = job.get("last_step")
+                total = job.get("total_steps")
+                rate = self._steps_per_second(step)
+                done = (step + 1) if step is not None else 0
+                if job["state"] == "COMPLETED" and total:
+                    done = total
+                progress.update(
+                    task,
+                    description=f"job {self.job_id} {job['name']}",
+                    total=total,
+                    completed=done,
+                    metric=_headline_metric(job.get("latest_metrics") or {}),
+                    rate=f"{rate:.1f} steps/s" if rate else "",
+                    state=state(job["state"]),
+                )
+                if job["state"] in TERMINAL:
+                    return job
+                time.sleep(self.poll)

@@ -1,0 +1,232 @@
+"""``trainhouse server`` (run the server) and ``trainhouse demo`` (the embedded quick start)."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from importlib import resources
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from trainhouse.cli import render
+from trainhouse.cli.render import console, errors
+from trainhouse.errors import ClientError, ServerUnreachable
+from trainhouse.server.settings import DEFAULT_PORT, Settings, default_home
+
+
+def port_free(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as sock:
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def serve(settings: Settings, *, log_level: str = "info") -> None:
+    import uvicorn
+
+    from trainhouse.server import create_app
+
+    logging.basicConfig(
+        level=getattr(logging, log_level.upper(), logging.INFO),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    uvicorn.run(
+        create_app(settings),
+        host=settings.host,
+        port=settings.port,
+        log_level=log_level,
+        timeout_graceful_shutdown=5,
+    )
+
+
+def register(app: typer.Typer) -> None:
+    @app.command()
+    def server(
+        host: Annotated[str, typer.Option(help="Address to listen on")] = "127.0.0.1",
+        port: Annotated[int, typer.Option(help="Port to listen on")] = DEFAULT_PORT,
+        db: Annotated[
+            str | None, typer.Option(help="Database URL (default: SQLite under --home)")
+        ] = None,
+        home: Annotated[
+            Path | None,
+            typer.Option(
+                envvar="TRAINHOUSE_HOME",
+                help="Server state directory",
+                show_default="~/.trainhouse",
+            ),
+        ] = None,
+        gpus: Annotated[
+            str | None, typer.Option(help="GPUs to offer: a count or indices (0,1); 0 for none")
+        ] = None,
+        cpus: Annotated[int | None, typer.Option(help="CPU cores to offer")] = None,
+        executor: Annotated[str, typer.Option(help="Executor: local")] = "local",
+        log_level: Annotated[str, typer.Option(help="debug, info, warning")] = "info",
+    ) -> None:
+        """Run the trainhouse server in the foreground."""
+        if executor != "local":
+            render.fail(
+                f"--executor {executor!r} is not available yet; this build has 'local'",
+                render.EXIT_BAD_INPUT,
+            )
+        if not port_free(host, port):
+            render.fail(
+                f"cannot listen on {host}:{port}: the port is in use "
+                "(is another trainhouse server running? pick one with --port)",
+                render.EXIT_BAD_INPUT,
+            )
+        if gpus is not None:
+            from trainhouse.executors.inventory import parse_gpus
+
+            try:
+                parse_gpus(gpus)
+            except ValueError as exc:
+                render.fail(str(exc), render.EXIT_BAD_INPUT)
+        if cpus is not None and cpus < 1:
+            render.fail(f"--cpus must be >= 1, got {cpus}", render.EXIT_BAD_INPUT)
+        settings = Settings(
+            home=(home or default_home()).expanduser().resolve(),
+            db_url=db,
+            host=host,
+            port=port,
+            cpus=cpus,
+            gpus=gpus,
+            executor=executor,
+        )
+        with errors():
+            serve(settings, log_level=log_level)
+
+    @app.command()
+    def demo(
+        example: Annotated[
+            Path | None, typer.Option(help="Example directory with a trainhouse.yaml")
+        ] = None,
+        home: Annotated[
+            Path | None, typer.Option(envvar="TRAINHOUSE_HOME", help="Server state directory")
+        ] = None,
+        set_: Annotated[list[str] | None, typer.Option("--set", help="Override key=value")] = None,
+        url: Annotated[
+            str | None, typer.Option(envvar="TRAINHOUSE_URL", help="Use this running server")
+        ] = None,
+    ) -> None:
+        """The quick start: start a server, train the digits example, show the results."""
+        run_demo(example, home, set_ or [], url)
+
+
+def example_dir() -> Path:
+    packaged = Path(str(resources.files("trainhouse") / "examples" / "digits"))
+    if (packaged / "trainhouse.yaml").is_file():
+        return packaged
+    repo = Path(__file__).resolve().parents[3] / "examples" / "digits"
+    if (repo / "trainhouse.yaml").is_file():
+        return repo
+    render.fail("cannot find the digits example; pass --example DIR", render.EXIT_BAD_INPUT)
+
+
+def _wait_healthy(client: object, proc: subprocess.Popen[bytes], log: Path) -> None:
+    from trainhouse.client import Client
+
+    assert isinstance(client, Client)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            tail = log.read_text(errors="replace")[-2000:]
+            render.fail(f"the server exited with code {proc.returncode}:\n{tail}")
+        with contextlib.suppress(ServerUnreachable):
+            client.health()
+            return
+        time.sleep(0.3)
+    render.fail(f"the server did not answer within 120 s; see {log}")
+
+
+def run_demo(
+    example: Path | None, home: Path | None, overrides: list[str], url: str | None
+) -> None:
+    from trainhouse.cli.app import _summary, result_code
+    from trainhouse.cli.follow import Follower
+    from trainhouse.client import DEFAULT_URL, Client
+
+    spec_file = (example or example_dir()) / "trainhouse.yaml"
+    home = (home or default_home()).expanduser().resolve()
+    proc: subprocess.Popen[bytes] | None = None
+    target = url or DEFAULT_URL
+    c = Client(target)
+    try:
+        c.health()
+        console.print(f"using the trainhouse server already running at {target}")
+    except ServerUnreachable:
+        c.close()
+        port = DEFAULT_PORT if url is None and port_free("127.0.0.1", DEFAULT_PORT) else free_port()
+        target = f"http://127.0.0.1:{port}"
+        home.mkdir(parents=True, exist_ok=True)
+        log = home / "server.log"
+        console.print(f"starting a trainhouse server at {target} (state in {home}, log in {log})")
+        with log.open("ab") as fh:
+            proc = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "trainhouse",
+                    "server",
+                    "--port",
+                    str(port),
+                    "--home",
+                    str(home),
+                ],
+                stdout=fh,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env={**os.environ, "TRAINHOUSE_HOME": str(home)},
+            )
+        c = Client(target)
+        _wait_healthy(c, proc, log)
+    code = 1
+    try:
+        with errors():
+            job = c.submit(spec_file, overrides=overrides)
+            console.print(
+                f"submitted job [bold]{job['id']}[/] ({job['name']}): "
+                f"{job['spec']['resources']['procs_per_node']} DDP ranks over gloo",
+                highlight=False,
+            )
+            final = Follower(c, job["id"]).run()
+            _summary(c, final)
+            acc = (final.get("latest_metrics") or {}).get("val_acc")
+            if acc is not None:
+                console.print(f"[bold]validation accuracy: {acc:.3f}[/]")
+            code = result_code(final)
+    except KeyboardInterrupt:
+        console.print("\ninterrupted")
+        code = 130
+    finally:
+        c.close()
+        if proc is not None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+            console.print(
+                f"the demo server has stopped; its state is kept in {home}. Start it again "
+                f"with `trainhouse server --home {home}` to look around (`trainhouse ps --all`)."
+            )
+    raise typer.Exit(code)
+
+
+__all__ = ["ClientError", "register", "serve"]

@@ -1,0 +1,68 @@
+"""The executor protocol: a handful of methods the scheduler loop drives."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+from trainhouse.scheduler.resources import Node, Placement
+from trainhouse.spec import JobSpec
+
+
+@dataclass(frozen=True)
+class Launch:
+    """Everything needed to start one attempt of a job."""
+
+    job_id: int
+    attempt: int
+    spec: JobSpec
+    placements: tuple[Placement, ...]
+    workdir: Path  # a fresh extracted copy of the job's archive
+    job_dir: Path  # logs/, checkpoints/, attempts/ live here
+    env: dict[str, str]  # trainhouse's variables for every rank (URL, job id, token, ...)
+
+
+@dataclass(frozen=True)
+class Exit:
+    """An attempt that has ended, with the exit code of each rank that reported one."""
+
+    job_id: int
+    attempt: int
+    exit_code: int  # the launcher's; negative = killed by that signal
+    rank_exit_codes: dict[str, int] = field(default_factory=dict)
+    stop_reason: str | None = None  # set when trainhouse stopped it (cancel, max_runtime, ...)
+
+    @property
+    def failed_rank(self) -> int | None:
+        bad = [int(r) for r, code in self.rank_exit_codes.items() if code != 0]
+        return min(bad) if bad else None
+
+
+@dataclass(frozen=True)
+class ProcessInfo:
+    pid: int
+    create_time: float
+
+
+class Executor(Protocol):
+    def nodes(self) -> list[Node]:
+        """The nodes this executor can place jobs on."""
+
+    def launch(self, launch: Launch) -> ProcessInfo:
+        """Start an attempt; returns its launcher process."""
+
+    def poll(self) -> list[Exit]:
+        """Attempts that ended since the last call."""
+
+    def stop(self, job_id: int, *, grace: float, reason: str) -> None:
+        """Ask an attempt to end: SIGTERM now, SIGKILL to every process after ``grace``."""
+
+    def running(self) -> set[int]:
+        """Job ids with a live attempt."""
+
+    def kill_orphans(self, job_id: int, attempt: int) -> int:
+        """Kill processes of an attempt this executor no longer tracks; returns how many."""
+
+    def shutdown(self, *, grace: float) -> list[Exit]:
+        """Stop every attempt and wait for them; returns their exits."""

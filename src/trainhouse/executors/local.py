@@ -1,0 +1,223 @@
+"""The local executor: one torchrun per job on this machine.
+
+Each attempt is started as ``python -m torch.distributed.run --standalone ...`` in a session of
+its own (its own process group). torchrun starts every rank through :mod:`trainhouse.executors.rank`,
+which sends the rank's stdout and stderr to ``logs/rank-N.log`` and records its exit code.
+
+torchrun puts each worker in a session of its own too, so a process group signal does not reach
+them; every process of an attempt therefore carries ``TRAINHOUSE_RUN_MARKER`` in its environment,
+and stopping an attempt signals every process that carries its marker. Nothing survives a stop.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psutil
+
+from trainhouse.executors.base import Exit, Launch, ProcessInfo
+from trainhouse.scheduler.resources import Node
+
+log = logging.getLogger(__name__)
+
+MARKER_ENV = "TRAINHOUSE_RUN_MARKER"
+
+
+def find_marked(marker: str) -> list[psutil.Process]:
+    """Every live process whose environment carries ``marker``."""
+    found = []
+    me = os.getpid()
+    for proc in psutil.process_iter(["pid"]):
+        if proc.pid == me:
+            continue
+        try:
+            if proc.environ().get(MARKER_ENV) == marker:
+                found.append(proc)
+        except (psutil.Error, OSError):
+            continue
+    return found
+
+
+def signal_all(procs: list[psutil.Process], sig: int) -> None:
+    for proc in procs:
+        with contextlib.suppress(psutil.Error, OSError):
+            proc.send_signal(sig)
+
+
+@dataclass
+class _Attempt:
+    launch: Launch
+    proc: subprocess.Popen[bytes]
+    marker: str
+    log_file: object
+    stop_reason: str | None = None
+    kill_at: float | None = None
+    started: float = field(default_factory=time.monotonic)
+
+
+class LocalExecutor:
+    """Runs every job's ranks as local processes under torchrun."""
+
+    def __init__(self, node: Node, home: Path) -> None:
+        self.node = node
+        self.home = home
+        self.home_id = hashlib.sha256(str(home.resolve()).encode()).hexdigest()[:12]
+        self._attempts: dict[int, _Attempt] = {}
+        self._lock = threading.RLock()
+
+    def nodes(self) -> list[Node]:
+        return [self.node]
+
+    def marker(self, job_id: int, attempt: int) -> str:
+        return f"{self.home_id}:{job_id}:{attempt}"
+
+    def command(self, launch: Launch) -> list[str]:
+        procs = launch.placements[0].procs
+        return [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nnodes=1",
+            f"--nproc-per-node={procs}",
+            "--max-restarts=0",
+            "--monitor-interval=0.2",
+            "-m",
+            "trainhouse.executors.rank",
+            *launch.spec.argv,
+        ]
+
+    def environment(self, launch: Launch, marker: str) -> dict[str, str]:
+        placement = launch.placements[0]
+        env = dict(os.environ)
+        for key in list(env):
+            if key.startswith("TRAINHOUSE_") or key in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+                del env[key]
+        env.update(
+            {
+                "OMP_NUM_THREADS": str(launch.spec.resources.cpus_per_proc),
+                "PYTHONUNBUFFERED": "1",
+            }
+        )
+        env.update(launch.spec.env)
+        env.update(launch.env)
+        env.update(
+            {
+                MARKER_ENV: marker,
+                "CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in placement.gpus),
+                "TRAINHOUSE_LOG_DIR": str(launch.job_dir / "logs"),
+                "TRAINHOUSE_ATTEMPT_DIR": str(self.attempt_dir(launch.job_dir, launch.attempt)),
+            }
+        )
+        return env
+
+    @staticmethod
+    def attempt_dir(job_dir: Path, attempt: int) -> Path:
+        return job_dir / "attempts" / str(attempt)
+
+    def launch(self, launch: Launch) -> ProcessInfo:
+        marker = self.marker(launch.job_id, launch.attempt)
+        logs = launch.job_dir / "logs"
+        logs.mkdir(parents=True, exist_ok=True)
+        self.attempt_dir(launch.job_dir, launch.attempt).mkdir(parents=True, exist_ok=True)
+        log_file = (logs / "launcher.log").open("ab")
+        log_file.write(f"=== trainhouse: attempt {launch.attempt} ===\n".encode())
+        log_file.flush()
+        try:
+            proc = subprocess.Popen(
+                self.command(launch),
+                cwd=launch.workdir,
+                env=self.environment(launch, marker),
+                stdin=subprocess.DEVNULL,
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        except BaseException:
+            log_file.close()
+            raise
+        with self._lock:
+            self._attempts[launch.job_id] = _Attempt(launch, proc, marker, log_file)
+        try:
+            create_time = psutil.Process(proc.pid).create_time()
+        except psutil.Error:
+            create_time = time.time()
+        return ProcessInfo(proc.pid, create_time)
+
+    def running(self) -> set[int]:
+        with self._lock:
+            return set(self._attempts)
+
+    def stop(self, job_id: int, *, grace: float, reason: str) -> None:
+        with self._lock:
+            att = self._attempts.get(job_id)
+            if att is None or att.stop_reason is not None:
+                return
+            att.stop_reason = reason
+            att.kill_at = time.monotonic() + grace
+        log.info("stopping job %s (%s), SIGKILL in %.0fs", job_id, reason, grace)
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(att.proc.pid, signal.SIGTERM)
+        signal_all(find_marked(att.marker), signal.SIGTERM)
+
+    def _reap(self, att: _Attempt, code: int) -> Exit:
+        # the launcher is gone; no rank of the attempt may outlive it
+        leftovers = find_marked(att.marker)
+        if leftovers:
+            signal_all(leftovers, signal.SIGKILL)
+            psutil.wait_procs(leftovers, timeout=5)
+        with contextlib.suppress(OSError):
+            att.log_file.close()  # type: ignore[attr-defined]
+        launch = att.launch
+        codes: dict[str, int] = {}
+        adir = self.attempt_dir(launch.job_dir, launch.attempt)
+        for path in sorted(adir.glob("exit-rank-*")):
+            with contextlib.suppress(ValueError, OSError):
+                codes[path.name.removeprefix("exit-rank-")] = int(path.read_text().strip())
+        return Exit(launch.job_id, launch.attempt, code, codes, att.stop_reason)
+
+    def poll(self) -> list[Exit]:
+        exits = []
+        now = time.monotonic()
+        with self._lock:
+            items = list(self._attempts.items())
+        for job_id, att in items:
+            code = att.proc.poll()
+            if code is None:
+                if att.kill_at is not None and now >= att.kill_at:
+                    log.warning("job %s did not stop within its grace period: SIGKILL", job_id)
+                    with contextlib.suppress(ProcessLookupError, PermissionError):
+                        os.killpg(att.proc.pid, signal.SIGKILL)
+                    signal_all(find_marked(att.marker), signal.SIGKILL)
+                    att.kill_at = now + 5
+                continue
+            with self._lock:
+                self._attempts.pop(job_id, None)
+            exits.append(self._reap(att, code))
+        return exits
+
+    def kill_orphans(self, job_id: int, attempt: int) -> int:
+        procs = find_marked(self.marker(job_id, attempt))
+        signal_all(procs, signal.SIGKILL)
+        psutil.wait_procs(procs, timeout=5)
+        return len(procs)
+
+    def shutdown(self, *, grace: float) -> list[Exit]:
+        for job_id in self.running():
+            self.stop(job_id, grace=grace, reason="the server is shutting down")
+        exits: list[Exit] = []
+        deadline = time.monotonic() + grace + 10
+        while self.running() and time.monotonic() < deadline:
+            exits.extend(self.poll())
+            time.sleep(0.1)
+        return exits

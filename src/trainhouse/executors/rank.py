@@ -1,0 +1,66 @@
+"""Runs one rank of a job: ``python -m trainhouse.executors.rank ARGV...`` (started by torchrun).
+
+Sends the rank's stdout and stderr to ``$TRAINHOUSE_LOG_DIR/rank-$RANK.log`` (appending across
+attempts), forwards SIGTERM and SIGINT to the user's process, and writes the rank's exit code to
+``$TRAINHOUSE_ATTEMPT_DIR/exit-rank-$RANK`` (negative: killed by that signal).
+Imports the standard library only, so it adds nothing to a rank's start-up.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+
+def _argv(argv: list[str]) -> list[str]:
+    # "python" in an entrypoint means the server's interpreter, which has torch and trainhouse
+    if argv and Path(argv[0]).name in ("python", "python3", f"python3.{sys.version_info[1]}"):
+        return [sys.executable, *argv[1:]]
+    return argv
+
+
+def main(argv: list[str]) -> int:
+    if not argv:
+        print("usage: python -m trainhouse.executors.rank COMMAND [ARGS...]", file=sys.stderr)
+        return 2
+    rank = os.environ.get("RANK", "0")
+    log_dir = Path(os.environ.get("TRAINHOUSE_LOG_DIR", "."))
+    attempt_dir = Path(os.environ.get("TRAINHOUSE_ATTEMPT_DIR", "."))
+    attempt = os.environ.get("TRAINHOUSE_ATTEMPT", "?")
+    log_dir.mkdir(parents=True, exist_ok=True)
+    with (log_dir / f"rank-{rank}.log").open("ab", buffering=0) as log:
+        stamp = time.strftime("%Y-%m-%d %H:%M:%S")
+        log.write(f"=== trainhouse: attempt {attempt}, rank {rank}, {stamp} ===\n".encode())
+        try:
+            child = subprocess.Popen(
+                _argv(argv), stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT
+            )
+        except OSError as exc:
+            log.write(f"trainhouse: cannot start {argv[0]!r}: {exc}\n".encode())
+            code = 127
+        else:
+
+            def forward(signum: int, _frame: object) -> None:
+                try:
+                    child.send_signal(signum)
+                except ProcessLookupError:
+                    pass
+
+            signal.signal(signal.SIGTERM, forward)
+            signal.signal(signal.SIGINT, forward)
+            code = child.wait()
+        tmp = attempt_dir / f".exit-rank-{rank}.tmp"
+        try:
+            tmp.write_text(str(code))
+            os.replace(tmp, attempt_dir / f"exit-rank-{rank}")
+        except OSError:
+            pass
+    return code if code >= 0 else 128 - code
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,89 @@
+"""The resource model: nodes with CPUs, memory and GPUs, and concrete placements on them."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from trainhouse.spec import Resources
+
+
+@dataclass(frozen=True)
+class Gpu:
+    index: int
+    model: str = "unknown"
+    memory_bytes: int = 0
+
+
+@dataclass(frozen=True)
+class Node:
+    name: str
+    cpus: int
+    memory_bytes: int
+    gpus: tuple[Gpu, ...] = ()
+
+    def describe(self) -> str:
+        gpu = f"{len(self.gpus)} GPU(s)" if self.gpus else "no GPUs"
+        return f"node {self.name}: {self.cpus} CPU cores, {gpu}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where a job runs: concrete GPU indices and a CPU count on each node."""
+
+    node: str
+    cpus: int
+    gpus: tuple[int, ...] = ()
+    procs: int = 1
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"node": self.node, "cpus": self.cpus, "gpus": list(self.gpus), "procs": self.procs}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Placement:
+        return cls(
+            node=data["node"],
+            cpus=int(data["cpus"]),
+            gpus=tuple(data.get("gpus") or ()),
+            procs=int(data.get("procs", 1)),
+        )
+
+
+@dataclass
+class Free:
+    """Free capacity of one node while the policy hands it out."""
+
+    node: Node
+    cpus: int
+    gpus: list[int] = field(default_factory=list)
+
+    def fits(self, res: Resources) -> bool:
+        return self.cpus >= res.cpus_per_node and len(self.gpus) >= res.gpus_per_node
+
+    def take(self, res: Resources) -> Placement:
+        gpus = tuple(sorted(self.gpus)[: res.gpus_per_node])
+        self.gpus = [g for g in self.gpus if g not in gpus]
+        self.cpus -= res.cpus_per_node
+        return Placement(self.node.name, res.cpus_per_node, gpus, res.procs)
+
+
+def never_fits(nodes: list[Node], res: Resources, *, multi_node: bool = False) -> str | None:
+    """Why ``res`` can never run on ``nodes`` even when they are idle, or None if it can."""
+    if res.nodes > 1 and not multi_node:
+        return (
+            f"resources.nodes is {res.nodes}, but this server runs the local executor, which "
+            "has one node; multi-node jobs need the Ray executor"
+        )
+    if res.nodes > len(nodes):
+        return f"resources.nodes is {res.nodes}, but the cluster has {len(nodes)} node(s)"
+    fitting = [n for n in nodes if n.cpus >= res.cpus_per_node and len(n.gpus) >= res.gpus_per_node]
+    if len(fitting) >= res.nodes:
+        return None
+    biggest = max(nodes, key=lambda n: (len(n.gpus), n.cpus))
+    need = f"{res.procs} rank(s) x {res.cpus_per_proc} CPU = {res.cpus_per_node} CPU cores"
+    if res.gpus_per_node:
+        need += f" and {res.gpus_per_node} GPU(s)"
+    return f"needs {need} per node; the largest node offers {biggest.describe().split(': ')[1]}"

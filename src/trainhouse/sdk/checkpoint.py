@@ -1,0 +1,174 @@
+"""Checkpoints: atomic writes, checksums registered with the server, safe loads.
+
+``save`` and ``load`` are collective: every rank calls them. The main rank writes the (replicated)
+state with write/fsync/rename and registers step, size and sha256; ``load`` verifies the checksum
+and never unpickles arbitrary objects (``torch.load(weights_only=True)``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from trainhouse.errors import CheckpointError, ClientError
+
+if TYPE_CHECKING:
+    from trainhouse.sdk.run import Run
+
+log = logging.getLogger("trainhouse")
+
+
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as fh:
+        while chunk := fh.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def file_name(step: int) -> str:
+    return f"step-{step:09d}.pt"
+
+
+class Checkpointer:
+    """``run.checkpoint``: save and load the training state."""
+
+    def __init__(self, run: Run, directory: Path) -> None:
+        self._run = run
+        self.directory = directory
+
+    # -- save ------------------------------------------------------------------------------
+    def save(
+        self, state: dict[str, Any], *, step: int, metrics: dict[str, float] | None = None
+    ) -> dict[str, Any] | None:
+        """Write ``state`` as the checkpoint of ``step`` (collective; the main rank writes).
+
+        Returns the checkpoint's record on the main rank, None on the others.
+        """
+        run = self._run
+        record = None
+        error: BaseException | None = None
+        if run.is_main:
+            try:
+                record = self._write(state, step, metrics or {})
+            except BaseException as exc:  # keep the ranks in step, then raise below
+                error = exc
+        run._barrier()
+        if error is not None:
+            raise error
+        return record
+
+    def _write(self, state: dict[str, Any], step: int, metrics: dict[str, float]) -> dict[str, Any]:
+        import torch
+
+        if step < 0:
+            raise CheckpointError(f"checkpoint step must be >= 0, got {step}")
+        self.directory.mkdir(parents=True, exist_ok=True)
+        name = file_name(step)
+        final = self.directory / name
+        tmp = self.directory / f".{name}.tmp-{os.getpid()}"
+        try:
+            torch.save(state, tmp)
+            with tmp.open("rb+") as fh:
+                os.fsync(fh.fileno())
+            digest = sha256_file(tmp)
+            size = tmp.stat().st_size
+            os.replace(tmp, final)
+            fsync_dir(self.directory)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+        clean = {k: float(v) for k, v in metrics.items()}
+        record: dict[str, Any] = {
+            "attempt": self._run.attempt,
+            "step": step,
+            "path": name,
+            "size": size,
+            "sha256": digest,
+            "metrics": {
+                k: (v if v == v and abs(v) != float("inf") else None) for k, v in clean.items()
+            },
+        }
+        sidecar = self.directory / f"{name}.json"
+        sidecar_tmp = sidecar.with_suffix(".json.tmp")
+        sidecar_tmp.write_text(json.dumps(record))
+        os.replace(sidecar_tmp, sidecar)
+        if self._run._api is not None:
+            try:
+                return self._run._api.register_checkpoint(record)
+            except ClientError as exc:
+                log.error("trainhouse: checkpoint %s written but not registered: %s", name, exc)
+        return record
+
+    # -- load ------------------------------------------------------------------------------
+    def _candidates(self) -> list[dict[str, Any]]:
+        """Known checkpoints, newest first."""
+        api = self._run._api
+        if api is not None:
+            try:
+                found = api.checkpoints()
+                return sorted(found, key=lambda c: (c["step"], c["id"]), reverse=True)
+            except ClientError as exc:
+                log.warning(
+                    "trainhouse: cannot list checkpoints (%s); reading %s", exc, self.directory
+                )
+        found = []
+        if self.directory.is_dir():
+            for side in self.directory.glob("step-*.pt.json"):
+                try:
+                    found.append(json.loads(side.read_text()))
+                except (OSError, ValueError):
+                    continue
+        return sorted(found, key=lambda c: c["step"], reverse=True)
+
+    def latest(self) -> dict[str, Any] | None:
+        """The newest checkpoint whose file exists and whose sha256 matches, or None."""
+        for cand in self._candidates():
+            path = self.directory / cand["path"]
+            if not path.is_file():
+                log.warning("trainhouse: checkpoint %s is missing; trying an older one", path)
+                continue
+            actual = sha256_file(path)
+            if actual != cand["sha256"]:
+                log.error(
+                    "trainhouse: checkpoint %s is corrupt (sha256 %s, expected %s); "
+                    "trying an older one",
+                    path,
+                    actual[:12],
+                    cand["sha256"][:12],
+                )
+                continue
+            return cand
+        return None
+
+    def load(self) -> dict[str, Any] | None:
+        """The latest verified checkpoint's state on every rank, or None on a fresh start."""
+        import torch
+
+        run = self._run
+        chosen = self.latest() if run.is_main else None
+        chosen = run._broadcast(chosen)
+        if chosen is None:
+            return None
+        path = self.directory / chosen["path"]
+        try:
+            state: dict[str, Any] = torch.load(path, map_location="cpu", weights_only=True)
+        except Exception as exc:
+            raise CheckpointError(
+                f"cannot load checkpoint {path}: {exc} (only tensors, numbers, strings and "
+                "containers of them can be loaded; save state_dict()s, not modules)"
+            ) from None
+        log.info("trainhouse: resumed from %s (step %s)", path.name, chosen["step"])
+        return state

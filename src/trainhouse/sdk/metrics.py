@@ -1,0 +1,128 @@
+"""The metric buffer: ``run.log`` appends in memory; a background thread flushes batches.
+
+One HTTP request per flush, never one per point, and the training loop never waits on the
+network. A batch keeps its id until the server accepts it, so a retried batch is stored once.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+import uuid
+from typing import Any
+
+from trainhouse.errors import ClientError
+from trainhouse.sdk.transport import JobAPI
+
+log = logging.getLogger("trainhouse")
+
+Point = tuple[int, str, float | None, int | None, float]
+
+
+def finite_or_none(value: float) -> float | None:
+    return value if math.isfinite(value) else None
+
+
+class Reporter:
+    def __init__(
+        self,
+        api: JobAPI,
+        attempt: int,
+        *,
+        interval: float = 1.0,
+        heartbeat: float = 2.0,
+        max_batch: int = 50_000,
+    ) -> None:
+        self.api = api
+        self.attempt = attempt
+        self.interval = interval
+        self.heartbeat = heartbeat
+        self.max_batch = max_batch
+        self.total_steps: int | None = None
+        self.stop_requested = threading.Event()
+        self.stop_reason: str | None = None
+        self.sent_points = 0
+        self._buffer: list[Point] = []
+        self._pending: tuple[str, list[Point]] | None = None
+        self._lock = threading.Lock()
+        self._flush_lock = threading.Lock()
+        self._kick = threading.Event()
+        self._closed = threading.Event()
+        self._last_sent = 0.0
+        self._total_sent: int | None = None
+        self._thread = threading.Thread(target=self._loop, name="trainhouse-metrics", daemon=True)
+        self._thread.start()
+
+    def add(self, points: list[Point]) -> None:
+        with self._lock:
+            self._buffer.extend(points)
+            full = len(self._buffer) >= self.max_batch
+        if full:
+            self._kick.set()
+
+    def _loop(self) -> None:
+        while not self._closed.is_set():
+            self._kick.wait(self.interval)
+            self._kick.clear()
+            if self._closed.is_set():
+                break
+            try:
+                self.flush()
+            except ClientError as exc:
+                log.warning("trainhouse: metrics not sent yet (%s); will retry", exc)
+
+    def flush(self, *, retry_for: float = 0.0) -> None:
+        """Send everything buffered (and a heartbeat when due)."""
+        with self._flush_lock:
+            while True:
+                if self._pending is None:
+                    with self._lock:
+                        points, self._buffer = (
+                            self._buffer[: self.max_batch],
+                            self._buffer[self.max_batch :],
+                        )
+                    due = time.monotonic() - self._last_sent >= self.heartbeat
+                    if not points and not due and self.total_steps == self._total_sent:
+                        return
+                    self._pending = (uuid.uuid4().hex, points)
+                batch_id, points = self._pending
+                payload: dict[str, Any] = {
+                    "batch_id": batch_id,
+                    "attempt": self.attempt,
+                    "points": points,
+                    "total_steps": self.total_steps,
+                }
+                try:
+                    answer = self.api.report(payload, retry_for=retry_for)
+                except ClientError as exc:
+                    if 400 <= exc.status < 500:
+                        log.warning(
+                            "trainhouse: server refused %d metric points: %s", len(points), exc
+                        )
+                        self._pending = None
+                        return
+                    raise
+                self._pending = None
+                self._last_sent = time.monotonic()
+                self._total_sent = payload["total_steps"]
+                self.sent_points += len(points)
+                if answer.get("stop"):
+                    self.stop_reason = answer.get("stop_reason")
+                    self.stop_requested.set()
+                with self._lock:
+                    more = bool(self._buffer)
+                if not more:
+                    return
+
+    def close(self, timeout: float = 30.0) -> None:
+        self._closed.set()
+        self._kick.set()
+        self._thread.join(timeout=timeout)
+        try:
+            self.flush(retry_for=timeout)
+        except ClientError as exc:
+            with self._lock:
+                lost = len(self._buffer) + (len(self._pending[1]) if self._pending else 0)
+            log.error("trainhouse: could not send %d metric points: %s", lost, exc)

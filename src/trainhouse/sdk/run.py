@@ -1,0 +1,259 @@
+"""``trainhouse.init()`` and the Run a training script talks to.
+
+Under the server (``TRAINHOUSE_JOB_ID`` set by the executor) metrics go to the server and
+checkpoints to the job's directory. Anywhere else (``python train.py`` or bare ``torchrun``) the
+run is standalone: metrics print to the console and checkpoints go to ``./checkpoints``.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import logging
+import os
+import sys
+import time
+import types
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from trainhouse.sdk.checkpoint import Checkpointer
+from trainhouse.sdk.metrics import Point, Reporter, finite_or_none
+from trainhouse.sdk.transport import JobAPI
+
+if TYPE_CHECKING:
+    import torch
+
+log = logging.getLogger("trainhouse")
+
+# How often (in seconds of training) the ranks agree on should_stop(); see Run.should_stop.
+STOP_SYNC_SECONDS = 0.5
+
+
+def _env_int(name: str, default: int) -> int:
+    try:
+        return int(os.environ.get(name, default))
+    except ValueError:
+        return default
+
+
+class Run:
+    """One attempt of a training job as seen from one rank."""
+
+    def __init__(
+        self,
+        *,
+        hparams: dict[str, Any] | None = None,
+        total_steps: int | None = None,
+        backend: str | None = None,
+    ) -> None:
+        self.rank = _env_int("RANK", 0)
+        self.local_rank = _env_int("LOCAL_RANK", 0)
+        self.world_size = _env_int("WORLD_SIZE", 1)
+        self.is_main = self.rank == 0
+        job = os.environ.get("TRAINHOUSE_JOB_ID")
+        self.job_id: int | None = int(job) if job else None
+        self.attempt = _env_int("TRAINHOUSE_ATTEMPT", 1)
+        self.standalone = self.job_id is None
+        self.hparams: dict[str, Any] = dict(hparams or {})
+        if not self.standalone:
+            self.hparams.update(json.loads(os.environ.get("TRAINHOUSE_HPARAMS") or "{}"))
+        self._step = -1
+        self._closed = False
+        self._owns_group = False
+        self._stop_agreed = False
+        self._stop_calls = 0
+        self._next_sync = 1
+        self._synced_at = 0
+        self._last_sync = time.monotonic()
+        self._last_print = 0.0
+        self.device = self._setup_device()
+        self._setup_distributed(backend)
+        self._api: JobAPI | None = None
+        self._reporter: Reporter | None = None
+        if not self.standalone:
+            self._api = JobAPI(
+                os.environ.get("TRAINHOUSE_URL", "http://127.0.0.1:8470"),
+                self.job_id or 0,
+                os.environ.get("TRAINHOUSE_JOB_TOKEN", ""),
+            )
+            if self.is_main:
+                self._reporter = Reporter(self._api, self.attempt)
+            directory = Path(os.environ.get("TRAINHOUSE_CHECKPOINT_DIR", "checkpoints"))
+        else:
+            directory = Path("checkpoints").resolve()
+        self.checkpoint = Checkpointer(self, directory)
+        if total_steps is not None:
+            self.set_total_steps(total_steps)
+        atexit.register(self.finish)
+
+    # -- setup -----------------------------------------------------------------------------
+    def _setup_device(self) -> torch.device:
+        import torch
+
+        if torch.cuda.is_available() and os.environ.get("CUDA_VISIBLE_DEVICES", "x") != "":
+            torch.cuda.set_device(self.local_rank % torch.cuda.device_count())
+            return torch.device("cuda", torch.cuda.current_device())
+        return torch.device("cpu")
+
+    def _setup_distributed(self, backend: str | None) -> None:
+        if self.world_size <= 1:
+            return
+        import torch.distributed as dist
+
+        if not dist.is_initialized():
+            dist.init_process_group(
+                backend or ("nccl" if self.device.type == "cuda" else "gloo"),
+                device_id=self.device if self.device.type == "cuda" else None,
+            )
+            self._owns_group = True
+
+    def _distributed(self) -> bool:
+        if self.world_size <= 1:
+            return False
+        import torch.distributed as dist
+
+        return dist.is_available() and dist.is_initialized()
+
+    def _barrier(self) -> None:
+        if self._distributed():
+            import torch.distributed as dist
+
+            dist.barrier()
+
+    def _broadcast(self, obj: Any) -> Any:
+        """The main rank's ``obj`` on every rank."""
+        if not self._distributed():
+            return obj
+        import torch.distributed as dist
+
+        box = [obj]
+        dist.broadcast_object_list(box, src=0)
+        return box[0]
+
+    # -- metrics ---------------------------------------------------------------------------
+    def set_total_steps(self, total: int) -> None:
+        """Tell the server how many steps the run has, for progress bars."""
+        if self._reporter is not None:
+            self._reporter.total_steps = int(total)
+
+    def log(
+        self, metrics: dict[str, Any], step: int | None = None, *, all_ranks: bool = False
+    ) -> None:
+        """Record metric values at ``step`` (default: the last step + 1).
+
+        The main rank speaks for the job: on other ranks this records nothing unless
+        ``all_ranks=True``, which keeps every rank's values tagged with its rank.
+        Buffered; sent in the background; never blocks on the network.
+        """
+        if step is None:
+            step = self._step + 1
+        step = int(step)
+        if step > self._step:
+            self._step = step
+        if not self.is_main and not all_ranks:
+            return
+        now = time.time()
+        values = [(str(k), finite_or_none(float(v))) for k, v in metrics.items()]
+        if self.standalone:
+            if (self.is_main and now - self._last_print >= 1.0) or step == 0:
+                self._last_print = now
+                shown = " ".join(f"{k}={v:.4g}" if v is not None else f"{k}=nan" for k, v in values)
+                print(f"[trainhouse] step {step}: {shown}", flush=True)
+            return
+        points: list[Point] = []
+        if self.is_main:
+            points.extend((step, k, v, None, now) for k, v in values)
+        if all_ranks:
+            points.extend((step, k, v, self.rank, now) for k, v in values)
+            if self._reporter is None and self._api is not None:
+                self._reporter = Reporter(self._api, self.attempt)
+        if self._reporter is not None:
+            self._reporter.add(points)
+
+    # -- stopping --------------------------------------------------------------------------
+    def _local_stop(self) -> bool:
+        return self._reporter is not None and self._reporter.stop_requested.is_set()
+
+    def should_stop(self) -> bool:
+        """True once the server asks this job to stop (cancel, preemption, time limit).
+
+        Collective: every rank must call it the same number of times, and every rank gets the
+        same answer at the same call. Ranks agree through one small all-reduce about every
+        half second of training, not at every call.
+        """
+        if self._stop_agreed:
+            return True
+        if not self._distributed():
+            self._stop_agreed = self._local_stop()
+            return self._stop_agreed
+        self._stop_calls += 1
+        if self._stop_calls < self._next_sync:
+            return False
+        import torch
+        import torch.distributed as dist
+
+        interval = 0.0
+        if self.is_main:
+            elapsed = max(time.monotonic() - self._last_sync, 1e-6)
+            rate = (self._stop_calls - self._synced_at) / elapsed
+            interval = float(min(max(int(rate * STOP_SYNC_SECONDS), 1), 10_000))
+        flags = torch.tensor([1.0 if self._local_stop() else 0.0, interval])
+        dist.all_reduce(flags, op=dist.ReduceOp.MAX)
+        self._last_sync = time.monotonic()
+        self._synced_at = self._stop_calls
+        self._next_sync = self._stop_calls + max(int(flags[1].item()), 1)
+        self._stop_agreed = bool(flags[0].item() > 0)
+        return self._stop_agreed
+
+    # -- end -------------------------------------------------------------------------------
+    def finish(self, *, failed: bool = False) -> None:
+        """Flush metrics and leave torch.distributed cleanly (idempotent)."""
+        if self._closed:
+            return
+        self._closed = True
+        atexit.unregister(self.finish)
+        if self._reporter is not None:
+            self._reporter.close()
+        if self._api is not None:
+            self._api.close()
+        if self._owns_group:
+            import torch.distributed as dist
+
+            if dist.is_initialized():
+                if not failed:
+                    try:
+                        dist.barrier()
+                    except RuntimeError:
+                        pass
+                dist.destroy_process_group()
+
+    def __enter__(self) -> Run:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: types.TracebackType | None,
+    ) -> None:
+        self.finish(failed=exc_type is not None)
+        sys.stdout.flush()
+
+    def __repr__(self) -> str:
+        mode = "standalone" if self.standalone else f"job {self.job_id} attempt {self.attempt}"
+        return f"<Run {mode} rank {self.rank}/{self.world_size} on {self.device}>"
+
+
+def init(
+    *,
+    hparams: dict[str, Any] | None = None,
+    total_steps: int | None = None,
+    backend: str | None = None,
+) -> Run:
+    """Start a run: sets up torch.distributed when WORLD_SIZE > 1 and connects to the server.
+
+    ``hparams`` are defaults; the job spec's ``hparams`` override them. ``total_steps`` lets the
+    CLI show a progress bar.
+    """
+    return Run(hparams=hparams, total_steps=total_steps, backend=backend)

@@ -1,0 +1,105 @@
+"""The app factory: ``create_app(settings)`` builds the API; its lifespan runs the scheduler."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, RedirectResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from trainhouse._version import __version__
+from trainhouse.errors import TrainhouseError
+from trainhouse.executors.inventory import local_node
+from trainhouse.executors.local import LocalExecutor
+from trainhouse.scheduler.loop import SchedulerLoop
+from trainhouse.server.deps import Services
+from trainhouse.server.routes import jobs, report, system
+from trainhouse.server.settings import Settings
+from trainhouse.store import BlobStore, Store
+
+log = logging.getLogger(__name__)
+
+
+def error(status: int, code: str, message: str) -> JSONResponse:
+    return JSONResponse({"error": {"code": code, "message": message}}, status_code=status)
+
+
+def _validation_message(exc: RequestValidationError) -> str:
+    parts = []
+    for err in exc.errors():
+        loc = ".".join(str(p) for p in err.get("loc", ()) if p not in ("body", "query", "path"))
+        parts.append(f"{loc or 'request'}: {err.get('msg', 'invalid')}")
+    return "; ".join(parts)
+
+
+def build_services(settings: Settings) -> Services:
+    settings.home.mkdir(parents=True, exist_ok=True)
+    if settings.executor != "local":
+        raise TrainhouseError(
+            f"executor {settings.executor!r} is not available in this build; use 'local'"
+        )
+    store = Store(settings.database_url)
+    blobs = BlobStore(settings.home / "blobs")
+    executor = LocalExecutor(local_node(settings.cpus, settings.gpus), settings.home)
+    loop = SchedulerLoop(
+        store,
+        blobs,
+        executor,
+        home=settings.home,
+        server_url=settings.url,
+        tick=settings.tick,
+        cancel_grace=settings.cancel_grace,
+    )
+    return Services(settings, store, blobs, loop)
+
+
+def create_app(settings: Settings) -> FastAPI:
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        svc = build_services(settings)
+        app.state.services = svc
+        svc.scheduler.start()
+        log.info("trainhouse %s serving %s (home %s)", __version__, settings.url, settings.home)
+        try:
+            yield
+        finally:
+            svc.scheduler.stop(grace=settings.shutdown_grace)
+            svc.store.close()
+
+    app = FastAPI(
+        title="trainhouse",
+        version=__version__,
+        description="A self-hosted training server.",
+        lifespan=lifespan,
+    )
+
+    @app.exception_handler(TrainhouseError)
+    async def _domain_error(_request: Request, exc: TrainhouseError) -> JSONResponse:
+        return error(exc.status, exc.code, str(exc))
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation_error(_request: Request, exc: RequestValidationError) -> JSONResponse:
+        return error(422, "invalid_request", _validation_message(exc))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(_request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
+        return error(exc.status_code, code, str(exc.detail))
+
+    @app.exception_handler(Exception)
+    async def _internal_error(_request: Request, exc: Exception) -> JSONResponse:
+        log.exception("internal error")
+        return error(500, "internal", "internal server error; see the server log")
+
+    @app.get("/", include_in_schema=False)
+    def root() -> RedirectResponse:
+        return RedirectResponse("/docs")
+
+    app.include_router(system.router, prefix="/api/v1")
+    app.include_router(jobs.router, prefix="/api/v1")
+    app.include_router(report.router, prefix="/api/v1")
+    return app

@@ -1,0 +1,47 @@
+"""What route handlers depend on: the running services and the per-job credential check."""
+
+from __future__ import annotations
+
+import hmac
+from dataclasses import dataclass
+
+from fastapi import Header, Request
+
+from trainhouse.errors import TrainhouseError
+from trainhouse.scheduler.loop import SchedulerLoop, hash_token
+from trainhouse.server.settings import Settings
+from trainhouse.store import BlobStore, Job, Store
+from trainhouse.store.jobfiles import JobFiles
+
+
+class Unauthorized(TrainhouseError):
+    code = "unauthorized"
+    status = 401
+
+
+@dataclass
+class Services:
+    settings: Settings
+    store: Store
+    blobs: BlobStore
+    scheduler: SchedulerLoop
+
+    def files(self, job_id: int) -> JobFiles:
+        return JobFiles(self.settings.home, job_id)
+
+
+def services(request: Request) -> Services:
+    svc: Services = request.app.state.services
+    return svc
+
+
+def job_credential(job: Job, authorization: str | None) -> None:
+    """Raise unless ``authorization`` carries the job's current per-attempt token."""
+    if not authorization or not authorization.startswith("Bearer "):
+        raise Unauthorized("this endpoint needs the job's credential (Authorization: Bearer ...)")
+    given = hash_token(authorization.removeprefix("Bearer ").strip())
+    if job.token_hash is None or not hmac.compare_digest(given, job.token_hash):
+        raise Unauthorized(f"the credential is not valid for job {job.id}'s current attempt")
+
+
+AuthHeader = Header(None, alias="Authorization", include_in_schema=False)

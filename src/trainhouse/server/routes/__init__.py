@@ -1,0 +1,1 @@
+"""One module per resource: system (health, nodes, schema), jobs, report (the SDK's endpoints)."""

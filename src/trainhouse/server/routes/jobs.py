@@ -1,0 +1,184 @@
+"""Jobs: submit, list, show, cancel, and read their metrics, logs and checkpoints."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, File, Form, Query, UploadFile
+from fastapi.responses import PlainTextResponse
+
+from trainhouse.errors import ArchiveError, ResourceError, StoreError
+from trainhouse.scheduler.lifecycle import JobState
+from trainhouse.scheduler.resources import never_fits
+from trainhouse.server.deps import Services, services
+from trainhouse.server.schemas import (
+    AttemptOut,
+    CheckpointListOut,
+    CheckpointOut,
+    EventOut,
+    JobDetailOut,
+    JobListOut,
+    JobOut,
+    LogRanksOut,
+    MetricsOut,
+    SeriesOut,
+)
+from trainhouse.spec import parse_spec
+from trainhouse.store import Job
+from trainhouse.workdir import human_size, list_members
+
+router = APIRouter(tags=["jobs"])
+
+
+class UploadTooLarge(ArchiveError):
+    status = 413
+    code = "too_large"
+
+
+def job_out(job: Job) -> JobOut:
+    return JobOut(**job.public())
+
+
+@router.post("/jobs", response_model=JobOut, status_code=201)
+def submit(
+    spec: Annotated[str, Form(description="The job spec as YAML or JSON")],
+    workdir: Annotated[UploadFile, File(description="The workdir as a .tar.gz archive")],
+    owner: Annotated[str, Form(max_length=128)] = "anonymous",
+    svc: Services = Depends(services),
+) -> JobOut:
+    job_spec = parse_spec(spec, source="spec")
+    reason = never_fits(svc.scheduler.executor.nodes(), job_spec.resources)
+    if reason:
+        raise ResourceError(f"job can never run on this server: {reason}")
+    try:
+        digest, _size = svc.blobs.put(workdir.file, svc.settings.max_upload_bytes)
+    except ValueError:
+        raise UploadTooLarge(
+            f"workdir archive is larger than {human_size(svc.settings.max_upload_bytes)}"
+        ) from None
+    names = list_members(svc.blobs.path(digest))
+    script = job_spec.script_path()
+    if script is not None:
+        wanted = script.removeprefix("./")
+        if wanted not in names:
+            shown = ", ".join(sorted(names)[:10]) or "no files"
+            raise ArchiveError(
+                f"entrypoint file {wanted!r} is not in the uploaded workdir "
+                f"(it holds {len(names)} files: {shown})"
+            )
+    job = svc.store.create_job(
+        name=job_spec.name,
+        owner=owner or "anonymous",
+        priority=job_spec.priority,
+        spec=job_spec.model_dump(mode="json"),
+        archive_sha256=digest,
+    )
+    svc.scheduler.wake()
+    return job_out(job)
+
+
+@router.get("/jobs", response_model=JobListOut)
+def list_jobs(
+    all: bool = Query(False, description="Include ended jobs"),
+    state: list[JobState] | None = Query(None),
+    limit: int = Query(1000, ge=1, le=10000),
+    svc: Services = Depends(services),
+) -> JobListOut:
+    states: list[JobState] | None = state
+    if states is None and not all:
+        states = [s for s in JobState if not s.terminal]
+    return JobListOut(jobs=[job_out(j) for j in svc.store.list_jobs(states=states, limit=limit)])
+
+
+@router.get("/jobs/{job_id}", response_model=JobDetailOut)
+def show(job_id: int, svc: Services = Depends(services)) -> JobDetailOut:
+    job = svc.store.get_job(job_id)
+    files = svc.files(job_id)
+    return JobDetailOut(
+        **job.public(),
+        attempt_history=[
+            AttemptOut(**{k: v for k, v in asdict(a).items() if k in AttemptOut.model_fields})
+            for a in svc.store.attempts(job_id)
+        ],
+        events=[EventOut(**asdict(e)) for e in svc.store.events(job_id)],
+        checkpoints=len(svc.store.checkpoints(job_id)),
+        log_ranks=files.ranks(),
+        job_dir=str(files.root),
+    )
+
+
+@router.post("/jobs/{job_id}/cancel", response_model=JobOut)
+def cancel(job_id: int, svc: Services = Depends(services)) -> JobOut:
+    job = svc.store.get_job(job_id)
+    if job.state.terminal:
+        raise StoreError(f"job {job_id} has already ended ({job.state}); nothing to cancel")
+    svc.store.request_cancel(job_id)
+    if job.state is not JobState.RUNNING:
+        try:
+            svc.store.transition(job_id, JobState.CANCELED, reason="canceled by request")
+        except StoreError:
+            pass  # it started meanwhile: the scheduler stops it
+    svc.scheduler.wake()
+    return job_out(svc.store.get_job(job_id))
+
+
+@router.get("/jobs/{job_id}/metrics", response_model=MetricsOut)
+def metrics(
+    job_id: int,
+    name: str | None = None,
+    rank: int | None = Query(None, ge=0, description="A rank's own values (all_ranks=True)"),
+    all_ranks: bool = Query(False, description="Every rank's values as well as the job's"),
+    svc: Services = Depends(services),
+) -> MetricsOut:
+    svc.store.get_job(job_id)
+    series: dict[tuple[str, int | None], SeriesOut] = {}
+    for p in svc.store.metrics(job_id, name=name, rank=rank, all_ranks=all_ranks):
+        key = (p.name, p.rank)
+        if key not in series:
+            series[key] = SeriesOut(name=p.name, rank=p.rank, points=[])
+        value = p.value if p.value is not None and math.isfinite(p.value) else None
+        series[key].points.append((p.step, value, p.wall_time))
+    return MetricsOut(job_id=job_id, series=list(series.values()))
+
+
+@router.get("/jobs/{job_id}/logs/ranks", response_model=LogRanksOut)
+def log_ranks(job_id: int, svc: Services = Depends(services)) -> LogRanksOut:
+    svc.store.get_job(job_id)
+    files = svc.files(job_id)
+    return LogRanksOut(job_id=job_id, ranks=files.ranks(), launcher=files.log("launcher").is_file())
+
+
+@router.get("/jobs/{job_id}/logs", response_class=PlainTextResponse)
+def logs(
+    job_id: int,
+    rank: str = Query("0", pattern=r"^(\d{1,6}|launcher)$", description="A rank or 'launcher'"),
+    offset: int = Query(0, ge=0),
+    tail: int | None = Query(None, ge=0, le=100_000),
+    svc: Services = Depends(services),
+) -> PlainTextResponse:
+    """A rank's log as text; the ``X-Log-Offset`` header is where to continue reading."""
+    job = svc.store.get_job(job_id)
+    files = svc.files(job_id)
+    data, nxt = files.read_log(rank, offset=offset, tail=tail)
+    return PlainTextResponse(
+        data.decode(errors="replace"),
+        headers={"X-Log-Offset": str(nxt), "X-Job-State": str(job.state)},
+    )
+
+
+@router.get("/jobs/{job_id}/checkpoints", response_model=CheckpointListOut)
+def checkpoints(
+    job_id: int,
+    all: bool = Query(False, description="Include deleted ones"),
+    svc: Services = Depends(services),
+) -> CheckpointListOut:
+    svc.store.get_job(job_id)
+    return CheckpointListOut(
+        job_id=job_id,
+        directory=str(svc.files(job_id).checkpoints),
+        checkpoints=[
+            CheckpointOut(**asdict(c)) for c in svc.store.checkpoints(job_id, include_deleted=all)
+        ],
+    )

@@ -1,0 +1,159 @@
+"""Request and response bodies of the REST API (published in /openapi.json)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+
+class ErrorBody(BaseModel):
+    code: str
+    message: str
+
+
+class ErrorOut(BaseModel):
+    error: ErrorBody
+
+
+class AttemptOut(BaseModel):
+    number: int
+    started_at: float
+    ended_at: float | None
+    result: str | None
+    exit_code: int | None
+    rank_exit_codes: dict[str, int] | None
+    placement: dict[str, Any] | None
+    pid: int | None
+    reason: str | None
+
+
+class EventOut(BaseModel):
+    at: float
+    from_state: str | None
+    to_state: str
+    reason: str | None
+
+
+class JobOut(BaseModel):
+    id: int
+    name: str
+    owner: str
+    state: str
+    priority: str
+    created_at: float
+    updated_at: float
+    started_at: float | None
+    ended_at: float | None
+    attempts: int
+    restarts: int
+    exit_code: int | None
+    reason: str | None
+    cancel_requested: bool
+    placement: dict[str, Any] | None
+    total_steps: int | None
+    last_step: int | None
+    latest_metrics: dict[str, float | None]
+    spec: dict[str, Any]
+    archive_sha256: str
+
+
+class JobDetailOut(JobOut):
+    attempt_history: list[AttemptOut]
+    events: list[EventOut]
+    checkpoints: int
+    log_ranks: list[int]
+    job_dir: str
+
+
+class JobListOut(BaseModel):
+    jobs: list[JobOut]
+
+
+class SeriesOut(BaseModel):
+    name: str
+    rank: int | None
+    points: list[tuple[int, float | None, float]] = Field(
+        description="[step, value, wall_time]; value is null where it was NaN or infinite"
+    )
+
+
+class MetricsOut(BaseModel):
+    job_id: int
+    series: list[SeriesOut]
+
+
+class CheckpointOut(BaseModel):
+    id: int
+    job_id: int
+    attempt: int
+    step: int
+    path: str
+    size: int
+    sha256: str
+    metrics: dict[str, float | None]
+    created_at: float
+    deleted: bool
+
+
+class CheckpointListOut(BaseModel):
+    job_id: int
+    directory: str
+    checkpoints: list[CheckpointOut]
+
+
+class CheckpointIn(BaseModel):
+    attempt: int = Field(ge=1)
+    step: int = Field(ge=0)
+    path: str = Field(min_length=1, max_length=1024)
+    size: int = Field(ge=0)
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+    metrics: dict[str, float | None] = Field(default_factory=dict)
+
+
+MetricTuple = tuple[int, str, float | None, int | None, float]
+
+
+class ReportIn(BaseModel):
+    """One flush of the SDK's buffer: metric points plus a heartbeat."""
+
+    batch_id: str = Field(min_length=1, max_length=64)
+    attempt: int = Field(ge=1)
+    points: list[MetricTuple] = Field(
+        default_factory=list,
+        max_length=200_000,
+        description="[step, name, value, rank, wall_time]; rank null = the job's own value",
+    )
+    total_steps: int | None = Field(None, ge=0)
+
+
+class ReportOut(BaseModel):
+    accepted: int
+    stop: bool
+    stop_reason: str | None = None
+
+
+class LogRanksOut(BaseModel):
+    job_id: int
+    ranks: list[int]
+    launcher: bool
+
+
+class NodeOut(BaseModel):
+    name: str
+    cpus: int
+    memory_bytes: int
+    gpus: list[dict[str, Any]]
+    free_cpus: int
+    free_gpus: list[int]
+
+
+class NodesOut(BaseModel):
+    executor: str
+    nodes: list[NodeOut]
+
+
+class HealthOut(BaseModel):
+    status: str
+    version: str
+    home: str

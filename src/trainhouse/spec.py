@@ -1,0 +1,328 @@
+"""The job spec: a pydantic model plus YAML loading whose errors name the field and the line.
+
+A spec is written by users as YAML (see ``examples/digits/trainhouse.yaml``); ``--set key=value``
+overrides any field by dotted path before validation. The JSON Schema is published by
+``trainhouse spec --schema``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from trainhouse.errors import SpecError
+
+PRIORITY_TIERS: tuple[str, ...] = ("low", "normal", "high", "urgent")
+Priority = Literal["low", "normal", "high", "urgent"]
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*$")
+_UNIT_SECONDS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# Variables trainhouse or torchrun set for every rank; a spec may not override them.
+RESERVED_ENV = frozenset(
+    {
+        "RANK",
+        "LOCAL_RANK",
+        "WORLD_SIZE",
+        "LOCAL_WORLD_SIZE",
+        "MASTER_ADDR",
+        "MASTER_PORT",
+        "GROUP_RANK",
+        "CUDA_VISIBLE_DEVICES",
+    }
+)
+
+
+def parse_duration(value: str | int | float) -> int:
+    """Parse ``90``, ``"90s"``, ``"30m"``, ``"6h"`` or ``"1d"`` into whole seconds."""
+    if isinstance(value, bool):
+        raise ValueError(f"must be a duration such as 90s, 30m or 6h, got {value!r}")
+    if isinstance(value, int | float):
+        seconds = float(value)
+    else:
+        match = _DURATION.match(value)
+        if not match:
+            raise ValueError(f"must be a duration such as 90s, 30m or 6h, got {value!r}")
+        seconds = float(match.group(1)) * _UNIT_SECONDS[match.group(2)]
+    if seconds <= 0:
+        raise ValueError(f"must be a positive duration, got {value!r}")
+    return int(round(seconds))
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class Resources(_Strict):
+    nodes: int = Field(
+        1, ge=1, description="Machines the job spans; >1 needs a multi-node executor"
+    )
+    procs_per_node: int | None = Field(
+        None, ge=1, description="torch.distributed ranks per node; default gpus_per_node or 1"
+    )
+    gpus_per_node: int = Field(0, ge=0, description="GPUs per node; 0 = CPU job")
+    cpus_per_proc: int = Field(1, ge=1, description="CPU cores reserved for each rank")
+
+    @model_validator(mode="after")
+    def _default_procs(self) -> Resources:
+        if self.procs_per_node is None:
+            object.__setattr__(self, "procs_per_node", max(self.gpus_per_node, 1))
+        return self
+
+    @property
+    def procs(self) -> int:
+        """Ranks per node, with the default applied."""
+        return self.procs_per_node or max(self.gpus_per_node, 1)
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.procs
+
+    @property
+    def cpus_per_node(self) -> int:
+        return self.procs * self.cpus_per_proc
+
+
+class CheckpointPolicy(_Strict):
+    keep_last: int = Field(2, ge=1, description="Newest checkpoints kept")
+    keep_best: int = Field(0, ge=0, description="Best checkpoints kept by `metric`")
+    metric: str | None = Field(None, description="Metric that ranks checkpoints for keep_best")
+    mode: Literal["min", "max"] = "min"
+
+    @model_validator(mode="after")
+    def _metric_needed(self) -> CheckpointPolicy:
+        if self.keep_best > 0 and not self.metric:
+            raise ValueError("keep_best > 0 needs checkpoints.metric (e.g. val_loss)")
+        return self
+
+
+class JobSpec(_Strict):
+    """A training job: what to run, where its code is, and what it needs."""
+
+    name: str = Field("job", min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][\w.\-]*$")
+    entrypoint: str = Field(..., min_length=1, description="Command run inside the workdir")
+    workdir: str = Field(".", description="Directory packed and uploaded, relative to the spec")
+    resources: Resources = Field(default_factory=lambda: Resources())
+    priority: Priority = "normal"
+    max_restarts: int = Field(0, ge=0, le=100)
+    max_runtime: int | None = Field(
+        None, description="Seconds (or a duration such as 6h) after which the job is stopped"
+    )
+    preemption_grace: int = Field(120, ge=0, le=86400)
+    hparams: dict[str, Any] = Field(default_factory=dict)
+    env: dict[str, str] = Field(default_factory=dict)
+    checkpoints: CheckpointPolicy = Field(default_factory=lambda: CheckpointPolicy())
+
+    @field_validator("max_runtime", mode="before")
+    @classmethod
+    def _duration(cls, value: Any) -> Any:
+        return None if value is None else parse_duration(value)
+
+    @field_validator("entrypoint")
+    @classmethod
+    def _entrypoint(cls, value: str) -> str:
+        try:
+            argv = shlex.split(value)
+        except ValueError as exc:
+            raise ValueError(f"cannot be split into arguments ({exc}): {value!r}") from None
+        if not argv:
+            raise ValueError("must name a command, got an empty string")
+        return value
+
+    @field_validator("env", mode="before")
+    @classmethod
+    def _env(cls, value: Any) -> Any:
+        if not isinstance(value, dict):
+            return value
+        out: dict[str, str] = {}
+        for key, val in value.items():
+            key = str(key)
+            if not _ENV_NAME.match(key):
+                raise ValueError(f"variable name {key!r} is not a valid environment name")
+            if key in RESERVED_ENV or key.startswith("TRAINHOUSE_"):
+                raise ValueError(f"variable {key} is set by trainhouse and cannot be overridden")
+            if isinstance(val, dict | list) or val is None:
+                raise ValueError(f"value of {key} must be a string or number, got {val!r}")
+            out[key] = str(val).lower() if isinstance(val, bool) else str(val)
+        return out
+
+    @field_validator("hparams")
+    @classmethod
+    def _hparams_json(cls, value: dict[str, Any]) -> dict[str, Any]:
+        try:
+            json.dumps(value, allow_nan=False)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"must be plain JSON values ({exc})") from None
+        return value
+
+    @property
+    def argv(self) -> list[str]:
+        return shlex.split(self.entrypoint)
+
+    def script_path(self) -> str | None:
+        """The file the entrypoint runs, when it names one (``python train.py`` -> train.py)."""
+        argv = self.argv
+        if Path(argv[0]).name.startswith("python"):
+            rest = argv[1:]
+            while rest and rest[0].startswith("-"):
+                if rest[0] in ("-m", "-c"):
+                    return None
+                rest = rest[1:]
+            return rest[0] if rest else None
+        if argv[0].startswith("./") or argv[0].endswith((".py", ".sh")):
+            return argv[0]
+        return None
+
+
+# ---------------------------------------------------------------------------------------------
+# YAML loading with line numbers
+
+
+class _Lines:
+    """Maps a path of keys in a YAML document to the line it was written on."""
+
+    def __init__(self, node: yaml.Node | None) -> None:
+        self.root = node
+
+    def line(self, loc: tuple[str | int, ...]) -> int | None:
+        node = self.root
+        best: int | None = node.start_mark.line + 1 if node is not None else None
+        for part in loc:
+            if isinstance(node, yaml.MappingNode):
+                for key, val in node.value:
+                    if isinstance(key, yaml.ScalarNode) and key.value == str(part):
+                        best = key.start_mark.line + 1
+                        node = val
+                        break
+                else:
+                    return best
+            elif isinstance(node, yaml.SequenceNode) and isinstance(part, int):
+                if part >= len(node.value):
+                    return best
+                node = node.value[part]
+                best = node.start_mark.line + 1
+            else:
+                return best
+        return best
+
+
+def _format_errors(exc: ValidationError, source: str, lines: _Lines, overridden: set[str]) -> str:
+    messages = []
+    for err in exc.errors():
+        loc = tuple(p for p in err["loc"] if not isinstance(p, str) or not p.startswith("function"))
+        field = ".".join(str(p) for p in loc) or "(spec)"
+        if err["type"] == "extra_forbidden":
+            msg = f"unknown key {field!r}"
+            allowed = _allowed_keys(loc[:-1])
+            if allowed:
+                msg += f" (allowed: {', '.join(allowed)})"
+        else:
+            text = str(err["msg"])
+            text = text.removeprefix("Value error, ")
+            if err["type"] == "missing":
+                msg = f"{field} is required"
+            else:
+                got = err.get("input")
+                show = "" if isinstance(got, dict | list) else f", got {got!r}"
+                msg = f"{field} {_lower_first(text)}{show}"
+        where = f"{source}:{lines.line(loc)}" if lines.root is not None else source
+        if field in overridden:
+            where = f"--set {field}"
+        messages.append(f"{where}: {msg}")
+    return "\n".join(messages)
+
+
+def _lower_first(text: str) -> str:
+    text = text.replace("Input should be", "must be").replace("String should", "must")
+    return text[:1].lower() + text[1:]
+
+
+def _allowed_keys(loc: tuple[str | int, ...]) -> list[str]:
+    model: type[BaseModel] = JobSpec
+    for part in loc:
+        field = model.model_fields.get(str(part))
+        ann = field.annotation if field else None
+        if isinstance(ann, type) and issubclass(ann, BaseModel):
+            model = ann
+        else:
+            return []
+    return sorted(model.model_fields)
+
+
+def parse_override(item: str) -> tuple[list[str], Any]:
+    """Split ``a.b=value`` into (["a", "b"], parsed value); the value is read as YAML."""
+    if "=" not in item:
+        raise SpecError(f"--set expects key=value, got {item!r}")
+    key, raw = item.split("=", 1)
+    path = [p for p in key.strip().split(".")]
+    if not key.strip() or any(not p for p in path):
+        raise SpecError(f"--set key must be a dotted path such as hparams.lr, got {key!r}")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError:
+        value = raw
+    return path, value
+
+
+def apply_overrides(data: dict[str, Any], overrides: list[str]) -> set[str]:
+    """Apply ``--set`` overrides in place; returns the dotted keys that were set."""
+    touched = set()
+    for item in overrides:
+        path, value = parse_override(item)
+        node: Any = data
+        for i, part in enumerate(path[:-1]):
+            nxt = node.get(part)
+            if nxt is None:
+                nxt = node[part] = {}
+            if not isinstance(nxt, dict):
+                where = ".".join(path[: i + 1])
+                raise SpecError(f"--set {'.'.join(path)}: {where} is not a mapping")
+            node = nxt
+        node[path[-1]] = value
+        touched.add(".".join(path))
+    return touched
+
+
+def parse_spec(text: str, *, source: str = "<spec>", overrides: list[str] | None = None) -> JobSpec:
+    """Parse and validate YAML (or JSON) text into a JobSpec, or raise SpecError."""
+    try:
+        node = yaml.compose(text)
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"{source}:{mark.line + 1}" if mark is not None else source
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise SpecError(f"{where}: not valid YAML: {problem}") from None
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise SpecError(
+            f"{source}: a job spec must be a mapping of keys, got {type(data).__name__}"
+        )
+    touched = apply_overrides(data, overrides or [])
+    try:
+        return JobSpec.model_validate(data)
+    except ValidationError as exc:
+        raise SpecError(_format_errors(exc, source, _Lines(node), touched)) from None
+
+
+def load_spec(path: str | Path, overrides: list[str] | None = None) -> JobSpec:
+    """Load a spec file; errors name the file, the line and the field."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise SpecError(f"spec file {path} does not exist") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise SpecError(f"cannot read spec file {path}: {exc}") from None
+    return parse_spec(text, source=str(path), overrides=overrides)
+
+
+def json_schema() -> dict[str, Any]:
+    return JobSpec.model_json_schema()

@@ -1,0 +1,16 @@
+"""Persistent state: one Store over SQLAlchemy for SQLite and PostgreSQL, and the archive blobs."""
+
+from trainhouse.store.blobs import BlobStore
+from trainhouse.store.records import Attempt, Checkpoint, Event, Job, MetricPoint
+from trainhouse.store.store import Store, default_db_url
+
+__all__ = [
+    "Attempt",
+    "BlobStore",
+    "Checkpoint",
+    "Event",
+    "Job",
+    "MetricPoint",
+    "Store",
+    "default_db_url",
+]

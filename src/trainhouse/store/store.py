@@ -1,0 +1,476 @@
+"""The Store: every read and write of trainhouse's state, for SQLite and PostgreSQL alike.
+
+State changes go through :meth:`Store.transition`, which checks the lifecycle table and writes
+the new state with a compare-and-set UPDATE, so two threads (or two servers on one PostgreSQL)
+can never both move a job out of the same state.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from alembic import command
+from alembic.config import Config
+from sqlalchemy import (
+    Connection,
+    Engine,
+    create_engine,
+    event,
+    func,
+    insert,
+    select,
+    update,
+)
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+from sqlalchemy.engine import RowMapping
+
+from trainhouse.errors import NotFound, StoreError
+from trainhouse.scheduler.lifecycle import JobState, check_transition
+from trainhouse.store import tables as t
+from trainhouse.store.records import Attempt, Checkpoint, Event, Job, MetricPoint
+
+
+def default_db_url(home: Path) -> str:
+    return f"sqlite:///{home / 'trainhouse.db'}"
+
+
+def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
+    cur = dbapi_conn.cursor()
+    cur.execute("PRAGMA journal_mode=WAL")
+    cur.execute("PRAGMA synchronous=NORMAL")
+    cur.execute("PRAGMA foreign_keys=ON")
+    cur.execute("PRAGMA busy_timeout=30000")
+    cur.close()
+
+
+def _job(row: RowMapping) -> Job:
+    return Job(
+        id=row["id"],
+        name=row["name"],
+        owner=row["owner"],
+        state=JobState(row["state"]),
+        priority=row["priority"],
+        spec=row["spec"],
+        archive_sha256=row["archive_sha256"],
+        created_at=row["created_at"],
+        updated_at=row["updated_at"],
+        started_at=row["started_at"],
+        ended_at=row["ended_at"],
+        attempts=row["attempts"],
+        restarts=row["restarts"],
+        exit_code=row["exit_code"],
+        reason=row["reason"],
+        cancel_requested=bool(row["cancel_requested"]),
+        token_hash=row["token_hash"],
+        placement=row["placement"],
+        total_steps=row["total_steps"],
+        last_step=row["last_step"],
+        latest_metrics=row["latest_metrics"] or {},
+    )
+
+
+def _attempt(row: RowMapping) -> Attempt:
+    return Attempt(**{k: row[k] for k in Attempt.__dataclass_fields__})
+
+
+def _checkpoint(row: RowMapping) -> Checkpoint:
+    data = {k: row[k] for k in Checkpoint.__dataclass_fields__}
+    data["metrics"] = data["metrics"] or {}
+    data["deleted"] = bool(data["deleted"])
+    return Checkpoint(**data)
+
+
+class Store:
+    """Everything trainhouse persists. Thread-safe: each method uses its own transaction."""
+
+    def __init__(self, url: str, *, migrate: bool = True) -> None:
+        self.url = url
+        self.dialect = url.split(":", 1)[0].split("+", 1)[0]
+        kwargs: dict[str, Any] = {}
+        if self.dialect == "sqlite":
+            kwargs["connect_args"] = {"check_same_thread": False, "timeout": 30}
+        else:
+            kwargs["pool_pre_ping"] = True
+        try:
+            self.engine: Engine = create_engine(url, **kwargs)
+        except Exception as exc:  # bad URL, missing driver
+            raise StoreError(f"cannot open database {url!r}: {exc}") from None
+        if self.dialect == "sqlite":
+            event.listen(self.engine, "connect", _sqlite_pragmas)
+        if migrate:
+            self.upgrade()
+
+    # -- schema ----------------------------------------------------------------------------
+    def alembic_config(self) -> Config:
+        cfg = Config()
+        cfg.set_main_option(
+            "script_location", str(resources.files("trainhouse.store") / "migrations")
+        )
+        cfg.set_main_option("sqlalchemy.url", self.url.replace("%", "%%"))
+        return cfg
+
+    def upgrade(self) -> None:
+        """Apply every Alembic migration not yet applied (idempotent)."""
+        cfg = self.alembic_config()
+        with self.engine.begin() as conn:
+            cfg.attributes["connection"] = conn
+            command.upgrade(cfg, "head")
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+    @contextmanager
+    def _tx(self) -> Iterator[Connection]:
+        with self.engine.begin() as conn:
+            yield conn
+
+    # -- jobs ------------------------------------------------------------------------------
+    def create_job(
+        self, *, name: str, owner: str, priority: str, spec: dict[str, Any], archive_sha256: str
+    ) -> Job:
+        now = time.time()
+        with self._tx() as conn:
+            job_id = conn.execute(
+                insert(t.jobs)
+                .values(
+                    name=name,
+                    owner=owner,
+                    state=JobState.QUEUED,
+                    priority=priority,
+                    spec=spec,
+                    archive_sha256=archive_sha256,
+                    created_at=now,
+                    updated_at=now,
+                    attempts=0,
+                    restarts=0,
+                    cancel_requested=False,
+                    reason="waiting for the scheduler",
+                )
+                .returning(t.jobs.c.id)
+            ).scalar_one()
+            conn.execute(
+                insert(t.events).values(
+                    job_id=job_id,
+                    at=now,
+                    from_state=None,
+                    to_state=JobState.QUEUED,
+                    reason="submitted",
+                )
+            )
+        return self.get_job(job_id)
+
+    def get_job(self, job_id: int) -> Job:
+        with self.engine.connect() as conn:
+            row = conn.execute(select(t.jobs).where(t.jobs.c.id == job_id)).mappings().first()
+        if row is None:
+            raise NotFound(f"job {job_id} does not exist")
+        return _job(row)
+
+    def list_jobs(
+        self, *, states: Iterable[JobState] | None = None, limit: int | None = None
+    ) -> list[Job]:
+        query = select(t.jobs).order_by(t.jobs.c.id.desc())
+        if states is not None:
+            query = query.where(t.jobs.c.state.in_([str(s) for s in states]))
+        if limit is not None:
+            query = query.limit(limit)
+        with self.engine.connect() as conn:
+            return [_job(r) for r in conn.execute(query).mappings()]
+
+    def update_job(self, job_id: int, **fields: Any) -> None:
+        """Update non-state fields (reason, placement, progress)."""
+        if "state" in fields:
+            raise StoreError("state changes go through Store.transition")
+        fields.setdefault("updated_at", time.time())
+        with self._tx() as conn:
+            result = conn.execute(update(t.jobs).where(t.jobs.c.id == job_id).values(**fields))
+        if result.rowcount == 0:
+            raise NotFound(f"job {job_id} does not exist")
+
+    def transition(
+        self, job_id: int, new: JobState, *, reason: str | None = None, **fields: Any
+    ) -> Job:
+        """Move a job to ``new`` if the lifecycle table allows it; record the event."""
+        now = time.time()
+        with self._tx() as conn:
+            row = conn.execute(select(t.jobs.c.state).where(t.jobs.c.id == job_id)).first()
+            if row is None:
+                raise NotFound(f"job {job_id} does not exist")
+            current = JobState(row[0])
+            check_transition(job_id, current, new)
+            values: dict[str, Any] = {"state": new, "updated_at": now, **fields}
+            if reason is not None:
+                values["reason"] = reason
+            if new.terminal:
+                values.setdefault("ended_at", now)
+            result = conn.execute(
+                update(t.jobs)
+                .where(t.jobs.c.id == job_id, t.jobs.c.state == current)
+                .values(**values)
+            )
+            if result.rowcount != 1:
+                raise StoreError(f"job {job_id} changed state concurrently; try again")
+            conn.execute(
+                insert(t.events).values(
+                    job_id=job_id, at=now, from_state=current, to_state=new, reason=reason
+                )
+            )
+        return self.get_job(job_id)
+
+    def events(self, job_id: int) -> list[Event]:
+        with self.engine.connect() as conn:
+            rows = conn.execute(
+                select(t.events).where(t.events.c.job_id == job_id).order_by(t.events.c.id)
+            ).mappings()
+            return [Event(r["at"], r["from_state"], r["to_state"], r["reason"]) for r in rows]
+
+    def request_cancel(self, job_id: int) -> Job:
+        self.update_job(job_id, cancel_requested=True)
+        return self.get_job(job_id)
+
+    # -- attempts --------------------------------------------------------------------------
+    def start_attempt(
+        self, job_id: int, *, placement: dict[str, Any], token_hash: str
+    ) -> tuple[Job, Attempt]:
+        """QUEUED -> RUNNING with a new attempt row, in one transaction."""
+        now = time.time()
+        with self._tx() as conn:
+            row = conn.execute(
+                select(t.jobs.c.state, t.jobs.c.attempts, t.jobs.c.started_at).where(
+                    t.jobs.c.id == job_id
+                )
+            ).first()
+            if row is None:
+                raise NotFound(f"job {job_id} does not exist")
+            check_transition(job_id, row[0], JobState.RUNNING)
+            number = row[1] + 1
+            result = conn.execute(
+                update(t.jobs)
+                .where(t.jobs.c.id == job_id, t.jobs.c.state == row[0])
+                .values(
+                    state=JobState.RUNNING,
+                    attempts=number,
+                    placement=placement,
+                    token_hash=token_hash,
+                    started_at=row[2] or now,
+                    updated_at=now,
+                    reason=None,
+                )
+            )
+            if result.rowcount != 1:
+                raise StoreError(f"job {job_id} changed state concurrently; try again")
+            conn.execute(
+                insert(t.attempts).values(
+                    job_id=job_id, number=number, started_at=now, placement=placement
+                )
+            )
+            conn.execute(
+                insert(t.events).values(
+                    job_id=job_id,
+                    at=now,
+                    from_state=row[0],
+                    to_state=JobState.RUNNING,
+                    reason=f"attempt {number} started",
+                )
+            )
+        return self.get_job(job_id), self.get_attempt(job_id, number)
+
+    def get_attempt(self, job_id: int, number: int) -> Attempt:
+        with self.engine.connect() as conn:
+            row = (
+                conn.execute(
+                    select(t.attempts).where(
+                        t.attempts.c.job_id == job_id, t.attempts.c.number == number
+                    )
+                )
+                .mappings()
+                .first()
+            )
+        if row is None:
+            raise NotFound(f"job {job_id} has no attempt {number}")
+        return _attempt(row)
+
+    def attempts(self, job_id: int) -> list[Attempt]:
+        with self.engine.connect() as conn:
+            rows = conn.execute(
+                select(t.attempts)
+                .where(t.attempts.c.job_id == job_id)
+                .order_by(t.attempts.c.number)
+            ).mappings()
+            return [_attempt(r) for r in rows]
+
+    def update_attempt(self, job_id: int, number: int, **fields: Any) -> None:
+        with self._tx() as conn:
+            conn.execute(
+                update(t.attempts)
+                .where(t.attempts.c.job_id == job_id, t.attempts.c.number == number)
+                .values(**fields)
+            )
+
+    # -- metrics ---------------------------------------------------------------------------
+    def add_metrics(
+        self,
+        job_id: int,
+        points: Sequence[MetricPoint],
+        *,
+        batch_id: str | None = None,
+        total_steps: int | None = None,
+    ) -> int:
+        """Store points; a (name, rank, step) seen before is replaced. Returns points written.
+
+        A ``batch_id`` already seen for this job is ignored, so a client may retry a batch.
+        """
+        now = time.time()
+        with self._tx() as conn:
+            if batch_id is not None:
+                seen = conn.execute(
+                    select(t.report_batches.c.batch_id).where(
+                        t.report_batches.c.job_id == job_id,
+                        t.report_batches.c.batch_id == batch_id,
+                    )
+                ).first()
+                if seen is not None:
+                    return 0
+                conn.execute(
+                    insert(t.report_batches).values(job_id=job_id, batch_id=batch_id, at=now)
+                )
+            if points:
+                rows = [
+                    {
+                        "job_id": job_id,
+                        "attempt": p.attempt,
+                        "rank": -1 if p.rank is None else p.rank,
+                        "step": p.step,
+                        "name": p.name,
+                        "value": p.value,
+                        "wall_time": p.wall_time or now,
+                    }
+                    for p in points
+                ]
+                ins = (pg_insert if self.dialect == "postgresql" else sqlite_insert)(t.metrics)
+                conn.execute(
+                    ins.on_conflict_do_update(
+                        index_elements=["job_id", "name", "rank", "step"],
+                        set_={
+                            "value": ins.excluded.value,
+                            "attempt": ins.excluded.attempt,
+                            "wall_time": ins.excluded.wall_time,
+                        },
+                    ),
+                    rows,
+                )
+            progress: dict[str, Any] = {}
+            job_points = [p for p in points if p.rank is None]
+            if job_points:
+                last = max(p.step for p in job_points)
+                latest = {p.name: p.value for p in job_points if p.step == last}
+                current = conn.execute(
+                    select(t.jobs.c.last_step, t.jobs.c.latest_metrics).where(t.jobs.c.id == job_id)
+                ).first()
+                if current is not None:
+                    if current[0] is None or last > current[0]:
+                        progress.update(last_step=last, latest_metrics=latest)
+                    elif last == current[0]:
+                        progress["latest_metrics"] = {**(current[1] or {}), **latest}
+                    # a smaller step means a restart from an earlier checkpoint: the step
+                    # counter moves back with it
+                    else:
+                        progress.update(last_step=last, latest_metrics=latest)
+            if total_steps is not None:
+                progress["total_steps"] = total_steps
+            if progress:
+                progress["updated_at"] = now
+                conn.execute(update(t.jobs).where(t.jobs.c.id == job_id).values(**progress))
+        return len(points)
+
+    def metrics(
+        self,
+        job_id: int,
+        *,
+        name: str | None = None,
+        rank: int | None = None,
+        all_ranks: bool = False,
+    ) -> list[MetricPoint]:
+        query = select(t.metrics).where(t.metrics.c.job_id == job_id)
+        if name is not None:
+            query = query.where(t.metrics.c.name == name)
+        if not all_ranks:
+            query = query.where(t.metrics.c.rank == (-1 if rank is None else rank))
+        query = query.order_by(t.metrics.c.name, t.metrics.c.rank, t.metrics.c.step)
+        with self.engine.connect() as conn:
+            return [
+                MetricPoint(
+                    step=r["step"],
+                    name=r["name"],
+                    value=r["value"],
+                    rank=None if r["rank"] < 0 else r["rank"],
+                    attempt=r["attempt"],
+                    wall_time=r["wall_time"],
+                )
+                for r in conn.execute(query).mappings()
+            ]
+
+    def metric_count(self, job_id: int) -> int:
+        with self.engine.connect() as conn:
+            return int(
+                conn.execute(
+                    select(func.count()).select_from(t.metrics).where(t.metrics.c.job_id == job_id)
+                ).scalar_one()
+            )
+
+    # -- checkpoints -----------------------------------------------------------------------
+    def add_checkpoint(
+        self,
+        job_id: int,
+        *,
+        attempt: int,
+        step: int,
+        path: str,
+        size: int,
+        sha256: str,
+        metrics: dict[str, float] | None = None,
+    ) -> Checkpoint:
+        with self._tx() as conn:
+            ckpt_id = conn.execute(
+                insert(t.checkpoints)
+                .values(
+                    job_id=job_id,
+                    attempt=attempt,
+                    step=step,
+                    path=path,
+                    size=size,
+                    sha256=sha256,
+                    metrics=metrics or {},
+                    created_at=time.time(),
+                    deleted=False,
+                )
+                .returning(t.checkpoints.c.id)
+            ).scalar_one()
+            row = (
+                conn.execute(select(t.checkpoints).where(t.checkpoints.c.id == ckpt_id))
+                .mappings()
+                .one()
+            )
+        return _checkpoint(row)
+
+    def checkpoints(self, job_id: int, *, include_deleted: bool = False) -> list[Checkpoint]:
+        query = select(t.checkpoints).where(t.checkpoints.c.job_id == job_id)
+        if not include_deleted:
+            query = query.where(t.checkpoints.c.deleted.is_(False))
+        query = query.order_by(t.checkpoints.c.step, t.checkpoints.c.id)
+        with self.engine.connect() as conn:
+            return [_checkpoint(r) for r in conn.execute(query).mappings()]
+
+    def mark_checkpoints_deleted(self, ids: Sequence[int]) -> None:
+        if not ids:
+            return
+        with self._tx() as conn:
+            conn.execute(
+                update(t.checkpoints).where(t.checkpoints.c.id.in_(ids)).values(deleted=True)
+            )

@@ -1,0 +1,129 @@
+"""SQLAlchemy table definitions: the one schema, shared by SQLite and PostgreSQL.
+
+Changes here need an Alembic migration in ``store/migrations/versions``; a unit test compares
+the migrated database with this metadata and fails on any drift.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Boolean,
+    Column,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Table,
+    Text,
+    UniqueConstraint,
+)
+
+metadata = MetaData(
+    naming_convention={
+        "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+        "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+        "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+        "pk": "pk_%(table_name)s",
+    }
+)
+
+# BigInteger ids on PostgreSQL, INTEGER (the rowid alias) on SQLite.
+_Id = BigInteger().with_variant(Integer(), "sqlite")
+
+jobs = Table(
+    "jobs",
+    metadata,
+    Column("id", _Id, primary_key=True, autoincrement=True),
+    Column("name", String(128), nullable=False),
+    Column("owner", String(128), nullable=False),
+    Column("state", String(16), nullable=False, index=True),
+    Column("priority", String(16), nullable=False),
+    Column("spec", JSON, nullable=False),
+    Column("archive_sha256", String(64), nullable=False),
+    Column("created_at", Float, nullable=False),
+    Column("started_at", Float),
+    Column("ended_at", Float),
+    Column("attempts", Integer, nullable=False, default=0),
+    Column("restarts", Integer, nullable=False, default=0),
+    Column("exit_code", Integer),
+    Column("reason", Text),
+    Column("cancel_requested", Boolean, nullable=False, default=False),
+    Column("token_hash", String(64)),
+    Column("placement", JSON),
+    Column("total_steps", BigInteger),
+    Column("last_step", BigInteger),
+    Column("latest_metrics", JSON),
+    Column("updated_at", Float, nullable=False),
+)
+
+attempts = Table(
+    "attempts",
+    metadata,
+    Column("id", _Id, primary_key=True, autoincrement=True),
+    Column("job_id", _Id, ForeignKey("jobs.id", ondelete="CASCADE"), nullable=False),
+    Column("number", Integer, nullable=False),
+    Column("started_at", Float, nullable=False),
+    Column("ended_at", Float),
+    Column("result", String(16)),
+    Column("exit_code", Integer),
+    Column("rank_exit_codes", JSON),
+    Column("placement", JSON),
+    Column("pid", Integer),
+    Column("pid_create_time", Float),
+    Column("reason", Text),
+    UniqueConstraint("job_id", "number"),
+)
+
+events = Table(
+    "events",
+    metadata,
+    Column("id", _Id, primary_key=True, autoincrement=True),
+    Column("job_id", _Id, ForeignKey("jobs.id", ondelete="CASCADE"), nullable=False, index=True),
+    Column("at", Float, nullable=False),
+    Column("from_state", String(16)),
+    Column("to_state", String(16), nullable=False),
+    Column("reason", Text),
+)
+
+metrics = Table(
+    "metrics",
+    metadata,
+    Column("id", _Id, primary_key=True, autoincrement=True),
+    Column("job_id", _Id, ForeignKey("jobs.id", ondelete="CASCADE"), nullable=False),
+    Column("attempt", Integer, nullable=False),
+    # -1 = the job itself (reported by the main rank); >= 0 = a rank's own value (all_ranks=True)
+    Column("rank", Integer, nullable=False),
+    Column("step", BigInteger, nullable=False),
+    Column("name", String(256), nullable=False),
+    Column("value", Float),  # NULL = not finite (NaN or inf)
+    Column("wall_time", Float, nullable=False),
+    UniqueConstraint("job_id", "name", "rank", "step"),
+)
+
+report_batches = Table(
+    "report_batches",
+    metadata,
+    Column("job_id", _Id, ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True),
+    Column("batch_id", String(64), primary_key=True),
+    Column("at", Float, nullable=False),
+)
+
+checkpoints = Table(
+    "checkpoints",
+    metadata,
+    Column("id", _Id, primary_key=True, autoincrement=True),
+    Column("job_id", _Id, ForeignKey("jobs.id", ondelete="CASCADE"), nullable=False),
+    Column("attempt", Integer, nullable=False),
+    Column("step", BigInteger, nullable=False),
+    Column("path", Text, nullable=False),
+    Column("size", BigInteger, nullable=False),
+    Column("sha256", String(64), nullable=False),
+    Column("metrics", JSON),
+    Column("created_at", Float, nullable=False),
+    Column("deleted", Boolean, nullable=False, default=False),
+    Index("ix_checkpoints_job_id_step", "job_id", "step"),
+)
