@@ -52,7 +52,7 @@ def parse_duration(value: str | int | float) -> int:
         seconds = float(match.group(1)) * _UNIT_SECONDS[match.group(2)]
     if seconds <= 0:
         raise ValueError(f"must be a positive duration, got {value!r}")
-    return int(round(seconds))
+    return round(seconds)
 
 
 class _Strict(BaseModel):
@@ -232,7 +232,7 @@ def _format_errors(exc: ValidationError, source: str, lines: _Lines, overridden:
                 show = "" if isinstance(got, dict | list) else f", got {got!r}"
                 msg = f"{field} {_lower_first(text)}{show}"
         where = f"{source}:{lines.line(loc)}" if lines.root is not None else source
-        if field in overridden:
+        if field in overridden or any(t.startswith(f"{field}.") for t in overridden):
             where = f"--set {field}"
         messages.append(f"{where}: {msg}")
     return "\n".join(messages)

@@ -44,13 +44,13 @@ class PackedWorkdir:
     raw_bytes: int
 
 
-def _ignore_spec(root: Path) -> pathspec.PathSpec:
+def _ignore_spec(root: Path) -> pathspec.GitIgnoreSpec:
     lines = list(ALWAYS_SKIPPED)
     for name in IGNORE_FILES:
         path = root / name
         if path.is_file():
             lines.extend(path.read_text(errors="replace").splitlines())
-    return pathspec.PathSpec.from_lines("gitwildmatch", lines)
+    return pathspec.GitIgnoreSpec.from_lines(lines)
 
 
 def iter_files(root: Path) -> list[tuple[Path, str]]:

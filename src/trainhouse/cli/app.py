@@ -154,15 +154,16 @@ def ps(
         console.print("no jobs" + ("" if all_ else " queued or running (--all shows ended ones)"))
         return
     table = Table(box=None, header_style="bold")
-    for col in ("ID", "NAME", "OWNER", "STATE", "PRIORITY", "RANKS", "STEP", "SUBMITTED", "NOTE"):
+    for col in ("ID", "NAME", "OWNER", "STATE", "PRIORITY", "RANKS", "STEPS", "SUBMITTED", "NOTE"):
         table.add_column(col, no_wrap=col != "NOTE", overflow="fold")
     for j in jobs:
         res = j["spec"]["resources"]
         ranks = res["nodes"] * (res.get("procs_per_node") or 1)
-        step = "-" if j["last_step"] is None else str(j["last_step"])
+        step = "-" if j["last_step"] is None else str(j["last_step"] + 1)
         if j.get("total_steps"):
             step += f"/{j['total_steps']}"
-        note = (j.get("reason") or "").splitlines()[0] if j["state"] != "RUNNING" else ""
+        quiet = j["state"] in ("RUNNING", "COMPLETED")
+        note = "" if quiet else (j.get("reason") or "").splitlines()[0]
         table.add_row(
             str(j["id"]),
             j["name"],
@@ -215,7 +216,7 @@ def show(
             "progress",
             "-"
             if job["last_step"] is None
-            else f"step {job['last_step']}"
+            else f"{job['last_step'] + 1} steps"
             + (f" of {job['total_steps']}" if job["total_steps"] else ""),
         ),
         ("placement", json.dumps(job["placement"]) if job["placement"] else "-"),

@@ -18,7 +18,7 @@ import typer
 
 from trainhouse.cli import render
 from trainhouse.cli.render import console, errors
-from trainhouse.errors import ClientError, ServerUnreachable
+from trainhouse.errors import ServerUnreachable
 from trainhouse.server.settings import DEFAULT_PORT, Settings, default_home
 
 
@@ -52,6 +52,7 @@ def serve(settings: Settings, *, log_level: str = "info") -> None:
         host=settings.host,
         port=settings.port,
         log_level=log_level,
+        access_log=log_level == "debug",
         timeout_graceful_shutdown=5,
     )
 
@@ -227,6 +228,3 @@ def run_demo(
                 f"with `trainhouse server --home {home}` to look around (`trainhouse ps --all`)."
             )
     raise typer.Exit(code)
-
-
-__all__ = ["ClientError", "register", "serve"]

@@ -1,8 +1,9 @@
 """The local executor: one torchrun per job on this machine.
 
 Each attempt is started as ``python -m torch.distributed.run --standalone ...`` in a session of
-its own (its own process group). torchrun starts every rank through :mod:`trainhouse.executors.rank`,
-which sends the rank's stdout and stderr to ``logs/rank-N.log`` and records its exit code.
+its own (its own process group). torchrun starts every rank through
+:mod:`trainhouse.executors.rank`, which sends the rank's stdout and stderr to
+``logs/rank-N.log`` and records its exit code.
 
 torchrun puts each worker in a session of its own too, so a process group signal does not reach
 them; every process of an attempt therefore carries ``TRAINHOUSE_RUN_MARKER`` in its environment,
@@ -15,6 +16,7 @@ import contextlib
 import hashlib
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -117,6 +119,8 @@ class LocalExecutor:
                 "CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in placement.gpus),
                 "TRAINHOUSE_LOG_DIR": str(launch.job_dir / "logs"),
                 "TRAINHOUSE_ATTEMPT_DIR": str(self.attempt_dir(launch.job_dir, launch.attempt)),
+                # torchrun's and the script's temp files stay with the attempt, removed at its end
+                "TMPDIR": str(self.attempt_dir(launch.job_dir, launch.attempt) / "tmp"),
             }
         )
         return env
@@ -129,7 +133,9 @@ class LocalExecutor:
         marker = self.marker(launch.job_id, launch.attempt)
         logs = launch.job_dir / "logs"
         logs.mkdir(parents=True, exist_ok=True)
-        self.attempt_dir(launch.job_dir, launch.attempt).mkdir(parents=True, exist_ok=True)
+        (self.attempt_dir(launch.job_dir, launch.attempt) / "tmp").mkdir(
+            parents=True, exist_ok=True
+        )
         log_file = (logs / "launcher.log").open("ab")
         log_file.write(f"=== trainhouse: attempt {launch.attempt} ===\n".encode())
         log_file.flush()
@@ -184,6 +190,7 @@ class LocalExecutor:
         for path in sorted(adir.glob("exit-rank-*")):
             with contextlib.suppress(ValueError, OSError):
                 codes[path.name.removeprefix("exit-rank-")] = int(path.read_text().strip())
+        shutil.rmtree(adir / "tmp", ignore_errors=True)
         return Exit(launch.job_id, launch.attempt, code, codes, att.stop_reason)
 
     def poll(self) -> list[Exit]:

@@ -8,6 +8,7 @@ Imports the standard library only, so it adds nothing to a rank's start-up.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -45,10 +46,8 @@ def main(argv: list[str]) -> int:
         else:
 
             def forward(signum: int, _frame: object) -> None:
-                try:
+                with contextlib.suppress(ProcessLookupError):
                     child.send_signal(signum)
-                except ProcessLookupError:
-                    pass
 
             signal.signal(signal.SIGTERM, forward)
             signal.signal(signal.SIGINT, forward)

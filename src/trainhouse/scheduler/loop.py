@@ -7,6 +7,7 @@ API handlers only write requests into the store and :meth:`SchedulerLoop.wake` i
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -202,10 +203,8 @@ class SchedulerLoop:
         by_id: dict[int, Job] = {}
         for job in self.store.list_jobs(states=[JobState.QUEUED]):
             if job.cancel_requested:
-                try:
+                with contextlib.suppress(InvalidTransition, StoreError):
                     self.store.transition(job.id, JobState.CANCELED, reason="canceled by request")
-                except (InvalidTransition, StoreError):
-                    pass
                 continue
             spec = JobSpec.model_validate(job.spec)
             queued_jobs.append(QueuedJob(job.id, job.priority, job.created_at, spec.resources))

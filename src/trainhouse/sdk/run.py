@@ -8,6 +8,7 @@ run is standalone: metrics print to the console and checkpoints go to ``./checkp
 from __future__ import annotations
 
 import atexit
+import contextlib
 import json
 import logging
 import os
@@ -222,10 +223,8 @@ class Run:
 
             if dist.is_initialized():
                 if not failed:
-                    try:
+                    with contextlib.suppress(RuntimeError):
                         dist.barrier()
-                    except RuntimeError:
-                        pass
                 dist.destroy_process_group()
 
     def __enter__(self) -> Run:

@@ -71,7 +71,7 @@ class Checkpoint:
     path: str
     size: int
     sha256: str
-    metrics: dict[str, float]
+    metrics: dict[str, float | None]
     created_at: float
     deleted: bool = False
 

@@ -434,7 +434,7 @@ class Store:
         path: str,
         size: int,
         sha256: str,
-        metrics: dict[str, float] | None = None,
+        metrics: dict[str, float | None] | None = None,
     ) -> Checkpoint:
         with self._tx() as conn:
             ckpt_id = conn.execute(

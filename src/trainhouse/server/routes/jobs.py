@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import asdict
 from typing import Annotated
@@ -116,10 +117,9 @@ def cancel(job_id: int, svc: Services = Depends(services)) -> JobOut:
         raise StoreError(f"job {job_id} has already ended ({job.state}); nothing to cancel")
     svc.store.request_cancel(job_id)
     if job.state is not JobState.RUNNING:
-        try:
+        # if it started meanwhile, the scheduler loop stops it
+        with contextlib.suppress(StoreError):
             svc.store.transition(job_id, JobState.CANCELED, reason="canceled by request")
-        except StoreError:
-            pass  # it started meanwhile: the scheduler stops it
     svc.scheduler.wake()
     return job_out(svc.store.get_job(job_id))
 

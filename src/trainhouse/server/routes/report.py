@@ -52,17 +52,12 @@ def retained(checkpoints: list[Checkpoint], policy: CheckpointPolicy) -> set[int
     newest = sorted(checkpoints, key=lambda c: (c.step, c.id), reverse=True)
     keep = {c.id for c in newest[: policy.keep_last]}
     if policy.keep_best and policy.metric:
-        scored = [
-            c
-            for c in checkpoints
-            if isinstance(c.metrics.get(policy.metric), int | float)
-            and math.isfinite(c.metrics[policy.metric])  # type: ignore[arg-type]
-        ]
-        scored.sort(
-            key=lambda c: c.metrics[policy.metric],  # type: ignore[index, return-value]
-            reverse=policy.mode == "max",
-        )
-        keep.update(c.id for c in scored[: policy.keep_best])
+        scored: list[tuple[float, int]] = []
+        for c in checkpoints:
+            value = c.metrics.get(policy.metric)
+            if value is not None and math.isfinite(value):
+                scored.append((value if policy.mode == "min" else -value, c.id))
+        keep.update(ckpt_id for _, ckpt_id in sorted(scored)[: policy.keep_best])
     return keep
 
 
@@ -108,7 +103,8 @@ def register_checkpoint(
     for old in drop:
         old_path = files.checkpoint_path(old.path)
         if old_path is not None:
-            with contextlib.suppress(FileNotFoundError):
-                old_path.unlink()
+            for stale in (old_path, old_path.with_name(old_path.name + ".json")):
+                with contextlib.suppress(FileNotFoundError):
+                    stale.unlink()
     svc.store.mark_checkpoints_deleted([c.id for c in drop])
     return CheckpointOut(**asdict(ckpt))

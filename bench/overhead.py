@@ -1,0 +1,430 @@
+"""How much does trainhouse cost a training loop? Bare torchrun vs the same job under trainhouse.
+
+What is measured
+    The digits example's training throughput (``examples/digits``): samples per second of
+    ``train_epoch``, computed exactly as ``train.py`` computes its ``samples_per_s`` metric
+    (samples seen by one rank * world size / seconds of that rank's ``train_epoch``), once per
+    epoch. Only the timed region of ``train_epoch`` counts; evaluation and checkpoints between
+    epochs do not.
+
+The two sides
+    bare        ``python -m torch.distributed.run --standalone`` starts this file with
+                ``--bare-worker`` on every rank. The worker loads ``train.py`` by path (with a stub
+                in place of the ``trainhouse`` package, so no SDK code is even imported), sets up
+                gloo itself, and runs the same seed, model, optimizer, loaders, epochs and
+                evaluation as ``train.py`` with ``train_epoch(..., on_step=None)``. Rank 0 prints
+                its per-epoch samples/s as JSON. No trainhouse server runs meanwhile.
+    trainhouse  A fresh server (temporary home, free port, ``--cpus`` as the job needs, no GPUs)
+                and the unmodified example submitted to it through ``trainhouse.client``, with
+                the same epochs. Its ranks run under the local executor (torchrun plus the rank
+                wrapper), log ``loss`` at every step through ``run.log``, report to the server
+                and checkpoint every epoch; the per-epoch ``samples_per_s`` values are read back
+                from the server's metrics API. The server is stopped (SIGTERM) afterwards.
+
+    Both sides get the same hparams (the spec's, after ``--epochs``), the same number of ranks,
+    and the same thread settings (``OMP_NUM_THREADS`` from the spec's ``cpus_per_proc`` and
+    ``env``, as the local executor sets them).
+
+Steady state
+    The first ``--warmup`` epochs of every run are dropped. A run's steady-state throughput is the
+    median of its remaining epochs; a side's is the median of all its runs' steady-state epochs.
+    The time-weighted mean (total samples / total seconds, which also charges costs that only
+    hit some epochs, like a periodic metrics flush) is shown next to it as a cross-check.
+
+    Runs alternate in ABBA order (bare, trainhouse, trainhouse, bare, ...) so that slow drift of
+    a noisy machine cancels out. The ratio is trainhouse / bare; the target is >= 0.97. This is a
+    benchmark, not a test: it exits 0 whatever the ratio (non-zero only when a run fails).
+
+    python bench/overhead.py [--epochs 20] [--repeats 2] [--warmup 3] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib.util
+import json
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import types
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+DEFAULT_EXAMPLE = REPO / "examples" / "digits"
+TARGET = 0.97
+BUSY_PERCENT = 15.0  # CPU use by others before a run above which the results are suspect
+RESULT_MARKER = "OVERHEAD_BARE_RESULT "
+METRIC = "samples_per_s"
+
+
+# -- the bare worker (one rank, started by torchrun) -------------------------------------------
+def _load_example(train_py: Path) -> types.ModuleType:
+    """Import the example's train.py by path, without importing trainhouse."""
+
+    def _no_sdk(**_kwargs: Any) -> Any:
+        raise RuntimeError("the bare benchmark must not use the trainhouse SDK")
+
+    stub = types.ModuleType("trainhouse")
+    stub.init = _no_sdk  # type: ignore[attr-defined]
+    saved = sys.modules.get("trainhouse")
+    sys.modules["trainhouse"] = stub
+    try:
+        spec = importlib.util.spec_from_file_location("bench_digits_train", train_py)
+        if spec is None or spec.loader is None:
+            raise ImportError(f"cannot import {train_py}")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    finally:
+        if saved is None:
+            sys.modules.pop("trainhouse", None)
+        else:
+            sys.modules["trainhouse"] = saved
+    return module
+
+
+def bare_worker(train_py: Path, hparams: dict[str, Any]) -> None:
+    """train.py's main() minus trainhouse: same seed, model, optimizer, loaders and epochs."""
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    ex = _load_example(train_py)
+    hp = {**ex.DEFAULTS, **hparams}
+    rank = int(os.environ.get("RANK", "0"))
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    if world_size > 1:
+        dist.init_process_group("gloo")
+    try:
+        torch.manual_seed(int(hp["seed"]))
+        train_loader, sampler, val_loader = ex.loaders(
+            int(hp["seed"]), int(hp["batch_size"]), rank, world_size
+        )
+        steps_per_epoch = len(train_loader)
+        model = ex.DigitsCNN()
+        ddp = DDP(model) if world_size > 1 else model
+        optim = torch.optim.Adam(ddp.parameters(), lr=float(hp["lr"]))
+        rates: list[float] = []
+        for epoch in range(int(hp["epochs"])):
+            sampler.set_epoch(epoch)
+            first = epoch * steps_per_epoch
+            _loss, samples, seconds = ex.train_epoch(ddp, optim, train_loader, first, None)
+            ex.evaluate(model, val_loader)
+            rates.append(samples * world_size / seconds)
+        if world_size > 1:
+            dist.barrier()
+        if rank == 0:
+            result = {
+                "rates": rates,
+                "steps_per_epoch": steps_per_epoch,
+                "threads": torch.get_num_threads(),
+                "world_size": world_size,
+            }
+            print(RESULT_MARKER + json.dumps(result), flush=True)
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+# -- the driver ----------------------------------------------------------------------------
+@dataclass
+class Run:
+    side: str  # "bare" or "trainhouse"
+    rates: list[float]  # samples/s of every epoch, warm-up included
+    wall_s: float  # submit/launch to finish, start-up included
+    steady: list[float] = field(default_factory=list)
+    busy: float = 0.0  # % of the CPUs others used just before or just after the run
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.steady)
+
+
+def log(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def stop_tree(proc: subprocess.Popen[Any], grace: float) -> None:
+    """SIGTERM ``proc``, wait, then SIGKILL it and anything it left behind."""
+    import psutil
+
+    try:
+        family = psutil.Process(proc.pid).children(recursive=True)
+    except psutil.Error:
+        family = []
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    alive = [p for p in family if p.is_running()]
+    for p in alive:
+        with contextlib.suppress(psutil.Error):
+            p.kill()
+    psutil.wait_procs(alive, timeout=10)
+
+
+def rank_env(spec: Any) -> dict[str, str]:
+    """The environment the local executor gives a rank, minus trainhouse's own variables."""
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith("TRAINHOUSE_") and k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")
+    }
+    env["OMP_NUM_THREADS"] = str(spec.resources.cpus_per_proc)
+    env["PYTHONUNBUFFERED"] = "1"
+    env.update(spec.env)
+    return env
+
+
+def run_bare(example: Path, spec: Any, timeout: float) -> Run:
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nnodes=1",
+        f"--nproc-per-node={spec.resources.procs}",
+        str(Path(__file__).resolve()),
+        "--bare-worker",
+        "--train-py",
+        str(example / "train.py"),
+        "--hparams",
+        json.dumps(spec.hparams),
+    ]
+    start = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="trainhouse-bench-bare-") as cwd:
+        proc = subprocess.Popen(
+            cmd,
+            cwd=cwd,
+            env=rank_env(spec),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        try:
+            out, _ = proc.communicate(timeout=timeout)
+        finally:
+            stop_tree(proc, grace=30)
+    wall = time.monotonic() - start
+    lines = [ln for ln in out.splitlines() if ln.startswith(RESULT_MARKER)]
+    if proc.returncode != 0 or not lines:
+        raise RuntimeError(f"the bare run failed (exit {proc.returncode}):\n{out[-3000:]}")
+    result = json.loads(lines[-1][len(RESULT_MARKER) :])
+    return Run("bare", [float(r) for r in result["rates"]], wall)
+
+
+def wait_healthy(client: Any, proc: subprocess.Popen[bytes], log_path: Path) -> None:
+    from trainhouse.errors import ServerUnreachable
+
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            tail = log_path.read_text(errors="replace")[-3000:]
+            raise RuntimeError(f"the server exited with code {proc.returncode}:\n{tail}")
+        with contextlib.suppress(ServerUnreachable):
+            client.health()
+            return
+        time.sleep(0.3)
+    raise RuntimeError(f"the server did not answer within 120 s; see {log_path}")
+
+
+def run_trainhouse(spec_file: Path, overrides: list[str], spec: Any, timeout: float) -> Run:
+    from trainhouse.client import Client
+
+    cpus = max(spec.resources.procs * spec.resources.cpus_per_proc, os.cpu_count() or 1)
+    with tempfile.TemporaryDirectory(prefix="trainhouse-bench-home-") as tmp:
+        home = Path(tmp)
+        port = free_port()
+        server_log = home / "server.log"
+        cmd = [
+            sys.executable,
+            "-m",
+            "trainhouse",
+            "server",
+            "--home",
+            str(home),
+            "--port",
+            str(port),
+            "--cpus",
+            str(cpus),
+            "--gpus",
+            "0",
+            "--log-level",
+            "warning",
+        ]
+        env = {k: v for k, v in os.environ.items() if not k.startswith("TRAINHOUSE_")}
+        with server_log.open("ab") as fh:
+            server = subprocess.Popen(
+                cmd, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env
+            )
+        client = Client(f"http://127.0.0.1:{port}")
+        try:
+            wait_healthy(client, server, server_log)
+            start = time.monotonic()
+            job = client.submit(spec_file, overrides=overrides)
+            # poll slowly: the harness should not compete with the ranks for the CPUs
+            final = client.wait(job["id"], timeout=timeout, poll=2.0)
+            wall = time.monotonic() - start
+            if final["state"] != "COMPLETED":
+                text, _, _ = client.logs(job["id"], rank=0, tail=40)
+                raise RuntimeError(f"the trainhouse job ended {final['state']}:\n{text}")
+            series = client.metrics(job["id"], name=METRIC)["series"]
+        finally:
+            client.close()
+            stop_tree(server, grace=60)
+    points = sorted(next(s for s in series if s["rank"] is None)["points"], key=lambda p: p[0])
+    return Run("trainhouse", [float(p[1]) for p in points], wall)
+
+
+def machine_busy(seconds: float = 1.0) -> float:
+    """Percent of all CPUs in use over ``seconds``, with nothing of ours running."""
+    import psutil
+
+    return float(psutil.cpu_percent(interval=seconds))
+
+
+def pooled(runs: list[Run]) -> list[float]:
+    return [r for run in runs for r in run.steady]
+
+
+def time_weighted(rates: list[float]) -> float:
+    """Total samples / total seconds over epochs of equal size: the harmonic mean."""
+    return statistics.harmonic_mean(rates)
+
+
+def summarize(runs: list[Run], spec: Any, args: argparse.Namespace) -> dict[str, Any]:
+    sides: dict[str, dict[str, Any]] = {}
+    for side in ("bare", "trainhouse"):
+        mine = [r for r in runs if r.side == side]
+        rates = pooled(mine)
+        sides[side] = {
+            "median": statistics.median(rates),
+            "time_weighted": time_weighted(rates),
+            "run_medians": [r.median for r in mine],
+            "stdev": statistics.stdev(rates) if len(rates) > 1 else 0.0,
+        }
+    ratio = sides["trainhouse"]["median"] / sides["bare"]["median"]
+    ratio_tw = sides["trainhouse"]["time_weighted"] / sides["bare"]["time_weighted"]
+    return {
+        "example": str(args.example),
+        "epochs": args.epochs,
+        "warmup": args.warmup,
+        "repeats": args.repeats,
+        "ranks": spec.resources.procs,
+        "hparams": spec.hparams,
+        "omp_num_threads": rank_env(spec).get("OMP_NUM_THREADS"),
+        "bare": sides["bare"],
+        "trainhouse": sides["trainhouse"],
+        "ratio": ratio,
+        "ratio_time_weighted": ratio_tw,
+        "target": TARGET,
+        "pass": ratio >= TARGET,
+        "busy_runs": sum(r.busy > BUSY_PERCENT for r in runs),
+        "runs": [asdict(r) for r in runs],
+    }
+
+
+def print_table(s: dict[str, Any]) -> None:
+    b, t = s["bare"], s["trainhouse"]
+    hp = s["hparams"]
+    print(
+        f"digits example: {s['ranks']} ranks (gloo, OMP_NUM_THREADS={s['omp_num_threads']}), "
+        f"{s['epochs']} epochs (first {s['warmup']} dropped), batch {hp.get('batch_size')}, "
+        f"seed {hp.get('seed')}, {s['repeats']} runs per side in ABBA order"
+    )
+    print()
+    print(f"{'':<28}{'bare':>12}{'trainhouse':>14}{'ratio':>9}")
+    print(f"{'median samples/s':<28}{b['median']:>12.1f}{t['median']:>14.1f}{s['ratio']:>9.3f}")
+    print(
+        f"{'time-weighted samples/s':<28}{b['time_weighted']:>12.1f}"
+        f"{t['time_weighted']:>14.1f}{s['ratio_time_weighted']:>9.3f}"
+    )
+    print(f"{'stdev of epochs':<28}{b['stdev']:>12.1f}{t['stdev']:>14.1f}")
+    for i, (bm, tm) in enumerate(zip(b["run_medians"], t["run_medians"], strict=True)):
+        print(f"{f'pair {i + 1} medians':<28}{bm:>12.1f}{tm:>14.1f}{tm / bm:>9.3f}")
+    print()
+    if s["busy_runs"]:
+        print(
+            f"warning: around {s['busy_runs']} of {len(s['runs'])} runs other processes "
+            f"used > {BUSY_PERCENT:.0f}% of the CPUs; the numbers are unreliable"
+        )
+    verdict = "PASS" if s["pass"] else "BELOW TARGET"
+    print(f"ratio trainhouse/bare = {s['ratio']:.3f} (target >= {s['target']:.2f}): {verdict}")
+
+
+def drive(args: argparse.Namespace) -> int:
+    from trainhouse.spec import load_spec
+
+    example: Path = args.example.resolve()
+    spec_file = example / "trainhouse.yaml"
+    overrides = [f"hparams.epochs={args.epochs}"]
+    spec = load_spec(spec_file, overrides)
+    if args.epochs <= args.warmup:
+        raise SystemExit(f"--epochs ({args.epochs}) must exceed --warmup ({args.warmup})")
+    order: list[str] = []
+    for i in range(args.repeats):
+        order += ["bare", "trainhouse"] if i % 2 == 0 else ["trainhouse", "bare"]
+    runs: list[Run] = []
+    for n, side in enumerate(order, 1):
+        busy = machine_busy()
+        log(f"[{n}/{len(order)}] {side}: {args.epochs} epochs (CPU in use before: {busy:.0f}%) ...")
+        if side == "bare":
+            run = run_bare(example, spec, args.timeout)
+        else:
+            run = run_trainhouse(spec_file, overrides, spec, args.timeout)
+        if len(run.rates) != args.epochs:
+            raise RuntimeError(f"{side} reported {len(run.rates)} epochs, expected {args.epochs}")
+        run.steady = run.rates[args.warmup :]
+        run.busy = max(busy, machine_busy())
+        log(f"    median {run.median:.1f} samples/s over epochs, {run.wall_s:.1f} s wall")
+        runs.append(run)
+    summary = summarize(runs, spec, args)
+    if args.json:
+        print(json.dumps(summary, indent=2))
+    else:
+        print_table(summary)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description="Steady-state samples/s of the digits example, bare vs under trainhouse."
+    )
+    parser.add_argument("--epochs", type=int, default=20, help="epochs per run (default 20)")
+    parser.add_argument("--repeats", type=int, default=2, help="runs per side (default 2)")
+    parser.add_argument("--warmup", type=int, default=3, help="epochs dropped per run (3)")
+    parser.add_argument("--json", action="store_true", help="print the results as JSON")
+    parser.add_argument("--example", type=Path, default=DEFAULT_EXAMPLE, help=argparse.SUPPRESS)
+    parser.add_argument("--timeout", type=float, default=900.0, help="seconds per run (900)")
+    parser.add_argument("--bare-worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--train-py", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--hparams", default="{}", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.bare_worker:
+        bare_worker(args.train_py, json.loads(args.hparams))
+        return 0
+    if args.repeats < 1:
+        parser.error("--repeats must be >= 1")
+    return drive(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

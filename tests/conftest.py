@@ -1,0 +1,91 @@
+"""Fixtures shared by every tier; they fail a test that leaks a child process, thread or temp file.
+
+Every test runs with ``TMPDIR`` pointed at a directory of the session's own, so that a temp file
+left behind by the code under test (or by a process it started) is seen and reported.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+
+_LEAK_TMP = Path(tempfile.mkdtemp(prefix="trainhouse-tests-"))
+os.environ["TMPDIR"] = str(_LEAK_TMP)
+tempfile.tempdir = str(_LEAK_TMP)
+# pytest's own tmp_path directories live here too; they are not leaks
+_PYTEST_TMP_PREFIX = "pytest-of-"
+
+
+def marked_processes() -> list[psutil.Process]:
+    """Processes started by a trainhouse executor (they carry TRAINHOUSE_RUN_MARKER)."""
+    found = []
+    for proc in psutil.process_iter(["pid"]):
+        with contextlib.suppress(psutil.Error, OSError):
+            if "TRAINHOUSE_RUN_MARKER" in proc.environ():
+                found.append(proc)
+    return found
+
+
+def _live_children() -> list[psutil.Process]:
+    out = []
+    for child in psutil.Process().children(recursive=True):
+        with contextlib.suppress(psutil.Error):
+            if child.status() != psutil.STATUS_ZOMBIE:
+                out.append(child)
+    return out
+
+
+def _describe(procs: list[psutil.Process]) -> str:
+    parts = []
+    for p in procs:
+        with contextlib.suppress(psutil.Error):
+            parts.append(f"{p.pid}: {' '.join(p.cmdline())[:160]}")
+    return "\n".join(parts)
+
+
+@pytest.fixture(autouse=True)
+def no_leaks(request: pytest.FixtureRequest) -> Iterator[None]:
+    children_before = {p.pid for p in _live_children()}
+    marked_before = {p.pid for p in marked_processes()}
+    threads_before = set(threading.enumerate())
+    tmp_before = set(os.listdir(_LEAK_TMP))
+    yield
+    deadline = time.monotonic() + 15
+    while True:
+        children = [p for p in _live_children() if p.pid not in children_before]
+        marked = [p for p in marked_processes() if p.pid not in marked_before]
+        threads = [t for t in threading.enumerate() if t not in threads_before and t.is_alive()]
+        if not (children or marked or threads) or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    problems = []
+    if children or marked:
+        problems.append("leaked processes:\n" + _describe(children + marked))
+        for p in children + marked:
+            with contextlib.suppress(psutil.Error):
+                p.kill()
+    if threads:
+        problems.append("leaked threads: " + ", ".join(t.name for t in threads))
+    new_tmp = [
+        n for n in set(os.listdir(_LEAK_TMP)) - tmp_before if not n.startswith(_PYTEST_TMP_PREFIX)
+    ]
+    if new_tmp:
+        problems.append(f"leaked temp files in {_LEAK_TMP}: {sorted(new_tmp)}")
+        for n in new_tmp:
+            path = _LEAK_TMP / n
+            shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(True)
+    if problems:
+        pytest.fail("\n".join(problems), pytrace=False)
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    shutil.rmtree(_LEAK_TMP, ignore_errors=True)

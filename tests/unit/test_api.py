@@ -1,0 +1,204 @@
+"""The REST API in process (starlette TestClient runs the real app and its scheduler loop)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+
+from trainhouse.server import Settings, create_app
+from trainhouse.workdir import pack
+
+
+@pytest.fixture
+def api(tmp_path: Path) -> Iterator[TestClient]:
+    settings = Settings(home=tmp_path / "home", port=1, cpus=2, gpus="0", tick=0.1)
+    with TestClient(create_app(settings)) as client:
+        yield client
+
+
+def workdir(tmp_path: Path, script: str = "print('hello from rank')\n") -> bytes:
+    src = tmp_path / "wd"
+    src.mkdir(exist_ok=True)
+    (src / "train.py").write_text(script)
+    return pack(src).data
+
+
+def submit(api: TestClient, spec: str, archive: bytes) -> Any:
+    return api.post(
+        "/api/v1/jobs",
+        data={"spec": spec, "owner": "tester"},
+        files={"workdir": ("w.tar.gz", archive, "application/gzip")},
+    )
+
+
+def error_of(resp: Any) -> dict[str, str]:
+    body = resp.json()
+    assert set(body) == {"error"}, body
+    return body["error"]  # type: ignore[no-any-return]
+
+
+def wait_state(api: TestClient, job_id: int, states: set[str], timeout: float = 60) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        job = api.get(f"/api/v1/jobs/{job_id}").json()
+        if job["state"] in states:
+            return job
+        time.sleep(0.1)
+    raise AssertionError(f"job {job_id} stuck in {job['state']}")
+
+
+def test_health_and_nodes(api: TestClient) -> None:
+    assert api.get("/api/v1/health").json()["status"] == "ok"
+    nodes = api.get("/api/v1/nodes").json()
+    assert nodes["nodes"][0]["cpus"] == 2 and nodes["nodes"][0]["gpus"] == []
+
+
+def test_openapi_lists_contract(api: TestClient) -> None:
+    paths = api.get("/openapi.json").json()["paths"]
+    for path in (
+        "/api/v1/jobs",
+        "/api/v1/jobs/{job_id}",
+        "/api/v1/jobs/{job_id}/cancel",
+        "/api/v1/jobs/{job_id}/metrics",
+        "/api/v1/jobs/{job_id}/logs",
+        "/api/v1/jobs/{job_id}/checkpoints",
+        "/api/v1/jobs/{job_id}/report",
+    ):
+        assert path in paths
+
+
+def test_job_runs_to_completion(api: TestClient, tmp_path: Path) -> None:
+    resp = submit(api, "name: hello\nentrypoint: python train.py", workdir(tmp_path))
+    assert resp.status_code == 201, resp.text
+    job = wait_state(api, resp.json()["id"], {"COMPLETED", "FAILED"})
+    assert job["state"] == "COMPLETED", job
+    assert job["owner"] == "tester"
+    assert job["attempt_history"][0]["rank_exit_codes"] == {"0": 0}
+    log = api.get(f"/api/v1/jobs/{job['id']}/logs", params={"rank": 0})
+    assert "hello from rank" in log.text
+    assert int(log.headers["X-Log-Offset"]) == len(log.content)
+    listed = api.get("/api/v1/jobs", params={"all": "true"}).json()["jobs"]
+    assert [j["id"] for j in listed] == [job["id"]]
+    assert api.get("/api/v1/jobs").json()["jobs"] == []  # ended jobs hidden by default
+
+
+def test_failing_job_reports_rank_and_log_tail(api: TestClient, tmp_path: Path) -> None:
+    script = "import sys\nprint('about to fail')\nsys.exit(3)\n"
+    resp = submit(api, "entrypoint: python train.py", workdir(tmp_path, script))
+    job = wait_state(api, resp.json()["id"], {"COMPLETED", "FAILED"})
+    assert job["state"] == "FAILED"
+    assert job["exit_code"] == 3
+    assert "rank 0 exited with code 3" in job["reason"]
+    assert "about to fail" in job["reason"]
+
+
+@pytest.mark.parametrize(
+    ("spec", "status", "code", "needle"),
+    [
+        ("entrypoint: python train.py\nbogus: 1", 422, "invalid_spec", "unknown key 'bogus'"),
+        (
+            "entrypoint: python train.py\nresources: {procs_per_node: 0}",
+            422,
+            "invalid_spec",
+            "resources.procs_per_node",
+        ),
+        (
+            "entrypoint: python train.py\nresources: {procs_per_node: 64}",
+            422,
+            "unschedulable",
+            "largest node offers 2 CPU cores",
+        ),
+        (
+            "entrypoint: python train.py\nresources: {gpus_per_node: 1}",
+            422,
+            "unschedulable",
+            "no GPUs",
+        ),
+        (
+            "entrypoint: python missing.py",
+            422,
+            "invalid_archive",
+            "entrypoint file 'missing.py' is not in the uploaded workdir",
+        ),
+    ],
+)
+def test_bad_submissions(
+    api: TestClient, tmp_path: Path, spec: str, status: int, code: str, needle: str
+) -> None:
+    resp = submit(api, spec, workdir(tmp_path))
+    assert resp.status_code == status
+    err = error_of(resp)
+    assert err["code"] == code and needle in err["message"], err
+    assert api.get("/api/v1/jobs", params={"all": "true"}).json()["jobs"] == []
+
+
+def test_malformed_archive(api: TestClient) -> None:
+    resp = submit(api, "entrypoint: python train.py", b"not a tarball")
+    assert resp.status_code == 422
+    assert "not a valid .tar.gz" in error_of(resp)["message"]
+
+
+def test_missing_form_fields(api: TestClient) -> None:
+    resp = api.post("/api/v1/jobs", data={"spec": "entrypoint: a"})
+    assert resp.status_code == 422
+    assert "workdir" in error_of(resp)["message"]
+
+
+def test_unknown_job_everywhere(api: TestClient) -> None:
+    for method, path in [
+        ("GET", "/jobs/42"),
+        ("POST", "/jobs/42/cancel"),
+        ("GET", "/jobs/42/metrics"),
+        ("GET", "/jobs/42/logs"),
+        ("GET", "/jobs/42/checkpoints"),
+    ]:
+        resp = api.request(method, f"/api/v1{path}")
+        assert resp.status_code == 404, path
+        assert error_of(resp)["message"] == "job 42 does not exist"
+    resp = api.post("/api/v1/jobs/42/report", json={"batch_id": "b", "attempt": 1, "points": []})
+    assert resp.status_code == 404
+
+
+def test_report_needs_the_jobs_credential(api: TestClient, tmp_path: Path) -> None:
+    job = submit(api, "entrypoint: python train.py", workdir(tmp_path)).json()
+    body = {"batch_id": "b", "attempt": 1, "points": [[0, "loss", 1.0, None, 0.0]]}
+    resp = api.post(f"/api/v1/jobs/{job['id']}/report", json=body)
+    assert resp.status_code == 401
+    resp = api.post(
+        f"/api/v1/jobs/{job['id']}/report", json=body, headers={"Authorization": "Bearer forged"}
+    )
+    assert resp.status_code == 401
+    assert "not valid" in error_of(resp)["message"]
+    wait_state(api, job["id"], {"COMPLETED", "FAILED"})
+
+
+def test_malformed_report(api: TestClient, tmp_path: Path) -> None:
+    job = submit(api, "entrypoint: python train.py", workdir(tmp_path)).json()
+    resp = api.post(f"/api/v1/jobs/{job['id']}/report", json={"points": "nope"})
+    assert resp.status_code == 422
+    wait_state(api, job["id"], {"COMPLETED", "FAILED"})
+
+
+def test_cancel_ended_job_is_a_conflict(api: TestClient, tmp_path: Path) -> None:
+    job = submit(api, "entrypoint: python train.py", workdir(tmp_path)).json()
+    wait_state(api, job["id"], {"COMPLETED"})
+    resp = api.post(f"/api/v1/jobs/{job['id']}/cancel")
+    assert resp.status_code == 409
+    assert "already ended" in error_of(resp)["message"]
+
+
+def test_unknown_route_is_json(api: TestClient) -> None:
+    resp = api.get("/api/v1/nope")
+    assert resp.status_code == 404 and error_of(resp)["code"] == "not_found"
+
+
+def test_bad_query_values(api: TestClient, tmp_path: Path) -> None:
+    job = submit(api, "entrypoint: python train.py", workdir(tmp_path)).json()
+    resp = api.get(f"/api/v1/jobs/{job['id']}/logs", params={"rank": "../../etc/passwd"})
+    assert resp.status_code == 422
+    wait_state(api, job["id"], {"COMPLETED", "FAILED"})

@@ -1,0 +1,86 @@
+"""The SDK outside the server: console metrics, ./checkpoints, verified loads."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+import trainhouse
+from trainhouse.errors import CheckpointError
+
+
+@pytest.fixture
+def standalone(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    for var in ("TRAINHOUSE_JOB_ID", "RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def test_public_surface_is_pinned() -> None:
+    assert trainhouse.__all__ == ["Run", "__version__", "init"]
+
+
+def test_standalone_run(standalone: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    with trainhouse.init(hparams={"lr": 0.1}) as run:
+        assert run.standalone and run.is_main
+        assert (run.rank, run.local_rank, run.world_size) == (0, 0, 1)
+        assert run.job_id is None
+        assert run.device == torch.device("cpu")
+        assert run.hparams == {"lr": 0.1}
+        assert run.checkpoint.load() is None
+        run.log({"loss": 1.5}, step=0)
+        assert run.should_stop() is False
+        model = torch.nn.Linear(3, 2)
+        rec = run.checkpoint.save(
+            {"model": model.state_dict(), "step": 0}, step=0, metrics={"val_loss": 0.3}
+        )
+        assert rec is not None and rec["step"] == 0 and len(rec["sha256"]) == 64
+        state = run.checkpoint.load()
+        assert state is not None and state["step"] == 0
+        assert torch.equal(state["model"]["weight"], model.state_dict()["weight"])
+    assert "[trainhouse] step 0: loss=1.5" in capsys.readouterr().out
+    assert (standalone / "checkpoints" / "step-000000000.pt").is_file()
+    assert not [p for p in (standalone / "checkpoints").iterdir() if ".tmp" in p.name]
+
+
+def test_load_picks_newest_and_skips_corrupt(standalone: Path) -> None:
+    with trainhouse.init() as run:
+        run.checkpoint.save({"step": torch.tensor(1)}, step=1)
+        run.checkpoint.save({"step": torch.tensor(2)}, step=2)
+        assert int(run.checkpoint.load()["step"]) == 2  # type: ignore[index]
+        newest = standalone / "checkpoints" / "step-000000002.pt"
+        data = bytearray(newest.read_bytes())
+        data[len(data) // 2] ^= 0xFF
+        newest.write_bytes(bytes(data))
+        state = run.checkpoint.load()
+        assert state is not None and int(state["step"]) == 1
+
+
+def test_load_never_unpickles_arbitrary_objects(standalone: Path) -> None:
+    class Evil:
+        def __reduce__(self) -> tuple[object, tuple[str]]:
+            return (os.system, ("echo pwned > pwned.txt",))
+
+    with trainhouse.init() as run:
+        run.checkpoint.save({"evil": Evil()}, step=3)
+        with pytest.raises(CheckpointError, match="only tensors"):
+            run.checkpoint.load()
+    assert not (standalone / "pwned.txt").exists()
+
+
+def test_negative_step_refused(standalone: Path) -> None:
+    with trainhouse.init() as run, pytest.raises(CheckpointError, match=">= 0"):
+        run.checkpoint.save({}, step=-1)
+
+
+def test_auto_step_and_non_finite(standalone: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    with trainhouse.init() as run:
+        run.log({"loss": float("nan")})
+        assert run._step == 0
+        run.log({"loss": 1.0})
+        assert run._step == 1
+    assert "loss=nan" in capsys.readouterr().out

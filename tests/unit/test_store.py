@@ -1,0 +1,140 @@
+from __future__ import annotations
+
+import threading
+
+import pytest
+from alembic.autogenerate import compare_metadata
+from alembic.migration import MigrationContext
+
+from trainhouse.errors import InvalidTransition, NotFound, StoreError
+from trainhouse.scheduler.lifecycle import JobState
+from trainhouse.store import MetricPoint, Store
+from trainhouse.store.tables import metadata
+
+
+def new_job(store: Store, name: str = "j") -> int:
+    spec = {"entrypoint": "python t.py", "max_restarts": 0}
+    return store.create_job(
+        name=name, owner="alice", priority="normal", spec=spec, archive_sha256="0" * 64
+    ).id
+
+
+def test_migrated_schema_matches_tables(store: Store) -> None:
+    with store.engine.connect() as conn:
+        diff = compare_metadata(MigrationContext.configure(conn), metadata)
+    assert diff == []
+
+
+def test_upgrade_is_idempotent(store: Store) -> None:
+    store.upgrade()
+    store.upgrade()
+
+
+def test_create_and_get(store: Store) -> None:
+    job_id = new_job(store)
+    job = store.get_job(job_id)
+    assert job.state is JobState.QUEUED
+    assert job.owner == "alice"
+    assert [e.to_state for e in store.events(job_id)] == ["QUEUED"]
+    with pytest.raises(NotFound):
+        store.get_job(999)
+
+
+def test_lifecycle_through_store(store: Store) -> None:
+    job_id = new_job(store)
+    job, attempt = store.start_attempt(job_id, placement={"nodes": []}, token_hash="h")
+    assert job.state is JobState.RUNNING and job.attempts == 1 and attempt.number == 1
+    store.transition(job_id, JobState.RESTARTING, reason="boom", restarts=1)
+    store.transition(job_id, JobState.QUEUED)
+    _, attempt2 = store.start_attempt(job_id, placement={"nodes": []}, token_hash="h2")
+    assert attempt2.number == 2
+    done = store.transition(job_id, JobState.COMPLETED, reason="ok", exit_code=0)
+    assert done.ended_at is not None and done.restarts == 1
+    with pytest.raises(InvalidTransition):
+        store.transition(job_id, JobState.RUNNING)
+    states = [e.to_state for e in store.events(job_id)]
+    assert states == ["QUEUED", "RUNNING", "RESTARTING", "QUEUED", "RUNNING", "COMPLETED"]
+    assert [a.number for a in store.attempts(job_id)] == [1, 2]
+
+
+def test_update_job_refuses_state(store: Store) -> None:
+    job_id = new_job(store)
+    with pytest.raises(StoreError, match="Store.transition"):
+        store.update_job(job_id, state="RUNNING")
+
+
+def test_concurrent_starts_only_one_wins(store: Store) -> None:
+    job_id = new_job(store)
+    results: list[str] = []
+
+    def start() -> None:
+        try:
+            store.start_attempt(job_id, placement={}, token_hash="x")
+            results.append("ok")
+        except StoreError:
+            results.append("lost")
+
+    threads = [threading.Thread(target=start) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert results.count("ok") == 1
+    assert len(store.attempts(job_id)) == 1
+
+
+def test_metrics_upsert_replaces_redone_steps(store: Store) -> None:
+    job_id = new_job(store)
+    store.add_metrics(job_id, [MetricPoint(s, "loss", 10.0 - s, attempt=1) for s in range(5)])
+    # a restart from the checkpoint at step 2 logs steps 3.. again
+    store.add_metrics(job_id, [MetricPoint(s, "loss", 100.0 + s, attempt=2) for s in (3, 4, 5)])
+    pts = store.metrics(job_id, name="loss")
+    assert [p.step for p in pts] == [0, 1, 2, 3, 4, 5]
+    assert [p.value for p in pts][3:] == [103.0, 104.0, 105.0]
+    assert [p.attempt for p in pts] == [1, 1, 1, 2, 2, 2]
+    job = store.get_job(job_id)
+    assert job.last_step == 5 and job.latest_metrics == {"loss": 105.0}
+
+
+def test_metric_batches_are_idempotent(store: Store) -> None:
+    job_id = new_job(store)
+    pts = [MetricPoint(1, "loss", 1.0)]
+    assert store.add_metrics(job_id, pts, batch_id="b1") == 1
+    assert store.add_metrics(job_id, pts, batch_id="b1") == 0
+    assert store.metric_count(job_id) == 1
+
+
+def test_rank_tagged_and_non_finite_metrics(store: Store) -> None:
+    job_id = new_job(store)
+    store.add_metrics(
+        job_id,
+        [
+            MetricPoint(0, "loss", 1.0),
+            MetricPoint(0, "loss", 2.0, rank=1),
+            MetricPoint(1, "loss", None),
+        ],
+    )
+    assert [p.value for p in store.metrics(job_id)] == [1.0, None]
+    assert [p.value for p in store.metrics(job_id, rank=1)] == [2.0]
+    assert len(store.metrics(job_id, all_ranks=True)) == 3
+
+
+def test_progress_moves_back_after_restart(store: Store) -> None:
+    job_id = new_job(store)
+    store.add_metrics(job_id, [MetricPoint(9, "loss", 1.0)], total_steps=20)
+    store.add_metrics(job_id, [MetricPoint(5, "loss", 2.0)])
+    job = store.get_job(job_id)
+    assert job.last_step == 5 and job.total_steps == 20
+
+
+def test_checkpoints(store: Store) -> None:
+    job_id = new_job(store)
+    a = store.add_checkpoint(
+        job_id, attempt=1, step=10, path="a.pt", size=3, sha256="a" * 64, metrics={"val_loss": 0.5}
+    )
+    store.add_checkpoint(job_id, attempt=1, step=20, path="b.pt", size=3, sha256="b" * 64)
+    assert [c.step for c in store.checkpoints(job_id)] == [10, 20]
+    store.mark_checkpoints_deleted([a.id])
+    assert [c.step for c in store.checkpoints(job_id)] == [20]
+    assert len(store.checkpoints(job_id, include_deleted=True)) == 2
+    assert a.metrics == {"val_loss": 0.5}
