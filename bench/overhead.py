@@ -141,6 +141,7 @@ class Run:
     wall_s: float  # submit/launch to finish, start-up included
     steady: list[float] = field(default_factory=list)
     busy: float = 0.0  # % of the CPUs others used just before or just after the run
+    server_cpu_s: float | None = None  # CPU seconds the server process used while the job ran
 
     @property
     def median(self) -> float:
@@ -278,11 +279,13 @@ def run_trainhouse(spec_file: Path, overrides: list[str], spec: Any, timeout: fl
         client = Client(f"http://127.0.0.1:{port}")
         try:
             wait_healthy(client, server, server_log)
+            server_cpu = server_cpu_seconds(server.pid)
             start = time.monotonic()
             job = client.submit(spec_file, overrides=overrides)
             # poll slowly: the harness should not compete with the ranks for the CPUs
             final = client.wait(job["id"], timeout=timeout, poll=2.0)
             wall = time.monotonic() - start
+            server_cpu = server_cpu_seconds(server.pid) - server_cpu
             if final["state"] != "COMPLETED":
                 text, _, _ = client.logs(job["id"], rank=0, tail=40)
                 raise RuntimeError(f"the trainhouse job ended {final['state']}:\n{text}")
@@ -291,7 +294,15 @@ def run_trainhouse(spec_file: Path, overrides: list[str], spec: Any, timeout: fl
             client.close()
             stop_tree(server, grace=60)
     points = sorted(next(s for s in series if s["rank"] is None)["points"], key=lambda p: p[0])
-    return Run("trainhouse", [float(p[1]) for p in points], wall)
+    return Run("trainhouse", [float(p[1]) for p in points], wall, server_cpu_s=server_cpu)
+
+
+def server_cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of the server process itself (its threads, not its jobs)."""
+    import psutil
+
+    times = psutil.Process(pid).cpu_times()
+    return float(times.user + times.system)
 
 
 def machine_busy(seconds: float = 1.0) -> float:
@@ -323,6 +334,8 @@ def summarize(runs: list[Run], spec: Any, args: argparse.Namespace) -> dict[str,
         }
     ratio = sides["trainhouse"]["median"] / sides["bare"]["median"]
     ratio_tw = sides["trainhouse"]["time_weighted"] / sides["bare"]["time_weighted"]
+    server_cpu = sum(r.server_cpu_s or 0.0 for r in runs)
+    server_wall = sum(r.wall_s for r in runs if r.side == "trainhouse")
     return {
         "example": str(args.example),
         "epochs": args.epochs,
@@ -337,6 +350,7 @@ def summarize(runs: list[Run], spec: Any, args: argparse.Namespace) -> dict[str,
         "ratio_time_weighted": ratio_tw,
         "target": TARGET,
         "pass": ratio >= TARGET,
+        "server_cpu_percent": 100 * server_cpu / server_wall,
         "busy_runs": sum(r.busy > BUSY_PERCENT for r in runs),
         "runs": [asdict(r) for r in runs],
     }
@@ -360,6 +374,10 @@ def print_table(s: dict[str, Any]) -> None:
     print(f"{'stdev of epochs':<28}{b['stdev']:>12.1f}{t['stdev']:>14.1f}")
     for i, (bm, tm) in enumerate(zip(b["run_medians"], t["run_medians"], strict=True)):
         print(f"{f'pair {i + 1} medians':<28}{bm:>12.1f}{tm:>14.1f}{tm / bm:>9.3f}")
+    print(
+        f"the server used {s['server_cpu_percent']:.1f}% of one CPU while its jobs ran "
+        "(start-up and shutdown included)"
+    )
     print()
     if s["busy_runs"]:
         print(
@@ -393,8 +411,13 @@ def drive(args: argparse.Namespace) -> int:
         if len(run.rates) != args.epochs:
             raise RuntimeError(f"{side} reported {len(run.rates)} epochs, expected {args.epochs}")
         run.steady = run.rates[args.warmup :]
-        run.busy = max(busy, machine_busy())
-        log(f"    median {run.median:.1f} samples/s over epochs, {run.wall_s:.1f} s wall")
+        after = machine_busy()
+        run.busy = max(busy, after)
+        extra = "" if run.server_cpu_s is None else f", server CPU {run.server_cpu_s:.1f} s"
+        log(
+            f"    median {run.median:.1f} samples/s, {run.wall_s:.1f} s wall{extra}, "
+            f"CPU in use after: {after:.0f}%"
+        )
         runs.append(run)
     summary = summarize(runs, spec, args)
     if args.json:

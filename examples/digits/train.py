@@ -113,6 +113,11 @@ def main() -> None:
         epochs = int(hp["epochs"])
         run.set_total_steps(epochs * steps_per_epoch)
 
+        print(
+            f"rank {run.rank}/{run.world_size}: {len(sampler)} training samples per epoch "
+            f"on {run.device}",
+            flush=True,
+        )
         model = DigitsCNN()
         ddp = DDP(model) if run.world_size > 1 else model
         optim = torch.optim.Adam(ddp.parameters(), lr=float(hp["lr"]))

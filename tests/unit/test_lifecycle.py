@@ -48,3 +48,13 @@ def test_every_disallowed_pair_raises_with_rule() -> None:
 def test_restarting_and_preempted_go_back_to_queue() -> None:
     assert JobState.QUEUED in TRANSITIONS[JobState.RESTARTING]
     assert JobState.QUEUED in TRANSITIONS[JobState.PREEMPTED]
+
+
+def test_failed_rank_is_the_first_to_fail() -> None:
+    from trainhouse.executors.base import Exit
+
+    # rank 1 crashed with 7; torchrun then tore rank 0 down with SIGTERM a moment later
+    ended = Exit(1, 1, 1, {"0": -15, "1": 7}, rank_exit_times={"0": 101.0, "1": 100.0})
+    assert ended.failed_rank == 1
+    assert Exit(1, 1, 0, {"0": 0, "1": 0}).failed_rank is None
+    assert Exit(1, 1, 1, {"0": 2, "1": 3}).failed_rank == 0

@@ -131,7 +131,7 @@ def test_env_rules() -> None:
 
 
 def test_keep_best_needs_metric() -> None:
-    with pytest.raises(SpecError, match="keep_best > 0 needs checkpoints.metric"):
+    with pytest.raises(SpecError, match=r"keep_best > 0 needs checkpoints\.metric"):
         parse_spec("entrypoint: a\ncheckpoints: {keep_best: 1}")
 
 

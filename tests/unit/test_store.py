@@ -59,7 +59,7 @@ def test_lifecycle_through_store(store: Store) -> None:
 
 def test_update_job_refuses_state(store: Store) -> None:
     job_id = new_job(store)
-    with pytest.raises(StoreError, match="Store.transition"):
+    with pytest.raises(StoreError, match=r"Store\.transition"):
         store.update_job(job_id, state="RUNNING")
 
 

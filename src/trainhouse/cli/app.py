@@ -17,6 +17,7 @@ from trainhouse.cli.render import (
     ago,
     console,
     duration,
+    err_console,
     errors,
     fmt_value,
     print_json,
@@ -106,7 +107,7 @@ def submit(
             console.print(f"follow it with: trainhouse logs {job['id']} -f")
             return
         try:
-            final = Follower(c, job["id"]).run()
+            final = Follower(c, job["id"], out=err_console if as_json else console).run()
         except KeyboardInterrupt:
             console.print(
                 f"\ndetached; job {job['id']} keeps running. "

@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from rich.console import Console
 from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
@@ -33,8 +34,11 @@ def _headline_metric(latest: dict[str, float | None]) -> str:
 class Follower:
     """Polls a job and keeps a progress bar and a line per state change up to date."""
 
-    def __init__(self, client: Client, job_id: int, *, poll: float = 0.5) -> None:
+    def __init__(
+        self, client: Client, job_id: int, *, poll: float = 0.5, out: Console = console
+    ) -> None:
         self.client = client
+        self.out = out
         self.job_id = job_id
         self.poll = poll
         self._rate = 0.0
@@ -77,7 +81,7 @@ class Follower:
             TextColumn("{task.fields[state]}"),
             TimeElapsedColumn(),
         ]
-        with Progress(*columns, console=console, transient=False) as progress:
+        with Progress(*columns, console=self.out, transient=False) as progress:
             task = progress.add_task(f"job {self.job_id}", total=None, metric="", rate="", state="")
             while True:
                 job = self.client.job(self.job_id)

@@ -47,6 +47,7 @@ def serve(settings: Settings, *, log_level: str = "info") -> None:
         level=getattr(logging, log_level.upper(), logging.INFO),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    logging.getLogger("alembic").setLevel(logging.WARNING)
     uvicorn.run(
         create_app(settings),
         host=settings.host,

@@ -32,11 +32,16 @@ class Exit:
     exit_code: int  # the launcher's; negative = killed by that signal
     rank_exit_codes: dict[str, int] = field(default_factory=dict)
     stop_reason: str | None = None  # set when trainhouse stopped it (cancel, max_runtime, ...)
+    rank_exit_times: dict[str, float] = field(default_factory=dict)
 
     @property
     def failed_rank(self) -> int | None:
-        bad = [int(r) for r, code in self.rank_exit_codes.items() if code != 0]
-        return min(bad) if bad else None
+        """The rank that failed first: the others are usually torn down because of it."""
+        bad = [r for r, code in self.rank_exit_codes.items() if code != 0]
+        if not bad:
+            return None
+        first = min(bad, key=lambda r: (self.rank_exit_times.get(r, float("inf")), int(r)))
+        return int(first)
 
 
 @dataclass(frozen=True)

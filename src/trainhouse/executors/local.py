@@ -186,12 +186,17 @@ class LocalExecutor:
             att.log_file.close()  # type: ignore[attr-defined]
         launch = att.launch
         codes: dict[str, int] = {}
+        times: dict[str, float] = {}
         adir = self.attempt_dir(launch.job_dir, launch.attempt)
         for path in sorted(adir.glob("exit-rank-*")):
+            rank = path.name.removeprefix("exit-rank-")
             with contextlib.suppress(ValueError, OSError):
-                codes[path.name.removeprefix("exit-rank-")] = int(path.read_text().strip())
+                code_text, _, time_text = path.read_text().strip().partition(" ")
+                codes[rank] = int(code_text)
+                if time_text:
+                    times[rank] = float(time_text)
         shutil.rmtree(adir / "tmp", ignore_errors=True)
-        return Exit(launch.job_id, launch.attempt, code, codes, att.stop_reason)
+        return Exit(launch.job_id, launch.attempt, code, codes, att.stop_reason, times)
 
     def poll(self) -> list[Exit]:
         exits = []

@@ -2,7 +2,8 @@
 
 Sends the rank's stdout and stderr to ``$TRAINHOUSE_LOG_DIR/rank-$RANK.log`` (appending across
 attempts), forwards SIGTERM and SIGINT to the user's process, and writes the rank's exit code to
-``$TRAINHOUSE_ATTEMPT_DIR/exit-rank-$RANK`` (negative: killed by that signal).
+``$TRAINHOUSE_ATTEMPT_DIR/exit-rank-$RANK`` as "CODE TIME" (negative: killed by that signal),
+so the rank that failed first can be told from the ranks torn down after it.
 Imports the standard library only, so it adds nothing to a rank's start-up.
 """
 
@@ -54,7 +55,7 @@ def main(argv: list[str]) -> int:
             code = child.wait()
         tmp = attempt_dir / f".exit-rank-{rank}.tmp"
         try:
-            tmp.write_text(str(code))
+            tmp.write_text(f"{code} {time.time():.6f}")
             os.replace(tmp, attempt_dir / f"exit-rank-{rank}")
         except OSError:
             pass
