@@ -31,6 +31,14 @@ def _headline_metric(latest: dict[str, float | None]) -> str:
     return f"{key} {fmt_value(latest[key])}"
 
 
+def _waiting(job: dict[str, Any]) -> str:
+    """Why a queued job waits, shortened for the progress line."""
+    if job["state"] != "QUEUED" or not job.get("reason"):
+        return ""
+    reason = job["reason"].splitlines()[0]
+    return f" ({reason[:90]}...)" if len(reason) > 90 else f" ({reason})"
+
+
 class Follower:
     """Polls a job and keeps a progress bar and a line per state change up to date."""
 
@@ -99,7 +107,7 @@ class Follower:
                     completed=done,
                     metric=_headline_metric(job.get("latest_metrics") or {}),
                     rate=f"{rate:.1f} steps/s" if rate else "",
-                    state=state(job["state"]),
+                    state=state(job["state"]) + _waiting(job),
                 )
                 if job["state"] in TERMINAL:
                     return job
