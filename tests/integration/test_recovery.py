@@ -1,0 +1,110 @@
+"""Jobs are never stuck: time limits are enforced, and a killed server requeues what it ran."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import marked_processes
+from tests.integration.conftest import REPO, Server, assert_clean_stop, free_port, start_server
+from tests.integration.test_training import LONG_SCRIPT, write_job
+
+pytestmark = pytest.mark.integration
+
+SLOW_RESUMABLE = """
+import time
+import trainhouse
+
+STEPS = 40
+with trainhouse.init(total_steps=STEPS) as run:
+    state = run.checkpoint.load()
+    start = state["step"] + 1 if state else 0
+    print(f"attempt {run.attempt} starts at step {start}", flush=True)
+    for step in range(start, STEPS):
+        time.sleep(0.1)
+        run.log({"loss": 1.0 / (step + 1)}, step=step)
+        if step % 5 == 0:
+            run.checkpoint.save({"step": step}, step=step)
+"""
+
+
+def test_max_runtime_stops_the_job(server: Server, tmp_path: Path) -> None:
+    spec = write_job(
+        tmp_path,
+        LONG_SCRIPT,
+        """
+        name: limited
+        entrypoint: python train.py
+        max_runtime: 3s
+        preemption_grace: 2
+    """,
+    )
+    job = server.cli_json("submit", str(spec), "--detach")
+    final = server.wait(job["id"], {"FAILED", "COMPLETED", "CANCELED"}, timeout=120)
+    assert final["state"] == "FAILED"
+    assert "max_runtime exceeded" in final["reason"]
+    assert not marked_processes()
+
+
+def test_killed_server_requeues_and_resumes(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    srv = start_server(home, "--cpus", "2")
+    spec = write_job(tmp_path, SLOW_RESUMABLE, "name: survivor\nentrypoint: python train.py\n")
+    job = srv.cli_json("submit", str(spec), "--detach")
+    deadline = time.monotonic() + 120
+    with srv.client as c:
+        while (c.job(job["id"]).get("last_step") or 0) < 12:
+            assert time.monotonic() < deadline
+            time.sleep(0.2)
+    srv.proc.send_signal(signal.SIGKILL)
+    srv.proc.wait()
+    assert marked_processes(), "the ranks should outlive a killed server"
+
+    srv2 = start_server(home, "--cpus", "2")
+    try:
+        final = srv2.wait(job["id"], {"COMPLETED", "FAILED"}, timeout=180)
+        assert final["state"] == "COMPLETED", final
+        results = [a["result"] for a in final["attempt_history"]]
+        assert results == ["lost", "completed"]
+        assert final["restarts"] == 0  # the server's fault, not the job's
+        log = srv2.cli("logs", str(job["id"])).stdout
+        start_line = [ln for ln in log.splitlines() if "attempt 2 starts at step" in ln]
+        assert start_line and not start_line[0].endswith("step 0")
+        points = srv2.cli_json("metrics", str(job["id"]))["series"][0]["points"]
+        assert [p[0] for p in points] == list(range(40))
+    finally:
+        assert_clean_stop(srv2)
+
+
+def test_demo_runs_end_to_end(tmp_path: Path) -> None:
+    url = f"http://127.0.0.1:{free_port()}"
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "trainhouse",
+            "demo",
+            "--home",
+            str(tmp_path / "demo"),
+            "--url",
+            url,
+            "--set",
+            "hparams.epochs=2",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=REPO,
+        env={**os.environ, "COLUMNS": "200"},
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    out = result.stdout
+    assert "COMPLETED" in out and "validation accuracy" in out
+    assert "trainhouse checkpoints 1" in out and "the demo server has stopped" in out
+    assert (tmp_path / "demo" / "jobs" / "1" / "checkpoints").is_dir()
