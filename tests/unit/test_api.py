@@ -202,3 +202,24 @@ def test_bad_query_values(api: TestClient, tmp_path: Path) -> None:
     resp = api.get(f"/api/v1/jobs/{job['id']}/logs", params={"rank": "../../etc/passwd"})
     assert resp.status_code == 422
     wait_state(api, job["id"], {"COMPLETED", "FAILED"})
+
+
+def test_declared_gpus_are_placed_concretely(tmp_path: Path) -> None:
+    settings = Settings(home=tmp_path / "home", port=1, cpus=4, gpus="2", tick=0.1)
+    script = (
+        "import os, time\n"
+        "print('CVD=' + os.environ['CUDA_VISIBLE_DEVICES'], flush=True)\n"
+        "time.sleep(1.5)\n"
+    )
+    spec = "entrypoint: python train.py\nresources: {gpus_per_node: 1}"
+    with TestClient(create_app(settings)) as api:
+        ids = [submit(api, spec, workdir(tmp_path, script)).json()["id"] for _ in range(3)]
+        jobs = [wait_state(api, i, {"COMPLETED", "FAILED"}) for i in ids]
+        assert [j["state"] for j in jobs] == ["COMPLETED"] * 3
+        gpus = [j["placement"]["nodes"][0]["gpus"] for j in jobs]
+        assert sorted(gpus[:2]) == [[0], [1]]  # the first two ran side by side
+        for job, g in zip(jobs, gpus, strict=True):
+            log = api.get(f"/api/v1/jobs/{job['id']}/logs").text
+            assert f"CVD={g[0]}" in log
+        # the third waited until a GPU was free
+        assert jobs[2]["started_at"] >= min(j["ended_at"] for j in jobs[:2]) - 0.5
