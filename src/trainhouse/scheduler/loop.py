@@ -199,13 +199,12 @@ class SchedulerLoop:
 
     # -- scheduling ------------------------------------------------------------------------
     def snapshot(self) -> tuple[Snapshot, dict[int, Job]]:
+        """The policy's input, read from the store (no side effects)."""
         queued_jobs = []
         by_id: dict[int, Job] = {}
         for job in self.store.list_jobs(states=[JobState.QUEUED]):
             if job.cancel_requested:
-                with contextlib.suppress(InvalidTransition, StoreError):
-                    self.store.transition(job.id, JobState.CANCELED, reason="canceled by request")
-                continue
+                continue  # _schedule ends it
             spec = JobSpec.model_validate(job.spec)
             queued_jobs.append(QueuedJob(job.id, job.priority, job.created_at, spec.resources))
             by_id[job.id] = job
@@ -219,6 +218,10 @@ class SchedulerLoop:
         return snap, by_id
 
     def _schedule(self) -> None:
+        for job in self.store.list_jobs(states=[JobState.QUEUED]):
+            if job.cancel_requested:
+                with contextlib.suppress(InvalidTransition, StoreError):
+                    self.store.transition(job.id, JobState.CANCELED, reason="canceled by request")
         snap, by_id = self.snapshot()
         if not snap.queued:
             return
