@@ -35,7 +35,7 @@ Steady state
     a noisy machine cancels out. The ratio is trainhouse / bare; the target is >= 0.97. This is a
     benchmark, not a test: it exits 0 whatever the ratio (non-zero only when a run fails).
 
-    python bench/overhead.py [--epochs 20] [--repeats 2] [--warmup 3] [--json]
+    python bench/overhead.py [--epochs 20] [--repeats 2] [--warmup 3] [--quiet-wait 60] [--json]
 """
 
 from __future__ import annotations
@@ -312,6 +312,17 @@ def machine_busy(seconds: float = 1.0) -> float:
     return float(psutil.cpu_percent(interval=seconds))
 
 
+def wait_quiet(limit: float) -> float:
+    """Wait up to ``limit`` seconds for other processes to leave the CPUs; their last use, %."""
+    deadline = time.monotonic() + limit
+    busy = machine_busy()
+    if busy > BUSY_PERCENT and limit > 0:
+        log(f"    the CPUs are {busy:.0f}% busy; waiting up to {limit:.0f} s for them to settle")
+        while busy > BUSY_PERCENT and time.monotonic() < deadline:
+            busy = machine_busy()
+    return busy
+
+
 def pooled(runs: list[Run]) -> list[float]:
     return [r for run in runs for r in run.steady]
 
@@ -402,7 +413,7 @@ def drive(args: argparse.Namespace) -> int:
         order += ["bare", "trainhouse"] if i % 2 == 0 else ["trainhouse", "bare"]
     runs: list[Run] = []
     for n, side in enumerate(order, 1):
-        busy = machine_busy()
+        busy = wait_quiet(args.quiet_wait)
         log(f"[{n}/{len(order)}] {side}: {args.epochs} epochs (CPU in use before: {busy:.0f}%) ...")
         if side == "bare":
             run = run_bare(example, spec, args.timeout)
@@ -436,6 +447,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=int, default=3, help="epochs dropped per run (3)")
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
     parser.add_argument("--example", type=Path, default=DEFAULT_EXAMPLE, help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--quiet-wait",
+        type=float,
+        default=60.0,
+        help="seconds to wait before a run for other processes to leave the CPUs (60)",
+    )
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds per run (900)")
     parser.add_argument("--bare-worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--train-py", type=Path, help=argparse.SUPPRESS)
