@@ -62,6 +62,7 @@ def test_killed_server_requeues_and_resumes(tmp_path: Path) -> None:
         while (c.job(job["id"]).get("last_step") or 0) < 12:
             assert time.monotonic() < deadline
             time.sleep(0.2)
+    assert srv.proc is not None
     srv.proc.send_signal(signal.SIGKILL)
     srv.proc.wait()
     assert marked_processes(), "the ranks should outlive a killed server"

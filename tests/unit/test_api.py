@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
+from trainhouse.scheduler.loop import hash_token
 from trainhouse.server import Settings, create_app
 from trainhouse.workdir import pack
 
@@ -179,9 +180,30 @@ def test_report_needs_the_jobs_credential(api: TestClient, tmp_path: Path) -> No
 
 def test_malformed_report(api: TestClient, tmp_path: Path) -> None:
     job = submit(api, "entrypoint: python train.py", workdir(tmp_path)).json()
-    resp = api.post(f"/api/v1/jobs/{job['id']}/report", json={"points": "nope"})
-    assert resp.status_code == 422
     wait_state(api, job["id"], {"COMPLETED", "FAILED"})
+    # a stranger learns nothing about the payload rules: credentials are checked first
+    resp = api.post(f"/api/v1/jobs/{job['id']}/report", json={"points": "nope"})
+    assert resp.status_code == 401
+    services = api.app.state.services  # type: ignore[attr-defined]
+    services.store.update_job(job["id"], token_hash=hash_token("known"))
+    auth = {"Authorization": "Bearer known"}
+    for body in (
+        {"points": "nope"},
+        {"batch_id": "b", "attempt": 0, "points": []},
+        {"batch_id": "b", "attempt": 1, "points": [[0, "loss"]]},
+    ):
+        resp = api.post(f"/api/v1/jobs/{job['id']}/report", json=body, headers=auth)
+        assert resp.status_code == 422, body
+        assert error_of(resp)["code"] == "invalid_request"
+    body = {
+        "batch_id": "b",
+        "attempt": 1,
+        "points": [[0, "loss", None, None, 1.0], [1, "loss", 0.5, None, 2.0]],
+    }
+    resp = api.post(f"/api/v1/jobs/{job['id']}/report", json=body, headers=auth)
+    assert resp.json() == {"accepted": 2, "stop": False, "stop_reason": None}
+    series = api.get(f"/api/v1/jobs/{job['id']}/metrics").json()["series"]
+    assert series[0]["points"] == [[0, None, 1.0], [1, 0.5, 2.0]]
 
 
 def test_cancel_ended_job_is_a_conflict(api: TestClient, tmp_path: Path) -> None:

@@ -2,14 +2,8 @@
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import os
-import signal
 import socket
-import subprocess
-import sys
-import time
 from importlib import resources
 from pathlib import Path
 from typing import Annotated
@@ -19,6 +13,7 @@ import typer
 from trainhouse.cli import render
 from trainhouse.cli.render import console, errors
 from trainhouse.errors import ServerUnreachable
+from trainhouse.server.process import ServerProcess, free_port
 from trainhouse.server.settings import DEFAULT_PORT, Settings, default_home
 
 
@@ -29,13 +24,6 @@ def port_free(host: str, port: int) -> bool:
         except OSError:
             return False
     return True
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def serve(settings: Settings, *, log_level: str = "info") -> None:
@@ -141,22 +129,6 @@ def example_dir() -> Path:
     render.fail("cannot find the digits example; pass --example DIR", render.EXIT_BAD_INPUT)
 
 
-def _wait_healthy(client: object, proc: subprocess.Popen[bytes], log: Path) -> None:
-    from trainhouse.client import Client
-
-    assert isinstance(client, Client)
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            tail = log.read_text(errors="replace")[-2000:]
-            render.fail(f"the server exited with code {proc.returncode}:\n{tail}")
-        with contextlib.suppress(ServerUnreachable):
-            client.health()
-            return
-        time.sleep(0.3)
-    render.fail(f"the server did not answer within 120 s; see {log}")
-
-
 def run_demo(
     example: Path | None, home: Path | None, overrides: list[str], url: str | None
 ) -> None:
@@ -166,7 +138,7 @@ def run_demo(
 
     spec_file = (example or example_dir()) / "trainhouse.yaml"
     home = (home or default_home()).expanduser().resolve()
-    proc: subprocess.Popen[bytes] | None = None
+    background: ServerProcess | None = None
     target = url or DEFAULT_URL
     c = Client(target)
     try:
@@ -175,29 +147,14 @@ def run_demo(
     except ServerUnreachable:
         c.close()
         port = DEFAULT_PORT if url is None and port_free("127.0.0.1", DEFAULT_PORT) else free_port()
-        target = f"http://127.0.0.1:{port}"
-        home.mkdir(parents=True, exist_ok=True)
-        log = home / "server.log"
-        console.print(f"starting a trainhouse server at {target} (state in {home}, log in {log})")
-        with log.open("ab") as fh:
-            proc = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "trainhouse",
-                    "server",
-                    "--port",
-                    str(port),
-                    "--home",
-                    str(home),
-                ],
-                stdout=fh,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                env={**os.environ, "TRAINHOUSE_HOME": str(home)},
-            )
-        c = Client(target)
-        _wait_healthy(c, proc, log)
+        background = ServerProcess(home, port)
+        console.print(
+            f"starting a trainhouse server at {background.url} "
+            f"(state in {home}, log in {background.log})"
+        )
+        with errors():
+            background.start()
+        c = Client(background.url)
     code = 1
     try:
         with errors():
@@ -218,12 +175,8 @@ def run_demo(
         code = 130
     finally:
         c.close()
-        if proc is not None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+        if background is not None:
+            background.stop()
             console.print(
                 f"the demo server has stopped; its state is kept in {home}. Start it again "
                 f"with `trainhouse server --home {home}` to look around (`trainhouse ps --all`)."

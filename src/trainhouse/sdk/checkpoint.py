@@ -7,35 +7,19 @@ and never unpickles arbitrary objects (``torch.load(weights_only=True)``).
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from trainhouse.durable import publish, sha256_file
 from trainhouse.errors import CheckpointError, ClientError
 
 if TYPE_CHECKING:
     from trainhouse.sdk.run import Run
 
 log = logging.getLogger("trainhouse")
-
-
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as fh:
-        while chunk := fh.read(1 << 20):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
-def fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def file_name(step: int) -> str:
@@ -81,12 +65,9 @@ class Checkpointer:
         tmp = self.directory / f".{name}.tmp-{os.getpid()}"
         try:
             torch.save(state, tmp)
-            with tmp.open("rb+") as fh:
-                os.fsync(fh.fileno())
             digest = sha256_file(tmp)
             size = tmp.stat().st_size
-            os.replace(tmp, final)
-            fsync_dir(self.directory)
+            publish(tmp, final)
         except BaseException:
             tmp.unlink(missing_ok=True)
             raise

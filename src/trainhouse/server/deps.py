@@ -5,7 +5,7 @@ from __future__ import annotations
 import hmac
 from dataclasses import dataclass
 
-from fastapi import Header, Request
+from fastapi import Depends, Header, Request
 
 from trainhouse.errors import TrainhouseError
 from trainhouse.scheduler.loop import SchedulerLoop, hash_token
@@ -45,3 +45,12 @@ def job_credential(job: Job, authorization: str | None) -> None:
 
 
 AuthHeader = Header(None, alias="Authorization", include_in_schema=False)
+
+
+def reporting_job(
+    job_id: int, authorization: str | None = AuthHeader, svc: Services = Depends(services)
+) -> Job:
+    """The job a request reports for, once its per-attempt credential checks out."""
+    job = svc.store.get_job(job_id)
+    job_credential(job, authorization)
+    return job

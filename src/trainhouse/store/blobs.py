@@ -8,13 +8,7 @@ import tempfile
 from pathlib import Path
 from typing import BinaryIO
 
-
-def fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+from trainhouse.durable import fsync_dir
 
 
 class BlobStore:

@@ -50,29 +50,11 @@ def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
 
 
 def _job(row: RowMapping) -> Job:
-    return Job(
-        id=row["id"],
-        name=row["name"],
-        owner=row["owner"],
-        state=JobState(row["state"]),
-        priority=row["priority"],
-        spec=row["spec"],
-        archive_sha256=row["archive_sha256"],
-        created_at=row["created_at"],
-        updated_at=row["updated_at"],
-        started_at=row["started_at"],
-        ended_at=row["ended_at"],
-        attempts=row["attempts"],
-        restarts=row["restarts"],
-        exit_code=row["exit_code"],
-        reason=row["reason"],
-        cancel_requested=bool(row["cancel_requested"]),
-        token_hash=row["token_hash"],
-        placement=row["placement"],
-        total_steps=row["total_steps"],
-        last_step=row["last_step"],
-        latest_metrics=row["latest_metrics"] or {},
-    )
+    data = {k: row[k] for k in Job.__dataclass_fields__}
+    data["state"] = JobState(data["state"])
+    data["cancel_requested"] = bool(data["cancel_requested"])
+    data["latest_metrics"] = data["latest_metrics"] or {}
+    return Job(**data)
 
 
 def _attempt(row: RowMapping) -> Attempt:

@@ -12,23 +12,21 @@ from dataclasses import asdict
 from fastapi import APIRouter, Depends
 
 from trainhouse.errors import CheckpointError
-from trainhouse.server.deps import AuthHeader, Services, job_credential, services
+from trainhouse.server.deps import Services, reporting_job, services
 from trainhouse.server.schemas import CheckpointIn, CheckpointOut, ReportIn, ReportOut
 from trainhouse.spec import CheckpointPolicy
-from trainhouse.store import Checkpoint, MetricPoint
+from trainhouse.store import Checkpoint, Job, MetricPoint
 
 router = APIRouter(tags=["report"])
 
 
 @router.post("/jobs/{job_id}/report", response_model=ReportOut)
 def report(
-    job_id: int,
     body: ReportIn,
-    authorization: str | None = AuthHeader,
+    job: Job = Depends(reporting_job),
     svc: Services = Depends(services),
 ) -> ReportOut:
-    job = svc.store.get_job(job_id)
-    job_credential(job, authorization)
+    job_id = job.id
     points = [
         MetricPoint(
             step=step,
@@ -63,13 +61,11 @@ def retained(checkpoints: list[Checkpoint], policy: CheckpointPolicy) -> set[int
 
 @router.post("/jobs/{job_id}/checkpoints", response_model=CheckpointOut, status_code=201)
 def register_checkpoint(
-    job_id: int,
     body: CheckpointIn,
-    authorization: str | None = AuthHeader,
+    job: Job = Depends(reporting_job),
     svc: Services = Depends(services),
 ) -> CheckpointOut:
-    job = svc.store.get_job(job_id)
-    job_credential(job, authorization)
+    job_id = job.id
     files = svc.files(job_id)
     path = files.checkpoint_path(body.path)
     if path is None:

@@ -1,0 +1,98 @@
+"""A ``trainhouse server`` in a child process: what ``trainhouse demo`` and the tests start."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from trainhouse.client import Client
+from trainhouse.errors import ServerUnreachable, TrainhouseError
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+class ServerStartError(TrainhouseError):
+    code = "server_start"
+
+
+class ServerProcess:
+    """Start with :meth:`start` (returns once the server answers), end with :meth:`stop`."""
+
+    def __init__(self, home: Path, port: int, *args: str, log: Path | None = None) -> None:
+        self.home = home
+        self.port = port
+        self.args = args
+        self.log = log or home / "server.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self, *, timeout: float = 120) -> ServerProcess:
+        self.home.mkdir(parents=True, exist_ok=True)
+        with self.log.open("ab") as fh:
+            self.proc = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "trainhouse",
+                    "server",
+                    "--port",
+                    str(self.port),
+                    "--home",
+                    str(self.home),
+                    *self.args,
+                ],
+                stdout=fh,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env={**os.environ, "TRAINHOUSE_HOME": str(self.home)},
+            )
+        deadline = time.monotonic() + timeout
+        with Client(self.url) as client:
+            while True:
+                if self.proc.poll() is not None:
+                    raise ServerStartError(
+                        f"the server exited with code {self.proc.returncode}:\n{self.log_tail()}"
+                    )
+                with contextlib.suppress(ServerUnreachable):
+                    client.health()
+                    return self
+                if time.monotonic() > deadline:
+                    self.stop()
+                    raise ServerStartError(
+                        f"the server did not answer within {timeout:.0f} s; see {self.log}"
+                    )
+                time.sleep(0.2)
+
+    def log_tail(self, chars: int = 3000) -> str:
+        try:
+            return self.log.read_text(errors="replace")[-chars:]
+        except OSError:
+            return ""
+
+    def stop(self, *, timeout: float = 60) -> int | None:
+        """SIGTERM (the server stops its jobs and requeues them), SIGKILL past ``timeout``."""
+        if self.proc is None:
+            return None
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        return self.proc.returncode
