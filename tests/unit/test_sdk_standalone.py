@@ -84,3 +84,36 @@ def test_auto_step_and_non_finite(standalone: Path, capsys: pytest.CaptureFixtur
         run.log({"loss": 1.0})
         assert run._step == 1
     assert "loss=nan" in capsys.readouterr().out
+
+
+def test_numpy_state_loads_but_object_arrays_do_not(standalone: Path) -> None:
+    import random
+
+    import numpy as np
+
+    with trainhouse.init() as run:
+        run.checkpoint.save(
+            {
+                "np_rng": np.random.get_state(),
+                "py_rng": random.getstate(),
+                "arr": np.arange(4, dtype=np.float32),
+                "scalar": np.float64(0.5),
+            },
+            step=1,
+        )
+        state = run.checkpoint.load()
+        assert state is not None
+        assert np.array_equal(state["np_rng"][1], np.random.get_state()[1])
+        assert state["py_rng"] == random.getstate()
+        assert state["scalar"] == 0.5
+        run.checkpoint.save({"objs": np.array([object()], dtype=object)}, step=2)
+        with pytest.raises(CheckpointError, match="cannot load checkpoint"):
+            run.checkpoint.load()
+
+
+def test_checkpoint_copied_without_its_record_still_loads(standalone: Path) -> None:
+    (standalone / "checkpoints").mkdir()
+    torch.save({"step": 41}, standalone / "checkpoints" / "step-000000041.pt")
+    with trainhouse.init() as run:
+        state = run.checkpoint.load()
+    assert state == {"step": 41}

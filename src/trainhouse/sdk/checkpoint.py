@@ -7,9 +7,11 @@ and never unpickles arbitrary objects (``torch.load(weights_only=True)``).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
+import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -20,6 +22,33 @@ if TYPE_CHECKING:
     from trainhouse.sdk.run import Run
 
 log = logging.getLogger("trainhouse")
+
+
+def _numpy_safe_globals() -> list[Any]:
+    """What unpickling plain numpy arrays and scalars needs (no object arrays, no code)."""
+    try:
+        import numpy as np
+    except ImportError:
+        return []
+    core = getattr(np, "_core", None) or np.core
+    return [
+        np.ndarray,
+        np.dtype,
+        core.multiarray._reconstruct,
+        core.multiarray.scalar,
+        *(type(np.dtype(c)) for c in "?bBhHiIlLqQefdgFDGUS"),
+    ]
+
+
+def safe_load(path: Path) -> Any:
+    """``torch.load(weights_only=True)``, also accepting plain numpy arrays (RNG states)."""
+    import torch
+
+    with torch.serialization.safe_globals(_numpy_safe_globals()):
+        return torch.load(path, map_location="cpu", weights_only=True)
+
+
+_FILE = re.compile(r"^step-(\d+)\.pt$")
 
 
 def file_name(step: int) -> str:
@@ -105,14 +134,21 @@ class Checkpointer:
                 log.warning(
                     "trainhouse: cannot list checkpoints (%s); reading %s", exc, self.directory
                 )
-        found = []
+        local: list[dict[str, Any]] = []
         if self.directory.is_dir():
-            for side in self.directory.glob("step-*.pt.json"):
-                try:
-                    found.append(json.loads(side.read_text()))
-                except (OSError, ValueError):
+            for path in self.directory.glob("step-*.pt"):
+                match = _FILE.match(path.name)
+                if match is None:
                     continue
-        return sorted(found, key=lambda c: c["step"], reverse=True)
+                record: dict[str, Any] = {
+                    "step": int(match.group(1)),
+                    "path": path.name,
+                    "sha256": None,
+                }
+                with contextlib.suppress(OSError, ValueError):
+                    record = json.loads(path.with_name(path.name + ".json").read_text())
+                local.append(record)
+        return sorted(local, key=lambda c: c["step"], reverse=True)
 
     def latest(self) -> dict[str, Any] | None:
         """The newest checkpoint whose file exists and whose sha256 matches, or None."""
@@ -121,6 +157,11 @@ class Checkpointer:
             if not path.is_file():
                 log.warning("trainhouse: checkpoint %s is missing; trying an older one", path)
                 continue
+            if cand.get("sha256") is None:  # copied in by hand, without its record
+                log.warning(
+                    "trainhouse: checkpoint %s has no recorded sha256; loading it unverified", path
+                )
+                return cand
             actual = sha256_file(path)
             if actual != cand["sha256"]:
                 log.error(
@@ -136,8 +177,6 @@ class Checkpointer:
 
     def load(self) -> dict[str, Any] | None:
         """The latest verified checkpoint's state on every rank, or None on a fresh start."""
-        import torch
-
         run = self._run
         chosen = self.latest() if run.is_main else None
         chosen = run._broadcast(chosen)
@@ -145,11 +184,12 @@ class Checkpointer:
             return None
         path = self.directory / chosen["path"]
         try:
-            state: dict[str, Any] = torch.load(path, map_location="cpu", weights_only=True)
+            state: dict[str, Any] = safe_load(path)
         except Exception as exc:
             raise CheckpointError(
-                f"cannot load checkpoint {path}: {exc} (only tensors, numbers, strings and "
-                "containers of them can be loaded; save state_dict()s, not modules)"
+                f"cannot load checkpoint {path}: {str(exc)[-300:]} (only tensors, numpy arrays, "
+                "numbers, strings and containers of them can be loaded; save state_dict()s, "
+                "not modules)"
             ) from None
         log.info("trainhouse: resumed from %s (step %s)", path.name, chosen["step"])
         return state
