@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -109,3 +110,31 @@ def test_demo_runs_end_to_end(tmp_path: Path) -> None:
     assert "COMPLETED" in out and "validation accuracy" in out
     assert "trainhouse checkpoints 1" in out and "the demo server has stopped" in out
     assert (tmp_path / "demo" / "jobs" / "1" / "checkpoints").is_dir()
+
+
+def test_stopped_server_requeues_its_jobs_and_leaves_no_process(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    srv = start_server(home, "--cpus", "2")
+    spec = write_job(tmp_path, SLOW_RESUMABLE, "name: paused\nentrypoint: python train.py\n")
+    job = srv.cli_json("submit", str(spec), "--detach")
+    deadline = time.monotonic() + 120
+    with srv.client as c:
+        while (c.job(job["id"]).get("last_step") or 0) < 7:
+            assert time.monotonic() < deadline
+            time.sleep(0.2)
+    assert_clean_stop(srv)  # SIGTERM: the server stops the job's processes before it exits
+    assert not marked_processes()
+
+    srv2 = start_server(home, "--cpus", "2")
+    try:
+        final = srv2.wait(job["id"], {"COMPLETED", "FAILED"}, timeout=180)
+        assert final["state"] == "COMPLETED", final
+        assert [a["result"] for a in final["attempt_history"]] == ["interrupted", "completed"]
+        assert "the server stopped while it ran" in final["attempt_history"][0]["reason"]
+        log = srv2.cli("logs", str(job["id"])).stdout
+        resumed = re.search(r"attempt 2 starts at step (\d+)", log)
+        assert resumed is not None, log
+        start = int(resumed.group(1))
+        assert start > 0 and (start - 1) % 5 == 0  # right after a checkpoint (every 5 steps)
+    finally:
+        assert_clean_stop(srv2)
