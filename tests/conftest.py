@@ -28,11 +28,18 @@ _PYTEST_TMP_PREFIX = "pytest-of-"
 
 
 def marked_processes() -> list[psutil.Process]:
-    """Processes started by a trainhouse executor (they carry TRAINHOUSE_RUN_MARKER)."""
+    """Processes a trainhouse executor started for this test session's servers.
+
+    They carry TRAINHOUSE_RUN_MARKER, and their job directory lies under the session's temp
+    directory (so jobs of other trainhouse servers on the machine are not counted).
+    """
     found = []
     for proc in psutil.process_iter(["pid"]):
         with contextlib.suppress(psutil.Error, OSError):
-            if "TRAINHOUSE_RUN_MARKER" in proc.environ():
+            env = proc.environ()
+            if "TRAINHOUSE_RUN_MARKER" in env and env.get("TRAINHOUSE_LOG_DIR", "").startswith(
+                str(_LEAK_TMP)
+            ):
                 found.append(proc)
     return found
 
