@@ -60,8 +60,9 @@ class Executor(Protocol):
     def poll(self) -> list[Exit]:
         """Attempts that ended since the last call."""
 
-    def stop(self, job_id: int, *, grace: float, reason: str) -> None:
-        """Ask an attempt to end: SIGTERM now, SIGKILL to every process after ``grace``."""
+    def stop(self, job_id: int, *, grace: float, reason: str, terminate: bool = True) -> None:
+        """End an attempt: SIGTERM now (unless ``terminate`` is false, when the job is expected
+        to stop by itself), SIGKILL to every process after ``grace``."""
 
     def running(self) -> set[int]:
         """Job ids with a live attempt."""

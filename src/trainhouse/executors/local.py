@@ -64,6 +64,7 @@ class _Attempt:
     log_file: object
     stop_reason: str | None = None
     kill_at: float | None = None
+    terminated: bool = False
     started: float = field(default_factory=time.monotonic)
 
 
@@ -164,14 +165,21 @@ class LocalExecutor:
         with self._lock:
             return set(self._attempts)
 
-    def stop(self, job_id: int, *, grace: float, reason: str) -> None:
+    def stop(self, job_id: int, *, grace: float, reason: str, terminate: bool = True) -> None:
         with self._lock:
             att = self._attempts.get(job_id)
-            if att is None or att.stop_reason is not None:
+            if att is None:
                 return
-            att.stop_reason = reason
-            att.kill_at = time.monotonic() + grace
+            if att.stop_reason is not None and not (terminate and not att.terminated):
+                return
+            kill_at = time.monotonic() + grace
+            # a later, harsher stop (a cancel during a preemption) may shorten the deadline
+            att.kill_at = min(att.kill_at or kill_at, kill_at)
+            att.stop_reason = att.stop_reason or reason
+            att.terminated = att.terminated or terminate
         log.info("stopping job %s (%s), SIGKILL in %.0fs", job_id, reason, grace)
+        if not terminate:
+            return
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(att.proc.pid, signal.SIGTERM)
         signal_all(find_marked(att.marker), signal.SIGTERM)

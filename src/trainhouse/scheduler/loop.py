@@ -15,19 +15,40 @@ import secrets
 import shutil
 import threading
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from trainhouse.errors import InvalidTransition, StoreError, TrainhouseError
 from trainhouse.executors.base import Executor, Exit, Launch
+from trainhouse.scheduler.fairshare import DEFAULT_ENTRY_SECONDS, DEFAULT_HALF_LIFE, UsageLedger
 from trainhouse.scheduler.lifecycle import JobState
-from trainhouse.scheduler.policy import QueuedJob, RunningJob, Snapshot, decide
-from trainhouse.scheduler.resources import Placement
+from trainhouse.scheduler.policy import (
+    Decisions,
+    QueuedJob,
+    Quota,
+    RunningJob,
+    Snapshot,
+    cost_rate,
+    decide,
+)
+from trainhouse.scheduler.resources import Demand, Placement
 from trainhouse.spec import JobSpec
 from trainhouse.store import BlobStore, Job, Store
 from trainhouse.store.jobfiles import JobFiles
 from trainhouse.workdir import extract
 
 log = logging.getLogger(__name__)
+
+
+USAGE_SAVE_SECONDS = 5.0
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    half_life: float = DEFAULT_HALF_LIFE
+    entry_seconds: float = DEFAULT_ENTRY_SECONDS
+    default_quota: Quota = field(default_factory=Quota)
+    preemption: bool = True
 
 
 def hash_token(token: str) -> str:
@@ -45,6 +66,7 @@ class SchedulerLoop:
         server_url: str,
         tick: float = 0.5,
         cancel_grace: float = 10.0,
+        config: SchedulerConfig | None = None,
     ) -> None:
         self.store = store
         self.blobs = blobs
@@ -58,6 +80,15 @@ class SchedulerLoop:
         self._thread: threading.Thread | None = None
         self._reasons: dict[int, str] = {}
         self._attempt_started: dict[int, float] = {}
+        self.config = config or SchedulerConfig()
+        values, saved_at = store.usage()
+        self.usage = UsageLedger(
+            values,
+            at=saved_at or time.time(),
+            half_life=self.config.half_life,
+            entry_seconds=self.config.entry_seconds,
+        )
+        self._usage_saved = time.time()
 
     # -- life ------------------------------------------------------------------------------
     def start(self) -> None:
@@ -76,6 +107,7 @@ class SchedulerLoop:
             self._thread.join(timeout=30)
         for ended in self.executor.shutdown(grace=grace):
             self._record_exit(ended)
+        self.store.save_usage(self.usage.snapshot(), self.usage.at)
 
     def _run(self) -> None:
         while not self._stopping.is_set():
@@ -144,6 +176,16 @@ class SchedulerLoop:
         attempt_fields = {"ended_at": time.time(), "exit_code": exit_code, "rank_exit_codes": codes}
         if job.cancel_requested:
             result, new, reason = "canceled", JobState.CANCELED, "canceled by request"
+        elif job.preempt_requested:
+            reason = job.reason or "preempted"
+            self.store.update_attempt(
+                job.id, ended.attempt, result="preempted", reason=reason, **attempt_fields
+            )
+            self.store.transition(
+                job.id, JobState.PREEMPTED, reason=reason, preempt_requested=False
+            )
+            self.store.transition(job.id, JobState.QUEUED, reason=reason)
+            return
         elif ended.stop_reason and ended.stop_reason.startswith("max_runtime"):
             result, new, reason = "failed", JobState.FAILED, ended.stop_reason
         elif ended.stop_reason == "the server is shutting down":
@@ -198,24 +240,83 @@ class SchedulerLoop:
                 )
 
     # -- scheduling ------------------------------------------------------------------------
-    def snapshot(self) -> tuple[Snapshot, dict[int, Job]]:
+    def _advance_usage(self, now: float, running: tuple[RunningJob, ...]) -> None:
+        nodes = self.executor.nodes()
+        total_gpus = sum(len(n.gpus) for n in nodes)
+        total_cpus = sum(n.cpus for n in nodes)
+        self.usage.advance(
+            now,
+            [
+                (r.owner, cost_rate(Demand(1, r.cpus, r.gpus), total_gpus, total_cpus))
+                for r in running
+            ],
+        )
+        if now - self._usage_saved >= USAGE_SAVE_SECONDS:
+            self.store.save_usage(self.usage.snapshot(), now)
+            self._usage_saved = now
+
+    def snapshot(self, extra: QueuedJob | None = None) -> tuple[Snapshot, dict[int, Job]]:
         """The policy's input, read from the store (no side effects)."""
+        now = time.time()
         queued_jobs = []
         by_id: dict[int, Job] = {}
         for job in self.store.list_jobs(states=[JobState.QUEUED]):
             if job.cancel_requested:
                 continue  # _schedule ends it
             spec = JobSpec.model_validate(job.spec)
-            queued_jobs.append(QueuedJob(job.id, job.priority, job.created_at, spec.resources))
+            queued_jobs.append(
+                QueuedJob(
+                    job.id,
+                    job.priority,
+                    job.created_at,
+                    Demand.of(spec.resources),
+                    owner=job.owner,
+                    max_runtime=spec.max_runtime,
+                )
+            )
             by_id[job.id] = job
+        if extra is not None:
+            queued_jobs.append(extra)
+        running_jobs = self.store.list_jobs(states=[JobState.RUNNING])
+        checkpointed = self.store.last_checkpoint_times([j.id for j in running_jobs])
         running = tuple(
             RunningJob(
-                j.id, tuple(Placement.from_dict(p) for p in (j.placement or {}).get("nodes", []))
+                j.id,
+                tuple(Placement.from_dict(p) for p in (j.placement or {}).get("nodes", [])),
+                owner=j.owner,
+                priority=j.priority,
+                started_at=self._attempt_started.get(j.id, j.started_at or now),
+                max_runtime=j.spec.get("max_runtime"),
+                last_checkpoint_at=checkpointed.get(j.id),
+                stopping=j.cancel_requested or j.preempt_requested,
+                stop_deadline=now if (j.cancel_requested or j.preempt_requested) else None,
             )
-            for j in self.store.list_jobs(states=[JobState.RUNNING])
+            for j in running_jobs
         )
-        snap = Snapshot(tuple(self.executor.nodes()), running, tuple(queued_jobs))
+        limits = self.store.user_limits()
+        snap = Snapshot(
+            tuple(self.executor.nodes()),
+            running,
+            tuple(queued_jobs),
+            now=now,
+            usage=self.usage.snapshot(),
+            shares={o: lim.share for o, lim in limits.items()},
+            quotas={
+                o: Quota(
+                    lim.max_gpus if lim.max_gpus is not None else self.config.default_quota.gpus,
+                    lim.max_cpus if lim.max_cpus is not None else self.config.default_quota.cpus,
+                )
+                for o, lim in limits.items()
+            },
+            default_quota=self.config.default_quota,
+            preemption=self.config.preemption,
+        )
         return snap, by_id
+
+    def plan(self, extra: QueuedJob | None = None) -> Decisions:
+        """What the policy would decide now (with ``extra`` queued too); changes nothing."""
+        snap, _ = self.snapshot(extra)
+        return decide(snap)
 
     def _schedule(self) -> None:
         for job in self.store.list_jobs(states=[JobState.QUEUED]):
@@ -223,17 +324,35 @@ class SchedulerLoop:
                 with contextlib.suppress(InvalidTransition, StoreError):
                     self.store.transition(job.id, JobState.CANCELED, reason="canceled by request")
         snap, by_id = self.snapshot()
+        self._advance_usage(snap.now, snap.running)
         if not snap.queued:
             return
         decisions = decide(snap)
+        total_gpus = sum(len(n.gpus) for n in snap.nodes)
+        total_cpus = sum(n.cpus for n in snap.nodes)
         for job_id, placements in decisions.starts:
-            self._start(by_id[job_id], placements)
+            job = by_id[job_id]
+            if self._start(job, placements):
+                demand = Demand(len(placements), placements[0].cpus, len(placements[0].gpus))
+                self.usage.charge_start(job.owner, cost_rate(demand, total_gpus, total_cpus))
+        for pre in decisions.preemptions:
+            self._preempt(pre.victim, pre.reason)
         for job_id, reason in decisions.waiting.items():
             if self._reasons.get(job_id) != reason:
                 self._reasons[job_id] = reason
                 self.store.update_job(job_id, reason=reason)
 
-    def _start(self, job: Job, placements: tuple[Placement, ...]) -> None:
+    def _preempt(self, job_id: int, reason: str) -> None:
+        job = self.store.get_job(job_id)
+        if job.state is not JobState.RUNNING or job.preempt_requested:
+            return
+        grace = float(job.spec.get("preemption_grace", 120))
+        self.store.update_job(job_id, preempt_requested=True, reason=reason)
+        # the SDK's should_stop() turns true on every rank; SIGKILL only after the grace period
+        self.executor.stop(job_id, grace=grace, reason="preempted", terminate=False)
+        log.info("job %s: %s (grace %.0f s)", job_id, reason, grace)
+
+    def _start(self, job: Job, placements: tuple[Placement, ...]) -> bool:
         token = secrets.token_urlsafe(32)
         placement = {"nodes": [p.to_dict() for p in placements]}
         try:
@@ -242,7 +361,7 @@ class SchedulerLoop:
             )
         except (InvalidTransition, StoreError) as exc:
             log.info("job %s not started: %s", job.id, exc)
-            return
+            return False
         self._reasons.pop(job.id, None)
         files = JobFiles(self.home, job.id)
         workdir = files.attempt(attempt.number) / "workdir"
@@ -271,9 +390,10 @@ class SchedulerLoop:
                 job.id, attempt.number, ended_at=time.time(), result="failed", reason=reason
             )
             self.store.transition(job.id, JobState.FAILED, reason=reason, exit_code=1)
-            return
+            return False
         self._attempt_started[job.id] = time.time()
         self.store.update_attempt(
             job.id, attempt.number, pid=info.pid, pid_create_time=info.create_time
         )
         log.info("job %s attempt %s started (pid %s)", job.id, attempt.number, info.pid)
+        return True

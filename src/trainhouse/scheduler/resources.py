@@ -52,6 +52,20 @@ class Placement:
         )
 
 
+@dataclass(frozen=True)
+class Demand:
+    """What a job needs on each of ``nodes`` nodes."""
+
+    nodes: int
+    cpus: int
+    gpus: int
+    procs: int = 1
+
+    @classmethod
+    def of(cls, res: Resources) -> Demand:
+        return cls(res.nodes, res.cpus_per_node, res.gpus_per_node, res.procs)
+
+
 @dataclass
 class Free:
     """Free capacity of one node while the policy hands it out."""
@@ -60,14 +74,14 @@ class Free:
     cpus: int
     gpus: list[int] = field(default_factory=list)
 
-    def fits(self, res: Resources) -> bool:
-        return self.cpus >= res.cpus_per_node and len(self.gpus) >= res.gpus_per_node
+    def fits(self, d: Demand) -> bool:
+        return self.cpus >= d.cpus and len(self.gpus) >= d.gpus
 
-    def take(self, res: Resources) -> Placement:
-        gpus = tuple(sorted(self.gpus)[: res.gpus_per_node])
+    def take(self, d: Demand) -> Placement:
+        gpus = tuple(sorted(self.gpus)[: d.gpus])
         self.gpus = [g for g in self.gpus if g not in gpus]
-        self.cpus -= res.cpus_per_node
-        return Placement(self.node.name, res.cpus_per_node, gpus, res.procs)
+        self.cpus -= d.cpus
+        return Placement(self.node.name, d.cpus, gpus, d.procs)
 
 
 def never_fits(nodes: list[Node], res: Resources, *, multi_node: bool = False) -> str | None:

@@ -50,6 +50,7 @@ class JobOut(BaseModel):
     exit_code: int | None
     reason: str | None
     cancel_requested: bool
+    preempt_requested: bool
     placement: dict[str, Any] | None
     total_steps: int | None
     last_step: int | None

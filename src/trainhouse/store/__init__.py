@@ -1,7 +1,7 @@
 """Persistent state: one Store over SQLAlchemy for SQLite and PostgreSQL, and the archive blobs."""
 
 from trainhouse.store.blobs import BlobStore
-from trainhouse.store.records import Attempt, Checkpoint, Event, Job, MetricPoint
+from trainhouse.store.records import Attempt, Checkpoint, Event, Job, MetricPoint, UserLimits
 from trainhouse.store.store import Store, default_db_url
 
 __all__ = [
@@ -12,5 +12,6 @@ __all__ = [
     "Job",
     "MetricPoint",
     "Store",
+    "UserLimits",
     "default_db_url",
 ]

@@ -26,6 +26,7 @@ class Job:
     exit_code: int | None = None
     reason: str | None = None
     cancel_requested: bool = False
+    preempt_requested: bool = False
     token_hash: str | None = None
     placement: dict[str, Any] | None = None
     total_steps: int | None = None
@@ -74,6 +75,14 @@ class Checkpoint:
     metrics: dict[str, float | None]
     created_at: float
     deleted: bool = False
+
+
+@dataclass(frozen=True)
+class UserLimits:
+    owner: str
+    share: float = 1.0
+    max_gpus: int | None = None
+    max_cpus: int | None = None
 
 
 @dataclass(frozen=True)

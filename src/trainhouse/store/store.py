@@ -20,6 +20,7 @@ from sqlalchemy import (
     Connection,
     Engine,
     create_engine,
+    delete,
     event,
     func,
     insert,
@@ -33,7 +34,7 @@ from sqlalchemy.engine import RowMapping
 from trainhouse.errors import NotFound, StoreError
 from trainhouse.scheduler.lifecycle import JobState, check_transition
 from trainhouse.store import tables as t
-from trainhouse.store.records import Attempt, Checkpoint, Event, Job, MetricPoint
+from trainhouse.store.records import Attempt, Checkpoint, Event, Job, MetricPoint, UserLimits
 
 
 def default_db_url(home: Path) -> str:
@@ -53,6 +54,7 @@ def _job(row: RowMapping) -> Job:
     data = {k: row[k] for k in Job.__dataclass_fields__}
     data["state"] = JobState(data["state"])
     data["cancel_requested"] = bool(data["cancel_requested"])
+    data["preempt_requested"] = bool(data["preempt_requested"])
     data["latest_metrics"] = data["latest_metrics"] or {}
     return Job(**data)
 
@@ -456,3 +458,52 @@ class Store:
             conn.execute(
                 update(t.checkpoints).where(t.checkpoints.c.id.in_(ids)).values(deleted=True)
             )
+
+    # -- scheduling: limits, usage, checkpoint times ---------------------------------------
+    def user_limits(self) -> dict[str, UserLimits]:
+        with self.engine.connect() as conn:
+            rows = conn.execute(select(t.user_limits).order_by(t.user_limits.c.owner)).mappings()
+            return {r["owner"]: UserLimits(**r) for r in rows}
+
+    def set_user_limits(self, limits: UserLimits) -> UserLimits:
+        values = {"share": limits.share, "max_gpus": limits.max_gpus, "max_cpus": limits.max_cpus}
+        with self._tx() as conn:
+            found = conn.execute(
+                update(t.user_limits).where(t.user_limits.c.owner == limits.owner).values(**values)
+            )
+            if found.rowcount == 0:
+                conn.execute(insert(t.user_limits).values(owner=limits.owner, **values))
+        return limits
+
+    def delete_user_limits(self, owner: str) -> bool:
+        with self._tx() as conn:
+            result = conn.execute(delete(t.user_limits).where(t.user_limits.c.owner == owner))
+        return result.rowcount > 0
+
+    def usage(self) -> tuple[dict[str, float], float | None]:
+        """Decayed fair-share usage per user and when it was last saved."""
+        with self.engine.connect() as conn:
+            rows = conn.execute(select(t.user_usage)).mappings().all()
+        if not rows:
+            return {}, None
+        return {r["owner"]: r["usage"] for r in rows}, max(r["updated_at"] for r in rows)
+
+    def save_usage(self, values: dict[str, float], at: float) -> None:
+        with self._tx() as conn:
+            conn.execute(delete(t.user_usage))
+            if values:
+                conn.execute(
+                    insert(t.user_usage),
+                    [{"owner": o, "usage": u, "updated_at": at} for o, u in values.items()],
+                )
+
+    def last_checkpoint_times(self, job_ids: Sequence[int]) -> dict[int, float]:
+        if not job_ids:
+            return {}
+        query = (
+            select(t.checkpoints.c.job_id, func.max(t.checkpoints.c.created_at))
+            .where(t.checkpoints.c.job_id.in_(list(job_ids)))
+            .group_by(t.checkpoints.c.job_id)
+        )
+        with self.engine.connect() as conn:
+            return {int(j): float(at) for j, at in conn.execute(query)}

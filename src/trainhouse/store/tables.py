@@ -20,6 +20,7 @@ from sqlalchemy import (
     Table,
     Text,
     UniqueConstraint,
+    false,
 )
 
 metadata = MetaData(
@@ -52,6 +53,7 @@ jobs = Table(
     Column("exit_code", Integer),
     Column("reason", Text),
     Column("cancel_requested", Boolean, nullable=False, default=False),
+    Column("preempt_requested", Boolean, nullable=False, default=False, server_default=false()),
     Column("token_hash", String(64)),
     Column("placement", JSON),
     Column("total_steps", BigInteger),
@@ -126,4 +128,23 @@ checkpoints = Table(
     Column("created_at", Float, nullable=False),
     Column("deleted", Boolean, nullable=False, default=False),
     Index("ix_checkpoints_job_id_step", "job_id", "step"),
+)
+
+# per-user scheduling limits: fair share weight and concurrent GPU/CPU caps (None = no cap)
+user_limits = Table(
+    "user_limits",
+    metadata,
+    Column("owner", String(128), primary_key=True),
+    Column("share", Float, nullable=False, default=1.0),
+    Column("max_gpus", Integer),
+    Column("max_cpus", Integer),
+)
+
+# decayed fair-share usage (cluster-seconds) per user, as of updated_at
+user_usage = Table(
+    "user_usage",
+    metadata,
+    Column("owner", String(128), primary_key=True),
+    Column("usage", Float, nullable=False),
+    Column("updated_at", Float, nullable=False),
 )

@@ -41,7 +41,11 @@ def report(
     accepted = svc.store.add_metrics(
         job_id, points, batch_id=body.batch_id, total_steps=body.total_steps
     )
-    stop_reason = "canceled by request" if job.cancel_requested else None
+    stop_reason = None
+    if job.cancel_requested:
+        stop_reason = "canceled by request"
+    elif job.preempt_requested:
+        stop_reason = job.reason or "preempted"
     return ReportOut(accepted=accepted, stop=stop_reason is not None, stop_reason=stop_reason)
 
 
