@@ -147,6 +147,46 @@ class Client:
             resp.headers.get("X-Job-State", ""),
         )
 
+    def queue(self) -> dict[str, Any]:
+        result: dict[str, Any] = self._json("GET", "/queue")
+        return result
+
+    def dry_run(
+        self,
+        spec_file: str | Path,
+        *,
+        overrides: list[str] | None = None,
+        owner: str | None = None,
+    ) -> dict[str, Any]:
+        """Where the job would run now, or why it would wait; nothing is submitted."""
+        spec = load_spec(Path(spec_file), overrides)
+        result: dict[str, Any] = self._json(
+            "POST",
+            "/jobs/dry-run",
+            data={
+                "spec": spec.model_dump_json(exclude={"workdir"}),
+                "owner": owner or current_user(),
+            },
+        )
+        return result
+
+    def set_priority(self, job_id: int, priority: str) -> dict[str, Any]:
+        result: dict[str, Any] = self._json(
+            "POST", f"/jobs/{job_id}/priority", json={"priority": priority}
+        )
+        return result
+
+    def quotas(self) -> dict[str, Any]:
+        result: dict[str, Any] = self._json("GET", "/quotas")
+        return result
+
+    def set_quota(self, owner: str, limits: dict[str, Any]) -> dict[str, Any]:
+        result: dict[str, Any] = self._json("PUT", f"/quotas/{owner}", json=limits)
+        return result
+
+    def clear_quota(self, owner: str) -> None:
+        self._request("DELETE", f"/quotas/{owner}")
+
     def wait(
         self, job_id: int, *, timeout: float | None = None, poll: float = 0.5
     ) -> dict[str, Any]:

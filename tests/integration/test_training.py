@@ -71,7 +71,7 @@ with trainhouse.init() as run:
 
 def write_job(tmp_path: Path, script: str, spec: str) -> Path:
     wd = tmp_path / "job"
-    wd.mkdir(exist_ok=True)
+    wd.mkdir(parents=True, exist_ok=True)
     (wd / "train.py").write_text(textwrap.dedent(script))
     (wd / "job.yaml").write_text(textwrap.dedent(spec))
     return wd / "job.yaml"

@@ -56,9 +56,11 @@ def result_code(job: dict[str, Any]) -> int:
 
 
 # -- server ----------------------------------------------------------------------------------
+from trainhouse.cli import scheduler as _scheduler  # noqa: E402
 from trainhouse.cli import server as _server  # noqa: E402  (registers server and demo)
 
 _server.register(app)
+_scheduler.register(app)
 
 
 # -- spec ------------------------------------------------------------------------------------
@@ -86,6 +88,9 @@ def submit(
         list[str] | None, typer.Option("--set", help="Override a field: --set hparams.lr=0.1")
     ] = None,
     detach: Annotated[bool, typer.Option("--detach", "-d", help="Return once queued")] = False,
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Say where it would run now, submit nothing")
+    ] = False,
     as_json: JsonOpt = False,
     url: UrlOpt = None,
 ) -> None:
@@ -94,6 +99,19 @@ def submit(
     The exit code is the job's result: 0 completed, the job's exit code if it failed,
     4 if it was canceled.
     """
+    if dry_run:
+        with errors(), client(url) as c:
+            plan = c.dry_run(file, overrides=set_ or [])
+        if as_json:
+            print_json(plan)
+        else:
+            console.print(
+                plan["reason"].split(": ", 1)[-1] if not plan["would_start"] else plan["reason"],
+                highlight=False,
+            )
+            if plan["preempts"]:
+                console.print(f"it would preempt job(s) {plan['preempts']}")
+        return
     with errors(), client(url) as c:
         job = c.submit(file, overrides=set_ or [])
         if as_json and detach:

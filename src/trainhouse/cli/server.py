@@ -15,6 +15,7 @@ from trainhouse.cli.render import console, errors
 from trainhouse.errors import ServerUnreachable
 from trainhouse.server.process import ServerProcess, free_port
 from trainhouse.server.settings import DEFAULT_PORT, Settings, default_home
+from trainhouse.spec import parse_duration
 
 
 def port_free(host: str, port: int) -> bool:
@@ -67,6 +68,15 @@ def register(app: typer.Typer) -> None:
         ] = None,
         cpus: Annotated[int | None, typer.Option(help="CPU cores to offer")] = None,
         executor: Annotated[str, typer.Option(help="Executor: local")] = "local",
+        quota_gpus: Annotated[
+            int | None, typer.Option(help="Default cap on each user's concurrent GPUs")
+        ] = None,
+        quota_cpus: Annotated[
+            int | None, typer.Option(help="Default cap on each user's concurrent CPU cores")
+        ] = None,
+        fairshare_half_life: Annotated[
+            str, typer.Option(help="Half-life of fair-share usage (e.g. 7d, 12h)")
+        ] = "7d",
         log_level: Annotated[str, typer.Option(help="debug, info, warning")] = "info",
     ) -> None:
         """Run the trainhouse server in the foreground."""
@@ -90,7 +100,14 @@ def register(app: typer.Typer) -> None:
                 render.fail(str(exc), render.EXIT_BAD_INPUT)
         if cpus is not None and cpus < 1:
             render.fail(f"--cpus must be >= 1, got {cpus}", render.EXIT_BAD_INPUT)
+        try:
+            half_life = float(parse_duration(fairshare_half_life))
+        except ValueError as exc:
+            render.fail(f"--fairshare-half-life {exc}", render.EXIT_BAD_INPUT)
         settings = Settings(
+            quota_gpus=quota_gpus,
+            quota_cpus=quota_cpus,
+            fairshare_half_life=half_life,
             home=(home or default_home()).expanduser().resolve(),
             db_url=db,
             host=host,

@@ -15,9 +15,10 @@ from trainhouse._version import __version__
 from trainhouse.errors import TrainhouseError
 from trainhouse.executors.inventory import local_node
 from trainhouse.executors.local import LocalExecutor
-from trainhouse.scheduler.loop import SchedulerLoop
+from trainhouse.scheduler.loop import SchedulerConfig, SchedulerLoop
+from trainhouse.scheduler.policy import Quota
 from trainhouse.server.deps import Services
-from trainhouse.server.routes import jobs, report, system
+from trainhouse.server.routes import jobs, queue, report, system
 from trainhouse.server.settings import Settings
 from trainhouse.store import BlobStore, Store
 
@@ -53,6 +54,10 @@ def build_services(settings: Settings) -> Services:
         server_url=settings.url,
         tick=settings.tick,
         cancel_grace=settings.cancel_grace,
+        config=SchedulerConfig(
+            half_life=settings.fairshare_half_life,
+            default_quota=Quota(settings.quota_gpus, settings.quota_cpus),
+        ),
     )
     return Services(settings, store, blobs, loop)
 
@@ -100,6 +105,7 @@ def create_app(settings: Settings) -> FastAPI:
         return RedirectResponse("/docs")
 
     app.include_router(system.router, prefix="/api/v1")
+    app.include_router(queue.router, prefix="/api/v1")  # before jobs: /jobs/dry-run
     app.include_router(jobs.router, prefix="/api/v1")
     app.include_router(report.router, prefix="/api/v1")
     return app

@@ -6,6 +6,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from trainhouse.scheduler.fairshare import DEFAULT_HALF_LIFE
 from trainhouse.workdir import MAX_ARCHIVE_BYTES
 
 DEFAULT_PORT = 8470
@@ -28,6 +29,9 @@ class Settings:
     shutdown_grace: float = 10.0
     max_upload_bytes: int = MAX_ARCHIVE_BYTES
     tick: float = 0.5
+    quota_gpus: int | None = None  # default per-user caps on concurrent GPUs / CPU cores
+    quota_cpus: int | None = None
+    fairshare_half_life: float = DEFAULT_HALF_LIFE
 
     @property
     def database_url(self) -> str:

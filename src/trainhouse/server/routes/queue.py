@@ -1,0 +1,200 @@
+"""The scheduler's view: the queue in decision order, dry runs, priorities and user limits."""
+
+from __future__ import annotations
+
+import time
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, Form
+from pydantic import BaseModel, Field
+
+from trainhouse.errors import NotFound, ResourceError, StoreError
+from trainhouse.scheduler.lifecycle import JobState
+from trainhouse.scheduler.policy import QueuedJob
+from trainhouse.scheduler.resources import Demand, never_fits
+from trainhouse.server.deps import Services, services
+from trainhouse.server.routes.jobs import job_out
+from trainhouse.server.schemas import JobOut
+from trainhouse.spec import Priority, parse_spec
+from trainhouse.store import UserLimits
+
+router = APIRouter(tags=["scheduler"])
+
+
+class QueueEntry(BaseModel):
+    position: int
+    id: int
+    name: str
+    owner: str
+    priority: str
+    created_at: float
+    reason: str | None
+
+
+class QueueOut(BaseModel):
+    jobs: list[QueueEntry]
+    preempting: list[dict[str, Any]] = Field(
+        default_factory=list, description="Running jobs asked to yield, and for whom"
+    )
+
+
+@router.get("/queue", response_model=QueueOut)
+def queue(svc: Services = Depends(services)) -> QueueOut:
+    """Waiting jobs in the order the scheduler considers them, each with its reason."""
+    decisions = svc.scheduler.plan()
+    jobs = {j.id: j for j in svc.store.list_jobs(states=[JobState.QUEUED])}
+    entries = []
+    for position, job_id in enumerate(decisions.order, start=1):
+        job = jobs.get(job_id)
+        if job is None:
+            continue
+        reason = decisions.waiting.get(job_id) or "starting now"
+        entries.append(
+            QueueEntry(
+                position=position,
+                id=job.id,
+                name=job.name,
+                owner=job.owner,
+                priority=job.priority,
+                created_at=job.created_at,
+                reason=reason,
+            )
+        )
+    preempting = [
+        {"id": j.id, "name": j.name, "owner": j.owner, "reason": j.reason}
+        for j in svc.store.list_jobs(states=[JobState.RUNNING])
+        if j.preempt_requested
+    ]
+    return QueueOut(jobs=entries, preempting=preempting)
+
+
+class DryRunOut(BaseModel):
+    would_start: bool
+    placement: list[dict[str, Any]] | None
+    preempts: list[int]
+    position: int
+    reason: str
+
+
+@router.post("/jobs/dry-run", response_model=DryRunOut)
+def dry_run(
+    spec: Annotated[str, Form(description="The job spec as YAML or JSON")],
+    owner: Annotated[str, Form(max_length=128)] = "anonymous",
+    svc: Services = Depends(services),
+) -> DryRunOut:
+    """Where a job would run right now, or why it would wait; nothing is submitted."""
+    job_spec = parse_spec(spec, source="spec")
+    reason = never_fits(svc.scheduler.executor.nodes(), job_spec.resources)
+    if reason:
+        raise ResourceError(f"job can never run on this server: {reason}")
+    probe = QueuedJob(
+        0,
+        job_spec.priority,
+        time.time(),
+        Demand.of(job_spec.resources),
+        owner=owner,
+        max_runtime=job_spec.max_runtime,
+    )
+    decisions = svc.scheduler.plan(probe)
+    position = decisions.order.index(0) + 1
+    starts = dict(decisions.starts)
+    if 0 in starts:
+        placement = [p.to_dict() for p in starts[0]]
+        where = ", ".join(f"{p['node']} (GPUs {p['gpus'] or 'none'})" for p in placement)
+        return DryRunOut(
+            would_start=True,
+            placement=placement,
+            preempts=[],
+            position=position,
+            reason=f"would start now on {where}",
+        )
+    preempts = [p.victim for p in decisions.preemptions if p.for_job == 0]
+    return DryRunOut(
+        would_start=False,
+        placement=None,
+        preempts=preempts,
+        position=position,
+        reason=decisions.waiting[0],
+    )
+
+
+class PriorityIn(BaseModel):
+    priority: Priority
+
+
+@router.post("/jobs/{job_id}/priority", response_model=JobOut)
+def set_priority(job_id: int, body: PriorityIn, svc: Services = Depends(services)) -> JobOut:
+    job = svc.store.get_job(job_id)
+    if job.state is not JobState.QUEUED:
+        raise StoreError(f"job {job_id} is {job.state}; only a queued job's priority can change")
+    svc.store.update_job(
+        job_id, priority=body.priority, spec={**job.spec, "priority": body.priority}
+    )
+    svc.scheduler.wake()
+    return job_out(svc.store.get_job(job_id))
+
+
+class LimitsIn(BaseModel):
+    share: float | None = Field(None, gt=0, le=1e6, description="Fair-share weight (default 1)")
+    max_gpus: int | None = Field(None, ge=0, description="Concurrent GPU cap; null = default")
+    max_cpus: int | None = Field(None, ge=0, description="Concurrent CPU-core cap")
+
+
+class LimitsOut(BaseModel):
+    owner: str
+    share: float
+    max_gpus: int | None
+    max_cpus: int | None
+    usage: float = Field(description="Decayed fair-share usage, in cluster-seconds")
+
+
+class QuotasOut(BaseModel):
+    default_max_gpus: int | None
+    default_max_cpus: int | None
+    half_life_seconds: float
+    users: list[LimitsOut]
+
+
+@router.get("/quotas", response_model=QuotasOut)
+def quotas(svc: Services = Depends(services)) -> QuotasOut:
+    limits = svc.store.user_limits()
+    usage = svc.scheduler.usage.snapshot()
+    owners = sorted(set(limits) | set(usage))
+    cfg = svc.scheduler.config
+    return QuotasOut(
+        default_max_gpus=cfg.default_quota.gpus,
+        default_max_cpus=cfg.default_quota.cpus,
+        half_life_seconds=cfg.half_life,
+        users=[
+            LimitsOut(
+                owner=o,
+                share=limits[o].share if o in limits else 1.0,
+                max_gpus=limits[o].max_gpus if o in limits else None,
+                max_cpus=limits[o].max_cpus if o in limits else None,
+                usage=usage.get(o, 0.0),
+            )
+            for o in owners
+        ],
+    )
+
+
+@router.put("/quotas/{owner}", response_model=LimitsOut)
+def set_quota(owner: str, body: LimitsIn, svc: Services = Depends(services)) -> LimitsOut:
+    current = svc.store.user_limits().get(owner, UserLimits(owner))
+    fields = body.model_dump(exclude_unset=True)
+    limits = UserLimits(
+        owner,
+        share=fields.get("share") or current.share,
+        max_gpus=fields.get("max_gpus", current.max_gpus),
+        max_cpus=fields.get("max_cpus", current.max_cpus),
+    )
+    svc.store.set_user_limits(limits)
+    svc.scheduler.wake()
+    return LimitsOut(**limits.__dict__, usage=svc.scheduler.usage.snapshot().get(owner, 0.0))
+
+
+@router.delete("/quotas/{owner}", status_code=204)
+def clear_quota(owner: str, svc: Services = Depends(services)) -> None:
+    if not svc.store.delete_user_limits(owner):
+        raise NotFound(f"user {owner!r} has no limits set")
+    svc.scheduler.wake()
