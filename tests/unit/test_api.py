@@ -245,3 +245,34 @@ def test_declared_gpus_are_placed_concretely(tmp_path: Path) -> None:
             assert f"CVD={g[0]}" in log
         # the third waited until a GPU was free
         assert jobs[2]["started_at"] >= min(j["ended_at"] for j in jobs[:2]) - 0.5
+
+
+def test_scheduler_endpoints_refuse_bad_input(api: TestClient, tmp_path: Path) -> None:
+    resp = api.post("/api/v1/jobs/dry-run", data={"spec": "entrypoint: a\nresources: {x: 1}"})
+    assert resp.status_code == 422 and "unknown key 'resources.x'" in error_of(resp)["message"]
+    resp = api.post(
+        "/api/v1/jobs/dry-run", data={"spec": "entrypoint: a\nresources: {procs_per_node: 99}"}
+    )
+    assert resp.status_code == 422 and error_of(resp)["code"] == "unschedulable"
+    plan = api.post("/api/v1/jobs/dry-run", data={"spec": "entrypoint: a"}).json()
+    assert plan["would_start"] and plan["placement"][0]["cpus"] == 1
+    assert api.get("/api/v1/jobs", params={"all": "true"}).json()["jobs"] == []  # nothing made
+
+    resp = api.post("/api/v1/jobs/7/priority", json={"priority": "high"})
+    assert resp.status_code == 404
+    job = submit(api, "entrypoint: python train.py", workdir(tmp_path)).json()
+    resp = api.post(f"/api/v1/jobs/{job['id']}/priority", json={"priority": "top"})
+    assert resp.status_code == 422
+    wait_state(api, job["id"], {"COMPLETED"})
+    resp = api.post(f"/api/v1/jobs/{job['id']}/priority", json={"priority": "high"})
+    assert resp.status_code == 409 and "only a queued job" in error_of(resp)["message"]
+
+    for body in ({"max_gpus": -1}, {"share": 0}, {"max_cpus": "many"}):
+        resp = api.put("/api/v1/quotas/alice", json=body)
+        assert resp.status_code == 422, body
+    assert api.put("/api/v1/quotas/alice", json={"max_gpus": 2}).json()["max_gpus"] == 2
+    kept = api.put("/api/v1/quotas/alice", json={"share": 3}).json()
+    assert (kept["max_gpus"], kept["share"]) == (2, 3.0)
+    assert api.delete("/api/v1/quotas/alice").status_code == 204
+    assert api.delete("/api/v1/quotas/alice").status_code == 404
+    assert api.get("/api/v1/queue").json() == {"jobs": [], "preempting": []}

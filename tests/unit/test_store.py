@@ -138,3 +138,75 @@ def test_checkpoints(store: Store) -> None:
     assert [c.step for c in store.checkpoints(job_id)] == [20]
     assert len(store.checkpoints(job_id, include_deleted=True)) == 2
     assert a.metrics == {"val_loss": 0.5}
+
+
+def test_user_limits_and_usage(store: Store) -> None:
+    from trainhouse.store import UserLimits
+
+    assert store.user_limits() == {}
+    store.set_user_limits(UserLimits("ann", share=2.0, max_gpus=4))
+    store.set_user_limits(UserLimits("ann", share=3.0, max_gpus=None, max_cpus=8))
+    assert store.user_limits() == {"ann": UserLimits("ann", 3.0, None, 8)}
+    assert store.delete_user_limits("ann") and not store.delete_user_limits("ann")
+    assert store.usage() == ({}, None)
+    store.save_usage({"ann": 1.5, "bob": 0.25}, 100.0)
+    store.save_usage({"ann": 2.5}, 200.0)
+    assert store.usage() == ({"ann": 2.5}, 200.0)
+
+
+def test_last_checkpoint_times(store: Store) -> None:
+    a, b = new_job(store, "a"), new_job(store, "b")
+    store.add_checkpoint(a, attempt=1, step=1, path="x.pt", size=1, sha256="a" * 64)
+    times = store.last_checkpoint_times([a, b])
+    assert set(times) == {a} and times[a] > 0
+    assert store.last_checkpoint_times([]) == {}
+
+
+def test_preempt_flag_round_trips(store: Store) -> None:
+    job_id = new_job(store)
+    assert store.get_job(job_id).preempt_requested is False
+    store.update_job(job_id, preempt_requested=True)
+    assert store.get_job(job_id).preempt_requested is True
+
+
+def test_upgrading_an_old_schema_keeps_every_row(tmp_path: pytest.TempPathFactory) -> None:
+    """Regression: migration 0002 once rebuilt `jobs` on SQLite and cascade-deleted history."""
+    import sqlalchemy as sa
+
+    url = f"sqlite:///{tmp_path}/old.db"  # type: ignore[operator]
+    old = Store(url, migrate=False)
+    old.upgrade("0001")
+    with old.engine.begin() as conn:
+        conn.execute(
+            sa.text(
+                "INSERT INTO jobs (id, name, owner, state, priority, spec, archive_sha256, "
+                "created_at, attempts, restarts, cancel_requested, updated_at) "
+                "VALUES (1, 'j', 'ann', 'COMPLETED', 'normal', '{}', 'x', 0, 1, 0, 0, 0)"
+            )
+        )
+        conn.execute(sa.text("INSERT INTO attempts (job_id, number, started_at) VALUES (1,1,0)"))
+        conn.execute(sa.text("INSERT INTO events (job_id, at, to_state) VALUES (1, 0, 'QUEUED')"))
+        conn.execute(
+            sa.text(
+                "INSERT INTO metrics (job_id, attempt, rank, step, name, value, wall_time) "
+                "VALUES (1, 1, -1, 0, 'loss', 1.0, 0)"
+            )
+        )
+        conn.execute(
+            sa.text(
+                "INSERT INTO checkpoints (job_id, attempt, step, path, size, sha256, created_at, "
+                "deleted) VALUES (1, 1, 0, 'a.pt', 1, 'x', 0, 0)"
+            )
+        )
+    old.close()
+    store = Store(url)
+    try:
+        assert store.get_job(1).preempt_requested is False
+        assert len(store.attempts(1)) == 1
+        assert len(store.events(1)) == 1
+        assert store.metric_count(1) == 1
+        assert len(store.checkpoints(1)) == 1
+        with store.engine.connect() as conn:  # foreign keys are back on afterwards
+            assert conn.exec_driver_sql("PRAGMA foreign_keys").scalar() == 1
+    finally:
+        store.close()

@@ -277,6 +277,8 @@ def when_text(at: float, now: float) -> str:
     if at == INF:
         return "when running jobs end (they set no max_runtime, so when is unknown)"
     seconds = max(at - now, 0)
+    if seconds < 1:
+        return "as soon as the jobs stopping there have exited"
     if seconds < 90:
         return f"in about {seconds:.0f} s"
     if seconds < 5400:

@@ -99,12 +99,25 @@ class Store:
         cfg.set_main_option("sqlalchemy.url", self.url.replace("%", "%%"))
         return cfg
 
-    def upgrade(self) -> None:
-        """Apply every Alembic migration not yet applied (idempotent)."""
+    def upgrade(self, revision: str = "head") -> None:
+        """Apply every Alembic migration not yet applied (idempotent).
+
+        On SQLite, foreign keys are off while migrations run: a table rebuilt by a batch
+        migration must not cascade-delete the rows that point at it.
+        """
         cfg = self.alembic_config()
-        with self.engine.begin() as conn:
-            cfg.attributes["connection"] = conn
-            command.upgrade(cfg, "head")
+        with self.engine.connect() as conn:
+            if self.dialect == "sqlite":
+                conn.exec_driver_sql("PRAGMA foreign_keys=OFF")
+                conn.commit()
+            try:
+                with conn.begin():
+                    cfg.attributes["connection"] = conn
+                    command.upgrade(cfg, revision)
+            finally:
+                if self.dialect == "sqlite":
+                    conn.exec_driver_sql("PRAGMA foreign_keys=ON")
+                    conn.commit()
 
     def close(self) -> None:
         self.engine.dispose()

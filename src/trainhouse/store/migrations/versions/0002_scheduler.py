@@ -15,10 +15,12 @@ depends_on = None
 
 
 def upgrade() -> None:
-    with op.batch_alter_table("jobs") as batch:
-        batch.add_column(
-            sa.Column("preempt_requested", sa.Boolean, nullable=False, server_default=sa.false())
-        )
+    # a plain ADD COLUMN: a batch (copy-and-move) rebuild of `jobs` on SQLite would drop the
+    # old table, and with foreign keys on, cascade-delete every job's attempts and metrics
+    op.add_column(
+        "jobs",
+        sa.Column("preempt_requested", sa.Boolean, nullable=False, server_default=sa.false()),
+    )
     op.create_table(
         "user_limits",
         sa.Column("owner", sa.String(128), nullable=False),
