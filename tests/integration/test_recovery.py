@@ -14,7 +14,7 @@ import pytest
 
 from tests.conftest import marked_processes
 from tests.integration.conftest import REPO, Server, assert_clean_stop, free_port, start_server
-from tests.integration.test_training import LONG_SCRIPT, write_job
+from tests.integration.test_training import LONG_SCRIPT, STUBBORN_SCRIPT, write_job
 
 pytestmark = pytest.mark.integration
 
@@ -38,7 +38,7 @@ with trainhouse.init(total_steps=STEPS) as run:
 def test_max_runtime_stops_the_job(server: Server, tmp_path: Path) -> None:
     spec = write_job(
         tmp_path,
-        LONG_SCRIPT,
+        STUBBORN_SCRIPT,
         """
         name: limited
         entrypoint: python train.py
@@ -138,3 +138,41 @@ def test_stopped_server_requeues_its_jobs_and_leaves_no_process(tmp_path: Path) 
         assert start > 0 and (start - 1) % 5 == 0  # right after a checkpoint (every 5 steps)
     finally:
         assert_clean_stop(srv2)
+
+
+def test_polite_job_stops_itself_at_max_runtime(server: Server, tmp_path: Path) -> None:
+    spec = write_job(
+        tmp_path,
+        LONG_SCRIPT,
+        """
+        name: polite
+        entrypoint: python train.py
+        max_runtime: 3s
+        preemption_grace: 60
+    """,
+    )
+    job = server.cli_json("submit", str(spec), "--detach")
+    final = server.wait(job["id"], {"FAILED", "COMPLETED", "CANCELED"}, timeout=120)
+    assert final["state"] == "FAILED" and "max_runtime exceeded" in final["reason"]
+    # it was told through should_stop() and exited by itself, long before the 60 s grace
+    assert final["attempt_history"][0]["rank_exit_codes"] == {"0": 0}
+    assert "stopping at step" in server.cli("logs", str(job["id"])).stdout
+
+
+def test_cancel_kills_a_job_that_ignores_should_stop(tmp_path: Path) -> None:
+    srv = start_server(tmp_path / "home", "--cpus", "2", "--cancel-grace", "1")
+    try:
+        spec = write_job(tmp_path, STUBBORN_SCRIPT, "name: stubborn\nentrypoint: python train.py\n")
+        job = srv.cli_json("submit", str(spec), "--detach")
+        deadline = time.monotonic() + 120
+        with srv.client as c:
+            while (c.job(job["id"]).get("last_step") or 0) < 2:
+                assert time.monotonic() < deadline
+                time.sleep(0.2)
+        result = srv.cli("cancel", str(job["id"]))
+        assert result.returncode == 0 and "CANCELED" in result.stdout, result.stdout
+        attempt = srv.cli_json("show", str(job["id"]))["attempt_history"][0]
+        assert attempt["rank_exit_codes"]["0"] < 0  # ended by a signal
+        assert not marked_processes()
+    finally:
+        assert_clean_stop(srv)

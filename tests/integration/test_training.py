@@ -61,9 +61,23 @@ import trainhouse
 
 with trainhouse.init() as run:
     step = 0
-    while True:
+    while not run.should_stop():
         run.log({"loss": 1.0 / (step + 1)}, step=step)
         print(f"rank {run.rank} step {step}", flush=True)
+        step += 1
+        time.sleep(0.05)
+    print(f"rank {run.rank} stopping at step {step} as asked", flush=True)
+"""
+
+# a script that never asks whether to stop: trainhouse must end it all the same
+STUBBORN_SCRIPT = """
+import time
+import trainhouse
+
+with trainhouse.init() as run:
+    step = 0
+    while True:
+        run.log({"loss": 1.0 / (step + 1)}, step=step)
         step += 1
         time.sleep(0.05)
 """
@@ -107,6 +121,11 @@ def test_cancel_leaves_no_process(server: Server, tmp_path: Path) -> None:
     final = server.cli_json("show", str(job["id"]))
     assert final["state"] == "CANCELED"
     assert final["attempt_history"][0]["result"] == "canceled"
+    # should_stop() told every rank, and they exited cleanly at the same step
+    assert final["attempt_history"][0]["rank_exit_codes"] == {"0": 0, "1": 0}
+    logs = [server.cli("logs", str(job["id"]), "--rank", r).stdout for r in ("0", "1")]
+    steps = [int(text.split("stopping at step ")[1].split()[0]) for text in logs]
+    assert steps[0] == steps[1]
 
 
 RESUME_SCRIPT = """

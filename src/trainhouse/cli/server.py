@@ -74,6 +74,9 @@ def register(app: typer.Typer) -> None:
         quota_cpus: Annotated[
             int | None, typer.Option(help="Default cap on each user's concurrent CPU cores")
         ] = None,
+        cancel_grace: Annotated[
+            float, typer.Option(help="Seconds a canceled job gets to stop before SIGTERM")
+        ] = 10.0,
         fairshare_half_life: Annotated[
             str, typer.Option(help="Half-life of fair-share usage (e.g. 7d, 12h)")
         ] = "7d",
@@ -105,6 +108,7 @@ def register(app: typer.Typer) -> None:
         except ValueError as exc:
             render.fail(f"--fairshare-half-life {exc}", render.EXIT_BAD_INPUT)
         settings = Settings(
+            cancel_grace=cancel_grace,
             quota_gpus=quota_gpus,
             quota_cpus=quota_cpus,
             fairshare_half_life=half_life,

@@ -33,6 +33,7 @@ from trainhouse.scheduler.resources import Node
 log = logging.getLogger(__name__)
 
 MARKER_ENV = "TRAINHOUSE_RUN_MARKER"
+KILL_AFTER_TERM = 5.0  # seconds between SIGTERM and SIGKILL
 
 
 def find_marked(marker: str) -> list[psutil.Process]:
@@ -63,8 +64,9 @@ class _Attempt:
     marker: str
     log_file: object
     stop_reason: str | None = None
+    term_at: float | None = None  # when SIGTERM is (or was) due
+    term_sent: bool = False
     kill_at: float | None = None
-    terminated: bool = False
     started: float = field(default_factory=time.monotonic)
 
 
@@ -166,23 +168,32 @@ class LocalExecutor:
             return set(self._attempts)
 
     def stop(self, job_id: int, *, grace: float, reason: str, terminate: bool = True) -> None:
+        """End an attempt. ``terminate``: SIGTERM now, SIGKILL after ``grace``. Otherwise the
+        job is expected to notice (its ``should_stop()`` turns true) and exit by itself within
+        ``grace``; then SIGTERM, and SIGKILL a few seconds later."""
+        now = time.monotonic()
+        term_at = now if terminate else now + grace
+        kill_at = now + grace if terminate else now + grace + KILL_AFTER_TERM
         with self._lock:
             att = self._attempts.get(job_id)
             if att is None:
                 return
-            if att.stop_reason is not None and not (terminate and not att.terminated):
-                return
-            kill_at = time.monotonic() + grace
-            # a later, harsher stop (a cancel during a preemption) may shorten the deadline
-            att.kill_at = min(att.kill_at or kill_at, kill_at)
+            if att.term_at is not None and att.kill_at is not None:
+                if term_at >= att.term_at and kill_at >= att.kill_at:
+                    return  # already stopping at least this fast
+                term_at, kill_at = min(term_at, att.term_at), min(kill_at, att.kill_at)
             att.stop_reason = att.stop_reason or reason
-            att.terminated = att.terminated or terminate
-        log.info("stopping job %s (%s), SIGKILL in %.0fs", job_id, reason, grace)
-        if not terminate:
-            return
+            att.term_at, att.kill_at = term_at, kill_at
+            send_now = term_at <= now and not att.term_sent
+            att.term_sent = att.term_sent or send_now
+        log.info("stopping job %s (%s) within %.0f s", job_id, reason, grace)
+        if send_now:
+            self._signal(att, signal.SIGTERM)
+
+    def _signal(self, att: _Attempt, sig: int) -> None:
         with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(att.proc.pid, signal.SIGTERM)
-        signal_all(find_marked(att.marker), signal.SIGTERM)
+            os.killpg(att.proc.pid, sig)
+        signal_all(find_marked(att.marker), sig)
 
     def _reap(self, att: _Attempt, code: int) -> Exit:
         # the launcher is gone; no rank of the attempt may outlive it
@@ -214,12 +225,14 @@ class LocalExecutor:
         for job_id, att in items:
             code = att.proc.poll()
             if code is None:
+                if att.term_at is not None and not att.term_sent and now >= att.term_at:
+                    log.warning("job %s did not stop within its grace period: SIGTERM", job_id)
+                    att.term_sent = True
+                    self._signal(att, signal.SIGTERM)
                 if att.kill_at is not None and now >= att.kill_at:
-                    log.warning("job %s did not stop within its grace period: SIGKILL", job_id)
-                    with contextlib.suppress(ProcessLookupError, PermissionError):
-                        os.killpg(att.proc.pid, signal.SIGKILL)
-                    signal_all(find_marked(att.marker), signal.SIGKILL)
-                    att.kill_at = now + 5
+                    log.warning("job %s is still running after SIGTERM: SIGKILL", job_id)
+                    self._signal(att, signal.SIGKILL)
+                    att.kill_at = now + KILL_AFTER_TERM
                 continue
             with self._lock:
                 self._attempts.pop(job_id, None)

@@ -228,7 +228,10 @@ class SchedulerLoop:
             if job.id not in running:
                 continue
             if job.cancel_requested:
-                self.executor.stop(job.id, grace=self.cancel_grace, reason="canceled by request")
+                # should_stop() turns true; SIGTERM only if it has not exited within the grace
+                self.executor.stop(
+                    job.id, grace=self.cancel_grace, reason="canceled by request", terminate=False
+                )
                 continue
             limit = job.spec.get("max_runtime")
             started = self._attempt_started.get(job.id)
@@ -237,6 +240,7 @@ class SchedulerLoop:
                     job.id,
                     grace=float(job.spec.get("preemption_grace", 120)),
                     reason=f"max_runtime exceeded: ran longer than {int(limit)} s",
+                    terminate=False,
                 )
 
     # -- scheduling ------------------------------------------------------------------------

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import time
 from dataclasses import asdict
 
 from fastapi import APIRouter, Depends
@@ -42,10 +43,13 @@ def report(
         job_id, points, batch_id=body.batch_id, total_steps=body.total_steps
     )
     stop_reason = None
+    limit = job.spec.get("max_runtime")
     if job.cancel_requested:
         stop_reason = "canceled by request"
     elif job.preempt_requested:
         stop_reason = job.reason or "preempted"
+    elif limit and time.time() - svc.store.get_attempt(job.id, job.attempts).started_at > limit:
+        stop_reason = f"max_runtime exceeded: ran longer than {int(limit)} s"
     return ReportOut(accepted=accepted, stop=stop_reason is not None, stop_reason=stop_reason)
 
 
