@@ -58,12 +58,24 @@ class Client:
                 err = resp.json()["error"]
                 code, message = err["code"], err["message"]
             except (ValueError, KeyError, TypeError):
-                code, message = "http_error", resp.text[:500] or resp.reason_phrase
+                code = "http_error"
+                message = (
+                    f"{self.url} answered HTTP {resp.status_code} {resp.reason_phrase} without "
+                    "a trainhouse error; is it a trainhouse server (TRAINHOUSE_URL)?"
+                )
             raise ClientError(message, status=resp.status_code, code=code)
         return resp
 
     def _json(self, method: str, path: str, **kwargs: Any) -> Any:
-        return self._request(method, path, **kwargs).json()
+        resp = self._request(method, path, **kwargs)
+        try:
+            return resp.json()
+        except ValueError:
+            raise ClientError(
+                f"{self.url} did not answer with JSON; is it a trainhouse server (TRAINHOUSE_URL)?",
+                status=resp.status_code or 502,
+                code="not_trainhouse",
+            ) from None
 
     # -- server ----------------------------------------------------------------------------
     def health(self) -> dict[str, Any]:

@@ -212,6 +212,27 @@ class _Lines:
         return best
 
 
+def _first_duplicate_key(node: yaml.Node | None) -> tuple[str, int, int] | None:
+    """A key written twice in one mapping (YAML keeps the last silently): (key, line, line)."""
+    if isinstance(node, yaml.MappingNode):
+        seen: dict[str, int] = {}
+        for key, value in node.value:
+            if isinstance(key, yaml.ScalarNode):
+                line = key.start_mark.line + 1
+                if key.value in seen:
+                    return key.value, seen[key.value], line
+                seen[key.value] = line
+            found = _first_duplicate_key(value)
+            if found:
+                return found
+    elif isinstance(node, yaml.SequenceNode):
+        for item in node.value:
+            found = _first_duplicate_key(item)
+            if found:
+                return found
+    return None
+
+
 def _format_errors(exc: ValidationError, source: str, lines: _Lines, overridden: set[str]) -> str:
     messages = []
     for err in exc.errors():
@@ -229,7 +250,7 @@ def _format_errors(exc: ValidationError, source: str, lines: _Lines, overridden:
                 msg = f"{field} is required"
             else:
                 got = err.get("input")
-                show = "" if isinstance(got, dict | list) else f", got {got!r}"
+                show = "" if isinstance(got, dict | list) or "got " in text else f", got {got!r}"
                 msg = f"{field} {_lower_first(text)}{show}"
         where = f"{source}:{lines.line(loc)}" if lines.root is not None else source
         if field in overridden or any(t.startswith(f"{field}.") for t in overridden):
@@ -299,6 +320,10 @@ def parse_spec(text: str, *, source: str = "<spec>", overrides: list[str] | None
         where = f"{source}:{mark.line + 1}" if mark is not None else source
         problem = getattr(exc, "problem", None) or str(exc)
         raise SpecError(f"{where}: not valid YAML: {problem}") from None
+    duplicate = _first_duplicate_key(node)
+    if duplicate is not None:
+        key, first, second = duplicate
+        raise SpecError(f"{source}:{second}: key {key!r} is given twice (first on line {first})")
     if data is None:
         data = {}
     if not isinstance(data, dict):

@@ -142,3 +142,39 @@ def test_ps_and_show(server: Server, tmp_path: Path) -> None:
     assert server.cli_json("metrics", str(job["id"]))["series"] == []
     assert "no metrics yet" in server.cli("metrics", str(job["id"])).stdout
     assert "no checkpoints yet" in server.cli("checkpoints", str(job["id"])).stdout
+
+
+def test_a_url_that_is_not_trainhouse() -> None:
+    port = free_port()
+    web = subprocess.Popen(
+        [sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        cwd=REPO,
+    )
+    try:
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 30
+        while True:
+            result = run_cli("ps", url=url)
+            if "cannot reach" not in result.stderr or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        assert_clean_error(result, 2, "is it a trainhouse server")
+        assert "<html" not in result.stderr.lower()
+    finally:
+        web.terminate()
+        web.wait()
+
+
+def test_server_restarts_on_the_same_port_at_once(tmp_path: Path) -> None:
+    """Regression: a port left with TIME-WAIT connections was reported as in use."""
+    from tests.integration.conftest import Server, assert_clean_stop
+
+    port = free_port()
+    first = Server(tmp_path / "home", port, log=tmp_path / "first.log").start(timeout=60)
+    with first.client as c:
+        c.health()
+        assert_clean_stop(first)  # the server closes the open connection: TIME-WAIT on its side
+    second = Server(tmp_path / "home", port, log=tmp_path / "second.log").start(timeout=60)
+    assert_clean_stop(second)

@@ -223,6 +223,9 @@ def test_bad_query_values(api: TestClient, tmp_path: Path) -> None:
     job = submit(api, "entrypoint: python train.py", workdir(tmp_path)).json()
     resp = api.get(f"/api/v1/jobs/{job['id']}/logs", params={"rank": "../../etc/passwd"})
     assert resp.status_code == 422
+    resp = api.get(f"/api/v1/jobs/{job['id']}/logs", params={"rank": "5"})
+    assert resp.status_code == 404
+    assert error_of(resp)["message"] == f"job {job['id']} has ranks 0..0; there is no rank 5"
     wait_state(api, job["id"], {"COMPLETED", "FAILED"})
 
 

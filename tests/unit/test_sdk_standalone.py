@@ -66,10 +66,42 @@ def test_load_never_unpickles_arbitrary_objects(standalone: Path) -> None:
             return (os.system, ("echo pwned > pwned.txt",))
 
     with trainhouse.init() as run:
-        run.checkpoint.save({"evil": Evil()}, step=3)
-        with pytest.raises(CheckpointError, match="only tensors"):
-            run.checkpoint.load()
+        # refused when saved, not when a restart needs it
+        with pytest.raises(CheckpointError, match="cannot load safely"):
+            run.checkpoint.save({"evil": Evil()}, step=3)
+        assert run.checkpoint.load() is None
+        assert not list((standalone / "checkpoints").glob("*"))
+    # a file written by someone else is still never unpickled
+    torch.save({"evil": Evil()}, standalone / "checkpoints" / "step-000000004.pt")
+    with trainhouse.init() as run, pytest.raises(CheckpointError, match="only tensors"):
+        run.checkpoint.load()
     assert not (standalone / "pwned.txt").exists()
+
+
+def test_load_checkpoint_helper_reads_a_saved_file(standalone: Path) -> None:
+    import numpy as np
+
+    from trainhouse.sdk import load_checkpoint
+
+    with trainhouse.init() as run:
+        run.checkpoint.save({"rng": np.random.get_state(), "w": torch.ones(2)}, step=5)
+    state = load_checkpoint(standalone / "checkpoints" / "step-000000005.pt")
+    assert torch.equal(state["w"], torch.ones(2))
+
+
+def test_log_values(standalone: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import numpy as np
+
+    with trainhouse.init() as run:
+        w = torch.ones(1, requires_grad=True)
+        run.log({"t": (w * 2).sum(), "np": np.float32(0.5), "i": 3}, step=0)
+        with pytest.raises(TypeError, match="metric 'name' must be a number, got str 'abc'"):
+            run.log({"name": "abc"}, step=1)
+        for step in range(2, 50):
+            run.log({"loss": 1.0 / step}, step=step)
+    out = capsys.readouterr().out
+    assert "step 0: t=2 np=0.5 i=3" in out
+    assert "step 49: loss=0.02041" in out  # the final values are always shown
 
 
 def test_negative_step_refused(standalone: Path) -> None:
@@ -106,9 +138,8 @@ def test_numpy_state_loads_but_object_arrays_do_not(standalone: Path) -> None:
         assert np.array_equal(state["np_rng"][1], np.random.get_state()[1])
         assert state["py_rng"] == random.getstate()
         assert state["scalar"] == 0.5
-        run.checkpoint.save({"objs": np.array([object()], dtype=object)}, step=2)
-        with pytest.raises(CheckpointError, match="cannot load checkpoint"):
-            run.checkpoint.load()
+        with pytest.raises(CheckpointError, match="cannot load safely"):
+            run.checkpoint.save({"objs": np.array([object()], dtype=object)}, step=2)
 
 
 def test_checkpoint_copied_without_its_record_still_loads(standalone: Path) -> None:

@@ -176,3 +176,17 @@ def test_schema_is_json_and_complete() -> None:
         "checkpoints",
     }
     assert schema["additionalProperties"] is False
+
+
+def test_duplicate_keys_are_refused() -> None:
+    text = "name: a\nentrypoint: python t.py\nresources:\n  nodes: 1\n  nodes: 2\n"
+    with pytest.raises(
+        SpecError, match=r"s.yaml:5: key 'nodes' is given twice \(first on line 4\)"
+    ):
+        parse_spec(text, source="s.yaml")
+
+
+def test_value_is_named_once() -> None:
+    with pytest.raises(SpecError) as err:
+        parse_spec("entrypoint: a\nmax_runtime: 6 hours")
+    assert str(err.value).count("got '6 hours'") == 1

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
-from trainhouse.cli.app import app
+import sys
 
 
 def main() -> None:
-    app()
+    try:
+        from trainhouse.cli.app import app
 
-
-__all__ = ["app", "main"]
+        app()
+    except KeyboardInterrupt:
+        sys.stderr.write("interrupted\n")
+        sys.exit(130)

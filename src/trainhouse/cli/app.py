@@ -277,6 +277,11 @@ def show(
                 (a["reason"] or "").splitlines()[0] if a["reason"] else "",
             )
         console.print(att, highlight=False)
+        for a in job["attempt_history"]:
+            lines = (a["reason"] or "").splitlines()
+            if a["result"] == "failed" and len(lines) > 1:
+                console.print(f"[bold]attempt {a['number']}:[/] ", end="")
+                console.print("\n".join(lines), highlight=False, markup=False)
 
 
 # -- cancel ----------------------------------------------------------------------------------

@@ -20,6 +20,8 @@ from trainhouse.spec import parse_duration
 
 def port_free(host: str, port: int) -> bool:
     with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as sock:
+        # as uvicorn does: a port whose last server left only TIME-WAIT sockets is free
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind((host, port))
         except OSError:

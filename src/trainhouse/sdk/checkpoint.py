@@ -40,12 +40,39 @@ def _numpy_safe_globals() -> list[Any]:
     ]
 
 
-def safe_load(path: Path) -> Any:
-    """``torch.load(weights_only=True)``, also accepting plain numpy arrays (RNG states)."""
+def _global_name(obj: Any) -> str:
+    return f"{obj.__module__}.{obj.__qualname__}"
+
+
+def load_checkpoint(path: str | Path) -> Any:
+    """Load a checkpoint file written by ``run.checkpoint.save``, outside a run too.
+
+    ``torch.load(weights_only=True)`` that also accepts plain numpy arrays and scalars (RNG
+    states); it never unpickles arbitrary objects.
+    """
     import torch
 
     with torch.serialization.safe_globals(_numpy_safe_globals()):
-        return torch.load(path, map_location="cpu", weights_only=True)
+        return torch.load(Path(path), map_location="cpu", weights_only=True)
+
+
+safe_load = load_checkpoint
+
+
+def refuse_unloadable(path: Path) -> None:
+    """Raise if ``load_checkpoint`` could not read ``path`` back (checked before it is kept)."""
+    import torch
+
+    allowed = {_global_name(g) for g in _numpy_safe_globals()}
+    unsafe = [
+        g for g in torch.serialization.get_unsafe_globals_in_checkpoint(path) if g not in allowed
+    ]
+    if unsafe:
+        raise CheckpointError(
+            f"the state holds objects a checkpoint cannot load safely: {', '.join(unsafe)}; "
+            "save tensors, numpy arrays, numbers, strings and containers of them "
+            "(state_dict()s, not modules or custom classes)"
+        )
 
 
 _FILE = re.compile(r"^step-(\d+)\.pt$")
@@ -94,6 +121,7 @@ class Checkpointer:
         tmp = self.directory / f".{name}.tmp-{os.getpid()}"
         try:
             torch.save(state, tmp)
+            refuse_unloadable(tmp)
             digest = sha256_file(tmp)
             size = tmp.stat().st_size
             publish(tmp, final)

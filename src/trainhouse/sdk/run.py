@@ -31,6 +31,20 @@ log = logging.getLogger("trainhouse")
 STOP_SYNC_SECONDS = 0.5
 
 
+def _number(name: object, value: Any) -> float:
+    """A metric value as a float: numbers, numpy scalars and one-element tensors."""
+    if hasattr(value, "item") and callable(value.item):
+        value = value.detach().item() if hasattr(value, "detach") else value.item()
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        try:
+            return float(value)
+        except (TypeError, ValueError):
+            raise TypeError(
+                f"metric {name!r} must be a number, got {type(value).__name__} {value!r}"
+            ) from None
+    return float(value)
+
+
 def _env_int(name: str, default: int) -> int:
     try:
         return int(os.environ.get(name, default))
@@ -68,6 +82,8 @@ class Run:
         self._synced_at = 0
         self._last_sync = time.monotonic()
         self._last_print = 0.0
+        self._printed_step: int | None = None
+        self._last_values: tuple[int, list[tuple[str, float | None]]] | None = None
         self.device = self._setup_device()
         self._setup_distributed(backend)
         self._api: JobAPI | None = None
@@ -155,12 +171,11 @@ class Run:
         if not self.is_main and not all_ranks:
             return
         now = time.time()
-        values = [(str(k), finite_or_none(float(v))) for k, v in metrics.items()]
+        values = [(str(k), finite_or_none(_number(k, v))) for k, v in metrics.items()]
+        self._last_values = (step, values)
         if self.standalone:
-            if (self.is_main and now - self._last_print >= 1.0) or step == 0:
-                self._last_print = now
-                shown = " ".join(f"{k}={v:.4g}" if v is not None else f"{k}=nan" for k, v in values)
-                print(f"[trainhouse] step {step}: {shown}", flush=True)
+            if self.is_main and (now - self._last_print >= 1.0 or step == 0):
+                self._print(step, values)
             return
         points: list[Point] = []
         if self.is_main:
@@ -171,6 +186,12 @@ class Run:
                 self._reporter = Reporter(self._api, self.attempt)
         if self._reporter is not None:
             self._reporter.add(points)
+
+    def _print(self, step: int, values: list[tuple[str, float | None]]) -> None:
+        self._last_print = time.time()
+        self._printed_step = step
+        shown = " ".join(f"{k}={v:.4g}" if v is not None else f"{k}=nan" for k, v in values)
+        print(f"[trainhouse] step {step}: {shown}", flush=True)
 
     # -- stopping --------------------------------------------------------------------------
     def _local_stop(self) -> bool:
@@ -214,6 +235,10 @@ class Run:
             return
         self._closed = True
         atexit.unregister(self.finish)
+        if self.standalone and self.is_main and self._last_values is not None:
+            step, values = self._last_values
+            if step != self._printed_step:  # the console always shows the final values
+                self._print(step, values)
         if self._reporter is not None:
             self._reporter.close()
         if self._api is not None:

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Self
 
 from trainhouse.client import Client
 from trainhouse.errors import ServerUnreachable, TrainhouseError
@@ -41,7 +42,7 @@ class ServerProcess:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def start(self, *, timeout: float = 120) -> ServerProcess:
+    def start(self, *, timeout: float = 120) -> Self:
         self.home.mkdir(parents=True, exist_ok=True)
         with self.log.open("ab") as fh:
             self.proc = subprocess.Popen(

@@ -10,7 +10,7 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, File, Form, Query, UploadFile
 from fastapi.responses import PlainTextResponse
 
-from trainhouse.errors import ArchiveError, ResourceError, StoreError
+from trainhouse.errors import ArchiveError, NotFound, ResourceError, StoreError
 from trainhouse.scheduler.lifecycle import JobState
 from trainhouse.scheduler.resources import never_fits
 from trainhouse.server.deps import Services, services
@@ -160,6 +160,10 @@ def logs(
 ) -> PlainTextResponse:
     """A rank's log as text; the ``X-Log-Offset`` header is where to continue reading."""
     job = svc.store.get_job(job_id)
+    res = job.spec.get("resources") or {}
+    world = int(res.get("nodes", 1)) * int(res.get("procs_per_node") or 1)
+    if rank != "launcher" and int(rank) >= world:
+        raise NotFound(f"job {job_id} has ranks 0..{world - 1}; there is no rank {rank}")
     files = svc.files(job_id)
     data, nxt = files.read_log(rank, offset=offset, tail=tail)
     return PlainTextResponse(
