@@ -35,15 +35,22 @@ with trainhouse.init(total_steps=STEPS) as run:
 """
 
 
-def test_max_runtime_stops_the_job(server: Server, tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("script", "grace", "polite"),
+    [(STUBBORN_SCRIPT, 2, False), (LONG_SCRIPT, 60, True)],
+    ids=["ignores-should-stop", "obeys-should-stop"],
+)
+def test_max_runtime_stops_the_job(
+    server: Server, tmp_path: Path, script: str, grace: int, polite: bool
+) -> None:
     spec = write_job(
         tmp_path,
-        STUBBORN_SCRIPT,
-        """
+        script,
+        f"""
         name: limited
         entrypoint: python train.py
         max_runtime: 3s
-        preemption_grace: 2
+        preemption_grace: {grace}
     """,
     )
     job = server.cli_json("submit", str(spec), "--detach")
@@ -51,6 +58,12 @@ def test_max_runtime_stops_the_job(server: Server, tmp_path: Path) -> None:
     assert final["state"] == "FAILED"
     assert "max_runtime exceeded" in final["reason"]
     assert not marked_processes()
+    code = final["attempt_history"][0]["rank_exit_codes"].get("0")
+    if polite:  # told through should_stop(), it exited by itself long before the 60 s grace
+        assert code == 0
+        assert "stopping at step" in server.cli("logs", str(job["id"])).stdout
+    else:  # SIGTERM after the 2 s grace (None: it was still starting up)
+        assert code is None or code < 0
 
 
 def test_killed_server_requeues_and_resumes(tmp_path: Path) -> None:
@@ -138,25 +151,6 @@ def test_stopped_server_requeues_its_jobs_and_leaves_no_process(tmp_path: Path) 
         assert start > 0 and (start - 1) % 5 == 0  # right after a checkpoint (every 5 steps)
     finally:
         assert_clean_stop(srv2)
-
-
-def test_polite_job_stops_itself_at_max_runtime(server: Server, tmp_path: Path) -> None:
-    spec = write_job(
-        tmp_path,
-        LONG_SCRIPT,
-        """
-        name: polite
-        entrypoint: python train.py
-        max_runtime: 3s
-        preemption_grace: 60
-    """,
-    )
-    job = server.cli_json("submit", str(spec), "--detach")
-    final = server.wait(job["id"], {"FAILED", "COMPLETED", "CANCELED"}, timeout=120)
-    assert final["state"] == "FAILED" and "max_runtime exceeded" in final["reason"]
-    # it was told through should_stop() and exited by itself, long before the 60 s grace
-    assert final["attempt_history"][0]["rank_exit_codes"] == {"0": 0}
-    assert "stopping at step" in server.cli("logs", str(job["id"])).stdout
 
 
 def test_cancel_kills_a_job_that_ignores_should_stop(tmp_path: Path) -> None:

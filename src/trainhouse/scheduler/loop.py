@@ -41,6 +41,7 @@ log = logging.getLogger(__name__)
 
 
 USAGE_SAVE_SECONDS = 5.0
+REASON_WRITES_PER_TICK = 200
 
 
 @dataclass(frozen=True)
@@ -79,6 +80,7 @@ class SchedulerLoop:
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
         self._reasons: dict[int, str] = {}
+        self.waiting: dict[int, str] = {}  # queued job id -> why it waits, as of the last tick
         self._attempt_started: dict[int, float] = {}
         self.config = config or SchedulerConfig()
         values, saved_at = store.usage()
@@ -341,10 +343,17 @@ class SchedulerLoop:
                 self.usage.charge_start(job.owner, cost_rate(demand, total_gpus, total_cpus))
         for pre in decisions.preemptions:
             self._preempt(pre.victim, pre.reason)
+        self.waiting = decisions.waiting
+        # the store keeps each waiting job's reason too, but a queue of thousands shifts its
+        # positions at every start: write only reasons that changed beyond the position,
+        # a bounded number per tick (readers take the live ones from `waiting`)
+        written = 0
         for job_id, reason in decisions.waiting.items():
-            if self._reasons.get(job_id) != reason:
-                self._reasons[job_id] = reason
+            gist = reason.split(": ", 1)[-1]
+            if self._reasons.get(job_id) != gist and written < REASON_WRITES_PER_TICK:
+                self._reasons[job_id] = gist
                 self.store.update_job(job_id, reason=reason)
+                written += 1
 
     def _preempt(self, job_id: int, reason: str) -> None:
         job = self.store.get_job(job_id)

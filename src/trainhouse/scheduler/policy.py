@@ -36,8 +36,11 @@ INF = math.inf
 DEFAULT_EXPECTED_RUNTIME = 3600.0
 
 
+_TIER_RANK = {tier: rank for rank, tier in enumerate(PRIORITY_TIERS)}
+
+
 def tier_rank(priority: str) -> int:
-    return PRIORITY_TIERS.index(priority)
+    return _TIER_RANK[priority]
 
 
 @dataclass(frozen=True)
@@ -314,6 +317,17 @@ def decide(snapshot: Snapshot) -> Decisions:
         used[r.owner][1] += r.gpus
     reservation: Reservation | None = None
     waiting_by_tier: dict[int, int] = defaultdict(int)
+    # free capacity only changes when a job starts: until then, reuse what was worked out
+    # for a job of the same shape (thousands of waiting jobs come in a handful of shapes)
+    placements: dict[tuple[int, int, int], list[Free] | None] = {}
+    blocks: dict[bool, str] = {}
+
+    def block(d: Demand) -> str:
+        key = d.gpus > 0
+        if key not in blocks:
+            blocks[key] = largest_block(free, d)
+        return blocks[key]
+
     for position, job in enumerate(ordered, start=1):
         d = job.demand
         tier = tier_rank(job.priority)
@@ -323,12 +337,17 @@ def decide(snapshot: Snapshot) -> Decisions:
         if blocked:
             decisions.waiting[job.id] = f"{where}: {blocked}"
             continue
-        nodes = place(free, d)
+        shape = (d.nodes, d.cpus, d.gpus)
+        if shape not in placements:
+            placements[shape] = place(free, d)
+        nodes = placements[shape]
         end = now + job.max_runtime if job.max_runtime else INF
         if nodes is not None and (reservation is None or not reservation.delays(d, nodes, end)):
             if reservation is not None:
                 reservation.consume(d, nodes, end)
             decisions.starts.append((job.id, tuple(f.take(d) for f in nodes)))
+            placements.clear()
+            blocks.clear()
             used[job.owner][0] += d.nodes * d.cpus
             used[job.owner][1] += d.nodes * d.gpus
             continue
@@ -345,7 +364,7 @@ def decide(snapshot: Snapshot) -> Decisions:
                 )
             else:
                 decisions.waiting[job.id] = (
-                    f"{where}: needs {need_text(d)}; {largest_block(free, d)}; job {head.id} "
+                    f"{where}: needs {need_text(d)}; {block(d)}; job {head.id} "
                     f"is reserved to start first{ahead}"
                 )
             continue
@@ -381,7 +400,7 @@ def decide(snapshot: Snapshot) -> Decisions:
         reservation = reserve(job, free, running, now)
         target = ", ".join(sorted(reservation.spare)) or "no node"
         decisions.waiting[job.id] = (
-            f"{where}: needs {need_text(d)}; {largest_block(free, d)}; reserved to start on "
+            f"{where}: needs {need_text(d)}; {block(d)}; reserved to start on "
             f"{target} {when_text(reservation.at, now)}{note}"
         )
     return decisions

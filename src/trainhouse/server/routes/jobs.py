@@ -26,7 +26,7 @@ from trainhouse.server.schemas import (
     MetricsOut,
     SeriesOut,
 )
-from trainhouse.spec import parse_spec
+from trainhouse.spec import JobSpec, parse_spec
 from trainhouse.store import Job
 from trainhouse.workdir import human_size, list_members
 
@@ -38,8 +38,20 @@ class UploadTooLarge(ArchiveError):
     code = "too_large"
 
 
-def job_out(job: Job) -> JobOut:
-    return JobOut(**job.public())
+def job_out(job: Job, svc: Services | None = None) -> JobOut:
+    data = job.public()
+    if svc is not None and job.state is JobState.QUEUED:
+        data["reason"] = svc.scheduler.waiting.get(job.id, job.reason)  # the live reason
+    return JobOut(**data)
+
+
+def schedulable_spec(text: str, svc: Services) -> JobSpec:
+    """Parse a submitted spec and refuse a job that could never run on this server."""
+    job_spec = parse_spec(text, source="spec")
+    reason = never_fits(svc.scheduler.executor.nodes(), job_spec.resources)
+    if reason:
+        raise ResourceError(f"job can never run on this server: {reason}")
+    return job_spec
 
 
 @router.post("/jobs", response_model=JobOut, status_code=201)
@@ -49,10 +61,7 @@ def submit(
     owner: Annotated[str, Form(max_length=128)] = "anonymous",
     svc: Services = Depends(services),
 ) -> JobOut:
-    job_spec = parse_spec(spec, source="spec")
-    reason = never_fits(svc.scheduler.executor.nodes(), job_spec.resources)
-    if reason:
-        raise ResourceError(f"job can never run on this server: {reason}")
+    job_spec = schedulable_spec(spec, svc)
     try:
         digest, _size = svc.blobs.put(workdir.file, svc.settings.max_upload_bytes)
     except ValueError:
@@ -90,7 +99,9 @@ def list_jobs(
     states: list[JobState] | None = state
     if states is None and not all:
         states = [s for s in JobState if not s.terminal]
-    return JobListOut(jobs=[job_out(j) for j in svc.store.list_jobs(states=states, limit=limit)])
+    return JobListOut(
+        jobs=[job_out(j, svc) for j in svc.store.list_jobs(states=states, limit=limit)]
+    )
 
 
 @router.get("/jobs/{job_id}", response_model=JobDetailOut)
@@ -98,7 +109,7 @@ def show(job_id: int, svc: Services = Depends(services)) -> JobDetailOut:
     job = svc.store.get_job(job_id)
     files = svc.files(job_id)
     return JobDetailOut(
-        **job.public(),
+        **job_out(job, svc).model_dump(),
         attempt_history=[
             AttemptOut(**{k: v for k, v in asdict(a).items() if k in AttemptOut.model_fields})
             for a in svc.store.attempts(job_id)

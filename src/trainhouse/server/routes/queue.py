@@ -8,14 +8,14 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, Form
 from pydantic import BaseModel, Field
 
-from trainhouse.errors import NotFound, ResourceError, StoreError
+from trainhouse.errors import NotFound, StoreError
 from trainhouse.scheduler.lifecycle import JobState
 from trainhouse.scheduler.policy import QueuedJob
-from trainhouse.scheduler.resources import Demand, never_fits
+from trainhouse.scheduler.resources import Demand
 from trainhouse.server.deps import Services, services
-from trainhouse.server.routes.jobs import job_out
+from trainhouse.server.routes.jobs import job_out, schedulable_spec
 from trainhouse.server.schemas import JobOut
-from trainhouse.spec import Priority, parse_spec
+from trainhouse.spec import Priority
 from trainhouse.store import UserLimits
 
 router = APIRouter(tags=["scheduler"])
@@ -83,10 +83,7 @@ def dry_run(
     svc: Services = Depends(services),
 ) -> DryRunOut:
     """Where a job would run right now, or why it would wait; nothing is submitted."""
-    job_spec = parse_spec(spec, source="spec")
-    reason = never_fits(svc.scheduler.executor.nodes(), job_spec.resources)
-    if reason:
-        raise ResourceError(f"job can never run on this server: {reason}")
+    job_spec = schedulable_spec(spec, svc)
     probe = QueuedJob(
         0,
         job_spec.priority,
