@@ -51,6 +51,7 @@ class Reporter:
         self._kick = threading.Event()
         self._closed = threading.Event()
         self._last_sent = 0.0
+        self._failing = False
         self._total_sent: int | None = None
         self._thread = threading.Thread(target=self._loop, name="trainhouse-metrics", daemon=True)
         self._thread.start()
@@ -71,7 +72,13 @@ class Reporter:
             try:
                 self.flush()
             except ClientError as exc:
-                log.warning("trainhouse: metrics not sent yet (%s); will retry", exc)
+                if not self._failing:  # once per outage, not once a second
+                    log.warning("trainhouse: metrics not sent yet (%s); retrying", exc)
+                self._failing = True
+            else:
+                if self._failing:
+                    log.warning("trainhouse: the server answers again; buffered metrics sent")
+                self._failing = False
 
     def flush(self, *, retry_for: float = 0.0) -> None:
         """Send everything buffered (and a heartbeat when due)."""

@@ -1,0 +1,91 @@
+"""The SDK's metric buffer against a fake server (httpx.MockTransport): batching, retries."""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from typing import Any
+
+import httpx
+import pytest
+
+from trainhouse.sdk.metrics import Reporter
+from trainhouse.sdk.transport import JobAPI
+
+
+class FakeServer:
+    def __init__(self) -> None:
+        self.requests: list[dict[str, Any]] = []
+        self.refused: list[str] = []  # batch ids tried while down
+        self.down = False
+        self.stop = False
+        self.lock = threading.Lock()
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        body = json.loads(request.content)
+        if self.down:
+            self.refused.append(body["batch_id"])
+            raise httpx.ConnectError("connection refused", request=request)
+        with self.lock:
+            self.requests.append(body)
+        assert request.headers["Authorization"] == "Bearer tok"
+        return httpx.Response(
+            200,
+            json={
+                "accepted": len(body["points"]),
+                "stop": self.stop,
+                "stop_reason": "preempted" if self.stop else None,
+            },
+        )
+
+
+def reporter(server: FakeServer, **kw: Any) -> Reporter:
+    api = JobAPI("http://server", 7, "tok")
+    api._http = httpx.Client(
+        base_url="http://server/api/v1/jobs/7",
+        headers={"Authorization": "Bearer tok"},
+        transport=httpx.MockTransport(server),
+    )
+    return Reporter(api, attempt=1, **kw)
+
+
+def test_one_request_per_flush_never_one_per_point() -> None:
+    server = FakeServer()
+    rep = reporter(server, interval=3600)
+    rep.add([(s, "loss", 1.0 / (s + 1), None, 0.0) for s in range(5000)])
+    rep.flush()
+    assert len(server.requests) == 1 and len(server.requests[0]["points"]) == 5000
+    rep.close()
+    assert len(server.requests) == 1  # nothing left to send, no heartbeat due
+    rep.api.close()
+
+
+def test_failed_batches_are_retried_with_the_same_id(caplog: pytest.LogCaptureFixture) -> None:
+    server = FakeServer()
+    rep = reporter(server, interval=0.05)
+    server.down = True
+    rep.add([(0, "loss", 1.0, None, 0.0)])
+    with caplog.at_level(logging.WARNING, logger="trainhouse"):
+        threading.Event().wait(0.5)  # several failed flushes
+        rep.add([(1, "loss", 0.5, None, 0.0)])
+        server.down = False
+        rep.close()
+    warnings = [r.message for r in caplog.records if "not sent yet" in r.message]
+    assert len(warnings) == 1  # once per outage
+    ids = [r["batch_id"] for r in server.requests]
+    steps = sorted(p[0] for r in server.requests for p in r["points"])
+    assert steps == [0, 1]  # nothing lost, nothing twice
+    assert len(set(server.refused)) == 1  # every retry of the batch kept its id ...
+    assert ids[0] == server.refused[0]  # ... so the server can drop a duplicate
+    rep.api.close()
+
+
+def test_stop_request_reaches_the_run() -> None:
+    server = FakeServer()
+    server.stop = True
+    rep = reporter(server, interval=3600, heartbeat=0)
+    rep.flush()
+    assert rep.stop_requested.is_set() and rep.stop_reason == "preempted"
+    rep.close()
+    rep.api.close()
