@@ -8,6 +8,7 @@ overrides any field by dotted path before validation. The JSON Schema is publish
 from __future__ import annotations
 
 import json
+import math
 import re
 import shlex
 from pathlib import Path
@@ -45,6 +46,8 @@ def parse_duration(value: str | int | float) -> int:
         raise ValueError(f"must be a duration such as 90s, 30m or 6h, got {value!r}")
     if isinstance(value, int | float):
         seconds = float(value)
+        if not math.isfinite(seconds):
+            raise ValueError(f"must be a finite duration, got {value!r}")
     else:
         match = _DURATION.match(value)
         if not match:
@@ -184,6 +187,20 @@ class JobSpec(_Strict):
 # YAML loading with line numbers
 
 
+class _SpecLoader(yaml.SafeLoader):
+    """Safe YAML without aliases: a job spec needs none, and nested aliases can expand a few
+    hundred bytes into gigabytes."""
+
+    def compose_node(self, parent: yaml.Node | None, index: int) -> yaml.Node | None:
+        if self.check_event(yaml.AliasEvent):
+            event = self.peek_event()  # type: ignore[no-untyped-call]
+            raise yaml.composer.ComposerError(
+                None, None, "aliases (*name) are not allowed in a job spec", event.start_mark
+            )
+        node: yaml.Node | None = super().compose_node(parent, index)
+        return node
+
+
 class _Lines:
     """Maps a path of keys in a YAML document to the line it was written on."""
 
@@ -313,8 +330,8 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> set[str]:
 def parse_spec(text: str, *, source: str = "<spec>", overrides: list[str] | None = None) -> JobSpec:
     """Parse and validate YAML (or JSON) text into a JobSpec, or raise SpecError."""
     try:
-        node = yaml.compose(text)
-        data = yaml.safe_load(text)
+        node = yaml.compose(text, Loader=_SpecLoader)
+        data = yaml.load(text, Loader=_SpecLoader)  # a SafeLoader: plain data only
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"{source}:{mark.line + 1}" if mark is not None else source

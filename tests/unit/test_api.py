@@ -279,3 +279,31 @@ def test_scheduler_endpoints_refuse_bad_input(api: TestClient, tmp_path: Path) -
     assert api.delete("/api/v1/quotas/alice").status_code == 204
     assert api.delete("/api/v1/quotas/alice").status_code == 404
     assert api.get("/api/v1/queue").json() == {"jobs": [], "preempting": []}
+
+
+def test_report_bounds_and_checkpoint_paths(api: TestClient, tmp_path: Path) -> None:
+    """Regression: oversized names and steps were 500s that blocked a job's reporting, and
+    './x.pt' and 'x.pt' were two records for one file."""
+    job = submit(api, "entrypoint: python train.py", workdir(tmp_path)).json()
+    wait_state(api, job["id"], {"COMPLETED"})
+    services = api.app.state.services  # type: ignore[attr-defined]
+    services.store.update_job(job["id"], token_hash=hash_token("known"))
+    auth = {"Authorization": "Bearer known"}
+    url = f"/api/v1/jobs/{job['id']}"
+    for point in (
+        [0, "x" * 257, 1.0, None, 0.0],
+        [2**63, "loss", 1.0, None, 0.0],
+        [0, "loss", 1.0, -3, 0.0],
+    ):
+        body = {"batch_id": "b", "attempt": 1, "points": [point]}
+        assert api.post(f"{url}/report", json=body, headers=auth).status_code == 422
+    ckpt_dir = Path(api.get(f"{url}/checkpoints").json()["directory"])
+    (ckpt_dir / "x.pt").write_bytes(b"abc")
+    for path in ("./x.pt", "x.pt"):
+        body = {"attempt": 1, "step": 1, "path": path, "size": 3, "sha256": "0" * 64}
+        resp = api.post(f"{url}/checkpoints", json=body, headers=auth)
+        assert resp.status_code == 201 and resp.json()["path"] == "x.pt"
+    assert len(api.get(f"{url}/checkpoints").json()["checkpoints"]) == 1
+    body = {"attempt": 1, "step": 1, "path": "../../x.pt", "size": 3, "sha256": "0" * 64}
+    resp = api.post(f"{url}/checkpoints", json=body, headers=auth)
+    assert resp.status_code == 422 and "outside the job's directory" in error_of(resp)["message"]

@@ -89,3 +89,27 @@ def test_stop_request_reaches_the_run() -> None:
     assert rep.stop_requested.is_set() and rep.stop_reason == "preempted"
     rep.close()
     rep.api.close()
+
+
+def test_a_batch_the_server_always_fails_on_is_dropped(caplog: pytest.LogCaptureFixture) -> None:
+    """Regression: one poisoned batch blocked every later metric and every stop request."""
+    calls: list[int] = []
+
+    def broken(request: httpx.Request) -> httpx.Response:
+        calls.append(1)
+        body = json.loads(request.content)
+        if any(p[1] == "poison" for p in body["points"]):
+            return httpx.Response(500, json={"error": {"code": "internal", "message": "boom"}})
+        return httpx.Response(200, json={"accepted": len(body["points"]), "stop": True})
+
+    api = JobAPI("http://server", 7, "tok")
+    api._http = httpx.Client(
+        base_url="http://server/api/v1/jobs/7", transport=httpx.MockTransport(broken)
+    )
+    rep = Reporter(api, attempt=1, interval=0.01)
+    rep.add([(0, "poison", 1.0, None, 0.0)])
+    with caplog.at_level(logging.ERROR, logger="trainhouse"):
+        assert rep.stop_requested.wait(10), "the stop request never got through"
+    rep.close()
+    api.close()
+    assert any("refused 1 metric points" in r.message for r in caplog.records)

@@ -148,3 +148,12 @@ def test_checkpoint_copied_without_its_record_still_loads(standalone: Path) -> N
     with trainhouse.init() as run:
         state = run.checkpoint.load()
     assert state == {"step": 41}
+
+
+def test_a_broken_checkpoint_record_is_a_clear_error(standalone: Path) -> None:
+    """Regression: a KeyError on the main rank left the other ranks waiting in a broadcast."""
+    (standalone / "checkpoints").mkdir()
+    torch.save({"step": 1}, standalone / "checkpoints" / "step-000000001.pt")
+    (standalone / "checkpoints" / "step-000000001.pt.json").write_text('{"step": 1}')
+    with trainhouse.init() as run, pytest.raises(CheckpointError, match="latest checkpoint"):
+        run.checkpoint.load()

@@ -190,3 +190,17 @@ def test_value_is_named_once() -> None:
     with pytest.raises(SpecError) as err:
         parse_spec("entrypoint: a\nmax_runtime: 6 hours")
     assert str(err.value).count("got '6 hours'") == 1
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("entrypoint: a\nmax_runtime: .inf", "finite duration"),
+        ("entrypoint: a\nhparams: &a {x: *a}", "aliases"),
+        ("a: &x [1]\nb: *x\nentrypoint: a", "aliases"),
+    ],
+)
+def test_hostile_yaml_is_refused_cleanly(text: str, message: str) -> None:
+    """Regression: these raised OverflowError / RecursionError (a 500 from the server)."""
+    with pytest.raises(SpecError, match=message):
+        parse_spec(text)

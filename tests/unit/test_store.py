@@ -210,3 +210,47 @@ def test_upgrading_an_old_schema_keeps_every_row(tmp_path: pytest.TempPathFactor
             assert conn.exec_driver_sql("PRAGMA foreign_keys").scalar() == 1
     finally:
         store.close()
+
+
+def test_transition_expect_refuses_a_state_that_moved_on(store: Store) -> None:
+    """Regression: a cancel decided on QUEUED must not cancel a job that just started."""
+    job_id = new_job(store)
+    store.start_attempt(job_id, placement={}, token_hash="h")
+    with pytest.raises(InvalidTransition, match="is RUNNING now"):
+        store.transition(job_id, JobState.CANCELED, expect=[JobState.QUEUED])
+    assert store.get_job(job_id).state is JobState.RUNNING
+
+
+def test_set_priority_only_while_queued(store: Store) -> None:
+    job_id = new_job(store)
+    assert store.set_priority(job_id, "high").spec["priority"] == "high"
+    store.start_attempt(job_id, placement={}, token_hash="h")
+    with pytest.raises(StoreError, match="only a queued job"):
+        store.set_priority(job_id, "low")
+    assert store.get_job(job_id).priority == "high"
+
+
+def test_a_new_attempt_clears_a_preemption_request(store: Store) -> None:
+    """Regression: a flag left from before a server crash stopped the next attempt at once."""
+    job_id = new_job(store)
+    store.start_attempt(job_id, placement={}, token_hash="h")
+    store.update_job(job_id, preempt_requested=True)
+    store.transition(job_id, JobState.RESTARTING)
+    store.transition(job_id, JobState.QUEUED)
+    job, _ = store.start_attempt(job_id, placement={}, token_hash="h2")
+    assert job.preempt_requested is False
+
+
+def test_resume_drops_steps_past_the_checkpoint_and_duplicates_in_a_batch(store: Store) -> None:
+    job_id = new_job(store)
+    store.add_metrics(job_id, [MetricPoint(s, "loss", 1.0, attempt=1) for s in range(10)])
+    # attempt 2 resumed after step 4 and then died at step 6: steps 7..9 of attempt 1 are
+    # not part of the lineage that produces the final model
+    store.add_metrics(
+        job_id,
+        [MetricPoint(5, "loss", 2.0, attempt=2), MetricPoint(5, "loss", 3.0, attempt=2)],
+        resume=(2, 4),
+    )
+    points = store.metrics(job_id)
+    assert [p.step for p in points] == [0, 1, 2, 3, 4, 5]
+    assert points[-1].value == 3.0

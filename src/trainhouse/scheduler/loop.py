@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from trainhouse.errors import InvalidTransition, StoreError, TrainhouseError
+from trainhouse.errors import InvalidTransition, StoreError
 from trainhouse.executors.base import Executor, Exit, Launch
 from trainhouse.scheduler.fairshare import DEFAULT_ENTRY_SECONDS, DEFAULT_HALF_LIFE, UsageLedger
 from trainhouse.scheduler.lifecycle import JobState
@@ -122,7 +122,14 @@ class SchedulerLoop:
 
     def tick(self) -> None:
         for ended in self.executor.poll():
-            self._record_exit(ended)
+            try:
+                self._record_exit(ended)
+            except Exception:  # one bad record must not strand the others in RUNNING
+                log.exception(
+                    "job %s: recording the end of attempt %s failed; it is swept up as lost",
+                    ended.job_id,
+                    ended.attempt,
+                )
         if self._stopping.is_set():
             return
         self._enforce_stops()
@@ -146,10 +153,25 @@ class SchedulerLoop:
             self.store.transition(job.id, JobState.QUEUED, reason=job.reason)
 
     # -- exits -----------------------------------------------------------------------------
+    def _lost(self, job: Job) -> None:
+        """A RUNNING job with no attempt in the executor: its end was never recorded."""
+        killed = self.executor.kill_orphans(job.id, job.attempts)
+        reason = f"attempt {job.attempts} was lost track of" + (
+            f" (stopped {killed} leftover processes)" if killed else ""
+        )
+        log.error("job %s: %s", job.id, reason)
+        self.store.update_attempt(
+            job.id, job.attempts, ended_at=time.time(), result="lost", reason=reason
+        )
+        self._requeue(job, f"{reason}; resuming from the latest checkpoint", count_restart=False)
+
     def _requeue(self, job: Job, reason: str, *, count_restart: bool) -> None:
         restarts = job.restarts + (1 if count_restart else 0)
         self.store.transition(job.id, JobState.RESTARTING, reason=reason, restarts=restarts)
-        self.store.transition(job.id, JobState.QUEUED, reason=reason)
+        if self.store.get_job(job.id).cancel_requested:  # canceled while it was restarting
+            self.store.transition(job.id, JobState.CANCELED, reason="canceled by request")
+        else:
+            self.store.transition(job.id, JobState.QUEUED, reason=reason)
 
     def _failure_reason(self, ended: Exit) -> str:
         files = JobFiles(self.home, ended.job_id)
@@ -228,6 +250,7 @@ class SchedulerLoop:
         now = time.time()
         for job in self.store.list_jobs(states=[JobState.RUNNING]):
             if job.id not in running:
+                self._lost(job)
                 continue
             if job.cancel_requested:
                 # should_stop() turns true; SIGTERM only if it has not exited within the grace
@@ -378,8 +401,8 @@ class SchedulerLoop:
         self._reasons.pop(job.id, None)
         files = JobFiles(self.home, job.id)
         workdir = files.attempt(attempt.number) / "workdir"
-        spec = JobSpec.model_validate(job.spec)
         try:
+            spec = JobSpec.model_validate(job.spec)
             if workdir.exists():
                 shutil.rmtree(workdir)
             files.checkpoints.mkdir(parents=True, exist_ok=True)
@@ -396,7 +419,7 @@ class SchedulerLoop:
             info = self.executor.launch(
                 Launch(job.id, attempt.number, spec, placements, workdir, files.root, env)
             )
-        except (TrainhouseError, OSError) as exc:
+        except Exception as exc:  # whatever it was, the job must not stay RUNNING
             reason = f"could not start attempt {attempt.number}: {exc}"
             log.error("job %s: %s", job.id, reason)
             self.store.update_attempt(

@@ -206,8 +206,18 @@ class Checkpointer:
     def load(self) -> dict[str, Any] | None:
         """The latest verified checkpoint's state on every rank, or None on a fresh start."""
         run = self._run
-        chosen = self.latest() if run.is_main else None
+        chosen: dict[str, Any] | None = None
+        if run.is_main:
+            try:
+                chosen = self.latest()
+            except Exception as exc:  # tell the other ranks, which wait in the broadcast
+                chosen = {"error": f"cannot find the latest checkpoint: {exc}"}
         chosen = run._broadcast(chosen)
+        if chosen is not None and "error" in chosen:
+            raise CheckpointError(chosen["error"])
+        if run._reporter is not None and run.attempt > 1:
+            # the run goes on from here: steps logged after it by earlier attempts are dropped
+            run._reporter.resume_step = int(chosen["step"]) if chosen else -1
         if chosen is None:
             return None
         path = self.directory / chosen["path"]

@@ -19,6 +19,7 @@ from trainhouse.sdk.transport import JobAPI
 log = logging.getLogger("trainhouse")
 
 Point = tuple[int, str, float | None, int | None, float]
+MAX_SERVER_ERRORS = 10  # a batch the server fails on this many times in a row is dropped
 
 
 def finite_or_none(value: float) -> float | None:
@@ -41,6 +42,9 @@ class Reporter:
         self.heartbeat = heartbeat
         self.max_batch = max_batch
         self.total_steps: int | None = None
+        # set on resume: the server drops steps after it that earlier attempts logged
+        self.resume_step: int | None = None
+        self._failures = 0
         self.stop_requested = threading.Event()
         self.stop_reason: str | None = None
         self.sent_points = 0
@@ -100,17 +104,25 @@ class Reporter:
                     "attempt": self.attempt,
                     "points": points,
                     "total_steps": self.total_steps,
+                    "resume_step": self.resume_step,
                 }
                 try:
                     answer = self.api.report(payload, retry_for=retry_for)
                 except ClientError as exc:
-                    if 400 <= exc.status < 500:
-                        log.warning(
+                    self._failures += 1
+                    if 400 <= exc.status < 500 or (
+                        exc.status >= 500 and self._failures >= MAX_SERVER_ERRORS
+                    ):  # retrying cannot help: drop it, or nothing after it gets through
+                        log.error(
                             "trainhouse: server refused %d metric points: %s", len(points), exc
                         )
                         self._pending = None
+                        self._failures = 0
                         return
                     raise
+                self._failures = 0
+                if self.resume_step == payload["resume_step"]:
+                    self.resume_step = None  # applied
                 self._pending = None
                 self._last_sent = time.monotonic()
                 self._total_sent = payload["total_steps"]

@@ -102,7 +102,7 @@ class Run:
         self.checkpoint = Checkpointer(self, directory)
         if total_steps is not None:
             self.set_total_steps(total_steps)
-        atexit.register(self.finish)
+        atexit.register(self._finish_at_exit)
 
     # -- setup -----------------------------------------------------------------------------
     def _setup_device(self) -> torch.device:
@@ -220,7 +220,8 @@ class Run:
             elapsed = max(time.monotonic() - self._last_sync, 1e-6)
             rate = (self._stop_calls - self._synced_at) / elapsed
             interval = float(min(max(int(rate * STOP_SYNC_SECONDS), 1), 10_000))
-        flags = torch.tensor([1.0 if self._local_stop() else 0.0, interval])
+        # on the rank's device: an NCCL group has no CPU backend
+        flags = torch.tensor([1.0 if self._local_stop() else 0.0, interval], device=self.device)
         dist.all_reduce(flags, op=dist.ReduceOp.MAX)
         self._last_sync = time.monotonic()
         self._synced_at = self._stop_calls
@@ -229,12 +230,17 @@ class Run:
         return self._stop_agreed
 
     # -- end -------------------------------------------------------------------------------
+    def _finish_at_exit(self) -> None:
+        # without a `with` block we cannot tell a crash from a normal end: no barrier, which
+        # would hang a crashed rank while the others wait in another collective
+        self.finish(failed=True)
+
     def finish(self, *, failed: bool = False) -> None:
         """Flush metrics and leave torch.distributed cleanly (idempotent)."""
         if self._closed:
             return
         self._closed = True
-        atexit.unregister(self.finish)
+        atexit.unregister(self._finish_at_exit)
         if self.standalone and self.is_main and self._last_values is not None:
             step, values = self._last_values
             if step != self._printed_step:  # the console always shows the final values

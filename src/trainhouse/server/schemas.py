@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
 from pydantic import BaseModel, Field
 
@@ -112,7 +112,11 @@ class CheckpointIn(BaseModel):
     metrics: dict[str, float | None] = Field(default_factory=dict)
 
 
-MetricTuple = tuple[int, str, float | None, int | None, float]
+INT64 = 2**63 - 1
+Step = Annotated[int, Field(ge=0, le=INT64)]
+MetricName = Annotated[str, Field(min_length=1, max_length=256)]
+Rank = Annotated[int, Field(ge=0, le=1_000_000)]
+MetricTuple = tuple[Step, MetricName, float | None, Rank | None, float]
 
 
 class ReportIn(BaseModel):
@@ -125,7 +129,14 @@ class ReportIn(BaseModel):
         max_length=200_000,
         description="[step, name, value, rank, wall_time]; rank null = the job's own value",
     )
-    total_steps: int | None = Field(None, ge=0)
+    total_steps: int | None = Field(None, ge=0, le=INT64)
+    resume_step: int | None = Field(
+        None,
+        ge=-1,
+        le=INT64,
+        description="The attempt resumed after this step (-1: from scratch); points of earlier "
+        "attempts past it are dropped, so each step is stored once, from the final lineage",
+    )
 
 
 class ReportOut(BaseModel):

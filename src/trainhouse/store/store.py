@@ -31,7 +31,7 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.engine import RowMapping
 
-from trainhouse.errors import NotFound, StoreError
+from trainhouse.errors import InvalidTransition, NotFound, StoreError
 from trainhouse.scheduler.lifecycle import JobState, check_transition
 from trainhouse.store import tables as t
 from trainhouse.store.records import Attempt, Checkpoint, Event, Job, MetricPoint, UserLimits
@@ -191,15 +191,27 @@ class Store:
             raise NotFound(f"job {job_id} does not exist")
 
     def transition(
-        self, job_id: int, new: JobState, *, reason: str | None = None, **fields: Any
+        self,
+        job_id: int,
+        new: JobState,
+        *,
+        reason: str | None = None,
+        expect: Iterable[JobState] | None = None,
+        **fields: Any,
     ) -> Job:
-        """Move a job to ``new`` if the lifecycle table allows it; record the event."""
+        """Move a job to ``new`` if the lifecycle table allows it; record the event.
+
+        ``expect``: only from these states (checked in the same compare-and-set), for callers
+        that decided on a state they read earlier.
+        """
         now = time.time()
         with self._tx() as conn:
             row = conn.execute(select(t.jobs.c.state).where(t.jobs.c.id == job_id)).first()
             if row is None:
                 raise NotFound(f"job {job_id} does not exist")
             current = JobState(row[0])
+            if expect is not None and current not in set(expect):
+                raise InvalidTransition(f"job {job_id} is {current} now; not moved to {new}")
             check_transition(job_id, current, new)
             values: dict[str, Any] = {"state": new, "updated_at": now, **fields}
             if reason is not None:
@@ -226,6 +238,26 @@ class Store:
                 select(t.events).where(t.events.c.job_id == job_id).order_by(t.events.c.id)
             ).mappings()
             return [Event(r["at"], r["from_state"], r["to_state"], r["reason"]) for r in rows]
+
+    def set_priority(self, job_id: int, priority: str) -> Job:
+        """Change a queued job's tier (and its spec's), only while it is still queued."""
+        job = self.get_job(job_id)
+        with self._tx() as conn:
+            result = conn.execute(
+                update(t.jobs)
+                .where(t.jobs.c.id == job_id, t.jobs.c.state == JobState.QUEUED)
+                .values(
+                    priority=priority,
+                    spec={**job.spec, "priority": priority},
+                    updated_at=time.time(),
+                )
+            )
+        if result.rowcount != 1:
+            raise StoreError(
+                f"job {job_id} is {self.get_job(job_id).state}; only a queued job's priority "
+                "can change"
+            )
+        return self.get_job(job_id)
 
     def request_cancel(self, job_id: int) -> Job:
         self.update_job(job_id, cancel_requested=True)
@@ -255,6 +287,7 @@ class Store:
                     attempts=number,
                     placement=placement,
                     token_hash=token_hash,
+                    preempt_requested=False,
                     started_at=row[2] or now,
                     updated_at=now,
                     reason=None,
@@ -318,10 +351,13 @@ class Store:
         *,
         batch_id: str | None = None,
         total_steps: int | None = None,
+        resume: tuple[int, int] | None = None,
     ) -> int:
         """Store points; a (name, rank, step) seen before is replaced. Returns points written.
 
         A ``batch_id`` already seen for this job is ignored, so a client may retry a batch.
+        ``resume=(attempt, step)``: that attempt resumed after ``step``, so points earlier
+        attempts logged past it are dropped first (the series is the final lineage).
         """
         now = time.time()
         with self._tx() as conn:
@@ -337,7 +373,18 @@ class Store:
                 conn.execute(
                     insert(t.report_batches).values(job_id=job_id, batch_id=batch_id, at=now)
                 )
+            if resume is not None:
+                attempt, step = resume
+                conn.execute(
+                    delete(t.metrics).where(
+                        t.metrics.c.job_id == job_id,
+                        t.metrics.c.step > step,
+                        t.metrics.c.attempt < attempt,
+                    )
+                )
             if points:
+                # the same (name, rank, step) twice in one batch: the last one wins
+                latest_points = {(p.name, p.rank, p.step): p for p in points}
                 rows = [
                     {
                         "job_id": job_id,
@@ -348,7 +395,7 @@ class Store:
                         "value": p.value,
                         "wall_time": p.wall_time or now,
                     }
-                    for p in points
+                    for p in latest_points.values()
                 ]
                 ins = (pg_insert if self.dialect == "postgresql" else sqlite_insert)(t.metrics)
                 conn.execute(

@@ -127,10 +127,12 @@ def cancel(job_id: int, svc: Services = Depends(services)) -> JobOut:
     if job.state.terminal:
         raise StoreError(f"job {job_id} has already ended ({job.state}); nothing to cancel")
     svc.store.request_cancel(job_id)
-    if job.state is not JobState.RUNNING:
-        # if it started meanwhile, the scheduler loop stops it
-        with contextlib.suppress(StoreError):
-            svc.store.transition(job_id, JobState.CANCELED, reason="canceled by request")
+    # a queued job ends here; in any other state the scheduler loop ends it (and if it
+    # started meanwhile, the compare-and-set refuses and the loop stops its processes)
+    with contextlib.suppress(StoreError):
+        svc.store.transition(
+            job_id, JobState.CANCELED, reason="canceled by request", expect=[JobState.QUEUED]
+        )
     svc.scheduler.wake()
     return job_out(svc.store.get_job(job_id))
 

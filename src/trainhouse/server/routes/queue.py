@@ -8,7 +8,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, Form
 from pydantic import BaseModel, Field
 
-from trainhouse.errors import NotFound, StoreError
+from trainhouse.errors import NotFound
 from trainhouse.scheduler.lifecycle import JobState
 from trainhouse.scheduler.policy import QueuedJob
 from trainhouse.scheduler.resources import Demand
@@ -121,14 +121,9 @@ class PriorityIn(BaseModel):
 
 @router.post("/jobs/{job_id}/priority", response_model=JobOut)
 def set_priority(job_id: int, body: PriorityIn, svc: Services = Depends(services)) -> JobOut:
-    job = svc.store.get_job(job_id)
-    if job.state is not JobState.QUEUED:
-        raise StoreError(f"job {job_id} is {job.state}; only a queued job's priority can change")
-    svc.store.update_job(
-        job_id, priority=body.priority, spec={**job.spec, "priority": body.priority}
-    )
+    job = svc.store.set_priority(job_id, body.priority)
     svc.scheduler.wake()
-    return job_out(svc.store.get_job(job_id))
+    return job_out(job, svc)
 
 
 class LimitsIn(BaseModel):

@@ -40,7 +40,11 @@ def report(
         for step, name, value, rank, wall in body.points
     ]
     accepted = svc.store.add_metrics(
-        job_id, points, batch_id=body.batch_id, total_steps=body.total_steps
+        job_id,
+        points,
+        batch_id=body.batch_id,
+        total_steps=body.total_steps,
+        resume=(body.attempt, body.resume_step) if body.resume_step is not None else None,
     )
     stop_reason = None
     limit = job.spec.get("max_runtime")
@@ -87,15 +91,16 @@ def register_checkpoint(
         raise CheckpointError(
             f"checkpoint {body.path!r} is {size} bytes on disk, but {body.size} were reported"
         )
+    name = path.relative_to(files.checkpoints.resolve()).as_posix()  # one spelling per file
     # the same file written again (a step redone after a restart) replaces the old record
     svc.store.mark_checkpoints_deleted(
-        [c.id for c in svc.store.checkpoints(job_id) if c.path == body.path]
+        [c.id for c in svc.store.checkpoints(job_id) if c.path == name]
     )
     ckpt = svc.store.add_checkpoint(
         job_id,
         attempt=body.attempt,
         step=body.step,
-        path=body.path,
+        path=name,
         size=body.size,
         sha256=body.sha256,
         metrics=body.metrics,
