@@ -57,10 +57,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from _machine import BUSY_PERCENT, log, machine_busy, wait_quiet
+
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_EXAMPLE = REPO / "examples" / "digits"
 TARGET = 0.97
-BUSY_PERCENT = 15.0  # CPU use by others before a run above which the results are suspect
 RESULT_MARKER = "OVERHEAD_BARE_RESULT "
 METRIC = "samples_per_s"
 
@@ -146,10 +147,6 @@ class Run:
     @property
     def median(self) -> float:
         return statistics.median(self.steady)
-
-
-def log(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
 
 
 def free_port() -> int:
@@ -303,24 +300,6 @@ def server_cpu_seconds(pid: int) -> float:
 
     times = psutil.Process(pid).cpu_times()
     return float(times.user + times.system)
-
-
-def machine_busy(seconds: float = 1.0) -> float:
-    """Percent of all CPUs in use over ``seconds``, with nothing of ours running."""
-    import psutil
-
-    return float(psutil.cpu_percent(interval=seconds))
-
-
-def wait_quiet(limit: float) -> float:
-    """Wait up to ``limit`` seconds for other processes to leave the CPUs; their last use, %."""
-    deadline = time.monotonic() + limit
-    busy = machine_busy()
-    if busy > BUSY_PERCENT and limit > 0:
-        log(f"    the CPUs are {busy:.0f}% busy; waiting up to {limit:.0f} s for them to settle")
-        while busy > BUSY_PERCENT and time.monotonic() < deadline:
-            busy = machine_busy()
-    return busy
 
 
 def pooled(runs: list[Run]) -> list[float]:

@@ -67,6 +67,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import psutil
+from _machine import BUSY_PERCENT, log, wait_quiet
 
 from trainhouse.scheduler.policy import Decisions, QueuedJob, Quota, RunningJob, Snapshot, decide
 from trainhouse.scheduler.resources import Demand, Gpu, Node, Placement
@@ -74,7 +75,6 @@ from trainhouse.scheduler.simulate import SimJob, SimResult, fifo_decide, simula
 from trainhouse.spec import PRIORITY_TIERS
 
 TARGET_MS = 50.0
-BUSY_PERCENT = 15.0  # CPU use by other processes above which the timings are suspect
 NODES = 25
 GPUS_PER_NODE = 8
 CPUS_PER_NODE = 64
@@ -93,10 +93,6 @@ SIZES: list[tuple[tuple[int, int], float]] = [
     ((4, 8), 0.03),
 ]
 TIERS: list[tuple[str, float]] = [("low", 0.12), ("normal", 0.78), ("high", 0.09), ("urgent", 0.01)]
-
-
-def log(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -251,22 +247,6 @@ class Timed:
     cpu: list[float]  # CPU seconds of this process in each call, process_time
     outcome: dict[str, float]  # mean starts, preemptions, ... per decision
     others_percent: float  # CPU use by other processes meanwhile, % of all CPUs
-
-
-def machine_busy(seconds: float = 1.0) -> float:
-    """Percent of all CPUs in use over ``seconds`` while this process sleeps."""
-    return float(psutil.cpu_percent(interval=seconds))
-
-
-def wait_quiet(limit: float) -> float:
-    """Wait up to ``limit`` seconds for other processes to leave the CPUs; their last use, %."""
-    deadline = time.monotonic() + limit
-    busy = machine_busy()
-    if busy > BUSY_PERCENT and limit > 0:
-        log(f"the CPUs are {busy:.0f}% busy; waiting up to {limit:.0f} s for them to settle")
-        while busy > BUSY_PERCENT and time.monotonic() < deadline:
-            busy = machine_busy()
-    return busy
 
 
 def busy_cpu_seconds() -> float:

@@ -44,6 +44,17 @@ class Server(ServerProcess):
         assert result.returncode == 0, result.stderr + result.stdout
         return json.loads(result.stdout)
 
+    def wait_step(self, job_id: int, step: int, timeout: float = 120) -> dict[str, Any]:
+        """Wait until the job has reported ``step`` (it is training, not just starting)."""
+        deadline = time.monotonic() + timeout
+        with self.client as c:
+            while True:
+                job = c.job(job_id)
+                if (job.get("last_step") or 0) >= step:
+                    return job
+                assert time.monotonic() < deadline, f"job {job_id} never reached step {step}"
+                time.sleep(0.2)
+
     def wait(self, job_id: int, states: set[str], timeout: float = 240) -> dict[str, Any]:
         deadline = time.monotonic() + timeout
         with self.client as c:

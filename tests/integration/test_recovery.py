@@ -7,7 +7,6 @@ import re
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -71,11 +70,7 @@ def test_killed_server_requeues_and_resumes(tmp_path: Path) -> None:
     srv = start_server(home, "--cpus", "2")
     spec = write_job(tmp_path, SLOW_RESUMABLE, "name: survivor\nentrypoint: python train.py\n")
     job = srv.cli_json("submit", str(spec), "--detach")
-    deadline = time.monotonic() + 120
-    with srv.client as c:
-        while (c.job(job["id"]).get("last_step") or 0) < 12:
-            assert time.monotonic() < deadline
-            time.sleep(0.2)
+    srv.wait_step(job["id"], 12)
     assert srv.proc is not None
     srv.proc.send_signal(signal.SIGKILL)
     srv.proc.wait()
@@ -130,11 +125,7 @@ def test_stopped_server_requeues_its_jobs_and_leaves_no_process(tmp_path: Path) 
     srv = start_server(home, "--cpus", "2")
     spec = write_job(tmp_path, SLOW_RESUMABLE, "name: paused\nentrypoint: python train.py\n")
     job = srv.cli_json("submit", str(spec), "--detach")
-    deadline = time.monotonic() + 120
-    with srv.client as c:
-        while (c.job(job["id"]).get("last_step") or 0) < 7:
-            assert time.monotonic() < deadline
-            time.sleep(0.2)
+    srv.wait_step(job["id"], 7)
     assert_clean_stop(srv)  # SIGTERM: the server stops the job's processes before it exits
     assert not marked_processes()
 
@@ -158,11 +149,7 @@ def test_cancel_kills_a_job_that_ignores_should_stop(tmp_path: Path) -> None:
     try:
         spec = write_job(tmp_path, STUBBORN_SCRIPT, "name: stubborn\nentrypoint: python train.py\n")
         job = srv.cli_json("submit", str(spec), "--detach")
-        deadline = time.monotonic() + 120
-        with srv.client as c:
-            while (c.job(job["id"]).get("last_step") or 0) < 2:
-                assert time.monotonic() < deadline
-                time.sleep(0.2)
+        srv.wait_step(job["id"], 2)
         result = srv.cli("cancel", str(job["id"]))
         assert result.returncode == 0 and "CANCELED" in result.stdout, result.stdout
         attempt = srv.cli_json("show", str(job["id"]))["attempt_history"][0]

@@ -3,7 +3,6 @@ queue view, dry runs, priorities and quotas, driven through the CLI."""
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -70,11 +69,7 @@ def test_high_priority_job_preempts_and_the_victim_resumes(
     """,
     )
     low = srv.cli_json("submit", str(low_spec), "--detach")
-    deadline = time.monotonic() + 120
-    with srv.client as c:
-        while (c.job(low["id"]).get("last_step") or 0) < 12:
-            assert time.monotonic() < deadline
-            time.sleep(0.2)
+    srv.wait_step(low["id"], 12)
     plan = srv.cli_json("submit", str(high_spec), "--dry-run")
     assert not plan["would_start"] and plan["preempts"] == [low["id"]]
     high = srv.cli_json("submit", str(high_spec), "--detach")

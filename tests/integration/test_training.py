@@ -5,7 +5,6 @@ from __future__ import annotations
 import hashlib
 import json
 import textwrap
-import time
 from pathlib import Path
 
 import psutil
@@ -102,12 +101,7 @@ def test_cancel_leaves_no_process(server: Server, tmp_path: Path) -> None:
     """,
     )
     job = server.cli_json("submit", str(spec), "--detach")
-    deadline = time.monotonic() + 120
-    with server.client as c:
-        while (c.job(job["id"]).get("last_step") or 0) < 3:
-            assert time.monotonic() < deadline, "the job never made progress"
-            time.sleep(0.2)
-        attempt = c.job(job["id"])["attempt_history"][0]
+    attempt = server.wait_step(job["id"], 3)["attempt_history"][0]
     launcher = psutil.Process(attempt["pid"])
     family = [launcher, *launcher.children(recursive=True)]
     assert len([p for p in family if "train.py" in " ".join(p.cmdline())]) >= 2
