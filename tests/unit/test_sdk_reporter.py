@@ -113,3 +113,45 @@ def test_a_batch_the_server_always_fails_on_is_dropped(caplog: pytest.LogCapture
     rep.close()
     api.close()
     assert any("refused 1 metric points" in r.message for r in caplog.records)
+
+
+def test_checkpoint_is_registered_only_after_the_metrics_before_it(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Regression: steps logged just before a checkpoint were lost when the process died
+    before the next flush, and a resume from that checkpoint never logged them again."""
+    import torch
+
+    import trainhouse
+
+    order: list[str] = []
+
+    def server(request: httpx.Request) -> httpx.Response:
+        body = json.loads(request.content) if request.content else {}
+        if request.url.path.endswith("/report"):
+            if body["points"]:
+                order.append(f"report {max(p[0] for p in body['points'])}")
+            return httpx.Response(200, json={"accepted": len(body["points"]), "stop": False})
+        if request.method == "POST":
+            order.append(f"checkpoint {body['step']}")
+            return httpx.Response(201, json={**body, "id": 1})
+        return httpx.Response(200, json={"checkpoints": []})
+
+    for key, value in {
+        "TRAINHOUSE_JOB_ID": "7",
+        "TRAINHOUSE_JOB_TOKEN": "tok",
+        "TRAINHOUSE_URL": "http://server",
+        "TRAINHOUSE_ATTEMPT": "1",
+        "TRAINHOUSE_CHECKPOINT_DIR": str(tmp_path),
+    }.items():
+        monkeypatch.setenv(key, value)
+    run = trainhouse.init()
+    assert run._api is not None
+    run._api._http = httpx.Client(
+        base_url="http://server/api/v1/jobs/7", transport=httpx.MockTransport(server)
+    )
+    with run:
+        for step in range(5):
+            run.log({"loss": 1.0}, step=step)
+        run.checkpoint.save({"w": torch.ones(1)}, step=4)
+    assert order[:2] == ["report 4", "checkpoint 4"]

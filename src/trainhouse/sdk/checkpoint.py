@@ -105,6 +105,9 @@ class Checkpointer:
                 record = self._write(state, step, metrics or {})
             except BaseException as exc:  # keep the ranks in step, then raise below
                 error = exc
+        else:
+            with contextlib.suppress(ClientError):
+                run._flush_metrics()  # values other ranks logged with all_ranks=True
         run._barrier()
         if error is not None:
             raise error
@@ -145,6 +148,9 @@ class Checkpointer:
         os.replace(sidecar_tmp, sidecar)
         if self._run._api is not None:
             try:
+                # every metric up to this step is stored before the server knows the checkpoint:
+                # a run resumed from it never misses a step it logged before
+                self._run._flush_metrics()
                 return self._run._api.register_checkpoint(record)
             except ClientError as exc:
                 log.error("trainhouse: checkpoint %s written but not registered: %s", name, exc)

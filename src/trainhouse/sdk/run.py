@@ -193,6 +193,11 @@ class Run:
         shown = " ".join(f"{k}={v:.4g}" if v is not None else f"{k}=nan" for k, v in values)
         print(f"[trainhouse] step {step}: {shown}", flush=True)
 
+    def _flush_metrics(self) -> None:
+        """Send everything logged so far, now (retrying while the server is away)."""
+        if self._reporter is not None:
+            self._reporter.flush(retry_for=60)
+
     # -- stopping --------------------------------------------------------------------------
     def _local_stop(self) -> bool:
         return self._reporter is not None and self._reporter.stop_requested.is_set()
