@@ -21,6 +21,13 @@ from trainhouse.errors import SpecError
 
 PRIORITY_TIERS: tuple[str, ...] = ("low", "normal", "high", "urgent")
 Priority = Literal["low", "normal", "high", "urgent"]
+_TIER_RANK = {tier: rank for rank, tier in enumerate(PRIORITY_TIERS)}
+
+
+def tier_rank(priority: str) -> int:
+    """0 for ``low`` up to 3 for ``urgent``."""
+    return _TIER_RANK[priority]
+
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*$")
 _UNIT_SECONDS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}

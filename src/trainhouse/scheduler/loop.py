@@ -28,6 +28,7 @@ from trainhouse.scheduler.policy import (
     Quota,
     RunningJob,
     Snapshot,
+    cluster_totals,
     cost_rate,
     decide,
 )
@@ -269,10 +270,10 @@ class SchedulerLoop:
                 )
 
     # -- scheduling ------------------------------------------------------------------------
-    def _advance_usage(self, now: float, running: tuple[RunningJob, ...]) -> None:
-        nodes = self.executor.nodes()
-        total_gpus = sum(len(n.gpus) for n in nodes)
-        total_cpus = sum(n.cpus for n in nodes)
+    def _advance_usage(
+        self, now: float, running: tuple[RunningJob, ...], totals: tuple[int, int]
+    ) -> None:
+        total_gpus, total_cpus = totals
         self.usage.advance(
             now,
             [
@@ -353,17 +354,16 @@ class SchedulerLoop:
                 with contextlib.suppress(InvalidTransition, StoreError):
                     self.store.transition(job.id, JobState.CANCELED, reason="canceled by request")
         snap, by_id = self.snapshot()
-        self._advance_usage(snap.now, snap.running)
+        totals = cluster_totals(snap.nodes)
+        self._advance_usage(snap.now, snap.running, totals)
         if not snap.queued:
             return
         decisions = decide(snap)
-        total_gpus = sum(len(n.gpus) for n in snap.nodes)
-        total_cpus = sum(n.cpus for n in snap.nodes)
         for job_id, placements in decisions.starts:
             job = by_id[job_id]
             if self._start(job, placements):
                 demand = Demand(len(placements), placements[0].cpus, len(placements[0].gpus))
-                self.usage.charge_start(job.owner, cost_rate(demand, total_gpus, total_cpus))
+                self.usage.charge_start(job.owner, cost_rate(demand, *totals))
         for pre in decisions.preemptions:
             self._preempt(pre.victim, pre.reason)
         self.waiting = decisions.waiting

@@ -29,18 +29,11 @@ from dataclasses import dataclass, field
 
 from trainhouse.scheduler.preemption import choose_victims
 from trainhouse.scheduler.resources import Demand, Free, Node, Placement
-from trainhouse.spec import PRIORITY_TIERS
+from trainhouse.spec import tier_rank
 
 INF = math.inf
 # expected runtime charged to an owner's fair-share key for each job handed out in one pass
 DEFAULT_EXPECTED_RUNTIME = 3600.0
-
-
-_TIER_RANK = {tier: rank for rank, tier in enumerate(PRIORITY_TIERS)}
-
-
-def tier_rank(priority: str) -> int:
-    return _TIER_RANK[priority]
 
 
 @dataclass(frozen=True)
@@ -122,6 +115,11 @@ class Decisions:
 # -- ordering ------------------------------------------------------------------------------
 
 
+def cluster_totals(nodes: tuple[Node, ...] | list[Node]) -> tuple[int, int]:
+    """(GPUs, CPU cores) of the whole cluster, what cost rates are fractions of."""
+    return sum(len(n.gpus) for n in nodes), sum(n.cpus for n in nodes)
+
+
 def cost_rate(demand: Demand, total_gpus: int, total_cpus: int) -> float:
     """The fraction of the cluster a job holds: GPUs for GPU jobs, CPU cores for CPU jobs."""
     if demand.gpus and total_gpus:
@@ -131,8 +129,7 @@ def cost_rate(demand: Demand, total_gpus: int, total_cpus: int) -> float:
 
 def order(snapshot: Snapshot) -> list[QueuedJob]:
     """Decision order: tier, then fair share (charged as jobs are handed out), then age."""
-    total_gpus = sum(len(n.gpus) for n in snapshot.nodes)
-    total_cpus = sum(n.cpus for n in snapshot.nodes)
+    total_gpus, total_cpus = cluster_totals(snapshot.nodes)
     by_tier: dict[int, dict[str, list[QueuedJob]]] = defaultdict(lambda: defaultdict(list))
     for job in snapshot.queued:
         by_tier[tier_rank(job.priority)][job.owner].append(job)

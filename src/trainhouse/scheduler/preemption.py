@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from trainhouse.scheduler.resources import Demand, Free
-from trainhouse.spec import PRIORITY_TIERS
+from trainhouse.spec import tier_rank
 
 if TYPE_CHECKING:
     from trainhouse.scheduler.policy import QueuedJob, RunningJob
@@ -25,7 +25,7 @@ def choose_victims(
     never be preempted by its own tier or a lower one and preemption cannot cycle.
     """
     d = job.demand
-    tier = PRIORITY_TIERS.index(job.priority)
+    tier = tier_rank(job.priority)
     on_node: dict[str, list[RunningJob]] = {}
     for r in running:
         for p in r.placements:
@@ -44,7 +44,7 @@ def choose_victims(
             options.append((0, 0.0, name, ()))
             continue
         candidates = sorted(
-            (r for r in held if not r.stopping and PRIORITY_TIERS.index(r.priority) < tier),
+            (r for r in held if not r.stopping and tier_rank(r.priority) < tier),
             key=lambda r: (r.work_at_risk(now), -r.gpus, -r.cpus, r.id),
         )
         chosen: list[RunningJob] = []

@@ -18,6 +18,7 @@ from trainhouse.scheduler.policy import (
     QueuedJob,
     RunningJob,
     Snapshot,
+    cluster_totals,
     cost_rate,
     decide,
     free_capacity,
@@ -89,8 +90,7 @@ def simulate(
     max_events: int = 1_000_000,
 ) -> SimResult:
     nodes = tuple(nodes)
-    total_gpus = sum(len(n.gpus) for n in nodes)
-    total_cpus = sum(n.cpus for n in nodes)
+    total_gpus, total_cpus = cluster_totals(nodes)
     pending = sorted(jobs, key=lambda j: (j.submit_at, j.id))
     by_id = {j.id: j for j in jobs}
     remaining = {j.id: j.runtime for j in jobs}
