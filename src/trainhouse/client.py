@@ -16,7 +16,8 @@ from typing import Any
 
 import httpx
 
-from trainhouse.errors import ClientError, ServerUnreachable
+from trainhouse.errors import ClientError
+from trainhouse.sdk.transport import send
 from trainhouse.spec import JobSpec, load_spec
 from trainhouse.workdir import PackedWorkdir, pack
 
@@ -49,22 +50,7 @@ class Client:
         self.close()
 
     def _request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
-        try:
-            resp = self._http.request(method, path, **kwargs)
-        except httpx.TransportError as exc:
-            raise ServerUnreachable(self.url, str(exc) or type(exc).__name__) from None
-        if resp.status_code >= 400:
-            try:
-                err = resp.json()["error"]
-                code, message = err["code"], err["message"]
-            except (ValueError, KeyError, TypeError):
-                code = "http_error"
-                message = (
-                    f"{self.url} answered HTTP {resp.status_code} {resp.reason_phrase} without "
-                    "a trainhouse error; is it a trainhouse server (TRAINHOUSE_URL)?"
-                )
-            raise ClientError(message, status=resp.status_code, code=code)
-        return resp
+        return send(self._http, self.url, method, path, **kwargs)
 
     def _json(self, method: str, path: str, **kwargs: Any) -> Any:
         resp = self._request(method, path, **kwargs)

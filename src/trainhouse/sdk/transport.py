@@ -10,6 +10,26 @@ import httpx
 from trainhouse.errors import ClientError, ServerUnreachable
 
 
+def send(http: httpx.Client, url: str, method: str, path: str, **kwargs: Any) -> httpx.Response:
+    """One request to a trainhouse server; its error body (or silence) as a ClientError."""
+    try:
+        resp = http.request(method, path, **kwargs)
+    except httpx.TransportError as exc:
+        raise ServerUnreachable(url, str(exc) or type(exc).__name__) from None
+    if resp.status_code >= 400:
+        try:
+            err = resp.json()["error"]
+            code, message = err["code"], err["message"]
+        except (ValueError, KeyError, TypeError):
+            code = "http_error"
+            message = (
+                f"{url} answered HTTP {resp.status_code} {resp.reason_phrase} without "
+                "a trainhouse error; is it a trainhouse server (TRAINHOUSE_URL)?"
+            )
+        raise ClientError(message, status=resp.status_code, code=code)
+    return resp
+
+
 class JobAPI:
     """The endpoints a running job reports to."""
 
@@ -26,17 +46,7 @@ class JobAPI:
         self._http.close()
 
     def _call(self, method: str, path: str, **kwargs: Any) -> Any:
-        try:
-            resp = self._http.request(method, path, **kwargs)
-        except httpx.TransportError as exc:
-            raise ServerUnreachable(self.url, type(exc).__name__) from None
-        if resp.status_code >= 400:
-            try:
-                err = resp.json()["error"]
-                raise ClientError(err["message"], status=resp.status_code, code=err["code"])
-            except (ValueError, KeyError, TypeError):
-                raise ClientError(resp.text[:500], status=resp.status_code) from None
-        return resp.json()
+        return send(self._http, self.url, method, path, **kwargs).json()
 
     def call(self, method: str, path: str, *, retry_for: float = 0.0, **kwargs: Any) -> Any:
         """Call; retry transport errors and 5xx answers for up to ``retry_for`` seconds."""
