@@ -13,25 +13,14 @@ import pytest
 
 from tests.conftest import marked_processes
 from tests.integration.conftest import REPO, Server, assert_clean_stop, free_port, start_server
-from tests.integration.test_training import LONG_SCRIPT, STUBBORN_SCRIPT, write_job
+from tests.integration.test_training import (
+    LONG_SCRIPT,
+    RESUMABLE,
+    STUBBORN_SCRIPT,
+    write_job,
+)
 
 pytestmark = pytest.mark.integration
-
-SLOW_RESUMABLE = """
-import time
-import trainhouse
-
-STEPS = 40
-with trainhouse.init(total_steps=STEPS) as run:
-    state = run.checkpoint.load()
-    start = state["step"] + 1 if state else 0
-    print(f"attempt {run.attempt} starts at step {start}", flush=True)
-    for step in range(start, STEPS):
-        time.sleep(0.1)
-        run.log({"loss": 1.0 / (step + 1)}, step=step)
-        if step % 5 == 0:
-            run.checkpoint.save({"step": step}, step=step)
-"""
 
 
 @pytest.mark.parametrize(
@@ -68,7 +57,7 @@ def test_max_runtime_stops_the_job(
 def test_killed_server_requeues_and_resumes(tmp_path: Path) -> None:
     home = tmp_path / "home"
     srv = start_server(home, "--cpus", "2")
-    spec = write_job(tmp_path, SLOW_RESUMABLE, "name: survivor\nentrypoint: python train.py\n")
+    spec = write_job(tmp_path, RESUMABLE, "name: survivor\nentrypoint: python train.py\n")
     job = srv.cli_json("submit", str(spec), "--detach")
     srv.wait_step(job["id"], 12)
     assert srv.proc is not None
@@ -123,7 +112,7 @@ def test_demo_runs_end_to_end(tmp_path: Path) -> None:
 def test_stopped_server_requeues_its_jobs_and_leaves_no_process(tmp_path: Path) -> None:
     home = tmp_path / "home"
     srv = start_server(home, "--cpus", "2")
-    spec = write_job(tmp_path, SLOW_RESUMABLE, "name: paused\nentrypoint: python train.py\n")
+    spec = write_job(tmp_path, RESUMABLE, "name: paused\nentrypoint: python train.py\n")
     job = srv.cli_json("submit", str(spec), "--detach")
     srv.wait_step(job["id"], 7)
     assert_clean_stop(srv)  # SIGTERM: the server stops the job's processes before it exits

@@ -9,29 +9,9 @@ from pathlib import Path
 import pytest
 
 from tests.integration.conftest import Server, assert_clean_stop, start_server
-from tests.integration.test_training import write_job
+from tests.integration.test_training import RESUMABLE, write_job
 
 pytestmark = pytest.mark.integration
-
-YIELDING = """
-import time
-import trainhouse
-
-STEPS = 60
-with trainhouse.init(total_steps=STEPS) as run:
-    state = run.checkpoint.load()
-    start = state["step"] + 1 if state else 0
-    print(f"rank {run.rank} attempt {run.attempt} starts at step {start}", flush=True)
-    for step in range(start, STEPS):
-        time.sleep(0.1)
-        run.log({"loss": 1.0 / (step + 1)}, step=step)
-        stop = run.should_stop()
-        if stop or step % 10 == 0:
-            run.checkpoint.save({"step": step}, step=step)
-        if stop:
-            print(f"rank {run.rank} yields at step {step}", flush=True)
-            break
-"""
 
 QUICK = "import time\nprint('high priority work', flush=True)\ntime.sleep(1)\n"
 
@@ -49,13 +29,14 @@ def test_high_priority_job_preempts_and_the_victim_resumes(
     srv = gpu_server
     low_spec = write_job(
         tmp_path / "low",
-        YIELDING,
+        RESUMABLE,
         """
         name: low-job
         entrypoint: python train.py
         priority: low
         resources: {gpus_per_node: 2}
         preemption_grace: 60
+        hparams: {steps: 60}
     """,
     )
     high_spec = write_job(
@@ -103,7 +84,7 @@ def test_queue_priority_and_quota_commands(gpu_server: Server, tmp_path: Path) -
     srv = gpu_server
     long = write_job(
         tmp_path / "long",
-        YIELDING,
+        RESUMABLE,
         """
         name: hog
         entrypoint: python train.py

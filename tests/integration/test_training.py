@@ -68,6 +68,28 @@ with trainhouse.init() as run:
     print(f"rank {run.rank} stopping at step {step} as asked", flush=True)
 """
 
+# trains hparams.steps steps (default 40), a checkpoint every 5; yields when asked to stop
+RESUMABLE = """
+import time
+import trainhouse
+
+with trainhouse.init(hparams={"steps": 40}) as run:
+    steps = int(run.hparams["steps"])
+    run.set_total_steps(steps)
+    state = run.checkpoint.load()
+    start = state["step"] + 1 if state else 0
+    print(f"rank {run.rank} attempt {run.attempt} starts at step {start}", flush=True)
+    for step in range(start, steps):
+        time.sleep(0.1)
+        run.log({"loss": 1.0 / (step + 1)}, step=step)
+        stop = run.should_stop()
+        if stop or step % 5 == 0:
+            run.checkpoint.save({"step": step}, step=step)
+        if stop:
+            print(f"rank {run.rank} yields at step {step}", flush=True)
+            break
+"""
+
 # a script that never asks whether to stop: trainhouse must end it all the same
 STUBBORN_SCRIPT = """
 import time
