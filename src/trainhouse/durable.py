@@ -25,6 +25,14 @@ def fsync_file(path: Path) -> None:
         os.fsync(fh.fileno())
 
 
+def fsync_tree(path: Path) -> None:
+    """fsync every file and directory of the tree ``path`` (before it is renamed into place)."""
+    for dirpath, _, names in os.walk(path, topdown=False):
+        for name in names:
+            fsync_file(Path(dirpath) / name)
+        fsync_dir(Path(dirpath))
+
+
 def publish(tmp: Path, final: Path) -> None:
     """Atomically move a fully written ``tmp`` to ``final`` and make it durable."""
     fsync_file(tmp)
