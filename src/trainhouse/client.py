@@ -9,16 +9,20 @@ c.wait(job["id"])
 from __future__ import annotations
 
 import getpass
+import hashlib
 import os
+import shutil
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import httpx
 
-from trainhouse.errors import ClientError
+from trainhouse.errors import CheckpointError, ClientError, ServerUnreachable
 from trainhouse.sdk.transport import send
 from trainhouse.spec import JobSpec, load_spec
+from trainhouse.storage import confine, tree_digest
 from trainhouse.workdir import PackedWorkdir, pack
 
 DEFAULT_URL = "http://127.0.0.1:8470"
@@ -26,6 +30,13 @@ DEFAULT_URL = "http://127.0.0.1:8470"
 
 def default_url() -> str:
     return os.environ.get("TRAINHOUSE_URL") or DEFAULT_URL
+
+
+def _discard(path: Path) -> None:
+    if path.is_dir():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)
 
 
 def current_user() -> str:
@@ -123,9 +134,83 @@ class Client:
         result: dict[str, Any] = self._json("GET", f"/jobs/{job_id}/metrics", params=params)
         return result
 
-    def checkpoints(self, job_id: int) -> dict[str, Any]:
-        result: dict[str, Any] = self._json("GET", f"/jobs/{job_id}/checkpoints")
+    def checkpoints(self, job_id: int, *, all: bool = False) -> dict[str, Any]:
+        params = {"all": "true"} if all else None
+        result: dict[str, Any] = self._json("GET", f"/jobs/{job_id}/checkpoints", params=params)
         return result
+
+    def download_checkpoint(
+        self,
+        job_id: int,
+        step: int | None,
+        dest: str | os.PathLike[str],
+        *,
+        progress: Callable[[int, int], None] | None = None,
+    ) -> Path:
+        """Fetch the checkpoint of ``step`` (None: the newest) into the directory ``dest``.
+
+        Checks the sha256 the SDK registered; returns the local file or directory. A
+        partial download never stays under the final name. ``progress(done, total)`` in bytes.
+        """
+        found = self.checkpoints(job_id)["checkpoints"]
+        if not found:
+            raise ClientError(f"job {job_id} has no checkpoints", status=404, code="not_found")
+        chosen = found[-1] if step is None else next((c for c in found if c["step"] == step), None)
+        if chosen is None:
+            steps = ", ".join(str(c["step"]) for c in found)
+            raise ClientError(
+                f"job {job_id} has no checkpoint of step {step} (it has {steps})",
+                status=404,
+                code="not_found",
+            )
+        listing = self._json("GET", f"/jobs/{job_id}/checkpoints/{chosen['id']}/files")
+        files = [(f["name"], int(f["size"])) for f in listing["files"]]
+        total = sum(size for _, size in files)
+        base = Path(dest)
+        base.mkdir(parents=True, exist_ok=True)
+        final = base / Path(chosen["path"]).name
+        tmp = base / f".{final.name}.download-{os.getpid()}"
+        entries: list[tuple[str, str, int]] = []
+        done = 0
+        try:
+            for name, _size in files:
+                target = tmp / confine(name) if name else tmp
+                target.parent.mkdir(parents=True, exist_ok=True)
+                digest = hashlib.sha256()
+                url = f"{self.url}/api/v1/jobs/{job_id}/checkpoints/{chosen['id']}/content"
+                with (
+                    self._http.stream("GET", url, params={"file": name}) as resp,
+                    target.open("wb") as out,
+                ):
+                    if resp.status_code != 200:
+                        resp.read()
+                        raise ClientError(
+                            f"downloading {name or chosen['path']} failed: {resp.text[:300]}",
+                            status=resp.status_code,
+                        )
+                    for chunk in resp.iter_bytes(1 << 20):
+                        out.write(chunk)
+                        digest.update(chunk)
+                        done += len(chunk)
+                        if progress is not None:
+                            progress(done, total)
+                entries.append((name, digest.hexdigest(), target.stat().st_size))
+            actual = entries[0][1] if chosen["kind"] == "file" else tree_digest(entries)
+            if actual != chosen["sha256"]:
+                raise CheckpointError(
+                    f"the downloaded checkpoint of step {chosen['step']} has sha256 "
+                    f"{actual[:16]}, not the registered {chosen['sha256'][:16]}: it is corrupt"
+                )
+            if final.is_dir():
+                shutil.rmtree(final)
+            os.replace(tmp, final)
+        except httpx.HTTPError as exc:
+            _discard(tmp)
+            raise ServerUnreachable(self.url, str(exc)) from None
+        except BaseException:
+            _discard(tmp)
+            raise
+        return final
 
     def log_ranks(self, job_id: int) -> dict[str, Any]:
         result: dict[str, Any] = self._json("GET", f"/jobs/{job_id}/logs/ranks")

@@ -112,6 +112,49 @@ class CheckpointPolicy(_Strict):
         return self
 
 
+# failures that restarting cannot fix: the job fails at once instead of using up its restarts
+DEFAULT_NO_RESTART_PATTERNS = (
+    r"SyntaxError",
+    r"IndentationError",
+    r"ModuleNotFoundError",
+    r"ImportError",
+    r"CUDA out of memory",
+    r"OutOfMemoryError",
+    r"No space left on device",
+)
+DEFAULT_NO_RESTART_EXIT_CODES = (2, 126, 127)  # usage errors, not executable, command not found
+
+
+class NoRestart(_Strict):
+    """When a failed attempt is not restarted, whatever ``max_restarts`` allows."""
+
+    log_patterns: list[str] = Field(
+        default_factory=lambda: list(DEFAULT_NO_RESTART_PATTERNS),
+        max_length=100,
+        description="Regular expressions searched in the last lines of the failing rank's log "
+        "(replaces the defaults; list them again to extend)",
+    )
+    exit_codes: list[int] = Field(
+        default_factory=lambda: list(DEFAULT_NO_RESTART_EXIT_CODES),
+        max_length=100,
+        description="Exit codes of the failing rank that are never retried",
+    )
+
+    @field_validator("log_patterns")
+    @classmethod
+    def _regexes(cls, value: list[str]) -> list[str]:
+        for pattern in value:
+            if not pattern or len(pattern) > 500:
+                raise ValueError("a log pattern must have 1 to 500 characters")
+            try:
+                re.compile(pattern)
+            except re.error as exc:
+                raise ValueError(
+                    f"log pattern {pattern!r} is not a regular expression: {exc}"
+                ) from None
+        return value
+
+
 class JobSpec(_Strict):
     """A training job: what to run, where its code is, and what it needs."""
 
@@ -120,7 +163,14 @@ class JobSpec(_Strict):
     workdir: str = Field(".", description="Directory packed and uploaded, relative to the spec")
     resources: Resources = Field(default_factory=lambda: Resources())
     priority: Priority = "normal"
-    max_restarts: int = Field(0, ge=0, le=100)
+    max_restarts: int = Field(
+        0,
+        ge=0,
+        le=100,
+        description="Restarts from the latest checkpoint after the job's code fails "
+        "(infrastructure failures, such as a killed rank, are counted apart)",
+    )
+    no_restart_on: NoRestart = Field(default_factory=lambda: NoRestart())
     max_runtime: int | None = Field(
         None, description="Seconds (or a duration such as 6h) after which the job is stopped"
     )

@@ -66,8 +66,9 @@ class Server(ServerProcess):
         raise AssertionError(f"job {job_id} still {job['state']} after {timeout}s: {job}")
 
 
-def start_server(home: Path, *args: str) -> Server:
-    server = Server(home, free_port(), *args, log=home.parent / f"{home.name}-server.log")
+def start_server(home: Path, *args: str, port: int | None = None) -> Server:
+    """A server on ``port`` (a restarted one keeps its address: running jobs report to it)."""
+    server = Server(home, port or free_port(), *args, log=home.parent / f"{home.name}-server.log")
     server.start(timeout=60)
     return server
 

@@ -7,6 +7,7 @@ import re
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -54,31 +55,88 @@ def test_max_runtime_stops_the_job(
         assert code is None or code < 0
 
 
-def test_killed_server_requeues_and_resumes(tmp_path: Path) -> None:
-    home = tmp_path / "home"
-    srv = start_server(home, "--cpus", "2")
-    spec = write_job(tmp_path, RESUMABLE, "name: survivor\nentrypoint: python train.py\n")
-    job = srv.cli_json("submit", str(spec), "--detach")
-    srv.wait_step(job["id"], 12)
+def kill(srv: Server) -> None:
     assert srv.proc is not None
     srv.proc.send_signal(signal.SIGKILL)
     srv.proc.wait()
-    assert marked_processes(), "the ranks should outlive a killed server"
 
-    srv2 = start_server(home, "--cpus", "2")
+
+def steps_of(srv: Server, job_id: int) -> list[int]:
+    return [p[0] for p in srv.cli_json("metrics", str(job_id))["series"][0]["points"]]
+
+
+def test_a_server_killed_twice_loses_nothing(tmp_path: Path) -> None:
+    """The ranks keep training while the server is down; each new server re-adopts them."""
+    home = tmp_path / "home"
+    srv = start_server(home, "--cpus", "2")
+    spec = write_job(tmp_path, RESUMABLE, "name: survivor\nentrypoint: python train.py\n")
+    job = srv.cli_json("submit", str(spec), "--detach", "--set", "hparams.steps=80")
+    srv.wait_step(job["id"], 8)
+    for at_step in (30, 55):
+        kill(srv)
+        ranks = marked_processes()
+        assert ranks, "the ranks should outlive a killed server"
+        srv = start_server(home, "--cpus", "2", port=srv.port)
+        srv.wait_step(job["id"], at_step)
+        assert {p.pid for p in marked_processes()} >= {p.pid for p in ranks}
     try:
-        final = srv2.wait(job["id"], {"COMPLETED", "FAILED"}, timeout=180)
+        final = srv.wait(job["id"], {"COMPLETED", "FAILED"}, timeout=180)
         assert final["state"] == "COMPLETED", final
-        results = [a["result"] for a in final["attempt_history"]]
-        assert results == ["lost", "completed"]
-        assert final["restarts"] == 0  # the server's fault, not the job's
-        log = srv2.cli("logs", str(job["id"])).stdout
+        assert [a["result"] for a in final["attempt_history"]] == ["completed"]
+        assert (final["restarts"], final["infra_restarts"]) == (0, 0)
+        assert sum("kept running" in (e["reason"] or "") for e in final["events"]) == 2
+        assert steps_of(srv, job["id"]) == list(range(80))  # every step, exactly once
+        assert [j["id"] for j in srv.cli_json("ps", "--all")] == [job["id"]]
+    finally:
+        assert_clean_stop(srv)
+
+
+def test_a_job_that_ends_while_the_server_is_down_is_recorded(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    srv = start_server(home, "--cpus", "2")
+    spec = write_job(tmp_path, RESUMABLE, "name: finisher\nentrypoint: python train.py\n")
+    job = srv.cli_json("submit", str(spec), "--detach", "--set", "hparams.steps=30")
+    srv.wait_step(job["id"], 5)
+    kill(srv)
+    deadline = time.monotonic() + 120
+    while marked_processes():  # it finishes with no server to talk to
+        assert time.monotonic() < deadline
+        time.sleep(0.5)
+    srv = start_server(home, "--cpus", "2", port=srv.port)
+    try:
+        final = srv.wait(job["id"], {"COMPLETED", "FAILED"}, timeout=60)
+        assert final["state"] == "COMPLETED", final
+        assert [a["result"] for a in final["attempt_history"]] == ["completed"]
+        # the points it could not send were spooled, and are stored now
+        assert steps_of(srv, job["id"]) == list(range(30))
+    finally:
+        assert_clean_stop(srv)
+
+
+def test_ranks_killed_while_the_server_is_down_restart_from_the_checkpoint(
+    tmp_path: Path,
+) -> None:
+    home = tmp_path / "home"
+    srv = start_server(home, "--cpus", "2")
+    spec = write_job(tmp_path, RESUMABLE, "name: victim\nentrypoint: python train.py\n")
+    job = srv.cli_json("submit", str(spec), "--detach")
+    srv.wait_step(job["id"], 12)
+    kill(srv)
+    for proc in marked_processes():
+        proc.kill()
+    srv = start_server(home, "--cpus", "2", port=srv.port)
+    try:
+        final = srv.wait(job["id"], {"COMPLETED", "FAILED"}, timeout=180)
+        assert final["state"] == "COMPLETED", final
+        first = final["attempt_history"][0]
+        assert first["result"] in ("lost", "failed") and first["failure"] == "infra"
+        assert (final["restarts"], final["infra_restarts"]) == (0, 1)
+        log = srv.cli("logs", str(job["id"])).stdout
         start_line = [ln for ln in log.splitlines() if "attempt 2 starts at step" in ln]
         assert start_line and not start_line[0].endswith("step 0")
-        points = srv2.cli_json("metrics", str(job["id"]))["series"][0]["points"]
-        assert [p[0] for p in points] == list(range(40))
+        assert steps_of(srv, job["id"]) == list(range(40))
     finally:
-        assert_clean_stop(srv2)
+        assert_clean_stop(srv)
 
 
 def test_demo_runs_end_to_end(tmp_path: Path) -> None:

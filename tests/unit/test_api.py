@@ -306,4 +306,4 @@ def test_report_bounds_and_checkpoint_paths(api: TestClient, tmp_path: Path) -> 
     assert len(api.get(f"{url}/checkpoints").json()["checkpoints"]) == 1
     body = {"attempt": 1, "step": 1, "path": "../../x.pt", "size": 3, "sha256": "0" * 64}
     resp = api.post(f"{url}/checkpoints", json=body, headers=auth)
-    assert resp.status_code == 422 and "outside the job's directory" in error_of(resp)["message"]
+    assert resp.status_code == 422 and "must not climb out" in error_of(resp)["message"]

@@ -10,15 +10,17 @@ import pytest
 
 from trainhouse.executors.base import Exit, Launch, ProcessInfo
 from trainhouse.scheduler.lifecycle import JobState
-from trainhouse.scheduler.loop import SchedulerLoop
+from trainhouse.scheduler.loop import SchedulerConfig, SchedulerLoop
 from trainhouse.scheduler.resources import Node
 from trainhouse.store import BlobStore, Store
+from trainhouse.store.jobfiles import JobFiles
 
 
 class FakeExecutor:
     def __init__(self) -> None:
         self.live: dict[int, int] = {}  # job id -> attempt
         self.exits: list[Exit] = []
+        self.alive_pids: set[int] = set()  # launchers that survive a server restart
 
     def nodes(self) -> list[Node]:
         return [Node("fake", 4, 1 << 30)]
@@ -26,6 +28,12 @@ class FakeExecutor:
     def launch(self, launch: Launch) -> ProcessInfo:
         self.live[launch.job_id] = launch.attempt
         return ProcessInfo(pid=1, create_time=0.0)
+
+    def adopt(self, job_id: int, attempt: int, info: ProcessInfo, job_dir: Path) -> bool:
+        if info.pid in self.alive_pids:
+            self.live[job_id] = attempt
+            return True
+        return False
 
     def poll(self) -> list[Exit]:
         out, self.exits = self.exits, []
@@ -129,3 +137,145 @@ def test_cancel_during_a_restart_ends_the_job(
     job = sched.store.get_job(job_id)
     assert job.state is JobState.CANCELED
     assert [e.to_state for e in sched.store.events(job_id)][-2:] == ["RESTARTING", "CANCELED"]
+
+
+def restarted(sched: SchedulerLoop) -> tuple[SchedulerLoop, FakeExecutor]:
+    """A new server on the same store and home, as after the old one was killed."""
+    executor = FakeExecutor()
+    new = SchedulerLoop(sched.store, sched.blobs, executor, home=sched.home, server_url="http://x")
+    return new, executor
+
+
+def test_a_restarted_server_re_adopts_a_live_attempt(
+    loop: tuple[SchedulerLoop, FakeExecutor],
+) -> None:
+    sched, _ = loop
+    job_id = submit(sched)
+    sched.tick()
+    new, ex = restarted(sched)
+    ex.alive_pids.add(1)  # the launcher outlived the old server
+    new.reconcile()
+    job = sched.store.get_job(job_id)
+    assert job.state is JobState.RUNNING and job.attempts == 1
+    assert "kept running" in (sched.store.events(job_id)[-1].reason or "")
+    new.tick()  # the sweep does not take it for lost
+    assert sched.store.get_job(job_id).state is JobState.RUNNING
+    ex.end(job_id, 0)
+    new.tick()
+    assert sched.store.get_job(job_id).state is JobState.COMPLETED
+    assert [a.result for a in sched.store.attempts(job_id)] == ["completed"]
+
+
+def test_an_attempt_gone_with_the_server_restarts_as_an_infrastructure_failure(
+    loop: tuple[SchedulerLoop, FakeExecutor],
+) -> None:
+    sched, _ = loop
+    job_id = submit(sched, max_restarts=0)
+    sched.tick()
+    new, _ = restarted(sched)
+    new.reconcile()
+    job = sched.store.get_job(job_id)
+    assert job.state is JobState.QUEUED
+    assert (job.restarts, job.infra_restarts) == (0, 1)
+    attempt = sched.store.attempts(job_id)[0]
+    assert (attempt.result, attempt.failure) == ("lost", "infra")
+
+
+def test_killed_ranks_are_counted_apart_from_failures_of_the_code(
+    loop: tuple[SchedulerLoop, FakeExecutor],
+) -> None:
+    sched, ex = loop
+    job_id = submit(sched, max_restarts=1)
+    for _ in range(3):  # SIGKILLed three times: max_restarts=1 is not used up
+        sched.tick()
+        ex.end(job_id, -9)
+        sched.tick()
+        assert sched.store.get_job(job_id).state in (JobState.QUEUED, JobState.RUNNING)
+    job = sched.store.get_job(job_id)
+    assert (job.restarts, job.infra_restarts) == (0, 3)
+    assert {a.failure for a in sched.store.attempts(job_id) if a.ended_at} == {"infra"}
+    sched.tick()
+    ex.end(job_id, 1)  # the code's own failure: restart 1 of 1
+    sched.tick()
+    assert sched.store.get_job(job_id).restarts == 1
+    sched.tick()
+    ex.end(job_id, 1)
+    sched.tick()
+    job = sched.store.get_job(job_id)
+    assert job.state is JobState.FAILED
+    assert "max_restarts (1) used up" in (job.reason or "")
+    assert [a.failure for a in sched.store.attempts(job_id)][-2:] == ["user", "user"]
+
+
+def test_infrastructure_restarts_are_bounded(
+    loop: tuple[SchedulerLoop, FakeExecutor],
+) -> None:
+    sched, ex = loop
+    sched.config = SchedulerConfig(max_infra_restarts=1)
+    job_id = submit(sched, max_restarts=5)
+    for _ in range(2):
+        sched.tick()
+        ex.end(job_id, -9)
+        sched.tick()
+    job = sched.store.get_job(job_id)
+    assert job.state is JobState.FAILED
+    assert "max_infra_restarts" in (job.reason or "")
+
+
+@pytest.mark.parametrize(
+    ("code", "log_line", "why"),
+    [
+        (1, "ModuleNotFoundError: No module named 'tranformers'", "ModuleNotFoundError"),
+        (1, "OSError: [Errno 28] No space left on device", "No space left on device"),
+        (2, "usage: train.py [-h] --lr LR", "exit code 2"),
+    ],
+)
+def test_failures_that_cannot_fix_themselves_are_not_restarted(
+    loop: tuple[SchedulerLoop, FakeExecutor], code: int, log_line: str, why: str
+) -> None:
+    sched, ex = loop
+    job_id = submit(sched, max_restarts=3)
+    sched.tick()
+    logs = JobFiles(sched.home, job_id).logs
+    logs.mkdir(parents=True, exist_ok=True)
+    (logs / "rank-0.log").write_text(
+        "=== trainhouse: attempt 1, rank 0, 2026-11-30 ===\n"
+        "Traceback (most recent call last):\n"
+        '  File "train.py", line 3, in <module>\n'
+        f"{log_line}\n"
+    )
+    ex.end(job_id, code)
+    sched.tick()
+    job = sched.store.get_job(job_id)
+    assert job.state is JobState.FAILED and job.restarts == 0
+    assert why in (job.reason or "") and "not restarted" in (job.reason or "")
+    attempt = sched.store.attempts(job_id)[0]
+    assert attempt.failed_rank == 0 and attempt.failure == "user"
+    assert log_line in (attempt.log_tail or "")
+
+
+def test_the_patterns_only_look_at_the_failed_attempt(
+    loop: tuple[SchedulerLoop, FakeExecutor],
+) -> None:
+    """An error an earlier attempt logged does not stop the restart of a later one."""
+    sched, ex = loop
+    job_id = submit(sched, max_restarts=3)
+    sched.tick()
+    logs = JobFiles(sched.home, job_id).logs
+    logs.mkdir(parents=True, exist_ok=True)
+    (logs / "rank-0.log").write_text(
+        "=== trainhouse: attempt 1, rank 0, x ===\nImportError: once, long ago\n"
+        "=== trainhouse: attempt 2, rank 0, x ===\nRuntimeError: flaky network\n"
+    )
+    ex.end(job_id, 1)  # attempt 1's own failure reads as permanent ...
+    sched.tick()
+    assert sched.store.get_job(job_id).state is JobState.FAILED
+    job2 = submit(sched, max_restarts=3)
+    sched.tick()
+    sched.store.update_job(job2, attempts=2)
+    logs2 = JobFiles(sched.home, job2).logs
+    logs2.mkdir(parents=True, exist_ok=True)
+    (logs2 / "rank-0.log").write_text((logs / "rank-0.log").read_text())
+    ex.exits.append(Exit(job2, 2, 1, {"0": 1}))
+    sched.tick()  # ... attempt 2's is not
+    assert sched.store.get_job(job2).state in (JobState.QUEUED, JobState.RUNNING)

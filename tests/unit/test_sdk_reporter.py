@@ -5,13 +5,17 @@ from __future__ import annotations
 import json
 import logging
 import threading
+from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
+from trainhouse.errors import ClientError
 from trainhouse.sdk.metrics import Reporter
 from trainhouse.sdk.transport import JobAPI
+from trainhouse.store import MetricPoint, Store
+from trainhouse.store.spool import ingest_spool
 
 
 class FakeServer:
@@ -155,3 +159,46 @@ def test_checkpoint_is_registered_only_after_the_metrics_before_it(
             run.log({"loss": 1.0}, step=step)
         run.checkpoint.save({"w": torch.ones(1)}, step=4)
     assert order[:2] == ["report 4", "checkpoint 4"]
+
+
+def test_points_unsent_at_the_end_are_spooled_and_stored_once(tmp_path: Path) -> None:
+    """The server is down as the run ends: nothing is lost, nothing is stored twice."""
+    server = FakeServer()
+    spool = tmp_path / "attempts" / "1" / "metrics-spool"
+    rep = reporter(server, interval=3600, spool=spool)
+    rep.add([(s, "loss", float(s), None, 0.0) for s in range(5)])
+    rep.flush()  # steps 0-4 reach the server
+    server.down = True
+    rep.add([(s, "loss", float(s), None, 0.0) for s in range(5, 12)])
+    with pytest.raises(ClientError):
+        rep.flush()  # steps 5-11 are pending in one batch
+    rep.add([(12, "loss", 12.0, None, 0.0)])
+    rep.close(timeout=0.5)
+    files = sorted(spool.glob("*.json"))
+    assert len(files) == 2
+    assert json.loads(files[0].read_text())["batch_id"] == server.refused[-1]
+
+    store = Store(f"sqlite:///{tmp_path / 'db.sqlite'}")
+    try:
+        job = store.create_job(
+            name="j", owner="ann", priority="normal", spec={}, archive_sha256="0" * 64
+        )
+        sent = server.requests[0]
+        store.add_metrics(
+            job.id,
+            [MetricPoint(s, n, v, r, 1, w) for s, n, v, r, w in sent["points"]],
+            batch_id=sent["batch_id"],
+        )
+        # the first spooled batch had reached the server too, just before it went down
+        first = json.loads(files[0].read_text())
+        store.add_metrics(
+            job.id,
+            [MetricPoint(s, n, v, r, 1, w) for s, n, v, r, w in first["points"]],
+            batch_id=first["batch_id"],
+        )
+        assert ingest_spool(store, job.id, spool.parent) == 1  # only step 12 is new
+        assert not list(spool.glob("*.json"))
+        steps = [p.step for p in store.metrics(job.id, name="loss")]
+        assert steps == list(range(13))
+    finally:
+        store.close()

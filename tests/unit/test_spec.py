@@ -204,3 +204,16 @@ def test_hostile_yaml_is_refused_cleanly(text: str, message: str) -> None:
     """Regression: these raised OverflowError / RecursionError (a 500 from the server)."""
     with pytest.raises(SpecError, match=message):
         parse_spec(text)
+
+
+def test_no_restart_on_defaults_and_errors() -> None:
+    spec = parse_spec("entrypoint: python t.py")
+    assert "ModuleNotFoundError" in spec.no_restart_on.log_patterns
+    assert 127 in spec.no_restart_on.exit_codes
+    custom = parse_spec("entrypoint: python t.py\nno_restart_on: {log_patterns: ['NaN loss']}")
+    assert custom.no_restart_on.log_patterns == ["NaN loss"]
+    assert custom.no_restart_on.exit_codes == [2, 126, 127]  # the other list keeps its defaults
+    with pytest.raises(SpecError) as err:
+        parse_spec("entrypoint: python t.py\nno_restart_on:\n  log_patterns: ['(unclosed']\n")
+    assert "'(unclosed' is not a regular expression" in str(err.value)
+    assert ":3" in str(err.value)

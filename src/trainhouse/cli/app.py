@@ -229,7 +229,9 @@ def show(
         ),
         (
             "attempts",
-            f"{job['attempts']} (restarts {job['restarts']} of {job['spec']['max_restarts']})",
+            f"{job['attempts']} (restarts after failures of the code: {job['restarts']} of "
+            f"{job['spec']['max_restarts']}; after infrastructure failures: "
+            f"{job.get('infra_restarts', 0)})",
         ),
         (
             "progress",
@@ -262,26 +264,32 @@ def show(
         )
     if job["attempt_history"]:
         att = Table(title="attempts", box=None, header_style="bold", title_justify="left")
-        for col in ("#", "STARTED", "DURATION", "RESULT", "EXIT", "RANK EXIT CODES", "REASON"):
+        for col in ("#", "STARTED", "DURATION", "RESULT", "EXIT", "FAILED RANK", "RANK EXIT CODES"):
             att.add_column(col, overflow="fold")
+        att.add_column("REASON", overflow="fold", ratio=1)
         for a in job["attempt_history"]:
             codes = a["rank_exit_codes"] or {}
+            result = a["result"] or "running"
+            if a.get("failure"):
+                result += " (infra)" if a["failure"] == "infra" else " (code)"
             att.add_row(
                 str(a["number"]),
                 ago(a["started_at"]),
                 duration((a["ended_at"] or time.time()) - a["started_at"]),
-                a["result"] or "running",
+                result,
                 "-" if a["exit_code"] is None else str(a["exit_code"]),
+                "-" if a.get("failed_rank") is None else str(a["failed_rank"]),
                 " ".join(f"{r}:{c}" for r, c in sorted(codes.items(), key=lambda x: int(x[0])))
                 or "-",
                 (a["reason"] or "").splitlines()[0] if a["reason"] else "",
             )
         console.print(att, highlight=False)
         for a in job["attempt_history"]:
-            lines = (a["reason"] or "").splitlines()
-            if a["result"] == "failed" and len(lines) > 1:
-                console.print(f"[bold]attempt {a['number']}:[/] ", end="")
-                console.print("\n".join(lines), highlight=False, markup=False)
+            tail = a.get("log_tail") or ""
+            if a["result"] == "failed" and tail:
+                who = "rank " + str(a["failed_rank"]) if a.get("failed_rank") is not None else ""
+                console.print(f"[bold]attempt {a['number']}, last lines of {who or 'the log'}:[/]")
+                console.print(tail, highlight=False, markup=False)
 
 
 # -- cancel ----------------------------------------------------------------------------------
@@ -401,14 +409,29 @@ def metrics(
 @app.command()
 def checkpoints(
     job_id: Annotated[int, typer.Argument(metavar="JOB")],
+    download: Annotated[
+        tuple[str, Path] | None,
+        typer.Option(
+            "--download",
+            metavar="STEP DIR",
+            help="Fetch the checkpoint of STEP ('latest' for the newest) into DIR, checking "
+            "its sha256",
+        ),
+    ] = None,
+    all_: Annotated[
+        bool, typer.Option("--all", help="Include deleted and corrupt checkpoints")
+    ] = False,
     as_json: JsonOpt = False,
     url: UrlOpt = None,
 ) -> None:
-    """A job's checkpoints with step, size and sha256."""
+    """A job's checkpoints with step, size and sha256; --download STEP DIR fetches one."""
     from trainhouse.workdir import human_size
 
+    if download is not None:
+        _download(job_id, download[0], download[1], url, as_json)
+        return
     with errors(), client(url) as c:
-        data = c.checkpoints(job_id)
+        data = c.checkpoints(job_id, all=all_)
     if as_json:
         print_json(data)
         return
@@ -416,16 +439,61 @@ def checkpoints(
         console.print(f"job {job_id} has no checkpoints yet")
         return
     table = Table(box=None, header_style="bold", title=data["directory"], title_justify="left")
-    for col in ("STEP", "ATTEMPT", "SIZE", "SHA256", "METRICS", "FILE", "SAVED"):
+    for col in ("STEP", "ATTEMPT", "SIZE", "SHA256", "METRICS", "PATH", "SAVED"):
         table.add_column(col, overflow="fold")
+    if all_:
+        table.add_column("STATUS", overflow="fold")
     for ck in data["checkpoints"]:
-        table.add_row(
+        row = [
             str(ck["step"]),
             str(ck["attempt"]),
             human_size(ck["size"]),
             ck["sha256"][:16],
             " ".join(f"{k}={fmt_value(v)}" for k, v in sorted(ck["metrics"].items())),
-            ck["path"],
+            ck["path"] + ("/ (sharded)" if ck.get("kind") == "sharded" else ""),
             ago(ck["created_at"]),
-        )
+        ]
+        if all_:
+            status = "deleted" if ck["deleted"] else "ok"
+            row.append(f"corrupt: {ck['corrupt']}" if ck.get("corrupt") else status)
+        table.add_row(*row)
     console.print(table, highlight=False)
+
+
+def _download(job_id: int, step_text: str, dest: Path, url: str | None, as_json: bool) -> None:
+    from rich.progress import BarColumn, DownloadColumn, Progress, TransferSpeedColumn
+
+    if step_text == "latest":
+        step = None
+    else:
+        try:
+            step = int(step_text)
+        except ValueError:
+            render.fail(
+                f"--download takes a step number or 'latest', got {step_text!r}",
+                render.EXIT_BAD_INPUT,
+            )
+    with (
+        errors(),
+        client(url) as c,
+        Progress(
+            "[progress.description]{task.description}",
+            BarColumn(),
+            DownloadColumn(),
+            TransferSpeedColumn(),
+            console=render.err_console,
+            transient=True,
+            disable=as_json,
+        ) as bar,
+    ):
+        task = bar.add_task(f"job {job_id} checkpoint", total=None)
+        path = c.download_checkpoint(
+            job_id,
+            step,
+            dest,
+            progress=lambda done, total: bar.update(task, completed=done, total=total),
+        )
+    if as_json:
+        print_json({"job_id": job_id, "path": str(path)})
+    else:
+        console.print(f"downloaded to {path} (sha256 verified)", highlight=False)

@@ -82,6 +82,22 @@ def register(app: typer.Typer) -> None:
         fairshare_half_life: Annotated[
             str, typer.Option(help="Half-life of fair-share usage (e.g. 7d, 12h)")
         ] = "7d",
+        max_infra_restarts: Annotated[
+            int,
+            typer.Option(
+                min=0,
+                help="Restarts per job after infrastructure failures (a killed rank, a lost "
+                "node); failures of the job's code are bounded by its max_restarts",
+            ),
+        ] = 20,
+        checkpoint_url: Annotated[
+            str | None,
+            typer.Option(
+                help="Where jobs write checkpoints: a shared directory or an fsspec URL "
+                "(s3://bucket/prefix); each job gets a folder under it",
+                show_default="HOME/jobs/<id>/checkpoints",
+            ),
+        ] = None,
         log_level: Annotated[str, typer.Option(help="debug, info, warning")] = "info",
     ) -> None:
         """Run the trainhouse server in the foreground."""
@@ -111,6 +127,8 @@ def register(app: typer.Typer) -> None:
             render.fail(f"--fairshare-half-life {exc}", render.EXIT_BAD_INPUT)
         settings = Settings(
             cancel_grace=cancel_grace,
+            max_infra_restarts=max_infra_restarts,
+            checkpoint_url=checkpoint_url,
             quota_gpus=quota_gpus,
             quota_cpus=quota_cpus,
             fairshare_half_life=half_life,

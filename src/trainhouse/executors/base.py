@@ -57,6 +57,9 @@ class Executor(Protocol):
     def launch(self, launch: Launch) -> ProcessInfo:
         """Start an attempt; returns its launcher process."""
 
+    def adopt(self, job_id: int, attempt: int, info: ProcessInfo, job_dir: Path) -> bool:
+        """Watch an attempt a previous server started, if it still runs; False if it does not."""
+
     def poll(self) -> list[Exit]:
         """Attempts that ended since the last call."""
 

@@ -1,7 +1,11 @@
 """The local executor: one torchrun per job on this machine.
 
 Each attempt is started as ``python -m torch.distributed.run --standalone ...`` in a session of
-its own (its own process group). torchrun starts every rank through
+its own (its own process group), under :mod:`trainhouse.executors.supervise`, which records the
+launcher's exit code in the attempt's directory. The attempt does not depend on the server: a
+server killed with SIGKILL leaves it training, and the next server re-adopts it (:meth:`adopt`)
+by its PID, start time and marker, and reads its result from that file when it ends.
+torchrun starts every rank through
 :mod:`trainhouse.executors.rank`, which sends the rank's stdout and stderr to
 ``logs/rank-N.log`` and records its exit code.
 
@@ -24,16 +28,19 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import IO
 
 import psutil
 
 from trainhouse.executors.base import Exit, Launch, ProcessInfo
+from trainhouse.executors.supervise import read_record
 from trainhouse.scheduler.resources import Node
 
 log = logging.getLogger(__name__)
 
 MARKER_ENV = "TRAINHOUSE_RUN_MARKER"
 KILL_AFTER_TERM = 5.0  # seconds between SIGTERM and SIGKILL
+LAUNCHER_EXIT = "exit-launcher"  # in the attempt's directory: "CODE TIME" of torchrun
 
 
 def find_marked(marker: str) -> list[psutil.Process]:
@@ -57,12 +64,60 @@ def signal_all(procs: list[psutil.Process], sig: int) -> None:
             proc.send_signal(sig)
 
 
+class _Handle:
+    """The launcher of an attempt: ``pid`` and ``poll()`` (its exit code once it has ended)."""
+
+    pid: int
+
+    def poll(self) -> int | None:
+        raise NotImplementedError
+
+
+class _Child(_Handle):
+    """An attempt this server started: its supervisor is our child."""
+
+    def __init__(self, proc: subprocess.Popen[bytes], exit_file: Path) -> None:
+        self.proc = proc
+        self.pid = proc.pid
+        self.exit_file = exit_file
+
+    def poll(self) -> int | None:
+        code = self.proc.poll()
+        if code is None:
+            return None
+        recorded = read_record(self.exit_file)
+        return recorded[0] if recorded is not None else code
+
+
+class _Adopted(_Handle):
+    """An attempt a previous server started: watched by PID and start time, result from file."""
+
+    def __init__(self, pid: int, proc: psutil.Process | None, exit_file: Path) -> None:
+        self.proc = proc  # None: it had already ended when the server started
+        self.pid = pid
+        self.exit_file = exit_file
+
+    def poll(self) -> int | None:
+        with contextlib.suppress(psutil.Error):
+            if (
+                self.proc is not None
+                and self.proc.is_running()
+                and self.proc.status() != psutil.STATUS_ZOMBIE
+            ):
+                return None
+        recorded = read_record(self.exit_file)
+        # no record: the supervisor itself was killed (SIGKILL) before the launcher ended
+        return recorded[0] if recorded is not None else -signal.SIGKILL
+
+
 @dataclass
 class _Attempt:
-    launch: Launch
-    proc: subprocess.Popen[bytes]
+    job_id: int
+    number: int
+    job_dir: Path
+    handle: _Handle
     marker: str
-    log_file: object
+    log_file: IO[bytes] | None
     stop_reason: str | None = None
     term_at: float | None = None  # when SIGTERM is (or was) due
     term_sent: bool = False
@@ -88,7 +143,12 @@ class LocalExecutor:
 
     def command(self, launch: Launch) -> list[str]:
         procs = launch.placements[0].procs
+        exit_file = self.attempt_dir(launch.job_dir, launch.attempt) / LAUNCHER_EXIT
         return [
+            sys.executable,
+            "-m",
+            "trainhouse.executors.supervise",
+            str(exit_file),
             sys.executable,
             "-m",
             "torch.distributed.run",
@@ -155,13 +215,49 @@ class LocalExecutor:
         except BaseException:
             log_file.close()
             raise
+        exit_file = self.attempt_dir(launch.job_dir, launch.attempt) / LAUNCHER_EXIT
         with self._lock:
-            self._attempts[launch.job_id] = _Attempt(launch, proc, marker, log_file)
+            self._attempts[launch.job_id] = _Attempt(
+                launch.job_id,
+                launch.attempt,
+                launch.job_dir,
+                _Child(proc, exit_file),
+                marker,
+                log_file,
+            )
         try:
             create_time = psutil.Process(proc.pid).create_time()
         except psutil.Error:
             create_time = time.time()
         return ProcessInfo(proc.pid, create_time)
+
+    def adopt(self, job_id: int, attempt: int, info: ProcessInfo, job_dir: Path) -> bool:
+        """Take over an attempt a previous server started. A launcher that still runs (the
+        same PID, start time and the attempt's marker: a reused PID is never taken) is
+        watched; one that ended while no server watched it is reported by the next ``poll``
+        with the result it recorded. False when it is gone without a record."""
+        marker = self.marker(job_id, attempt)
+        exit_file = self.attempt_dir(job_dir, attempt) / LAUNCHER_EXIT
+        proc: psutil.Process | None = None
+        with contextlib.suppress(psutil.Error, OSError):
+            candidate = psutil.Process(info.pid)
+            if (
+                abs(candidate.create_time() - info.create_time) < 1.0
+                and candidate.status() != psutil.STATUS_ZOMBIE
+                and candidate.environ().get(MARKER_ENV) == marker
+            ):
+                proc = candidate
+        if proc is None and read_record(exit_file) is None:
+            return False
+        with self._lock:
+            self._attempts[job_id] = _Attempt(
+                job_id, attempt, job_dir, _Adopted(info.pid, proc, exit_file), marker, None
+            )
+        if proc is not None:
+            log.info("job %s: re-adopted attempt %s (pid %s)", job_id, attempt, info.pid)
+        else:
+            log.info("job %s: attempt %s ended while the server was down", job_id, attempt)
+        return True
 
     def running(self) -> set[int]:
         with self._lock:
@@ -192,7 +288,7 @@ class LocalExecutor:
 
     def _signal(self, att: _Attempt, sig: int) -> None:
         with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(att.proc.pid, sig)
+            os.killpg(att.handle.pid, sig)
         signal_all(find_marked(att.marker), sig)
 
     def _reap(self, att: _Attempt, code: int) -> Exit:
@@ -201,21 +297,21 @@ class LocalExecutor:
         if leftovers:
             signal_all(leftovers, signal.SIGKILL)
             psutil.wait_procs(leftovers, timeout=5)
-        with contextlib.suppress(OSError):
-            att.log_file.close()  # type: ignore[attr-defined]
-        launch = att.launch
+        if att.log_file is not None:
+            with contextlib.suppress(OSError):
+                att.log_file.close()
         codes: dict[str, int] = {}
         times: dict[str, float] = {}
-        adir = self.attempt_dir(launch.job_dir, launch.attempt)
+        adir = self.attempt_dir(att.job_dir, att.number)
         for path in sorted(adir.glob("exit-rank-*")):
-            rank = path.name.removeprefix("exit-rank-")
-            with contextlib.suppress(ValueError, OSError):
-                code_text, _, time_text = path.read_text().strip().partition(" ")
-                codes[rank] = int(code_text)
-                if time_text:
-                    times[rank] = float(time_text)
+            recorded = read_record(path)
+            if recorded is not None:
+                rank = path.name.removeprefix("exit-rank-")
+                codes[rank] = recorded[0]
+                if recorded[1] is not None:
+                    times[rank] = recorded[1]
         shutil.rmtree(adir / "tmp", ignore_errors=True)
-        return Exit(launch.job_id, launch.attempt, code, codes, att.stop_reason, times)
+        return Exit(att.job_id, att.number, code, codes, att.stop_reason, times)
 
     def poll(self) -> list[Exit]:
         exits = []
@@ -223,7 +319,7 @@ class LocalExecutor:
         with self._lock:
             items = list(self._attempts.items())
         for job_id, att in items:
-            code = att.proc.poll()
+            code = att.handle.poll()
             if code is None:
                 if att.term_at is not None and not att.term_sent and now >= att.term_at:
                     log.warning("job %s did not stop within its grace period: SIGTERM", job_id)

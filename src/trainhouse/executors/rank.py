@@ -17,6 +17,8 @@ import sys
 import time
 from pathlib import Path
 
+from trainhouse.executors.supervise import record
+
 
 def _argv(argv: list[str]) -> list[str]:
     # "python" in an entrypoint means the server's interpreter, which has torch and trainhouse
@@ -53,12 +55,7 @@ def main(argv: list[str]) -> int:
             signal.signal(signal.SIGTERM, forward)
             signal.signal(signal.SIGINT, forward)
             code = child.wait()
-        tmp = attempt_dir / f".exit-rank-{rank}.tmp"
-        try:
-            tmp.write_text(f"{code} {time.time():.6f}")
-            os.replace(tmp, attempt_dir / f"exit-rank-{rank}")
-        except OSError:
-            pass
+        record(attempt_dir / f"exit-rank-{rank}", code)
     return code if code >= 0 else 128 - code
 
 

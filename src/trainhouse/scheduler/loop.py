@@ -15,11 +15,14 @@ import secrets
 import shutil
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from trainhouse.errors import InvalidTransition, StoreError
-from trainhouse.executors.base import Executor, Exit, Launch
+from trainhouse.executors.base import Executor, Exit, Launch, ProcessInfo
+from trainhouse.scheduler.failures import analyse
 from trainhouse.scheduler.fairshare import DEFAULT_ENTRY_SECONDS, DEFAULT_HALF_LIFE, UsageLedger
 from trainhouse.scheduler.lifecycle import JobState
 from trainhouse.scheduler.policy import (
@@ -34,8 +37,10 @@ from trainhouse.scheduler.policy import (
 )
 from trainhouse.scheduler.resources import Demand, Placement
 from trainhouse.spec import JobSpec
+from trainhouse.storage import open_storage
 from trainhouse.store import BlobStore, Job, Store
 from trainhouse.store.jobfiles import JobFiles
+from trainhouse.store.spool import ingest_spool
 from trainhouse.workdir import extract
 
 log = logging.getLogger(__name__)
@@ -51,6 +56,7 @@ class SchedulerConfig:
     entry_seconds: float = DEFAULT_ENTRY_SECONDS
     default_quota: Quota = field(default_factory=Quota)
     preemption: bool = True
+    max_infra_restarts: int = 20  # restarts after infrastructure failures, per job
 
 
 def hash_token(token: str) -> str:
@@ -68,6 +74,7 @@ class SchedulerLoop:
         server_url: str,
         tick: float = 0.5,
         cancel_grace: float = 10.0,
+        checkpoint_location: Callable[[int], str] | None = None,
         config: SchedulerConfig | None = None,
     ) -> None:
         self.store = store
@@ -77,6 +84,10 @@ class SchedulerLoop:
         self.server_url = server_url
         self.tick_seconds = tick
         self.cancel_grace = cancel_grace
+        # a job's checkpoint directory or URL (default: HOME/jobs/<id>/checkpoints)
+        self.checkpoint_location = checkpoint_location or (
+            lambda job_id: str(JobFiles(home, job_id).checkpoints)
+        )
         self._wake = threading.Event()
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
@@ -138,18 +149,35 @@ class SchedulerLoop:
 
     # -- start-up --------------------------------------------------------------------------
     def reconcile(self) -> None:
-        """Jobs the store thinks are running were lost with the previous server: requeue them."""
+        """Take over from the previous server: attempts still running are re-adopted; attempts
+        that died while no server watched them are failures, restarted from their checkpoint."""
         for job in self.store.list_jobs(states=[JobState.RUNNING]):
+            attempt = self.store.get_attempt(job.id, job.attempts)
+            if attempt.pid is not None and attempt.pid_create_time is not None:
+                info = ProcessInfo(attempt.pid, attempt.pid_create_time)
+                if self.executor.adopt(
+                    job.id, job.attempts, info, JobFiles(self.home, job.id).root
+                ):
+                    self._attempt_started[job.id] = attempt.started_at
+                    self.store.add_event(
+                        job.id, f"the server restarted; attempt {job.attempts} kept running"
+                    )
+                    continue
             killed = self.executor.kill_orphans(job.id, job.attempts)
             reason = (
-                f"the server restarted while attempt {job.attempts} ran"
+                f"attempt {job.attempts} was lost while the server was down"
                 + (f" (stopped {killed} leftover processes)" if killed else "")
                 + "; resuming from the latest checkpoint"
             )
             self.store.update_attempt(
-                job.id, job.attempts, ended_at=time.time(), result="lost", reason=reason
+                job.id,
+                job.attempts,
+                ended_at=time.time(),
+                result="lost",
+                reason=reason,
+                failure="infra",
             )
-            self._requeue(job, reason, count_restart=False)
+            self._restart_or_fail(job, job.attempts, reason, infra=True, exit_code=1)
         for job in self.store.list_jobs(states=[JobState.RESTARTING, JobState.PREEMPTED]):
             self.store.transition(job.id, JobState.QUEUED, reason=job.reason)
 
@@ -162,32 +190,58 @@ class SchedulerLoop:
         )
         log.error("job %s: %s", job.id, reason)
         self.store.update_attempt(
-            job.id, job.attempts, ended_at=time.time(), result="lost", reason=reason
+            job.id,
+            job.attempts,
+            ended_at=time.time(),
+            result="lost",
+            reason=reason,
+            failure="infra",
         )
-        self._requeue(job, f"{reason}; resuming from the latest checkpoint", count_restart=False)
+        self._restart_or_fail(job, job.attempts, reason, infra=True, exit_code=1)
 
-    def _requeue(self, job: Job, reason: str, *, count_restart: bool) -> None:
-        restarts = job.restarts + (1 if count_restart else 0)
-        self.store.transition(job.id, JobState.RESTARTING, reason=reason, restarts=restarts)
+    def _requeue(self, job: Job, reason: str, counters: dict[str, Any] | None = None) -> None:
+        self.store.transition(job.id, JobState.RESTARTING, reason=reason, **(counters or {}))
         if self.store.get_job(job.id).cancel_requested:  # canceled while it was restarting
             self.store.transition(job.id, JobState.CANCELED, reason="canceled by request")
         else:
             self.store.transition(job.id, JobState.QUEUED, reason=reason)
 
-    def _failure_reason(self, ended: Exit) -> str:
-        files = JobFiles(self.home, ended.job_id)
-        rank = ended.failed_rank
-        if rank is not None:
-            code = ended.rank_exit_codes[str(rank)]
-            what = f"killed by signal {-code}" if code < 0 else f"exited with code {code}"
-            text = f"rank {rank} {what}"
-            tail = files.tail_text(rank, 5)
+    def _restart_or_fail(
+        self,
+        job: Job,
+        attempt: int,
+        summary: str,
+        *,
+        infra: bool,
+        exit_code: int,
+        permanent: str | None = None,
+        detail: str = "",
+    ) -> None:
+        """After a failed attempt: restart from the latest checkpoint, if the budget allows."""
+        if infra:
+            used, limit, counter = job.infra_restarts, self.config.max_infra_restarts, "infra"
+            label = "infrastructure failure"
         else:
-            code = ended.exit_code
-            what = f"killed by signal {-code}" if code < 0 else f"exited with code {code}"
-            text = f"the launcher {what}"
-            tail = files.tail_text("launcher", 5)
-        return f"{text}; last lines:\n{tail}" if tail else text
+            used, limit = job.restarts, int(job.spec.get("max_restarts", 0))
+            counter, label = "user", "failure"
+        if permanent is None and used < limit:
+            self._requeue(
+                job,
+                f"attempt {attempt} failed ({summary}; {label}); restart {used + 1} of {limit} "
+                "from the latest checkpoint",
+                {"infra_restarts" if counter == "infra" else "restarts": used + 1},
+            )
+            return
+        if permanent is not None:
+            why = f"not restarted: {permanent}"
+        elif infra:
+            why = f"{limit} restarts after infrastructure failures used up (max_infra_restarts)"
+        else:
+            why = f"max_restarts ({limit}) used up" if limit else "max_restarts is 0"
+        reason = f"attempt {attempt} failed: {summary}; {why}" + (
+            f"; last lines:\n{detail}" if detail else ""
+        )
+        self.store.transition(job.id, JobState.FAILED, reason=reason, exit_code=exit_code or 1)
 
     def _record_exit(self, ended: Exit) -> None:
         self._attempt_started.pop(ended.job_id, None)
@@ -195,6 +249,8 @@ class SchedulerLoop:
             job = self.store.get_job(ended.job_id)
         except StoreError:
             return
+        # metrics the attempt could not send (the server was down as it ended) come first
+        ingest_spool(self.store, job.id, JobFiles(self.home, job.id).attempt(ended.attempt))
         codes = ended.rank_exit_codes
         rank = ended.failed_rank
         exit_code = codes[str(rank)] if rank is not None else ended.exit_code
@@ -218,27 +274,37 @@ class SchedulerLoop:
             self.store.update_attempt(
                 job.id, ended.attempt, result=result, reason=reason, **attempt_fields
             )
-            self._requeue(job, reason, count_restart=False)
+            self._requeue(job, reason)
             return
         elif ended.exit_code == 0 and exit_code == 0:
             result, new, reason = "completed", JobState.COMPLETED, "every rank exited 0"
         else:
-            reason = self._failure_reason(ended)
-            self.store.update_attempt(
-                job.id, ended.attempt, result="failed", reason=reason, **attempt_fields
+            spec = JobSpec.model_validate(job.spec)
+            failure = analyse(
+                ended, JobFiles(self.home, job.id), spec.resources.procs, spec.no_restart_on
             )
-            max_restarts = int(job.spec.get("max_restarts", 0))
-            if job.restarts < max_restarts:
-                self._requeue(
-                    job,
-                    f"attempt {ended.attempt} failed ({reason.splitlines()[0]}); restart "
-                    f"{job.restarts + 1} of {max_restarts} from the latest checkpoint",
-                    count_restart=True,
-                )
-            else:
-                self.store.transition(
-                    job.id, JobState.FAILED, reason=reason, exit_code=exit_code or 1
-                )
+            reason = failure.summary + (
+                f"; not restarted: {failure.permanent}" if failure.permanent else ""
+            )
+            self.store.update_attempt(
+                job.id,
+                ended.attempt,
+                result="failed",
+                reason=reason,
+                failure=failure.kind,
+                failed_rank=failure.rank,
+                log_tail=failure.log_tail,
+                **{**attempt_fields, "exit_code": failure.code},
+            )
+            self._restart_or_fail(
+                job,
+                ended.attempt,
+                failure.summary,
+                infra=failure.kind == "infra",
+                exit_code=failure.code if failure.code > 0 else 128 - failure.code,
+                permanent=failure.permanent,
+                detail="\n".join(failure.log_tail.splitlines()[-5:]),
+            )
             return
         self.store.update_attempt(
             job.id, ended.attempt, result=result, reason=reason, **attempt_fields
@@ -405,7 +471,8 @@ class SchedulerLoop:
             spec = JobSpec.model_validate(job.spec)
             if workdir.exists():
                 shutil.rmtree(workdir)
-            files.checkpoints.mkdir(parents=True, exist_ok=True)
+            checkpoints = self.checkpoint_location(job.id)
+            open_storage(checkpoints).makedirs()
             extract(self.blobs.path(job.archive_sha256), workdir)
             env = {
                 "TRAINHOUSE_URL": self.server_url,
@@ -414,7 +481,10 @@ class SchedulerLoop:
                 "TRAINHOUSE_ATTEMPT": str(attempt.number),
                 "TRAINHOUSE_JOB_TOKEN": token,
                 "TRAINHOUSE_HPARAMS": json.dumps(spec.hparams),
-                "TRAINHOUSE_CHECKPOINT_DIR": str(files.checkpoints),
+                # a URL (s3://..., file://...) or a local directory
+                "TRAINHOUSE_CHECKPOINT_URL"
+                if "://" in checkpoints
+                else "TRAINHOUSE_CHECKPOINT_DIR": checkpoints,
             }
             info = self.executor.launch(
                 Launch(job.id, attempt.number, spec, placements, workdir, files.root, env)

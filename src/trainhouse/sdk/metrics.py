@@ -2,15 +2,20 @@
 
 One HTTP request per flush, never one per point, and the training loop never waits on the
 network. A batch keeps its id until the server accepts it, so a retried batch is stored once.
+Points the server could not take by the end of the run (it was down) are spooled to the attempt's
+directory; the server stores them when it records the attempt's end, under the same batch ids.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import math
+import os
 import threading
 import time
 import uuid
+from pathlib import Path
 from typing import Any
 
 from trainhouse.errors import ClientError
@@ -20,6 +25,12 @@ log = logging.getLogger("trainhouse")
 
 Point = tuple[int, str, float | None, int | None, float]
 MAX_SERVER_ERRORS = 10  # a batch the server fails on this many times in a row is dropped
+SPOOL_DIR = "metrics-spool"  # under $TRAINHOUSE_ATTEMPT_DIR
+
+
+def default_spool() -> Path | None:
+    attempt_dir = os.environ.get("TRAINHOUSE_ATTEMPT_DIR")
+    return Path(attempt_dir) / SPOOL_DIR if attempt_dir else None
 
 
 def finite_or_none(value: float) -> float | None:
@@ -35,12 +46,14 @@ class Reporter:
         interval: float = 1.0,
         heartbeat: float = 2.0,
         max_batch: int = 50_000,
+        spool: Path | None = None,
     ) -> None:
         self.api = api
         self.attempt = attempt
         self.interval = interval
         self.heartbeat = heartbeat
         self.max_batch = max_batch
+        self.spool = spool if spool is not None else default_spool()
         self.total_steps: int | None = None
         # set on resume: the server drops steps after it that earlier attempts logged
         self.resume_step: int | None = None
@@ -135,7 +148,7 @@ class Reporter:
                 if not more:
                     return
 
-    def close(self, timeout: float = 30.0) -> None:
+    def close(self, timeout: float = 15.0) -> None:
         self._closed.set()
         self._kick.set()
         self._thread.join(timeout=timeout)
@@ -143,5 +156,42 @@ class Reporter:
             self.flush(retry_for=timeout)
         except ClientError as exc:
             with self._lock:
-                lost = len(self._buffer) + (len(self._pending[1]) if self._pending else 0)
-            log.error("trainhouse: could not send %d metric points: %s", lost, exc)
+                batches = [self._pending] if self._pending else []
+                batches.append((uuid.uuid4().hex, self._buffer))
+                self._pending, self._buffer = None, []
+            lost = sum(len(points) for _, points in batches)
+            if self.spool is not None and self._write_spool(batches):
+                log.warning(
+                    "trainhouse: the server is unreachable (%s); %d metric points are kept in %s "
+                    "and stored when the server records the end of this attempt",
+                    exc,
+                    lost,
+                    self.spool,
+                )
+            else:
+                log.error("trainhouse: could not send %d metric points: %s", lost, exc)
+
+    def _write_spool(self, batches: list[tuple[str, list[Point]]]) -> bool:
+        """Write unsent batches as report payloads (fsync'd, renamed into place)."""
+        assert self.spool is not None
+        try:
+            self.spool.mkdir(parents=True, exist_ok=True)
+            for batch_id, points in batches:
+                payload = {
+                    "batch_id": batch_id,
+                    "attempt": self.attempt,
+                    "points": points,
+                    "total_steps": self.total_steps,
+                    "resume_step": self.resume_step,
+                }
+                final = self.spool / f"{time.time_ns():020d}-{batch_id}.json"
+                tmp = final.with_name(f".{final.name}.tmp")
+                with tmp.open("w") as fh:
+                    json.dump(payload, fh)
+                    fh.flush()
+                    os.fsync(fh.fileno())
+                os.replace(tmp, final)
+        except OSError as exc:
+            log.error("trainhouse: cannot spool metrics to %s: %s", self.spool, exc)
+            return False
+        return True

@@ -17,6 +17,7 @@ from trainhouse.executors.inventory import local_node
 from trainhouse.executors.local import LocalExecutor
 from trainhouse.scheduler.loop import SchedulerConfig, SchedulerLoop
 from trainhouse.scheduler.policy import Quota
+from trainhouse.server.checkpoints import Checkpoints
 from trainhouse.server.deps import Services
 from trainhouse.server.routes import jobs, queue, report, system
 from trainhouse.server.settings import Settings
@@ -46,6 +47,7 @@ def build_services(settings: Settings) -> Services:
     store = Store(settings.database_url)
     blobs = BlobStore(settings.home / "blobs")
     executor = LocalExecutor(local_node(settings.cpus, settings.gpus), settings.home)
+    checkpoints = Checkpoints(store, settings.home, settings.checkpoint_url)
     loop = SchedulerLoop(
         store,
         blobs,
@@ -54,12 +56,14 @@ def build_services(settings: Settings) -> Services:
         server_url=settings.url,
         tick=settings.tick,
         cancel_grace=settings.cancel_grace,
+        checkpoint_location=checkpoints.location,
         config=SchedulerConfig(
             half_life=settings.fairshare_half_life,
+            max_infra_restarts=settings.max_infra_restarts,
             default_quota=Quota(settings.quota_gpus, settings.quota_cpus),
         ),
     )
-    return Services(settings, store, blobs, loop)
+    return Services(settings, store, blobs, loop, checkpoints)
 
 
 def create_app(settings: Settings) -> FastAPI:
@@ -68,11 +72,13 @@ def create_app(settings: Settings) -> FastAPI:
         svc = build_services(settings)
         app.state.services = svc
         svc.scheduler.start()
+        svc.checkpoints.start()
         log.info("trainhouse %s serving %s (home %s)", __version__, settings.url, settings.home)
         try:
             yield
         finally:
             svc.scheduler.stop(grace=settings.shutdown_grace)
+            svc.checkpoints.stop()
             svc.store.close()
 
     app = FastAPI(

@@ -9,6 +9,7 @@ from fastapi import Depends, Header, Request
 
 from trainhouse.errors import TrainhouseError
 from trainhouse.scheduler.loop import SchedulerLoop, hash_token
+from trainhouse.server.checkpoints import Checkpoints
 from trainhouse.server.settings import Settings
 from trainhouse.store import BlobStore, Job, Store
 from trainhouse.store.jobfiles import JobFiles
@@ -25,6 +26,7 @@ class Services:
     store: Store
     blobs: BlobStore
     scheduler: SchedulerLoop
+    checkpoints: Checkpoints
 
     def files(self, job_id: int) -> JobFiles:
         return JobFiles(self.settings.home, job_id)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, Field
 
@@ -26,6 +26,11 @@ class AttemptOut(BaseModel):
     placement: dict[str, Any] | None
     pid: int | None
     reason: str | None
+    failure: str | None = Field(
+        None, description='"user" (the job\'s code failed) or "infra" (killed from outside, lost)'
+    )
+    failed_rank: int | None = Field(None, description="The rank that failed first")
+    log_tail: str | None = Field(None, description="The failing rank's last log lines")
 
 
 class EventOut(BaseModel):
@@ -47,6 +52,7 @@ class JobOut(BaseModel):
     ended_at: float | None
     attempts: int
     restarts: int
+    infra_restarts: int = 0
     exit_code: int | None
     reason: str | None
     cancel_requested: bool
@@ -95,12 +101,24 @@ class CheckpointOut(BaseModel):
     metrics: dict[str, float | None]
     created_at: float
     deleted: bool
+    kind: str = Field("file", description='"file" (torch.save) or "sharded" (a DCP directory)')
+    corrupt: str | None = Field(None, description="Why a load refused it; null when fine")
 
 
 class CheckpointListOut(BaseModel):
     job_id: int
     directory: str
     checkpoints: list[CheckpointOut]
+
+
+class CheckpointFileOut(BaseModel):
+    name: str = Field(description='Relative to a sharded checkpoint; "" for a file checkpoint')
+    size: int
+
+
+class CheckpointFilesOut(BaseModel):
+    checkpoint: CheckpointOut
+    files: list[CheckpointFileOut]
 
 
 class CheckpointIn(BaseModel):
@@ -110,6 +128,11 @@ class CheckpointIn(BaseModel):
     size: int = Field(ge=0)
     sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
     metrics: dict[str, float | None] = Field(default_factory=dict)
+    kind: Literal["file", "sharded"] = "file"
+
+
+class CorruptIn(BaseModel):
+    reason: str = Field(min_length=1, max_length=2000)
 
 
 INT64 = 2**63 - 1

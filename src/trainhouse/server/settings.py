@@ -32,6 +32,8 @@ class Settings:
     quota_gpus: int | None = None  # default per-user caps on concurrent GPUs / CPU cores
     quota_cpus: int | None = None
     fairshare_half_life: float = DEFAULT_HALF_LIFE
+    max_infra_restarts: int = 20
+    checkpoint_url: str | None = None  # None: HOME/jobs/<id>/checkpoints
 
     @property
     def database_url(self) -> str:

@@ -23,6 +23,7 @@ class Job:
     ended_at: float | None = None
     attempts: int = 0
     restarts: int = 0
+    infra_restarts: int = 0
     exit_code: int | None = None
     reason: str | None = None
     cancel_requested: bool = False
@@ -53,6 +54,9 @@ class Attempt:
     pid: int | None = None
     pid_create_time: float | None = None
     reason: str | None = None
+    failure: str | None = None  # "user" | "infra"
+    failed_rank: int | None = None
+    log_tail: str | None = None
 
 
 @dataclass(frozen=True)
@@ -75,6 +79,8 @@ class Checkpoint:
     metrics: dict[str, float | None]
     created_at: float
     deleted: bool = False
+    kind: str = "file"
+    corrupt: str | None = None
 
 
 @dataclass(frozen=True)

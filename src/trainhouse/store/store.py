@@ -44,7 +44,9 @@ def default_db_url(home: Path) -> str:
 def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
     cur = dbapi_conn.cursor()
     cur.execute("PRAGMA journal_mode=WAL")
-    cur.execute("PRAGMA synchronous=NORMAL")
+    # FULL: a commit (a submitted job, a stored metric batch) is on disk before it is
+    # acknowledged, even if the machine loses power; NORMAL in WAL mode may lose the last ones
+    cur.execute("PRAGMA synchronous=FULL")
     cur.execute("PRAGMA foreign_keys=ON")
     cur.execute("PRAGMA busy_timeout=30000")
     cur.close()
@@ -479,6 +481,7 @@ class Store:
         size: int,
         sha256: str,
         metrics: dict[str, float | None] | None = None,
+        kind: str = "file",
     ) -> Checkpoint:
         with self._tx() as conn:
             ckpt_id = conn.execute(
@@ -493,6 +496,7 @@ class Store:
                     metrics=metrics or {},
                     created_at=time.time(),
                     deleted=False,
+                    kind=kind,
                 )
                 .returning(t.checkpoints.c.id)
             ).scalar_one()
@@ -510,6 +514,39 @@ class Store:
         query = query.order_by(t.checkpoints.c.step, t.checkpoints.c.id)
         with self.engine.connect() as conn:
             return [_checkpoint(r) for r in conn.execute(query).mappings()]
+
+    def get_checkpoint(self, job_id: int, checkpoint_id: int) -> Checkpoint:
+        with self.engine.connect() as conn:
+            row = (
+                conn.execute(
+                    select(t.checkpoints).where(
+                        t.checkpoints.c.job_id == job_id, t.checkpoints.c.id == checkpoint_id
+                    )
+                )
+                .mappings()
+                .first()
+            )
+        if row is None:
+            raise NotFound(f"job {job_id} has no checkpoint {checkpoint_id}")
+        return _checkpoint(row)
+
+    def mark_checkpoint_corrupt(self, checkpoint_id: int, reason: str) -> None:
+        with self._tx() as conn:
+            conn.execute(
+                update(t.checkpoints)
+                .where(t.checkpoints.c.id == checkpoint_id, t.checkpoints.c.corrupt.is_(None))
+                .values(corrupt=reason)
+            )
+
+    def add_event(self, job_id: int, reason: str) -> None:
+        """Note something that happened to a job without changing its state."""
+        with self._tx() as conn:
+            state = conn.execute(select(t.jobs.c.state).where(t.jobs.c.id == job_id)).scalar_one()
+            conn.execute(
+                insert(t.events).values(
+                    job_id=job_id, at=time.time(), from_state=state, to_state=state, reason=reason
+                )
+            )
 
     def mark_checkpoints_deleted(self, ids: Sequence[int]) -> None:
         if not ids:

@@ -21,6 +21,7 @@ from sqlalchemy import (
     Text,
     UniqueConstraint,
     false,
+    text,
 )
 
 metadata = MetaData(
@@ -49,7 +50,9 @@ jobs = Table(
     Column("started_at", Float),
     Column("ended_at", Float),
     Column("attempts", Integer, nullable=False, default=0),
-    Column("restarts", Integer, nullable=False, default=0),
+    Column("restarts", Integer, nullable=False, default=0),  # after failures of the job's code
+    # after infrastructure failures (a rank killed by a signal, a lost node): not in max_restarts
+    Column("infra_restarts", Integer, nullable=False, default=0, server_default=text("0")),
     Column("exit_code", Integer),
     Column("reason", Text),
     Column("cancel_requested", Boolean, nullable=False, default=False),
@@ -77,6 +80,9 @@ attempts = Table(
     Column("pid", Integer),
     Column("pid_create_time", Float),
     Column("reason", Text),
+    Column("failure", String(16)),  # "user" (the job's code) | "infra" (signal, lost node)
+    Column("failed_rank", Integer),  # the rank that failed first
+    Column("log_tail", Text),  # its last log lines
     UniqueConstraint("job_id", "number"),
 )
 
@@ -127,6 +133,9 @@ checkpoints = Table(
     Column("metrics", JSON),
     Column("created_at", Float, nullable=False),
     Column("deleted", Boolean, nullable=False, default=False),
+    # "file" (one torch.save file) | "sharded" (a directory of torch.distributed.checkpoint shards)
+    Column("kind", String(16), nullable=False, default="file", server_default=text("'file'")),
+    Column("corrupt", Text),  # why a load refused it (checksum mismatch, missing); NULL = fine
     Index("ix_checkpoints_job_id_step", "job_id", "step"),
 )
 

@@ -8,7 +8,7 @@ from dataclasses import asdict
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, File, Form, Query, UploadFile
-from fastapi.responses import PlainTextResponse
+from fastapi.responses import PlainTextResponse, StreamingResponse
 
 from trainhouse.errors import ArchiveError, NotFound, ResourceError, StoreError
 from trainhouse.scheduler.lifecycle import JobState
@@ -16,6 +16,8 @@ from trainhouse.scheduler.resources import never_fits
 from trainhouse.server.deps import Services, services
 from trainhouse.server.schemas import (
     AttemptOut,
+    CheckpointFileOut,
+    CheckpointFilesOut,
     CheckpointListOut,
     CheckpointOut,
     EventOut,
@@ -188,14 +190,44 @@ def logs(
 @router.get("/jobs/{job_id}/checkpoints", response_model=CheckpointListOut)
 def checkpoints(
     job_id: int,
-    all: bool = Query(False, description="Include deleted ones"),
+    all: bool = Query(False, description="Include deleted and corrupt ones"),
     svc: Services = Depends(services),
 ) -> CheckpointListOut:
+    """The job's checkpoints, oldest first; by default only those a restart may load."""
     svc.store.get_job(job_id)
+    found = svc.store.checkpoints(job_id, include_deleted=all)
     return CheckpointListOut(
         job_id=job_id,
-        directory=str(svc.files(job_id).checkpoints),
-        checkpoints=[
-            CheckpointOut(**asdict(c)) for c in svc.store.checkpoints(job_id, include_deleted=all)
-        ],
+        directory=svc.checkpoints.location(job_id),
+        checkpoints=[CheckpointOut(**asdict(c)) for c in found if all or c.corrupt is None],
+    )
+
+
+@router.get("/jobs/{job_id}/checkpoints/{checkpoint_id}/files", response_model=CheckpointFilesOut)
+def checkpoint_files(
+    job_id: int, checkpoint_id: int, svc: Services = Depends(services)
+) -> CheckpointFilesOut:
+    """What a download fetches: one file (name "") or a sharded checkpoint's files."""
+    ckpt = svc.store.get_checkpoint(job_id, checkpoint_id)
+    if ckpt.deleted:
+        raise NotFound(f"checkpoint of step {ckpt.step} was deleted by the retention policy")
+    return CheckpointFilesOut(
+        checkpoint=CheckpointOut(**asdict(ckpt)),
+        files=[CheckpointFileOut(name=n, size=z) for n, z in svc.checkpoints.files(job_id, ckpt)],
+    )
+
+
+@router.get("/jobs/{job_id}/checkpoints/{checkpoint_id}/content")
+def checkpoint_content(
+    job_id: int,
+    checkpoint_id: int,
+    file: str = Query("", max_length=1024, description="A sharded checkpoint's file"),
+    svc: Services = Depends(services),
+) -> StreamingResponse:
+    """The bytes of a checkpoint file, streamed."""
+    ckpt = svc.store.get_checkpoint(job_id, checkpoint_id)
+    if ckpt.deleted:
+        raise NotFound(f"checkpoint of step {ckpt.step} was deleted by the retention policy")
+    return StreamingResponse(
+        svc.checkpoints.read(job_id, ckpt, file), media_type="application/octet-stream"
     )

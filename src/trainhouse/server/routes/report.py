@@ -5,18 +5,15 @@ Both need the job's per-attempt credential; a training script can report to its 
 
 from __future__ import annotations
 
-import contextlib
 import math
 import time
 from dataclasses import asdict
 
 from fastapi import APIRouter, Depends
 
-from trainhouse.errors import CheckpointError
 from trainhouse.server.deps import Services, reporting_job, services
-from trainhouse.server.schemas import CheckpointIn, CheckpointOut, ReportIn, ReportOut
-from trainhouse.spec import CheckpointPolicy
-from trainhouse.store import Checkpoint, Job, MetricPoint
+from trainhouse.server.schemas import CheckpointIn, CheckpointOut, CorruptIn, ReportIn, ReportOut
+from trainhouse.store import Job, MetricPoint
 
 router = APIRouter(tags=["report"])
 
@@ -57,63 +54,33 @@ def report(
     return ReportOut(accepted=accepted, stop=stop_reason is not None, stop_reason=stop_reason)
 
 
-def retained(checkpoints: list[Checkpoint], policy: CheckpointPolicy) -> set[int]:
-    """Ids to keep: the newest ``keep_last`` plus the best ``keep_best`` by the metric."""
-    newest = sorted(checkpoints, key=lambda c: (c.step, c.id), reverse=True)
-    keep = {c.id for c in newest[: policy.keep_last]}
-    if policy.keep_best and policy.metric:
-        scored: list[tuple[float, int]] = []
-        for c in checkpoints:
-            value = c.metrics.get(policy.metric)
-            if value is not None and math.isfinite(value):
-                scored.append((value if policy.mode == "min" else -value, c.id))
-        keep.update(ckpt_id for _, ckpt_id in sorted(scored)[: policy.keep_best])
-    return keep
-
-
 @router.post("/jobs/{job_id}/checkpoints", response_model=CheckpointOut, status_code=201)
 def register_checkpoint(
     body: CheckpointIn,
     job: Job = Depends(reporting_job),
     svc: Services = Depends(services),
 ) -> CheckpointOut:
-    job_id = job.id
-    files = svc.files(job_id)
-    path = files.checkpoint_path(body.path)
-    if path is None:
-        raise CheckpointError(f"checkpoint path {body.path!r} is outside the job's directory")
-    if not path.is_file():
-        raise CheckpointError(
-            f"checkpoint file {body.path!r} does not exist in {files.checkpoints}"
-        )
-    size = path.stat().st_size
-    if size != body.size:
-        raise CheckpointError(
-            f"checkpoint {body.path!r} is {size} bytes on disk, but {body.size} were reported"
-        )
-    name = path.relative_to(files.checkpoints.resolve()).as_posix()  # one spelling per file
-    # the same file written again (a step redone after a restart) replaces the old record
-    svc.store.mark_checkpoints_deleted(
-        [c.id for c in svc.store.checkpoints(job_id) if c.path == name]
-    )
-    ckpt = svc.store.add_checkpoint(
-        job_id,
+    """A checkpoint the SDK finished writing; retention runs after it in the background."""
+    ckpt = svc.checkpoints.register(
+        job,
         attempt=body.attempt,
         step=body.step,
-        path=name,
+        path=body.path,
         size=body.size,
         sha256=body.sha256,
         metrics=body.metrics,
+        kind=body.kind,
     )
-    policy = CheckpointPolicy.model_validate(job.spec.get("checkpoints") or {})
-    live = svc.store.checkpoints(job_id)
-    keep = retained(live, policy)
-    drop = [c for c in live if c.id not in keep]
-    for old in drop:
-        old_path = files.checkpoint_path(old.path)
-        if old_path is not None:
-            for stale in (old_path, old_path.with_name(old_path.name + ".json")):
-                with contextlib.suppress(FileNotFoundError):
-                    stale.unlink()
-    svc.store.mark_checkpoints_deleted([c.id for c in drop])
     return CheckpointOut(**asdict(ckpt))
+
+
+@router.post("/jobs/{job_id}/checkpoints/{checkpoint_id}/corrupt", response_model=CheckpointOut)
+def report_corrupt(
+    checkpoint_id: int,
+    body: CorruptIn,
+    job: Job = Depends(reporting_job),
+    svc: Services = Depends(services),
+) -> CheckpointOut:
+    """A load found this checkpoint damaged (checksum mismatch, missing files); it is listed
+    no more, and kept out of retention so an older good one survives."""
+    return CheckpointOut(**asdict(svc.checkpoints.mark_corrupt(job, checkpoint_id, body.reason)))

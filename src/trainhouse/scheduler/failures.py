@@ -1,0 +1,102 @@
+"""Why an attempt failed, and whether restarting it can help.
+
+A failure is either the job's own (``user``: a rank exited non-zero or crashed) or the
+infrastructure's (``infra``: a rank was killed from outside, e.g. SIGKILL by a person or the
+kernel's OOM killer, a node was lost, a rank vanished without recording its exit). The two are
+counted apart: ``max_restarts`` bounds the job's own failures, the server's
+``max_infra_restarts`` the others. Some failures cannot fix themselves (a syntax error, a missing
+module, CUDA out of memory, a full disk): those match the spec's ``no_restart_on`` and fail the
+job at once.
+"""
+
+from __future__ import annotations
+
+import re
+import signal
+from dataclasses import dataclass
+
+from trainhouse.executors.base import Exit
+from trainhouse.spec import NoRestart
+from trainhouse.store.jobfiles import JobFiles
+
+# signals that come from outside the process: the infrastructure's doing, not the code's
+INFRA_SIGNALS = frozenset(
+    int(s) for s in (signal.SIGKILL, signal.SIGTERM, signal.SIGHUP, signal.SIGINT, signal.SIGQUIT)
+)
+TAIL_LINES = 20
+SCAN_BYTES = 256 * 1024
+
+
+@dataclass(frozen=True)
+class Failure:
+    kind: str  # "user" | "infra"
+    rank: int | None  # the rank that failed first (None: the launcher, or no rank recorded)
+    code: int  # its exit code; negative = killed by that signal
+    summary: str  # "rank 1 was killed by signal 9 (SIGKILL)"
+    log_tail: str  # the failing rank's last lines in this attempt
+    permanent: str | None = None  # why restarting cannot help, if it cannot
+
+    @property
+    def label(self) -> str:
+        return "infrastructure failure" if self.kind == "infra" else "failure of the job's code"
+
+
+def describe(code: int) -> str:
+    if code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = "unknown signal"
+        return f"was killed by signal {-code} ({name})"
+    return f"exited with code {code}"
+
+
+def attempt_log(files: JobFiles, rank: int | str, attempt: int) -> str:
+    """The part of a rank's log that ``attempt`` wrote (logs append across attempts)."""
+    data, _ = files.read_log(rank, tail=2000)
+    text = data[-SCAN_BYTES:].decode(errors="replace")
+    marker = f"=== trainhouse: attempt {attempt}"
+    start = text.rfind(marker)
+    if start >= 0:
+        newline = text.find("\n", start)
+        text = text[newline + 1 :] if newline >= 0 else ""
+    return text
+
+
+def analyse(ended: Exit, files: JobFiles, ranks: int, policy: NoRestart) -> Failure:
+    """Classify a failed attempt of ``ranks`` ranks (per node, for the local executor)."""
+    rank = ended.failed_rank
+    missing = [r for r in range(ranks) if str(r) not in ended.rank_exit_codes]
+    if rank is not None:
+        code = ended.rank_exit_codes[str(rank)]
+        summary = f"rank {rank} {describe(code)}"
+        log_text = attempt_log(files, rank, ended.attempt)
+        kind = "infra" if code < 0 and -code in INFRA_SIGNALS else "user"
+    elif missing and ended.exit_code != 0:
+        # a rank's wrapper itself was killed: it could not record anything
+        code = ended.exit_code if ended.exit_code < 0 else -int(signal.SIGKILL)
+        rank = missing[0]
+        summary = f"rank {rank} vanished without an exit code (killed from outside)"
+        log_text = attempt_log(files, rank, ended.attempt)
+        kind = "infra"
+    else:
+        code = ended.exit_code
+        summary = f"the launcher {describe(code)}"
+        log_text = attempt_log(files, "launcher", ended.attempt)
+        kind = "infra" if code < 0 and -code in INFRA_SIGNALS else "user"
+    lines = log_text.rstrip().splitlines()
+    tail = "\n".join(lines[-TAIL_LINES:])
+    permanent = None
+    if kind == "user":
+        if code in policy.exit_codes:
+            permanent = f"exit code {code} is in no_restart_on.exit_codes"
+        else:
+            scanned = "\n".join(lines[-200:])
+            for pattern in policy.log_patterns:
+                found = re.search(pattern, scanned)
+                if found is not None:
+                    line = scanned[: found.end()].rsplit("\n", 1)[-1] + scanned[found.end() :]
+                    line = line.split("\n", 1)[0].strip()
+                    permanent = f"the log matches {pattern!r}: {line[:300]}"
+                    break
+    return Failure(kind, rank, code, summary, tail, permanent)

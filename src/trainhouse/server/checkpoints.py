@@ -1,0 +1,204 @@
+"""The server's side of checkpoints: where each job's live, registering them, retention.
+
+Checkpoints live in ``HOME/jobs/<id>/checkpoints`` by default, or under ``--checkpoint-url``
+(a shared directory or any fsspec URL) as ``<url>/<id>``; the SDK writes them through
+:mod:`trainhouse.storage` and the server reads, verifies and deletes them through it too.
+
+Retention (the spec's ``checkpoints: {keep_last, keep_best, metric, mode}``) runs on a background
+thread after each registration, and never deletes a checkpoint a restart may need: before anything
+is deleted, the newest checkpoint that is kept (the one a restart loads) is read back and its
+sha256 checked. If it fails, it is marked corrupt and nothing is deleted.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import queue
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+from trainhouse.errors import CheckpointError, NotFound
+from trainhouse.spec import CheckpointPolicy
+from trainhouse.storage import Storage, confine, open_storage
+from trainhouse.store import Checkpoint, Job, Store
+from trainhouse.store.jobfiles import JobFiles
+
+log = logging.getLogger(__name__)
+
+CHUNK = 1 << 20
+
+
+def retained(checkpoints: list[Checkpoint], policy: CheckpointPolicy) -> set[int]:
+    """Ids to keep: the newest ``keep_last`` plus the best ``keep_best`` by the metric."""
+    newest = sorted(checkpoints, key=lambda c: (c.step, c.id), reverse=True)
+    keep = {c.id for c in newest[: policy.keep_last]}
+    if policy.keep_best and policy.metric:
+        scored: list[tuple[float, int]] = []
+        for c in checkpoints:
+            value = c.metrics.get(policy.metric)
+            if value is not None and math.isfinite(value):
+                scored.append((value if policy.mode == "min" else -value, c.id))
+        keep.update(ckpt_id for _, ckpt_id in sorted(scored)[: policy.keep_best])
+    return keep
+
+
+def sidecar(path: str) -> str:
+    """The SDK's record next to a file checkpoint (``step-N.pt.json``)."""
+    return f"{path}.json"
+
+
+class Checkpoints:
+    def __init__(self, store: Store, home: Path, base: str | None = None) -> None:
+        self.store = store
+        self.home = home
+        self.base = base.rstrip("/") if base else None
+        self._verified: set[int] = set()
+        self._queue: queue.Queue[int | None] = queue.Queue()
+        self._thread: threading.Thread | None = None
+
+    # -- where -----------------------------------------------------------------------------
+    def location(self, job_id: int) -> str:
+        if self.base is None:
+            return str(JobFiles(self.home, job_id).checkpoints)
+        return f"{self.base}/{job_id}"
+
+    def storage(self, job_id: int) -> Storage:
+        return open_storage(self.location(job_id))
+
+    # -- registering -----------------------------------------------------------------------
+    def register(
+        self,
+        job: Job,
+        *,
+        attempt: int,
+        step: int,
+        path: str,
+        size: int,
+        sha256: str,
+        metrics: dict[str, float | None],
+        kind: str,
+    ) -> Checkpoint:
+        storage = self.storage(job.id)
+        name = confine(path)  # one spelling per checkpoint; refuses names that escape
+        if not storage.exists(name):
+            raise CheckpointError(f"checkpoint {path!r} does not exist in {storage.url}")
+        if (kind == "sharded") != storage.is_dir(name):
+            what = "a directory" if storage.is_dir(name) else "a file"
+            raise CheckpointError(f"checkpoint {path!r} is {what}, but was reported as {kind}")
+        actual = storage.size(name)
+        if actual != size:
+            raise CheckpointError(
+                f"checkpoint {path!r} is {actual} bytes in storage, but {size} were reported"
+            )
+        # the same checkpoint written again (a step redone after a restart) replaces the record
+        self.store.mark_checkpoints_deleted(
+            [c.id for c in self.store.checkpoints(job.id) if c.path == name]
+        )
+        ckpt = self.store.add_checkpoint(
+            job.id,
+            attempt=attempt,
+            step=step,
+            path=name,
+            size=size,
+            sha256=sha256,
+            metrics=metrics,
+            kind=kind,
+        )
+        self._queue.put(job.id)
+        return ckpt
+
+    def mark_corrupt(self, job: Job, checkpoint_id: int, reason: str) -> Checkpoint:
+        ckpt = self.store.get_checkpoint(job.id, checkpoint_id)
+        self.store.mark_checkpoint_corrupt(ckpt.id, reason[:2000])
+        self.store.add_event(job.id, f"checkpoint of step {ckpt.step} is corrupt: {reason}")
+        log.error(
+            "job %s: checkpoint %s (step %s) is corrupt: %s", job.id, ckpt.path, ckpt.step, reason
+        )
+        return self.store.get_checkpoint(job.id, checkpoint_id)
+
+    # -- retention -------------------------------------------------------------------------
+    def collect(self, job_id: int) -> list[Checkpoint]:
+        """Delete what the job's policy does not keep; returns what was deleted."""
+        job = self.store.get_job(job_id)
+        policy = CheckpointPolicy.model_validate(job.spec.get("checkpoints") or {})
+        live = [c for c in self.store.checkpoints(job_id) if c.corrupt is None]
+        keep = retained(live, policy)
+        drop = [c for c in live if c.id not in keep]
+        if not drop:
+            return []
+        storage = self.storage(job_id)
+        newest = max((c for c in live if c.id in keep), key=lambda c: (c.step, c.id))
+        if newest.id not in self._verified:
+            try:
+                actual = storage.digest(newest.path)
+            except OSError as exc:
+                actual = f"unreadable ({exc})"
+            if actual != newest.sha256:
+                self.mark_corrupt(
+                    job,
+                    newest.id,
+                    f"sha256 {actual[:16]} does not match the registered {newest.sha256[:16]}; "
+                    "older checkpoints are kept",
+                )
+                return []
+            self._verified.add(newest.id)
+        for old in drop:
+            storage.delete(old.path)
+            if old.kind == "file":
+                storage.delete(sidecar(old.path))
+        self.store.mark_checkpoints_deleted([c.id for c in drop])
+        return drop
+
+    def start(self) -> None:
+        self._thread = threading.Thread(
+            target=self._run, name="trainhouse-checkpoint-gc", daemon=True
+        )
+        self._thread.start()
+
+    def stop(self) -> None:
+        if self._thread is not None:
+            self._queue.put(None)
+            self._thread.join(timeout=60)
+
+    def drain(self) -> None:
+        """Wait until every queued collection ran (tests)."""
+        self._queue.join()
+
+    def _run(self) -> None:
+        while True:
+            job_id = self._queue.get()
+            try:
+                if job_id is None:
+                    return
+                try:
+                    self.collect(job_id)
+                except Exception:  # keep collecting for other jobs; the error is in the log
+                    log.exception("job %s: checkpoint retention failed", job_id)
+            finally:
+                self._queue.task_done()
+
+    # -- downloads -------------------------------------------------------------------------
+    def files(self, job_id: int, ckpt: Checkpoint) -> list[tuple[str, int]]:
+        """A checkpoint's files as (name, size); a file checkpoint is one file named ``""``."""
+        storage = self.storage(job_id)
+        if not storage.exists(ckpt.path):
+            raise NotFound(f"checkpoint of step {ckpt.step} is no longer in {storage.url}")
+        if ckpt.kind == "sharded":
+            return storage.files(ckpt.path)
+        return [("", storage.size(ckpt.path))]
+
+    def read(self, job_id: int, ckpt: Checkpoint, name: str) -> Iterator[bytes]:
+        storage = self.storage(job_id)
+        rel = ckpt.path if not name else f"{ckpt.path}/{confine(name)}"
+        if (ckpt.kind == "sharded") == (not name) or not storage.exists(rel):
+            raise NotFound(f"checkpoint of step {ckpt.step} has no file {name!r}")
+        fh = storage.open_read(rel)
+
+        def chunks() -> Iterator[bytes]:
+            with fh:
+                while data := fh.read(CHUNK):
+                    yield data
+
+        return chunks()

@@ -1,0 +1,180 @@
+"""The server's side of checkpoints: registration, retention that never deletes what a restart
+needs, corrupt reports, and verified downloads (in process, through the real app)."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+
+from tests.unit.test_api import api, submit, wait_state, workdir  # noqa: F401  (fixture)
+from trainhouse.client import Client
+from trainhouse.errors import CheckpointError, ClientError
+from trainhouse.scheduler.loop import hash_token
+from trainhouse.storage import tree_digest
+
+AUTH = {"Authorization": "Bearer known"}
+
+
+@pytest.fixture
+def job(api: TestClient, tmp_path: Path) -> Iterator[dict[str, Any]]:  # noqa: F811
+    spec = "entrypoint: python train.py\ncheckpoints: {keep_last: 2}\n"
+    created = submit(api, spec, workdir(tmp_path)).json()
+    wait_state(api, created["id"], {"COMPLETED"})
+    services = api.app.state.services  # type: ignore[attr-defined]
+    services.store.update_job(created["id"], token_hash=hash_token("known"))
+    url = f"/api/v1/jobs/{created['id']}"
+    directory = Path(api.get(f"{url}/checkpoints").json()["directory"])
+    yield {"id": created["id"], "url": url, "dir": directory, "services": services}
+
+
+def put(api: TestClient, job: dict[str, Any], step: int, data: bytes, **kw: Any) -> Any:  # noqa: F811
+    name = f"step-{step:09d}.pt"
+    (job["dir"] / name).write_bytes(data)
+    (job["dir"] / f"{name}.json").write_text("{}")
+    body = {
+        "attempt": 1,
+        "step": step,
+        "path": name,
+        "size": len(data),
+        "sha256": hashlib.sha256(data).hexdigest(),
+        **kw,
+    }
+    resp = api.post(f"{job['url']}/checkpoints", json=body, headers=AUTH)
+    assert resp.status_code == 201, resp.json()
+    job["services"].checkpoints.drain()
+    return resp.json()
+
+
+def listed(api: TestClient, job: dict[str, Any], **params: str) -> list[dict[str, Any]]:  # noqa: F811
+    result: list[dict[str, Any]] = api.get(f"{job['url']}/checkpoints", params=params).json()[
+        "checkpoints"
+    ]
+    return result
+
+
+def test_retention_keeps_the_newest_and_deletes_files(
+    api: TestClient,  # noqa: F811
+    job: dict[str, Any],
+) -> None:
+    for step in range(1, 5):
+        put(api, job, step, f"state {step}".encode())
+    assert [c["step"] for c in listed(api, job)] == [3, 4]
+    assert sorted(p.name for p in job["dir"].iterdir()) == [
+        "step-000000003.pt",
+        "step-000000003.pt.json",
+        "step-000000004.pt",
+        "step-000000004.pt.json",
+    ]
+    assert [c["deleted"] for c in listed(api, job, all="true")] == [True, True, False, False]
+
+
+def test_a_corrupt_newest_checkpoint_stops_retention(
+    api: TestClient,  # noqa: F811
+    job: dict[str, Any],
+) -> None:
+    """Retention reads back the checkpoint a restart would load before deleting older ones."""
+    for step in (1, 2):
+        put(api, job, step, f"state {step}".encode())
+    name = "step-000000003.pt"
+    (job["dir"] / name).write_bytes(b"rotten")
+    body = {"attempt": 1, "step": 3, "path": name, "size": 6, "sha256": "0" * 64}
+    assert api.post(f"{job['url']}/checkpoints", json=body, headers=AUTH).status_code == 201
+    job["services"].checkpoints.drain()
+    assert [c["step"] for c in listed(api, job)] == [1, 2]  # both kept, 3 is not offered
+    bad = listed(api, job, all="true")[-1]
+    assert bad["step"] == 3 and "does not match" in bad["corrupt"]
+    assert (job["dir"] / "step-000000001.pt").is_file()
+    events = api.get(job["url"]).json()["events"]
+    assert "checkpoint of step 3 is corrupt" in events[-1]["reason"]
+
+
+def test_the_sdk_reports_a_corrupt_checkpoint(
+    api: TestClient,  # noqa: F811
+    job: dict[str, Any],
+) -> None:
+    first = put(api, job, 1, b"one")
+    put(api, job, 2, b"two")
+    url = f"{job['url']}/checkpoints/{first['id']}/corrupt"
+    assert api.post(url, json={"reason": "x"}).status_code == 401  # the job's credential only
+    resp = api.post(url, json={"reason": "sha256 mismatch on load"}, headers=AUTH)
+    assert resp.status_code == 200 and resp.json()["corrupt"] == "sha256 mismatch on load"
+    assert [c["step"] for c in listed(api, job)] == [2]
+    missing = f"{job['url']}/checkpoints/999/corrupt"
+    assert api.post(missing, json={"reason": "x"}, headers=AUTH).status_code == 404
+
+
+def test_registration_checks_what_is_in_storage(
+    api: TestClient,  # noqa: F811
+    job: dict[str, Any],
+) -> None:
+    (job["dir"] / "a.pt").write_bytes(b"abc")
+    cases = [
+        ({"path": "missing.pt", "size": 3}, "does not exist"),
+        ({"path": "a.pt", "size": 4}, "3 bytes in storage, but 4"),
+        ({"path": "a.pt", "size": 3, "kind": "sharded"}, "is a file, but was reported"),
+        ({"path": "../../a.pt", "size": 3}, "'..'"),
+        ({"path": "/etc/passwd", "size": 3}, "relative"),
+    ]
+    for fields, message in cases:
+        body = {"attempt": 1, "step": 1, "sha256": "0" * 64, **fields}
+        resp = api.post(f"{job['url']}/checkpoints", json=body, headers=AUTH)
+        assert resp.status_code == 422, (fields, resp.json())
+        assert message in resp.json()["error"]["message"], resp.json()
+
+
+def client_for(api: TestClient) -> Client:  # noqa: F811
+    client = Client("http://testserver")
+    client._http = api
+    api.base_url = "http://testserver/api/v1"  # type: ignore[assignment]
+    return client
+
+
+def test_download_verifies_file_and_sharded_checkpoints(
+    api: TestClient,  # noqa: F811
+    job: dict[str, Any],
+    tmp_path: Path,
+) -> None:
+    put(api, job, 1, b"weights" * 1000)
+    shard_dir = job["dir"] / "step-000000002"
+    (shard_dir / "sub").mkdir(parents=True)
+    files = {"__0_0.distcp": b"rank zero", "sub/.metadata": b"meta", "__1_0.distcp": b"rank one"}
+    for rel, data in files.items():
+        (shard_dir / rel).write_bytes(data)
+    digest = tree_digest(
+        (rel, hashlib.sha256(data).hexdigest(), len(data)) for rel, data in files.items()
+    )
+    body = {
+        "attempt": 1,
+        "step": 2,
+        "path": "step-000000002",
+        "size": sum(len(d) for d in files.values()),
+        "sha256": digest,
+        "kind": "sharded",
+    }
+    assert api.post(f"{job['url']}/checkpoints", json=body, headers=AUTH).status_code == 201
+
+    client = client_for(api)
+    seen: list[tuple[int, int]] = []
+    got = client.download_checkpoint(
+        job["id"], 1, tmp_path / "out", progress=lambda d, t: seen.append((d, t))
+    )
+    assert got == tmp_path / "out" / "step-000000001.pt"
+    assert got.read_bytes() == b"weights" * 1000 and seen[-1] == (7000, 7000)
+    got = client.download_checkpoint(job["id"], None, tmp_path / "out")
+    assert got.is_dir() and {
+        p.relative_to(got).as_posix() for p in got.rglob("*") if p.is_file()
+    } == set(files)
+    assert (got / "sub" / ".metadata").read_bytes() == b"meta"
+
+    (shard_dir / "__1_0.distcp").write_bytes(b"rank 0ne")  # rots on the server's disk
+    with pytest.raises(CheckpointError, match="corrupt"):
+        client.download_checkpoint(job["id"], 2, tmp_path / "again")
+    assert not (tmp_path / "again" / "step-000000002").exists()
+    assert list((tmp_path / "again").iterdir()) == []  # no partial download left
+    with pytest.raises(ClientError, match="no checkpoint of step 7"):
+        client.download_checkpoint(job["id"], 7, tmp_path / "out")
