@@ -4,7 +4,10 @@ Runs the same way everywhere:
     trainhouse submit trainhouse.yaml            # under the server, 2 ranks
     torchrun --nproc-per-node 2 train.py         # bare torchrun, standalone
     python train.py                              # one process, standalone
-It resumes from its latest checkpoint when restarted.
+It resumes from its latest checkpoint when restarted, at the exact next batch: the checkpoint
+holds the sampler's position (``ResumableSampler``) and every rank's RNG states (saved and
+restored by ``run.checkpoint`` itself). It checkpoints at the end of every epoch (in the
+background: ``blocking=False``), every ``checkpoint_every`` steps if set, and when asked to stop.
 """
 
 from __future__ import annotations
@@ -19,11 +22,11 @@ from sklearn.model_selection import train_test_split
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, TensorDataset
-from torch.utils.data.distributed import DistributedSampler
 
 import trainhouse
+from trainhouse.sdk.data import ResumableSampler
 
-DEFAULTS = {"epochs": 30, "lr": 0.002, "batch_size": 32, "seed": 0}
+DEFAULTS = {"epochs": 30, "lr": 0.002, "batch_size": 32, "seed": 0, "checkpoint_every": 0}
 
 
 class DigitsCNN(nn.Module):
@@ -53,9 +56,10 @@ def datasets(seed: int) -> tuple[TensorDataset, TensorDataset]:
 
 def loaders(
     seed: int, batch_size: int, rank: int, world_size: int
-) -> tuple[DataLoader, DistributedSampler, DataLoader]:
+) -> tuple[DataLoader, ResumableSampler, DataLoader]:
     train, val = datasets(seed)
-    sampler = DistributedSampler(
+    # a drop-in for DistributedSampler that can resume mid-epoch
+    sampler = ResumableSampler(
         train, num_replicas=world_size, rank=rank, shuffle=True, seed=seed, drop_last=True
     )
     return (
@@ -70,13 +74,16 @@ def train_epoch(
     optim: torch.optim.Optimizer,
     loader: DataLoader,
     first_step: int,
-    on_step: Callable[[int, float], None] | None = None,
-) -> tuple[float, int, float]:
-    """One pass over ``loader``; returns (mean loss, samples seen, seconds)."""
+    on_step: Callable[[int, float, int], bool] | None = None,
+) -> tuple[float, int, float, bool]:
+    """One pass over ``loader``; returns (mean loss, samples seen, seconds, stopped early).
+
+    ``on_step(step, loss, batches_done)`` returning True ends the pass early.
+    """
     model.train()
     total, samples, step = 0.0, 0, first_step
     start = time.perf_counter()
-    for x, y in loader:
+    for i, (x, y) in enumerate(loader):
         optim.zero_grad(set_to_none=True)
         loss = F.cross_entropy(model(x), y)
         loss.backward()
@@ -84,10 +91,10 @@ def train_epoch(
         value = loss.item()
         total += value * len(y)
         samples += len(y)
-        if on_step is not None:
-            on_step(step, value)
+        if on_step is not None and on_step(step, value, i + 1):
+            return total / max(samples, 1), samples, time.perf_counter() - start, True
         step += 1
-    return total / max(samples, 1), samples, time.perf_counter() - start
+    return total / max(samples, 1), samples, time.perf_counter() - start, False
 
 
 @torch.no_grad()
@@ -106,11 +113,13 @@ def main() -> None:
     with trainhouse.init(hparams=DEFAULTS) as run:
         hp = run.hparams
         torch.manual_seed(int(hp["seed"]))
+        batch_size = int(hp["batch_size"])
         train_loader, sampler, val_loader = loaders(
-            int(hp["seed"]), int(hp["batch_size"]), run.rank, run.world_size
+            int(hp["seed"]), batch_size, run.rank, run.world_size
         )
         steps_per_epoch = len(train_loader)
         epochs = int(hp["epochs"])
+        every = int(hp["checkpoint_every"])
         run.set_total_steps(epochs * steps_per_epoch)
 
         print(
@@ -122,24 +131,65 @@ def main() -> None:
         ddp = DDP(model) if run.world_size > 1 else model
         optim = torch.optim.Adam(ddp.parameters(), lr=float(hp["lr"]))
 
-        start_epoch = 0
-        state = run.checkpoint.load()
+        step = 0  # the next training step
+        state = run.checkpoint.load()  # also restores every rank's RNG states
         if state is not None:
             model.load_state_dict(state["model"])
             optim.load_state_dict(state["optim"])
-            start_epoch = int(state["epoch"]) + 1
+            sampler.load_state_dict(state["data"])  # the epoch and the next sample
+            step = int(state["step"]) + 1
             if run.is_main:
-                print(f"resumed from the checkpoint of epoch {state['epoch']}")
+                print(
+                    f"resumed from the checkpoint of step {state['step']} (epoch "
+                    f"{state['epoch']}); going on at epoch {sampler.epoch}, step {step}",
+                    flush=True,
+                )
 
-        def on_step(step: int, loss: float) -> None:
-            run.log({"loss": loss}, step=step)
+        def save(
+            epoch: int,
+            last: int,
+            batches_done: int,
+            metrics: dict[str, float] | None = None,
+            blocking: bool = True,
+        ) -> None:
+            state = {
+                "model": model.state_dict(),
+                "optim": optim.state_dict(),
+                "epoch": epoch,
+                "step": last,
+                # what the loop consumed, not what the loader prefetched
+                "data": sampler.state_dict(batches_done=batches_done, batch_size=batch_size),
+            }
+            if blocking:
+                run.checkpoint.save(state, step=last, metrics=metrics)
+            else:
+                run.checkpoint.save(state, step=last, metrics=metrics, blocking=False)
 
-        for epoch in range(start_epoch, epochs):
-            sampler.set_epoch(epoch)
-            first = epoch * steps_per_epoch
-            train_loss, samples, seconds = train_epoch(ddp, optim, train_loader, first, on_step)
+        stopping = False
+        for epoch in range(sampler.epoch, epochs):
+            sampler.set_epoch(epoch)  # keeps a position loaded for this epoch
+            batches = len(train_loader)  # fewer than steps_per_epoch after a mid-epoch resume
+
+            def on_step(
+                at: int, loss: float, batches_done: int, epoch: int = epoch, batches: int = batches
+            ) -> bool:
+                nonlocal stopping
+                run.log({"loss": loss}, step=at)
+                stopping = run.should_stop()  # same answer on every rank
+                if stopping or (every and (at + 1) % every == 0 and batches_done < batches):
+                    save(epoch, at, batches_done)
+                return stopping
+
+            first = step
+            train_loss, samples, seconds, stopped = train_epoch(
+                ddp, optim, train_loader, first, on_step
+            )
+            if stopped:
+                print(f"rank {run.rank}: stopping in epoch {epoch} as asked", flush=True)
+                break
+            step = first + batches
+            last = step - 1
             val_loss, val_acc = evaluate(model, val_loader)
-            last = first + steps_per_epoch - 1
             run.log(
                 {
                     "epoch": epoch,
@@ -156,12 +206,9 @@ def main() -> None:
                     f"val_acc={val_acc:.4f}",
                     flush=True,
                 )
-            run.checkpoint.save(
-                {"model": model.state_dict(), "optim": optim.state_dict(), "epoch": epoch},
-                step=last,
-                metrics={"val_loss": val_loss, "val_acc": val_acc},
-            )
-            if run.should_stop():
+            # written in the background while the next epoch trains; finish() waits for it
+            save(epoch, last, batches, {"val_loss": val_loss, "val_acc": val_acc}, blocking=False)
+            if stopping or run.should_stop():
                 print(f"rank {run.rank}: stopping after epoch {epoch} as asked", flush=True)
                 break
 

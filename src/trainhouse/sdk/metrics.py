@@ -18,7 +18,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from trainhouse.errors import ClientError
+from trainhouse.errors import ClientError, ServerUnreachable
 from trainhouse.sdk.transport import JobAPI
 
 log = logging.getLogger("trainhouse")
@@ -70,6 +70,7 @@ class Reporter:
         self._last_sent = 0.0
         self._failing = False
         self._total_sent: int | None = None
+        self._deferred: list[dict[str, Any]] = []  # checkpoints to register once it answers
         self._thread = threading.Thread(target=self._loop, name="trainhouse-metrics", daemon=True)
         self._thread.start()
 
@@ -97,56 +98,87 @@ class Reporter:
                     log.warning("trainhouse: the server answers again; buffered metrics sent")
                 self._failing = False
 
+    def defer_checkpoint(self, record: dict[str, Any]) -> None:
+        """Register ``record`` with the server once it answers, after every metric point
+        buffered so far is stored (a run resumed from it must not miss a step)."""
+        with self._lock:
+            self._deferred.append(record)
+        self._kick.set()
+
+    @property
+    def deferred_checkpoints(self) -> list[dict[str, Any]]:
+        with self._lock:
+            return list(self._deferred)
+
     def flush(self, *, retry_for: float = 0.0) -> None:
-        """Send everything buffered (and a heartbeat when due)."""
+        """Send everything buffered (and a heartbeat when due), then deferred checkpoints."""
         with self._flush_lock:
+            self._send_points(retry_for)
             while True:
-                if self._pending is None:
-                    with self._lock:
-                        points, self._buffer = (
-                            self._buffer[: self.max_batch],
-                            self._buffer[self.max_batch :],
-                        )
-                    due = time.monotonic() - self._last_sent >= self.heartbeat
-                    if not points and not due and self.total_steps == self._total_sent:
-                        return
-                    self._pending = (uuid.uuid4().hex, points)
-                batch_id, points = self._pending
-                payload: dict[str, Any] = {
-                    "batch_id": batch_id,
-                    "attempt": self.attempt,
-                    "points": points,
-                    "total_steps": self.total_steps,
-                    "resume_step": self.resume_step,
-                }
-                try:
-                    answer = self.api.report(payload, retry_for=retry_for)
-                except ClientError as exc:
-                    self._failures += 1
-                    if 400 <= exc.status < 500 or (
-                        exc.status >= 500 and self._failures >= MAX_SERVER_ERRORS
-                    ):  # retrying cannot help: drop it, or nothing after it gets through
-                        log.error(
-                            "trainhouse: server refused %d metric points: %s", len(points), exc
-                        )
-                        self._pending = None
-                        self._failures = 0
-                        return
-                    raise
-                self._failures = 0
-                if self.resume_step == payload["resume_step"]:
-                    self.resume_step = None  # applied
-                self._pending = None
-                self._last_sent = time.monotonic()
-                self._total_sent = payload["total_steps"]
-                self.sent_points += len(points)
-                if answer.get("stop"):
-                    self.stop_reason = answer.get("stop_reason")
-                    self.stop_requested.set()
                 with self._lock:
-                    more = bool(self._buffer)
-                if not more:
+                    if not self._deferred:
+                        return
+                    record = self._deferred[0]
+                try:
+                    self.api.register_checkpoint(record, retry_for=retry_for)
+                except ClientError as exc:
+                    if isinstance(exc, ServerUnreachable) or exc.status >= 500:
+                        raise
+                    log.error(
+                        "trainhouse: the server refused checkpoint %s: %s", record["path"], exc
+                    )
+                else:
+                    log.warning("trainhouse: checkpoint %s registered", record["path"])
+                with self._lock:
+                    self._deferred.pop(0)
+
+    def _send_points(self, retry_for: float) -> None:
+        """Send the buffered points in batches of at most ``max_batch`` (and a heartbeat)."""
+        while True:
+            if self._pending is None:
+                with self._lock:
+                    points, self._buffer = (
+                        self._buffer[: self.max_batch],
+                        self._buffer[self.max_batch :],
+                    )
+                due = time.monotonic() - self._last_sent >= self.heartbeat
+                if not points and not due and self.total_steps == self._total_sent:
                     return
+                self._pending = (uuid.uuid4().hex, points)
+            batch_id, points = self._pending
+            payload: dict[str, Any] = {
+                "batch_id": batch_id,
+                "attempt": self.attempt,
+                "points": points,
+                "total_steps": self.total_steps,
+                "resume_step": self.resume_step,
+            }
+            try:
+                answer = self.api.report(payload, retry_for=retry_for)
+            except ClientError as exc:
+                self._failures += 1
+                if 400 <= exc.status < 500 or (
+                    exc.status >= 500 and self._failures >= MAX_SERVER_ERRORS
+                ):  # retrying cannot help: drop it, or nothing after it gets through
+                    log.error("trainhouse: server refused %d metric points: %s", len(points), exc)
+                    self._pending = None
+                    self._failures = 0
+                    return
+                raise
+            self._failures = 0
+            if self.resume_step == payload["resume_step"]:
+                self.resume_step = None  # applied
+            self._pending = None
+            self._last_sent = time.monotonic()
+            self._total_sent = payload["total_steps"]
+            self.sent_points += len(points)
+            if answer.get("stop"):
+                self.stop_reason = answer.get("stop_reason")
+                self.stop_requested.set()
+            with self._lock:
+                more = bool(self._buffer)
+            if not more:
+                return
 
     def close(self, timeout: float = 15.0) -> None:
         self._closed.set()

@@ -99,7 +99,9 @@ class Run:
             directory = Path(os.environ.get("TRAINHOUSE_CHECKPOINT_DIR", "checkpoints"))
         else:
             directory = Path("checkpoints").resolve()
-        self.checkpoint = Checkpointer(self, directory)
+        # a URL (any fsspec one) replaces the local directory
+        location = os.environ.get("TRAINHOUSE_CHECKPOINT_URL") or directory
+        self.checkpoint = Checkpointer(self, location)
         if total_steps is not None:
             self.set_total_steps(total_steps)
         atexit.register(self._finish_at_exit)
@@ -193,10 +195,10 @@ class Run:
         shown = " ".join(f"{k}={v:.4g}" if v is not None else f"{k}=nan" for k, v in values)
         print(f"[trainhouse] step {step}: {shown}", flush=True)
 
-    def _flush_metrics(self) -> None:
+    def _flush_metrics(self, retry_for: float = 60.0) -> None:
         """Send everything logged so far, now (retrying while the server is away)."""
         if self._reporter is not None:
-            self._reporter.flush(retry_for=60)
+            self._reporter.flush(retry_for=retry_for)
 
     # -- stopping --------------------------------------------------------------------------
     def _local_stop(self) -> bool:
@@ -246,6 +248,10 @@ class Run:
             return
         self._closed = True
         atexit.unregister(self._finish_at_exit)
+        # a checkpoint still being written in the background is waited for (and registered)
+        ckpt_error = self.checkpoint._close(collective=not failed)
+        if ckpt_error is not None and failed:
+            log.error("trainhouse: %s", ckpt_error)
         if self.standalone and self.is_main and self._last_values is not None:
             step, values = self._last_values
             if step != self._printed_step:  # the console always shows the final values
@@ -262,6 +268,8 @@ class Run:
                     with contextlib.suppress(RuntimeError):
                         dist.barrier()
                 dist.destroy_process_group()
+        if ckpt_error is not None and not failed:
+            raise ckpt_error
 
     def __enter__(self) -> Run:
         return self

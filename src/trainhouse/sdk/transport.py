@@ -66,10 +66,24 @@ class JobAPI:
         result: dict[str, Any] = self.call("POST", "/report", json=payload, retry_for=retry_for)
         return result
 
-    def register_checkpoint(self, payload: dict[str, Any]) -> dict[str, Any]:
-        result: dict[str, Any] = self.call("POST", "/checkpoints", json=payload, retry_for=60)
+    def register_checkpoint(
+        self, payload: dict[str, Any], *, retry_for: float = 60.0
+    ) -> dict[str, Any]:
+        result: dict[str, Any] = self.call(
+            "POST", "/checkpoints", json=payload, retry_for=retry_for
+        )
         return result
 
     def checkpoints(self) -> list[dict[str, Any]]:
         result: list[dict[str, Any]] = self.call("GET", "/checkpoints", retry_for=60)["checkpoints"]
+        return result
+
+    def report_corrupt(self, checkpoint_id: int, reason: str) -> dict[str, Any]:
+        """Tell the server a checkpoint failed verification (missing, sha256 mismatch)."""
+        result: dict[str, Any] = self.call(
+            "POST",
+            f"/checkpoints/{int(checkpoint_id)}/corrupt",
+            json={"reason": reason},
+            retry_for=10,
+        )
         return result

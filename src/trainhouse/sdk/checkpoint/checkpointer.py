@@ -1,0 +1,514 @@
+"""``run.checkpoint``: save and load the training state, atomically, verified, resumable.
+
+``save`` and ``load`` are collective: every rank calls them. Plain checkpoints are one file the
+main rank writes (a replicated, DDP state); ``sharded=True`` writes a torch.distributed.checkpoint
+directory, every rank its shard. Nothing is published under its final name, given a sidecar
+record or registered with the server before every byte of it is written and fsynced.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import logging
+import math
+import os
+from typing import TYPE_CHECKING, Any, Literal, overload
+
+from trainhouse.errors import CheckpointError, ClientError, ServerUnreachable
+from trainhouse.sdk.checkpoint import rng as rng_mod
+from trainhouse.sdk.checkpoint import sharded as shards
+from trainhouse.sdk.checkpoint.finding import DIR, FILE, Finder, dir_name, file_name, sidecar_name
+from trainhouse.sdk.checkpoint.handle import SaveHandle, message_of
+from trainhouse.sdk.checkpoint.safety import refuse_unloadable, safe_load
+from trainhouse.sdk.checkpoint.support import (
+    Comm,
+    HashingWriter,
+    Stager,
+    disk_full_error,
+    estimate_bytes,
+    is_disk_full,
+)
+from trainhouse.storage import Storage, open_storage
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    from trainhouse.sdk.run import Run
+
+log = logging.getLogger("trainhouse")
+
+#: the key of a checkpoint file that holds trainhouse's own data (RNG states); never the user's
+RESERVED = "_trainhouse"
+# seconds a save waits for an unreachable server before it defers the registration
+REGISTER_WAIT = 5.0
+
+
+class Checkpointer(Finder):
+    """``run.checkpoint``: save and load the training state.
+
+    ``location`` is a local directory, a ``file://`` URL or any fsspec URL (see
+    :mod:`trainhouse.storage`). ``directory`` is the local directory, or None for a remote one.
+    """
+
+    def __init__(self, run: Run, location: str | os.PathLike[str] | Storage) -> None:
+        self._run = run
+        self.storage = open_storage(location)
+        self.directory: Path | None = self.storage.local_root
+        self._pending: SaveHandle | None = None
+        # a background save was started since the ranks last agreed on their outcomes (saves are
+        # collective, so every rank knows the same): only then do waits need a collective
+        self._outstanding = False
+        self._bg_group: Any = None
+        self._stage = Stager()  # CPU buffers reused by background saves
+
+    # -- save ------------------------------------------------------------------------------
+    @overload
+    def save(
+        self,
+        state: dict[str, Any],
+        *,
+        step: int,
+        metrics: dict[str, float] | None = None,
+        rng: bool = True,
+        sharded: bool = False,
+        blocking: Literal[True] = True,
+    ) -> dict[str, Any] | None: ...
+
+    @overload
+    def save(
+        self,
+        state: dict[str, Any],
+        *,
+        step: int,
+        metrics: dict[str, float] | None = None,
+        rng: bool = True,
+        sharded: bool = False,
+        blocking: Literal[False],
+    ) -> SaveHandle: ...
+
+    def save(
+        self,
+        state: dict[str, Any],
+        *,
+        step: int,
+        metrics: dict[str, float] | None = None,
+        rng: bool = True,
+        sharded: bool = False,
+        blocking: bool = True,
+    ) -> dict[str, Any] | SaveHandle | None:
+        """Write ``state`` as the checkpoint of ``step``. Collective: every rank calls it.
+
+        - ``rng=True`` also stores every rank's RNG states (python, numpy, torch CPU and CUDA),
+          which ``load`` restores; ``rng=False`` leaves them out.
+        - ``sharded=True`` writes a torch.distributed.checkpoint directory, each rank its shard
+          (FSDP/DTensor states); load it back with ``load(template_state)``.
+        - ``blocking=False`` copies the state to CPU memory (the only time the loop waits),
+          writes it in the background and returns a :class:`SaveHandle`. The next
+          ``save``/``load``/``wait`` and ``run.finish()`` wait for it and raise its error.
+
+        Returns the checkpoint's record on the main rank (None on the others), or a SaveHandle.
+        A failed write raises CheckpointError on every rank and leaves earlier checkpoints as
+        they were.
+        """
+        run = self._run
+        comm = Comm(run)
+        # one collective: the previous background save's outcome and every rank's RNG state
+        rng_states: list[Any] | None = None
+        if rng or self._outstanding:
+            self._outstanding = False
+            mine = (self._take_failure(), rng_mod.capture() if rng else None)
+            gathered = comm.all_gather(mine)
+            self._raise_first([g[0] for g in gathered], comm)
+            rng_states = [g[1] for g in gathered] if rng else None
+        if step < 0:
+            raise CheckpointError(f"checkpoint step must be >= 0, got {step}")
+        if not isinstance(state, dict):
+            raise CheckpointError(f"a checkpoint state must be a dict, got {type(state).__name__}")
+        if RESERVED in state:
+            raise CheckpointError(f"the state key {RESERVED!r} is reserved for trainhouse")
+        clean = {str(k): float(v) for k, v in (metrics or {}).items()}
+        finite = {k: (v if math.isfinite(v) else None) for k, v in clean.items()}
+        if sharded:
+            return self._save_sharded(state, int(step), finite, rng_states, blocking, comm)
+        payload = dict(state)
+        if rng_states is not None:
+            payload[RESERVED] = {"rng": rng_states}
+        return self._save_file(payload, int(step), finite, blocking, comm)
+
+    def _save_file(
+        self,
+        payload: dict[str, Any],
+        step: int,
+        metrics: dict[str, float | None],
+        blocking: bool,
+        comm: Comm,
+    ) -> dict[str, Any] | SaveHandle | None:
+        run = self._run
+        error: BaseException | None = None
+        record: dict[str, Any] | None = None
+        handle: SaveHandle | None = None
+        if run.is_main:
+            try:
+                if blocking:
+                    record = self._write_file(payload, step, metrics)
+                else:
+                    staged = self._stage(payload)
+                    handle = SaveHandle(step, lambda: self._write_file(staged, step, metrics))
+            except BaseException as exc:  # keep the ranks in step, then raise below
+                error = exc
+        elif blocking:
+            self._flush_other_rank()
+        else:
+            handle = SaveHandle(step, self._flush_other_rank if run._reporter else None)
+        if handle is not None:
+            self._pending = handle
+        self._outstanding = self._outstanding or not blocking
+        message = comm.broadcast(message_of(error))
+        if handle is not None:
+            handle._release()
+        if error is not None:
+            raise error
+        if message is not None:
+            raise CheckpointError(f"rank 0: {message}")
+        return record if blocking else handle
+
+    def _flush_other_rank(self) -> None:
+        with contextlib.suppress(ClientError):
+            self._run._flush_metrics()  # values other ranks logged with all_ranks=True
+        return None
+
+    def _write_file(
+        self, payload: dict[str, Any], step: int, metrics: dict[str, float | None]
+    ) -> dict[str, Any]:
+        import torch
+
+        storage = self.storage
+        name = file_name(step)
+        tmp = storage.temp_name(name)
+        writer: HashingWriter | None = None
+        try:
+            with storage.open_write(tmp) as fh, HashingWriter(fh) as writer:
+                torch.save(payload, writer)  # type: ignore[arg-type]
+            with storage.open_read(tmp) as fh:
+                refuse_unloadable(fh)
+            storage.publish(tmp, name)
+        except BaseException as exc:
+            mapped = self._failed(exc, tmp, name, estimate_bytes(payload), writer)
+            if mapped is exc:
+                raise
+            raise mapped from exc
+        record = self._record(step, name, writer.size, writer.hexdigest(), metrics, "file")
+        return self._commit(record)
+
+    def _failed(
+        self,
+        exc: BaseException,
+        tmp: str,
+        name: str,
+        needed: int,
+        writer: HashingWriter | None = None,
+    ) -> BaseException:
+        """Remove the temp file; the error to raise (the disk-full one when the disk is full)."""
+        free = self.storage.free_bytes()
+        with contextlib.suppress(Exception):
+            self.storage.delete(tmp)
+        if isinstance(exc, CheckpointError):
+            return exc
+        full = is_disk_full(exc, free=free, needed=needed)
+        if not full and writer is not None and writer.error is not None:
+            full = is_disk_full(writer.error, free=free, needed=needed)
+        if full:
+            return disk_full_error(self.storage.location(name), free, needed, self._previous())
+        return exc
+
+    def _previous(self) -> str:
+        """Which checkpoint is still intact (for the disk-full message)."""
+        best: tuple[int, str] | None = None
+        for name in self.storage.list():
+            match = FILE.match(name) or DIR.match(name)
+            if match and (best is None or int(match.group(1)) > best[0]):
+                best = (int(match.group(1)), name)
+        if best is None:
+            return "there is no earlier checkpoint"
+        return (
+            f"the previous checkpoint {self.storage.location(best[1])} (step {best[0]}) is intact"
+        )
+
+    def _record(
+        self,
+        step: int,
+        path: str,
+        size: int,
+        digest: str,
+        metrics: dict[str, float | None],
+        kind: str,
+    ) -> dict[str, Any]:
+        return {
+            "attempt": self._run.attempt,
+            "step": step,
+            "path": path,
+            "size": size,
+            "sha256": digest,
+            "metrics": metrics,
+            "kind": kind,
+        }
+
+    def _commit(self, record: dict[str, Any]) -> dict[str, Any]:
+        """Sidecar, metrics, then the server: only for a checkpoint that is fully on disk."""
+        try:
+            self.storage.write_text(sidecar_name(record["path"]), json.dumps(record))
+        except OSError as exc:
+            log.error("trainhouse: checkpoint %s kept without its record: %s", record["path"], exc)
+        api, reporter = self._run._api, self._run._reporter
+        if api is not None:
+            try:
+                # every metric up to this step is stored before the server knows the checkpoint:
+                # a run resumed from it never misses a step it logged before
+                self._run._flush_metrics(retry_for=REGISTER_WAIT)
+                return api.register_checkpoint(record, retry_for=REGISTER_WAIT)
+            except ClientError as exc:
+                if reporter is not None and (
+                    isinstance(exc, ServerUnreachable) or exc.status >= 500
+                ):
+                    # training goes on; the metric thread registers it once the server is back
+                    # (a restart finds it by its record next to it meanwhile)
+                    reporter.defer_checkpoint(record)
+                    log.warning(
+                        "trainhouse: checkpoint %s is written; it is registered once the "
+                        "server answers again (%s)",
+                        record["path"],
+                        exc,
+                    )
+                else:
+                    log.error(
+                        "trainhouse: checkpoint %s written but not registered: %s",
+                        record["path"],
+                        exc,
+                    )
+        return record
+
+    # -- sharded ---------------------------------------------------------------------------
+    def _save_sharded(
+        self,
+        state: dict[str, Any],
+        step: int,
+        metrics: dict[str, float | None],
+        rng_states: list[Any] | None,
+        blocking: bool,
+        comm: Comm,
+    ) -> dict[str, Any] | SaveHandle | None:
+        run = self._run
+        tmp = comm.broadcast(self.storage.temp_name(dir_name(step)) if run.is_main else None)
+        if blocking:
+            return self._write_sharded(state, step, metrics, rng_states, tmp, comm, None)
+        group = self._background_group() if comm.active else None
+        error: BaseException | None = None
+        staged: dict[str, Any] = {}
+        try:
+            staged = self._stage(state)
+        except BaseException as exc:
+            error = exc
+        message = comm.agree(message_of(error))
+        if error is not None:
+            raise error
+        if message is not None:
+            raise CheckpointError(message)
+        background = Comm(run, group)
+        handle = SaveHandle(
+            step,
+            lambda: self._write_sharded(staged, step, metrics, rng_states, tmp, background, group),
+        )
+        self._pending = handle
+        self._outstanding = True
+        handle._release()
+        return handle
+
+    def _background_group(self) -> Any:
+        """A gloo group of all ranks for the collectives of background saves (collective)."""
+        if self._bg_group is None:
+            import torch.distributed as dist
+
+            self._bg_group = dist.new_group(backend="gloo")
+        return self._bg_group
+
+    def _write_sharded(
+        self,
+        state: dict[str, Any],
+        step: int,
+        metrics: dict[str, float | None],
+        rng_states: list[Any] | None,
+        tmp: str,
+        comm: Comm,
+        group: Any,
+    ) -> dict[str, Any] | None:
+        run = self._run
+        storage = self.storage
+        name = dir_name(step)
+        needed = estimate_bytes(state)
+        local: tuple[str, bool] | None = None
+        try:
+            shards.save_shards(state, storage, tmp, group)
+        except BaseException as exc:
+            full = is_disk_full(exc, free=storage.free_bytes(), needed=needed)
+            local = (message_of(exc) or "", full)
+        outcomes = comm.all_gather(local)  # every shard is written (or failed) past this point
+        total = needed * comm.world_size
+        record: dict[str, Any] | None = None
+        final: str | None = None
+        if run.is_main:
+            try:
+                failed = [(r, o) for r, o in enumerate(outcomes) if o is not None]
+                if failed:
+                    if any(o[1] for _, o in failed):
+                        raise OSError(28, "No space left on device")
+                    rank, (msg, _) = failed[0]
+                    raise CheckpointError(f"rank {rank} could not write its shard: {msg}")
+                if rng_states is not None:
+                    shards.write_rng(storage, tmp, rng_states)
+                size = storage.size(tmp)
+                digest = storage.digest(tmp)
+                storage.publish(tmp, name)
+            except BaseException as exc:
+                final = message_of(self._failed(exc, tmp, name, total))
+            else:
+                record = self._commit(self._record(step, name, size, digest, metrics, "sharded"))
+        else:
+            self._flush_other_rank()
+        final = comm.broadcast(final)
+        if final is not None:
+            raise CheckpointError(final)
+        return record
+
+    # -- waiting ---------------------------------------------------------------------------
+    def _take_failure(self) -> str | None:
+        """Wait for this rank's pending background save; its failure message, once."""
+        handle, self._pending = self._pending, None
+        if handle is None:
+            return None
+        handle._join()
+        return handle.failure()
+
+    def _raise_first(self, failures: list[str | None], comm: Comm) -> None:
+        for rank, message in enumerate(failures):
+            if message is not None:
+                prefix = "" if rank == comm.rank or not comm.active else f"rank {rank}: "
+                raise CheckpointError(prefix + message)
+
+    def wait(self) -> dict[str, Any] | None:
+        """Wait for the pending background save; raise its failure on every rank (collective).
+
+        Returns the record of the save waited for on the main rank, else None.
+        """
+        handle = self._pending
+        self._settle(Comm(self._run))
+        return handle.record if handle is not None else None
+
+    def _settle(self, comm: Comm) -> None:
+        """Wait for the pending background save; raise its failure on every rank."""
+        if self._outstanding:
+            self._outstanding = False
+            self._raise_first(comm.all_gather(self._take_failure()), comm)
+        else:
+            failure = self._take_failure()
+            if failure is not None:
+                raise CheckpointError(failure)
+
+    def pending(self) -> SaveHandle | None:
+        """The background save in progress or not yet waited for, if any."""
+        return self._pending
+
+    def _close(self, *, collective: bool) -> CheckpointError | None:
+        """At the run's end: wait for the pending save; its failure (agreed among ranks)."""
+        failure = self._take_failure()
+        if collective and self._outstanding:
+            self._outstanding = False
+            comm = Comm(self._run)
+            try:
+                failures = comm.all_gather(failure)
+            except RuntimeError as exc:  # a rank is gone: report our own outcome only
+                log.warning("trainhouse: cannot agree on the last checkpoint: %s", exc)
+                failures = [failure]
+            failure = next((f for f in failures if f is not None), None)
+        if self._bg_group is not None:
+            import torch.distributed as dist
+
+            with contextlib.suppress(Exception):
+                dist.destroy_process_group(self._bg_group)
+            self._bg_group = None
+        self._stage.clear()
+        return CheckpointError(failure) if failure is not None else None
+
+    def load(
+        self, state: dict[str, Any] | None = None, *, restore_rng: bool = True
+    ) -> dict[str, Any] | None:
+        """The latest verified checkpoint's state on every rank, or None on a fresh start.
+
+        Collective. A plain checkpoint is returned as a new dict (``state`` is not needed). A
+        sharded one is loaded in place into ``state``, a template with the structure that was
+        saved (e.g. ``{"model": model.state_dict(), "optim": ...}``), which is returned.
+        ``restore_rng=True`` restores every rank's RNG states saved with the checkpoint.
+        """
+        run = self._run
+        comm = Comm(run)
+        self._settle(comm)
+        chosen: dict[str, Any] | None = None
+        if run.is_main:
+            try:
+                chosen = self.latest()
+            except Exception as exc:  # tell the other ranks, which wait in the broadcast
+                chosen = {"error": f"cannot find the latest checkpoint: {exc!r}"}
+        chosen = comm.broadcast(chosen)
+        if chosen is not None and "error" in chosen:
+            raise CheckpointError(chosen["error"])
+        if run._reporter is not None and run.attempt > 1:
+            # the run goes on from here: steps logged after it by earlier attempts are dropped
+            run._reporter.resume_step = int(chosen["step"]) if chosen else -1
+        if chosen is None:
+            return None
+        path = chosen["path"]
+        where = self.storage.location(path)
+        if chosen.get("kind") == "sharded":
+            loaded = self._load_sharded(state, path, where)
+            states = shards.read_rng(self.storage, path) if restore_rng else None
+        else:
+            loaded = self._load_file(path, where)
+            states = (loaded.pop(RESERVED, None) or {}).get("rng")
+        if restore_rng and states is not None:
+            rng_mod.restore_rank(states, run.rank, run.world_size)
+        log.info("trainhouse: resumed from %s (step %s)", path, chosen["step"])
+        return loaded
+
+    def _load_file(self, path: str, where: str) -> dict[str, Any]:
+        try:
+            local = self.storage.local_path(path)
+            if local is not None:
+                state = safe_load(local)
+            else:
+                state = safe_load(io.BytesIO(self.storage.read_bytes(path)))
+        except Exception as exc:
+            raise CheckpointError(
+                f"cannot load checkpoint {where}: {str(exc)[-300:]} (only tensors, numpy arrays, "
+                "numbers, strings and containers of them can be loaded; save state_dict()s, "
+                "not modules)"
+            ) from None
+        if not isinstance(state, dict):
+            raise CheckpointError(f"checkpoint {where} holds a {type(state).__name__}, not a dict")
+        return state
+
+    def _load_sharded(self, state: dict[str, Any] | None, path: str, where: str) -> dict[str, Any]:
+        if state is None:
+            raise CheckpointError(
+                f"checkpoint {where} is sharded (torch.distributed.checkpoint): pass the state "
+                "to load into, with the structure it was saved with, e.g. "
+                "run.checkpoint.load({'model': model.state_dict(), 'optim': optim.state_dict()}); "
+                "it is filled in place and returned"
+            )
+        try:
+            shards.load_shards(state, self.storage, path)
+        except CheckpointError:
+            raise
+        except BaseException as exc:
+            raise CheckpointError(f"cannot load sharded checkpoint {where}: {exc}") from exc
+        return state

@@ -1,0 +1,172 @@
+"""Finding the checkpoint to resume from: the server's list, the storage's records, checksums.
+
+Names in the storage: ``step-XXXXXXXXX.pt`` (a file checkpoint), ``step-XXXXXXXXX/`` (a sharded
+one), each with its record next to it (``<name>.json``); temp names (hidden, ``.tmp-PID-``) are
+writes that were never published.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import math
+import os
+import re
+from typing import TYPE_CHECKING, Any
+
+from trainhouse.errors import ClientError
+from trainhouse.storage import Storage, is_temp, temp_pid
+
+if TYPE_CHECKING:
+    from trainhouse.sdk.run import Run
+
+log = logging.getLogger("trainhouse")
+
+FILE = re.compile(r"^step-(\d+)\.pt$")
+DIR = re.compile(r"^step-(\d+)$")
+SIDECAR = re.compile(r"^(step-(\d+)(?:\.pt)?)\.json$")
+
+
+def file_name(step: int) -> str:
+    return f"step-{step:09d}.pt"
+
+
+def dir_name(step: int) -> str:
+    return f"step-{step:09d}"
+
+
+def sidecar_name(path: str) -> str:
+    """The record written next to the checkpoint ``path`` (a file or a directory)."""
+    return f"{path}.json"
+
+
+class Finder:
+    """The load side of :class:`~trainhouse.sdk.checkpoint.Checkpointer` (a mixin)."""
+
+    _run: Run
+    storage: Storage
+
+    def _local_records(self) -> list[dict[str, Any]]:
+        """Checkpoints found in the storage: sidecar records, then bare files/dirs (unverified)."""
+        names = self.storage.list()
+        records: dict[str, dict[str, Any]] = {}
+        for name in names:
+            match = SIDECAR.match(name)
+            if match is None:
+                continue
+            target = match.group(1)
+            record: dict[str, Any] | None = None
+            with contextlib.suppress(OSError, ValueError):
+                loaded = json.loads(self.storage.read_text(name))
+                record = loaded if isinstance(loaded, dict) else None
+            if record is None:  # unreadable record: the checkpoint itself, unverified
+                record = {"step": int(match.group(2)), "path": target, "sha256": None}
+            record["_sidecar"] = True
+            records[target] = record
+        for name in names:
+            match = FILE.match(name) or DIR.match(name)
+            if match is not None and name not in records:
+                records[name] = {"step": int(match.group(1)), "path": name, "sha256": None}
+        return list(records.values())
+
+    def _candidates(self) -> list[dict[str, Any]]:
+        """Known checkpoints, newest first: the server's, plus local ones it never heard of."""
+        local = self._local_records()
+        api = self._run._api
+        if api is not None:
+            try:
+                found = api.checkpoints()
+            except ClientError as exc:
+                log.warning(
+                    "trainhouse: cannot list checkpoints (%s); reading %s", exc, self.storage.url
+                )
+            else:
+                newest = max((int(c["step"]) for c in found), default=-1)
+                extra = [
+                    dict(r, _unregistered=True)
+                    for r in local
+                    if r.get("_sidecar") and r.get("sha256") and int(r["step"]) > newest
+                ]
+                return sorted(
+                    [*found, *extra],
+                    key=lambda c: (int(c["step"]), c.get("id", math.inf)),
+                    reverse=True,
+                )
+        return sorted(local, key=lambda c: int(c["step"]), reverse=True)
+
+    def _report_corrupt(self, cand: dict[str, Any], reason: str) -> None:
+        api = self._run._api
+        if api is None or cand.get("id") is None:
+            return
+        try:
+            api.report_corrupt(int(cand["id"]), reason)
+        except ClientError as exc:
+            if exc.status == 404:
+                log.info("trainhouse: the server cannot take corrupt-checkpoint reports (%s)", exc)
+            else:
+                log.warning("trainhouse: could not report checkpoint %s: %s", cand["path"], exc)
+
+    def _sweep_temps(self) -> None:
+        """Remove temp files of saves whose process is gone (killed in the middle of a write)."""
+        if self.storage.local_root is None:
+            return
+        for name in self.storage.list():
+            pid = temp_pid(name) if is_temp(name) else None
+            if pid is None or pid == os.getpid():
+                continue
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                self.storage.delete(name)
+            except OSError:
+                pass
+
+    def latest(self) -> dict[str, Any] | None:
+        """The newest checkpoint that exists and whose sha256 matches, or None.
+
+        Corrupt or missing ones the server listed are reported to it; a verified one the server
+        never registered (written while it was unreachable) is registered now.
+        """
+        with contextlib.suppress(OSError):
+            self._sweep_temps()
+        for cand in self._candidates():
+            path = cand["path"]
+            where = self.storage.location(path)
+            if not self.storage.exists(path):
+                log.warning("trainhouse: checkpoint %s is missing; trying an older one", where)
+                self._report_corrupt(cand, f"missing: {where} does not exist")
+                continue
+            if not cand.get("kind"):  # records written before kinds existed
+                cand["kind"] = "sharded" if self.storage.is_dir(path) else "file"
+            if cand.get("sha256") is None:  # copied in by hand, without its record
+                log.warning(
+                    "trainhouse: checkpoint %s has no recorded sha256; loading it unverified", where
+                )
+                return self._chosen(cand)
+            actual = self.storage.digest(path)
+            if actual != cand["sha256"]:
+                log.error(
+                    "trainhouse: checkpoint %s is corrupt (sha256 %s, expected %s); "
+                    "trying an older one",
+                    where,
+                    actual[:12],
+                    cand["sha256"][:12],
+                )
+                self._report_corrupt(
+                    cand, f"sha256 mismatch: {where} has {actual}, expected {cand['sha256']}"
+                )
+                continue
+            return self._chosen(cand)
+        return None
+
+    def _chosen(self, cand: dict[str, Any]) -> dict[str, Any]:
+        api = self._run._api
+        if cand.pop("_unregistered", False) and api is not None:
+            record = {k: v for k, v in cand.items() if not k.startswith("_")}
+            try:
+                cand = {**api.register_checkpoint(record), "kind": record["kind"]}
+                log.warning("trainhouse: registered checkpoint %s, found on disk", record["path"])
+            except ClientError as exc:
+                log.warning("trainhouse: could not register %s: %s", record["path"], exc)
+        return {k: v for k, v in cand.items() if not k.startswith("_")}

@@ -1,0 +1,255 @@
+"""What saving needs besides the format: collectives, a CPU copy of the state, hashing writes,
+and telling a full disk from other write errors."""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import re
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import IO, TYPE_CHECKING, Any
+
+from trainhouse.errors import CheckpointError
+
+if TYPE_CHECKING:
+    from trainhouse.sdk.run import Run
+
+DISK_FULL = "the disk is full (No space left on device)"
+
+
+class Comm:
+    """Object collectives over one process group (None: the default one); no-ops alone."""
+
+    def __init__(self, run: Run, group: Any = None) -> None:
+        self.active = run._distributed()
+        self.group = group
+        self.rank = run.rank
+        self.world_size = run.world_size
+
+    def broadcast(self, obj: Any) -> Any:
+        """The main rank's ``obj`` on every rank."""
+        if not self.active:
+            return obj
+        import torch.distributed as dist
+
+        box = [obj]
+        dist.broadcast_object_list(box, src=0, group=self.group)
+        return box[0]
+
+    def all_gather(self, obj: Any) -> list[Any]:
+        """Every rank's ``obj``, in rank order, on every rank."""
+        if not self.active:
+            return [obj]
+        import torch.distributed as dist
+
+        out: list[Any] = [None] * self.world_size
+        dist.all_gather_object(out, obj, group=self.group)
+        return out
+
+    def agree(self, error: str | None) -> str | None:
+        """The first rank's error among all ranks' (None when every rank succeeded)."""
+        if not self.active:
+            return error
+        for rank, err in enumerate(self.all_gather(error)):
+            if err is not None:
+                return err if rank == self.rank or self.world_size == 1 else f"rank {rank}: {err}"
+        return None
+
+
+class Stager:
+    """Copies a state off the device for a background save: tensors become CPU copies
+    (DTensors stay DTensors), containers are rebuilt, numpy arrays copied.
+
+    The CPU buffers are kept and reused by the next background save of the same structure
+    (same place, shape and dtype): no page faults on fresh memory, pinned memory for CUDA
+    tensors. The caller makes sure the previous background write is over before reusing them.
+    """
+
+    def __init__(self) -> None:
+        self._buffers: dict[tuple[Any, ...], Any] = {}
+        self._cuda = False
+
+    def clear(self) -> None:
+        self._buffers.clear()
+
+    def __call__(self, obj: Any) -> Any:
+        self._cuda = False
+        staged = self._stage(obj, ())
+        if self._cuda:
+            import torch
+
+            torch.cuda.synchronize()
+        return staged
+
+    def _tensor(self, t: Any, path: tuple[Any, ...]) -> Any:
+        import torch
+
+        t = t.detach()
+        if type(t) is not torch.Tensor or t.is_sparse or t.layout != torch.strided:
+            return t.to("cpu", copy=True)  # DTensors and other subclasses: their own copy
+        buf = self._buffers.get(path)
+        if buf is None or buf.shape != t.shape or buf.dtype != t.dtype:
+            pin = t.is_cuda and torch.cuda.is_available()
+            buf = torch.empty(t.shape, dtype=t.dtype, pin_memory=pin)
+            self._buffers[path] = buf
+        self._cuda = self._cuda or t.is_cuda
+        buf.copy_(t, non_blocking=t.is_cuda)
+        return buf
+
+    def _stage(self, obj: Any, path: tuple[Any, ...]) -> Any:
+        import torch
+
+        if isinstance(obj, torch.Tensor):
+            return self._tensor(obj, path)
+        if isinstance(obj, dict):
+            items = [(k, self._stage(v, (*path, k))) for k, v in obj.items()]
+            try:
+                return type(obj)(items)
+            except TypeError:
+                return dict(items)
+        if isinstance(obj, list):
+            return [self._stage(v, (*path, i)) for i, v in enumerate(obj)]
+        if isinstance(obj, tuple):
+            values = [self._stage(v, (*path, i)) for i, v in enumerate(obj)]
+            return type(obj)(*values) if hasattr(obj, "_fields") else tuple(values)
+        copy = getattr(obj, "copy", None)
+        if type(obj).__module__ == "numpy" and callable(copy):
+            return copy()
+        return obj
+
+
+def stage(obj: Any) -> Any:
+    """A copy of ``obj`` whose tensors are CPU copies (see :class:`Stager`), without reuse."""
+    return Stager()(obj)
+
+
+def _leaves(obj: Any) -> Iterator[Any]:
+    if isinstance(obj, dict):
+        for v in obj.values():
+            yield from _leaves(v)
+    elif isinstance(obj, list | tuple):
+        for v in obj:
+            yield from _leaves(v)
+    else:
+        yield obj
+
+
+def estimate_bytes(obj: Any) -> int:
+    """About how many bytes ``obj`` takes on disk (tensor and array data plus some overhead)."""
+    import torch
+
+    total = 64 * 1024
+    for leaf in _leaves(obj):
+        if isinstance(leaf, torch.Tensor):
+            try:
+                local = leaf.to_local() if hasattr(leaf, "to_local") else leaf
+                total += local.numel() * local.element_size()
+            except Exception:
+                continue
+        else:
+            total += int(getattr(leaf, "nbytes", 0) or 0)
+    return total
+
+
+class HashingWriter:
+    """A write-only file wrapper that hashes and counts what goes through and remembers the
+    first OSError (torch turns it into a RuntimeError whose message lost the errno).
+
+    A large chunk is hashed on a helper thread while it is being written (both release the
+    GIL), and finished before ``write`` returns: the chunk's memory is only borrowed.
+    """
+
+    PARALLEL_MIN = 1 << 20
+
+    def __init__(self, fh: IO[bytes]) -> None:
+        self._fh = fh
+        self._hash = hashlib.sha256()
+        self.size = 0
+        self.error: OSError | None = None
+        self._pool: ThreadPoolExecutor | None = None
+
+    def __enter__(self) -> HashingWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
+
+    def write(self, data: Any) -> int:
+        view = memoryview(data)
+        if view.nbytes >= self.PARALLEL_MIN and view.c_contiguous:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(1, thread_name_prefix="trainhouse-sha256")
+            hashed = self._pool.submit(self._hash.update, view)
+            try:
+                written = self._write(view)
+            finally:
+                hashed.result()
+        else:
+            written = self._write(view)
+            self._hash.update(view)
+        self.size += view.nbytes
+        return written if written is not None else view.nbytes
+
+    def _write(self, view: memoryview) -> int | None:
+        try:
+            return self._fh.write(view)
+        except OSError as exc:
+            self.error = self.error or exc
+            raise
+
+    def flush(self) -> None:
+        try:
+            self._fh.flush()
+        except OSError as exc:
+            self.error = self.error or exc
+            raise
+
+    def writable(self) -> bool:
+        return True
+
+    def hexdigest(self) -> str:
+        return self._hash.hexdigest()
+
+
+_WRITE_FAILED = re.compile(r"writ|unexpected pos|iostream|I/O|space", re.IGNORECASE)
+
+
+def _chain(exc: BaseException | None, seen: set[int] | None = None) -> Iterator[BaseException]:
+    seen = set() if seen is None else seen
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        yield exc
+        for failure in (getattr(exc, "failures", None) or {}).values():  # DCP's CheckpointException
+            inner = failure[0] if isinstance(failure, tuple) else failure
+            if isinstance(inner, BaseException):
+                yield from _chain(inner, seen)
+        exc = exc.__cause__ or exc.__context__
+
+
+def is_disk_full(exc: BaseException, *, free: int | None, needed: int) -> bool:
+    """ENOSPC anywhere in the chain, or torch's bare "write failed" RuntimeError while the free
+    space is below what the checkpoint needed."""
+    for err in _chain(exc):
+        if isinstance(err, OSError) and err.errno == errno.ENOSPC:
+            return True
+        if "No space left on device" in str(err):
+            return True
+    return (
+        free is not None
+        and free < needed
+        and any(isinstance(e, RuntimeError) and _WRITE_FAILED.search(str(e)) for e in _chain(exc))
+    )
+
+
+def disk_full_error(target: str, free: int | None, needed: int, previous: str) -> CheckpointError:
+    free_text = f"{free} bytes free" if free is not None else "the bytes free are unknown"
+    return CheckpointError(
+        f"cannot write checkpoint {target}: {DISK_FULL}; {free_text} there, about {needed} "
+        f"bytes needed; {previous}; free some space (or keep fewer checkpoints) and restart"
+    )
