@@ -4,6 +4,7 @@ needs, corrupt reports, and verified downloads (in process, through the real app
 from __future__ import annotations
 
 import hashlib
+import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -178,3 +179,30 @@ def test_download_verifies_file_and_sharded_checkpoints(
     assert list((tmp_path / "again").iterdir()) == []  # no partial download left
     with pytest.raises(ClientError, match="no checkpoint of step 7"):
         client.download_checkpoint(job["id"], 7, tmp_path / "out")
+
+
+def test_checkpoints_left_unregistered_are_registered_at_the_attempts_end(
+    api: TestClient,  # noqa: F811
+    job: dict[str, Any],
+) -> None:
+    """The server was down as the run ended: the SDK's records next to the files remain."""
+    put(api, job, 1, b"one")
+    for step, data, size in ((2, b"two", 3), (3, b"three", 99)):  # 3's record is wrong
+        name = f"step-{step:09d}.pt"
+        (job["dir"] / name).write_bytes(data)
+        record = {
+            "attempt": 1,
+            "step": step,
+            "path": name,
+            "size": size,
+            "sha256": hashlib.sha256(data).hexdigest(),
+            "metrics": {"val_loss": 0.5},
+            "kind": "file",
+        }
+        (job["dir"] / f"{name}.json").write_text(json.dumps(record))
+    (job["dir"] / ".step-000000004.pt.tmp-123-abcdef01").write_bytes(b"half")
+    added = job["services"].checkpoints.register_unlisted(job["id"], 1)
+    assert [c.step for c in added] == [2]
+    assert [c["step"] for c in listed(api, job)] == [1, 2]
+    assert listed(api, job)[-1]["metrics"] == {"val_loss": 0.5}
+    assert job["services"].checkpoints.register_unlisted(job["id"], 1) == []  # once

@@ -202,3 +202,35 @@ def test_points_unsent_at_the_end_are_spooled_and_stored_once(tmp_path: Path) ->
         assert steps == list(range(13))
     finally:
         store.close()
+
+
+def test_a_checkpoint_saved_while_the_server_is_down_is_registered_after_its_metrics() -> None:
+    calls: list[tuple[str, Any]] = []
+    state = {"down": True}
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        if state["down"]:
+            raise httpx.ConnectError("connection refused", request=request)
+        body = json.loads(request.content)
+        if request.url.path.endswith("/checkpoints"):
+            calls.append(("checkpoint", body["step"]))
+            return httpx.Response(201, json={**body, "id": 1})
+        calls.append(("points", [p[0] for p in body["points"]]))
+        return httpx.Response(200, json={"accepted": len(body["points"]), "stop": False})
+
+    api = JobAPI("http://server", 7, "tok")
+    api._http = httpx.Client(
+        base_url="http://server/api/v1/jobs/7", transport=httpx.MockTransport(handler)
+    )
+    rep = Reporter(api, attempt=1, interval=3600)
+    rep.add([(s, "loss", 1.0, None, 0.0) for s in range(4)])
+    rep.defer_checkpoint({"step": 3, "path": "step-000000003.pt"})
+    rep.add([(4, "loss", 1.0, None, 0.0)])
+    with pytest.raises(ClientError):
+        rep.flush()
+    assert rep.deferred_checkpoints and not calls
+    state["down"] = False
+    rep.flush()
+    assert calls == [("points", [0, 1, 2, 3, 4]), ("checkpoint", 3)]
+    assert not rep.deferred_checkpoints
+    rep.close()

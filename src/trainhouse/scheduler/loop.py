@@ -75,6 +75,7 @@ class SchedulerLoop:
         tick: float = 0.5,
         cancel_grace: float = 10.0,
         checkpoint_location: Callable[[int], str] | None = None,
+        on_attempt_end: Callable[[int, int], object] | None = None,
         config: SchedulerConfig | None = None,
     ) -> None:
         self.store = store
@@ -85,6 +86,8 @@ class SchedulerLoop:
         self.tick_seconds = tick
         self.cancel_grace = cancel_grace
         # a job's checkpoint directory or URL (default: HOME/jobs/<id>/checkpoints)
+        # called with (job id, attempt) before an ended attempt is recorded
+        self.on_attempt_end = on_attempt_end
         self.checkpoint_location = checkpoint_location or (
             lambda job_id: str(JobFiles(home, job_id).checkpoints)
         )
@@ -249,8 +252,13 @@ class SchedulerLoop:
             job = self.store.get_job(ended.job_id)
         except StoreError:
             return
-        # metrics the attempt could not send (the server was down as it ended) come first
+        # what the attempt could not send (the server was down as it ended) comes first
         ingest_spool(self.store, job.id, JobFiles(self.home, job.id).attempt(ended.attempt))
+        if self.on_attempt_end is not None:
+            try:
+                self.on_attempt_end(job.id, ended.attempt)
+            except Exception:  # the exit is recorded all the same
+                log.exception("job %s: after attempt %s", job.id, ended.attempt)
         codes = ended.rank_exit_codes
         rank = ended.failed_rank
         exit_code = codes[str(rank)] if rank is not None else ended.exit_code

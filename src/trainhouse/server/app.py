@@ -57,6 +57,7 @@ def build_services(settings: Settings) -> Services:
         tick=settings.tick,
         cancel_grace=settings.cancel_grace,
         checkpoint_location=checkpoints.location,
+        on_attempt_end=checkpoints.register_unlisted,
         config=SchedulerConfig(
             half_life=settings.fairshare_half_life,
             max_infra_restarts=settings.max_infra_restarts,

@@ -12,16 +12,18 @@ sha256 checked. If it fails, it is marked corrupt and nothing is deleted.
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import queue
+import re
 import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 from trainhouse.errors import CheckpointError, NotFound
 from trainhouse.spec import CheckpointPolicy
-from trainhouse.storage import Storage, confine, open_storage
+from trainhouse.storage import Storage, confine, is_temp, open_storage
 from trainhouse.store import Checkpoint, Job, Store
 from trainhouse.store.jobfiles import JobFiles
 
@@ -45,7 +47,7 @@ def retained(checkpoints: list[Checkpoint], policy: CheckpointPolicy) -> set[int
 
 
 def sidecar(path: str) -> str:
-    """The SDK's record next to a file checkpoint (``step-N.pt.json``)."""
+    """The SDK's record next to a checkpoint (``step-N.pt.json``, ``step-N.json``)."""
     return f"{path}.json"
 
 
@@ -109,6 +111,55 @@ class Checkpoints:
         self._queue.put(job.id)
         return ckpt
 
+    def register_unlisted(self, job_id: int, attempt: int) -> list[Checkpoint]:
+        """Checkpoints an attempt wrote but could not register (the server was down as it
+        ended): found by the record the SDK keeps next to each one, checked, registered."""
+        storage = self.storage(job_id)
+        known = {c.path for c in self.store.checkpoints(job_id, include_deleted=True)}
+        added = []
+        try:
+            names = storage.list()
+        except (OSError, CheckpointError):
+            return []
+        for name in names:
+            path = name.removesuffix(".json")
+            if path == name or path in known or is_temp(name):
+                continue
+            try:
+                record = json.loads(storage.read_text(name))
+                step, size = int(record["step"]), int(record["size"])
+                kind = "sharded" if record.get("kind") == "sharded" else "file"
+                if (
+                    record["path"] != path
+                    or not storage.exists(path)
+                    or storage.is_dir(path) != (kind == "sharded")
+                    or storage.size(path) != size
+                    or not re.fullmatch(r"[0-9a-f]{64}", str(record["sha256"]))
+                ):
+                    continue
+                metrics = {
+                    str(k): (float(v) if v is not None else None)
+                    for k, v in dict(record.get("metrics") or {}).items()
+                }
+            except (OSError, ValueError, KeyError, TypeError, AttributeError):
+                continue
+            added.append(
+                self.store.add_checkpoint(
+                    job_id,
+                    attempt=int(record.get("attempt") or attempt),
+                    step=step,
+                    path=path,
+                    size=size,
+                    sha256=str(record["sha256"]),
+                    metrics=metrics,
+                    kind=kind,
+                )
+            )
+        if added:
+            log.info("job %s: registered %d checkpoints left unregistered", job_id, len(added))
+            self._queue.put(job_id)
+        return added
+
     def mark_corrupt(self, job: Job, checkpoint_id: int, reason: str) -> Checkpoint:
         ckpt = self.store.get_checkpoint(job.id, checkpoint_id)
         self.store.mark_checkpoint_corrupt(ckpt.id, reason[:2000])
@@ -146,8 +197,7 @@ class Checkpoints:
             self._verified.add(newest.id)
         for old in drop:
             storage.delete(old.path)
-            if old.kind == "file":
-                storage.delete(sidecar(old.path))
+            storage.delete(sidecar(old.path))
         self.store.mark_checkpoints_deleted([c.id for c in drop])
         return drop
 
