@@ -166,29 +166,15 @@ class SchedulerLoop:
                         job.id, f"the server restarted; attempt {job.attempts} kept running"
                     )
                     continue
-            killed = self.executor.kill_orphans(job.id, job.attempts)
-            reason = (
-                f"attempt {job.attempts} was lost while the server was down"
-                + (f" (stopped {killed} leftover processes)" if killed else "")
-                + "; resuming from the latest checkpoint"
-            )
-            self.store.update_attempt(
-                job.id,
-                job.attempts,
-                ended_at=time.time(),
-                result="lost",
-                reason=reason,
-                failure="infra",
-            )
-            self._restart_or_fail(job, job.attempts, reason, infra=True, exit_code=1)
+            self._lost(job, "was lost while the server was down")
         for job in self.store.list_jobs(states=[JobState.RESTARTING, JobState.PREEMPTED]):
             self.store.transition(job.id, JobState.QUEUED, reason=job.reason)
 
     # -- exits -----------------------------------------------------------------------------
-    def _lost(self, job: Job) -> None:
+    def _lost(self, job: Job, what: str = "was lost track of") -> None:
         """A RUNNING job with no attempt in the executor: its end was never recorded."""
         killed = self.executor.kill_orphans(job.id, job.attempts)
-        reason = f"attempt {job.attempts} was lost track of" + (
+        reason = f"attempt {job.attempts} {what}" + (
             f" (stopped {killed} leftover processes)" if killed else ""
         )
         log.error("job %s: %s", job.id, reason)
