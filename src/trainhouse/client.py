@@ -10,17 +10,18 @@ from __future__ import annotations
 
 import getpass
 import hashlib
+import json
 import os
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 
 from trainhouse.errors import CheckpointError, ClientError, ServerUnreachable
-from trainhouse.sdk.transport import send
+from trainhouse.sdk.transport import error_from, send
 from trainhouse.spec import JobSpec, load_spec
 from trainhouse.storage import confine, tree_digest
 from trainhouse.workdir import PackedWorkdir, pack
@@ -30,6 +31,22 @@ DEFAULT_URL = "http://127.0.0.1:8470"
 
 def default_url() -> str:
     return os.environ.get("TRAINHOUSE_URL") or DEFAULT_URL
+
+
+def _sse(lines: Iterator[str]) -> Iterator[tuple[str, Any]]:
+    """(event, parsed JSON data) from a Server-Sent Events stream; comments are skipped."""
+    kind, data = "message", list[str]()
+    for line in lines:
+        if not line:
+            if data:
+                yield kind, json.loads("\n".join(data))
+            kind, data = "message", []
+        elif line.startswith(":"):
+            continue
+        elif line.startswith("event:"):
+            kind = line[6:].strip()
+        elif line.startswith("data:"):
+            data.append(line[5:].removeprefix(" "))
 
 
 def _discard(path: Path) -> None:
@@ -126,12 +143,37 @@ class Client:
         return result
 
     def metrics(
-        self, job_id: int, *, name: str | None = None, all_ranks: bool = False
+        self,
+        job_id: int,
+        *,
+        name: str | None = None,
+        all_ranks: bool = False,
+        max_points: int = 0,
+        after_step: int | None = None,
     ) -> dict[str, Any]:
+        """``{"job_id", "series": [{"name", "rank", "points": [[step, value, wall_time]],
+        "total_points", "downsampled"}]}``.
+
+        ``max_points`` (>= 4; 0: all): a longer series comes downsampled by the server (its
+        first and last points and each step bucket's smallest and largest value);
+        ``after_step``: only points past it (to poll a live job incrementally).
+        """
         params: dict[str, Any] = {"all_ranks": str(all_ranks).lower()}
         if name:
             params["name"] = name
+        if max_points:
+            params["max_points"] = max_points
+        if after_step is not None:
+            params["after_step"] = after_step
         result: dict[str, Any] = self._json("GET", f"/jobs/{job_id}/metrics", params=params)
+        return result
+
+    def metric_names(self, job_id: int, *, all_ranks: bool = True) -> list[dict[str, Any]]:
+        """The job's series without their points: ``[{"name", "rank", "points", "last_step"}]``."""
+        params = {"all_ranks": str(all_ranks).lower()}
+        result: list[dict[str, Any]] = self._json(
+            "GET", f"/jobs/{job_id}/metrics/names", params=params
+        )["series"]
         return result
 
     def checkpoints(self, job_id: int, *, all: bool = False) -> dict[str, Any]:
@@ -230,6 +272,56 @@ class Client:
             resp.headers.get("X-Job-State", ""),
         )
 
+    def stream_logs(
+        self,
+        job_id: int,
+        *,
+        ranks: list[str] | None = None,
+        tail: int | None = None,
+        reconnect: bool = True,
+        on_reconnect: Callable[[Exception], None] | None = None,
+    ) -> Iterator[dict[str, Any]]:
+        """Follow a job's logs live (Server-Sent Events): yields ``{"rank", "text", "offset"}``
+        until the job has ended and every log is read, then ``{"end": state}``.
+
+        A lost connection (the server restarting) is resumed from the last offsets; nothing is
+        repeated or skipped. ``on_reconnect(error)`` is called once per outage.
+        """
+        offsets: dict[str, int] = {}
+        params: dict[str, Any] = {}
+        if ranks:
+            params["rank"] = ranks
+        if tail is not None:
+            params["tail"] = tail
+        delay, failing = 0.5, False
+        while True:
+            if offsets:
+                params["from"] = ",".join(f"{r}:{o}" for r, o in offsets.items())
+                params.pop("tail", None)
+            try:
+                with self._http.stream(
+                    "GET", f"/jobs/{job_id}/logs/stream", params=params, timeout=None
+                ) as resp:
+                    if resp.status_code != 200:
+                        resp.read()
+                        raise error_from(resp, self.url)
+                    failing, delay = False, 0.5
+                    for kind, data in _sse(resp.iter_lines()):
+                        if kind == "log":
+                            offsets[data["rank"]] = int(data["offset"])
+                            yield data
+                        elif kind == "end":
+                            yield {"end": data["state"]}
+                            return
+            except httpx.HTTPError as exc:
+                if not reconnect:
+                    raise ServerUnreachable(self.url, str(exc)) from None
+                if not failing and on_reconnect is not None:
+                    on_reconnect(exc)
+                failing = True
+            time.sleep(delay)
+            delay = min(delay * 2, 5.0)
+
     def queue(self) -> dict[str, Any]:
         result: dict[str, Any] = self._json("GET", "/queue")
         return result
@@ -282,3 +374,38 @@ class Client:
             if deadline is not None and time.monotonic() > deadline:
                 raise TimeoutError(f"job {job_id} is still {job['state']} after {timeout} s")
             time.sleep(poll)
+
+    # -- resource monitoring ---------------------------------------------------------------
+    def node_metrics(
+        self,
+        node: str,
+        *,
+        names: list[str] | None = None,
+        since: float | None = None,
+        until: float | None = None,
+        max_points: int | None = None,
+    ) -> dict[str, Any]:
+        """A node's resource series; ``since``/``until`` negative = seconds before now."""
+        params: dict[str, Any] = {"name": names or []}
+        params.update(_window(since, until, max_points))
+        result: dict[str, Any] = self._json("GET", f"/nodes/{node}/metrics", params=params)
+        return result
+
+    def job_system(
+        self,
+        job_id: int,
+        *,
+        since: float | None = None,
+        until: float | None = None,
+        max_points: int | None = None,
+    ) -> dict[str, Any]:
+        """A job's processes' resource series (CPU, RSS, GPU memory)."""
+        result: dict[str, Any] = self._json(
+            "GET", f"/jobs/{job_id}/system", params=_window(since, until, max_points)
+        )
+        return result
+
+
+def _window(since: float | None, until: float | None, max_points: int | None) -> dict[str, Any]:
+    given = {"since": since, "until": until, "max_points": max_points}
+    return {k: v for k, v in given.items() if v is not None}

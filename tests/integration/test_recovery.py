@@ -204,3 +204,57 @@ def test_cancel_kills_a_job_that_ignores_should_stop(tmp_path: Path) -> None:
         assert not marked_processes()
     finally:
         assert_clean_stop(srv)
+
+
+COUNTER_SCRIPT = """
+import time
+import trainhouse
+
+with trainhouse.init() as run:
+    for i in range(120):
+        print(f"rank {run.rank} line {i}", flush=True)
+        time.sleep(0.05)
+"""
+
+
+def test_logs_follow_resumes_across_a_server_restart(tmp_path: Path) -> None:
+    """`trainhouse logs -f` streams every rank; the server dies and comes back; every line
+    arrives once, in order, and -f ends by itself when the job does."""
+    home = tmp_path / "home"
+    srv = start_server(home, "--cpus", "2")
+    spec = write_job(
+        tmp_path,
+        COUNTER_SCRIPT,
+        "name: chatty\nentrypoint: python train.py\nresources: {procs_per_node: 2}\n",
+    )
+    job = srv.cli_json("submit", str(spec), "--detach")
+    follow = subprocess.Popen(
+        [sys.executable, "-m", "trainhouse", "logs", str(job["id"]), "-f"],
+        cwd=REPO,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env={**os.environ, "TRAINHOUSE_URL": srv.url},
+    )
+    try:
+        deadline = time.monotonic() + 120
+        log = home / "jobs" / str(job["id"]) / "logs" / "rank-1.log"
+        while "line 30" not in (log.read_text() if log.exists() else ""):
+            assert time.monotonic() < deadline
+            time.sleep(0.2)
+        kill(srv)
+        time.sleep(1)
+        srv = start_server(home, "--cpus", "2", port=srv.port)
+        out, err = follow.communicate(timeout=120)
+    finally:
+        if follow.poll() is None:
+            follow.kill()
+            follow.communicate()
+    try:
+        assert follow.returncode == 0, err
+        assert "reconnecting" in err
+        for rank in (0, 1):
+            lines = [ln for ln in out.splitlines() if ln.startswith(f"[rank {rank}] rank")]
+            assert lines == [f"[rank {rank}] rank {rank} line {i}" for i in range(120)]
+    finally:
+        assert_clean_stop(srv)

@@ -47,6 +47,9 @@ class FakeExecutor:
     def running(self) -> set[int]:
         return set(self.live)
 
+    def pids(self, job_id: int) -> list[int]:
+        return []
+
     def kill_orphans(self, job_id: int, attempt: int) -> int:
         return 0
 

@@ -15,7 +15,18 @@ from trainhouse.errors import ClientError
 from trainhouse.sdk.metrics import Reporter
 from trainhouse.sdk.transport import JobAPI
 from trainhouse.store import MetricPoint, Store
+from trainhouse.store.metrics import COLUMN_KEYS
 from trainhouse.store.spool import ingest_spool
+
+
+def report_body(content: bytes) -> dict[str, Any]:
+    """A request's JSON; a report's points (sent as columns) also as ``points`` rows."""
+    body: dict[str, Any] = json.loads(content)
+    columns = body.get("columns")
+    if columns is not None:
+        rows = zip(*(columns[k] for k in COLUMN_KEYS), strict=True)
+        body["points"] = [list(row) for row in rows]
+    return body
 
 
 class FakeServer:
@@ -27,7 +38,7 @@ class FakeServer:
         self.lock = threading.Lock()
 
     def __call__(self, request: httpx.Request) -> httpx.Response:
-        body = json.loads(request.content)
+        body = report_body(request.content)
         if self.down:
             self.refused.append(body["batch_id"])
             raise httpx.ConnectError("connection refused", request=request)
@@ -62,6 +73,19 @@ def test_one_request_per_flush_never_one_per_point() -> None:
     assert len(server.requests) == 1 and len(server.requests[0]["points"]) == 5000
     rep.close()
     assert len(server.requests) == 1  # nothing left to send, no heartbeat due
+    rep.api.close()
+
+
+def test_a_backlog_goes_in_order_in_batches_of_max_batch() -> None:
+    server = FakeServer()
+    rep = reporter(server, interval=3600, max_batch=1000)
+    rep.add([(s, "loss", float(s), None, 1.0) for s in range(2500)])
+    rep.flush()
+    sizes = [len(r["points"]) for r in server.requests]
+    assert sizes == [1000, 1000, 500]
+    assert [p[0] for r in server.requests for p in r["points"]] == list(range(2500))
+    assert set(server.requests[0]["columns"]) == {"step", "name", "value", "rank", "wall_time"}
+    rep.close()
     rep.api.close()
 
 
@@ -101,7 +125,7 @@ def test_a_batch_the_server_always_fails_on_is_dropped(caplog: pytest.LogCapture
 
     def broken(request: httpx.Request) -> httpx.Response:
         calls.append(1)
-        body = json.loads(request.content)
+        body = report_body(request.content)
         if any(p[1] == "poison" for p in body["points"]):
             return httpx.Response(500, json={"error": {"code": "internal", "message": "boom"}})
         return httpx.Response(200, json={"accepted": len(body["points"]), "stop": True})
@@ -131,7 +155,7 @@ def test_checkpoint_is_registered_only_after_the_metrics_before_it(
     order: list[str] = []
 
     def server(request: httpx.Request) -> httpx.Response:
-        body = json.loads(request.content) if request.content else {}
+        body = report_body(request.content) if request.content else {}
         if request.url.path.endswith("/report"):
             if body["points"]:
                 order.append(f"report {max(p[0] for p in body['points'])}")
@@ -190,7 +214,7 @@ def test_points_unsent_at_the_end_are_spooled_and_stored_once(tmp_path: Path) ->
             batch_id=sent["batch_id"],
         )
         # the first spooled batch had reached the server too, just before it went down
-        first = json.loads(files[0].read_text())
+        first = report_body(files[0].read_bytes())
         store.add_metrics(
             job.id,
             [MetricPoint(s, n, v, r, 1, w) for s, n, v, r, w in first["points"]],
@@ -211,7 +235,7 @@ def test_a_checkpoint_saved_while_the_server_is_down_is_registered_after_its_met
     def handler(request: httpx.Request) -> httpx.Response:
         if state["down"]:
             raise httpx.ConnectError("connection refused", request=request)
-        body = json.loads(request.content)
+        body = report_body(request.content)
         if request.url.path.endswith("/checkpoints"):
             calls.append(("checkpoint", body["step"]))
             return httpx.Response(201, json={**body, "id": 1})

@@ -327,60 +327,84 @@ def logs(
     tail: Annotated[int | None, typer.Option("--tail", help="Only the last N lines")] = None,
     url: UrlOpt = None,
 ) -> None:
-    """Print a job's logs, every rank's unless --rank is given."""
+    """Print a job's logs, every rank's unless --rank is given; -f follows them live."""
     import sys
 
     with errors(), client(url) as c:
+        if follow:
+            _follow_logs(c, job_id, rank, tail)
+            return
         if rank is not None:
             streams: list[str] = [rank]
         else:
             info = c.log_ranks(job_id)
             streams = [str(r) for r in info["ranks"]] or ["0"]
         prefix = len(streams) > 1
-        offsets = dict.fromkeys(streams, 0)
-        first = True
-        while True:
-            job_state = ""
-            for s in streams:
-                text, offsets[s], job_state = c.logs(
-                    job_id, rank=s, offset=offsets[s], tail=tail if first else None
-                )
-                if text:
-                    lines = text.splitlines(keepends=True)
-                    out = "".join(f"[rank {s}] {ln}" for ln in lines) if prefix else text
-                    sys.stdout.write(out)
-                    sys.stdout.flush()
-            first = False
-            if not follow or job_state in ("COMPLETED", "FAILED", "CANCELED"):
-                if follow:
-                    # one last read after the job ended, then stop
-                    for s in streams:
-                        text, offsets[s], _ = c.logs(job_id, rank=s, offset=offsets[s])
-                        if text:
-                            sys.stdout.write(text)
-                break
-            if rank is None:
-                new = [str(r) for r in c.log_ranks(job_id)["ranks"]]
-                for s in new:
-                    if s not in offsets:
-                        streams.append(s)
-                        offsets[s] = 0
-                prefix = len(streams) > 1
-            time.sleep(0.5)
+        for s in streams:
+            text, _, _ = c.logs(job_id, rank=s, tail=tail)
+            if text:
+                lines = text.splitlines(keepends=True)
+                sys.stdout.write("".join(f"[rank {s}] {ln}" for ln in lines) if prefix else text)
+        sys.stdout.flush()
+
+
+def _follow_logs(c: Client, job_id: int, rank: str | None, tail: int | None) -> None:
+    """Stream the logs (Server-Sent Events) until the job ends; survives a server restart."""
+    import sys
+
+    def reconnecting(exc: Exception) -> None:
+        render.err_console.print(
+            f"[yellow]lost the server ({exc}); reconnecting, nothing will be missed[/]",
+            highlight=False,
+        )
+
+    res = c.job(job_id)["spec"]["resources"]
+    prefix = rank is None and int(res["nodes"]) * int(res["procs_per_node"] or 1) > 1
+    partial: dict[str, bool] = {}  # a rank's last text did not end its line
+    for event in c.stream_logs(
+        job_id, ranks=[rank] if rank else None, tail=tail, on_reconnect=reconnecting
+    ):
+        if "end" in event:
+            break
+        text: str = event["text"]
+        if prefix:  # every rank: each line says whose it is
+            lines = text.splitlines(keepends=True)
+            out = []
+            for ln in lines:
+                out.append(ln if partial.get(event["rank"]) else f"[rank {event['rank']}] {ln}")
+                partial[event["rank"]] = not ln.endswith("\n")
+            text = "".join(out)
+        sys.stdout.write(text)
+        sys.stdout.flush()
 
 
 # -- metrics / checkpoints -------------------------------------------------------------------
+SUMMARY_POINTS = 1000  # points per series the metrics table reads (downsampled past that)
+
+
 @app.command()
 def metrics(
     job_id: Annotated[int, typer.Argument(metavar="JOB")],
     name: Annotated[str | None, typer.Option("--name", help="Only this metric")] = None,
     all_ranks: Annotated[bool, typer.Option("--all-ranks", help="Per-rank values too")] = False,
+    max_points: Annotated[
+        int | None,
+        typer.Option(
+            "--max-points",
+            min=0,
+            help="At most N points per series, downsampled by the server keeping the first, "
+            "last, smallest and largest values (0: all; the summary table uses 1000, --json all)",
+        ),
+    ] = None,
     as_json: JsonOpt = False,
     url: UrlOpt = None,
 ) -> None:
     """The metrics a job reported: a summary per series (--json for every point)."""
+    if max_points is None:
+        # the summary's first, last, min and max survive downsampling; the count is the total
+        max_points = 0 if as_json else SUMMARY_POINTS
     with errors(), client(url) as c:
-        data = c.metrics(job_id, name=name, all_ranks=all_ranks)
+        data = c.metrics(job_id, name=name, all_ranks=all_ranks, max_points=max_points)
     if as_json:
         print_json(data)
         return
@@ -396,7 +420,7 @@ def metrics(
         table.add_row(
             s["name"],
             "job" if s["rank"] is None else str(s["rank"]),
-            str(len(pts)),
+            str(s.get("total_points", len(pts))),
             f"{pts[0][0]}..{pts[-1][0]}",
             fmt_value(pts[0][1]),
             fmt_value(pts[-1][1]),
@@ -497,3 +521,8 @@ def _download(job_id: int, step_text: str, dest: Path, url: str | None, as_json:
         print_json({"job_id": job_id, "path": str(path)})
     else:
         console.print(f"downloaded to {path} (sha256 verified)", highlight=False)
+
+
+from trainhouse.cli import top as _top  # noqa: E402  (registers top)
+
+_top.register(app)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import socket
 from importlib import resources
@@ -69,7 +70,43 @@ def register(app: typer.Typer) -> None:
             str | None, typer.Option(help="GPUs to offer: a count or indices (0,1); 0 for none")
         ] = None,
         cpus: Annotated[int | None, typer.Option(help="CPU cores to offer")] = None,
-        executor: Annotated[str, typer.Option(help="Executor: local")] = "local",
+        executor: Annotated[
+            str, typer.Option(help="Executor: local (this machine) or ray (a Ray cluster)")
+        ] = "local",
+        ray_address: Annotated[
+            str | None,
+            typer.Option(help="The Ray cluster's address (HOST:PORT of its GCS), for ray"),
+        ] = None,
+        ray_placement_timeout: Annotated[
+            float,
+            typer.Option(
+                min=1.0,
+                help="Seconds Ray gets to place a job's placement group before the job goes "
+                "back to the queue",
+            ),
+        ] = 60.0,
+        ray_node_dir: Annotated[
+            str | None,
+            typer.Option(
+                help="Directory on each Ray node for the jobs' code, logs and temp files",
+                show_default="$TMPDIR/trainhouse-ray",
+            ),
+        ] = None,
+        shared_home: Annotated[
+            bool,
+            typer.Option(
+                help="Every Ray node mounts --home at the same path (so checkpoints under it "
+                "are shared; multi-node jobs need shared checkpoint storage)"
+            ),
+        ] = False,
+        advertise_url: Annotated[
+            str | None,
+            typer.Option(
+                help="The URL ranks on other machines reach this server at "
+                "(e.g. http://head-node:8470)",
+                show_default="http://--host:--port",
+            ),
+        ] = None,
         quota_gpus: Annotated[
             int | None, typer.Option(help="Default cap on each user's concurrent GPUs")
         ] = None,
@@ -98,12 +135,40 @@ def register(app: typer.Typer) -> None:
                 show_default="HOME/jobs/<id>/checkpoints",
             ),
         ] = None,
+        log_retention: Annotated[
+            str | None,
+            typer.Option(
+                help="Delete a job's logs this long after it ended (e.g. 30d)",
+                show_default="keep them",
+            ),
+        ] = None,
+        monitor_interval: Annotated[
+            float,
+            typer.Option(
+                min=0.0,
+                help="Seconds between resource samples of the node and its jobs; 0 turns "
+                "sampling off",
+            ),
+        ] = 5.0,
+        monitor_retention: Annotated[
+            str, typer.Option(help="How long resource samples are kept (e.g. 7d, 12h)")
+        ] = "7d",
         log_level: Annotated[str, typer.Option(help="debug, info, warning")] = "info",
     ) -> None:
         """Run the trainhouse server in the foreground."""
-        if executor != "local":
+        if executor not in ("local", "ray"):
             render.fail(
-                f"--executor {executor!r} is not available yet; this build has 'local'",
+                f"--executor must be 'local' or 'ray', got {executor!r}", render.EXIT_BAD_INPUT
+            )
+        if executor == "ray" and not ray_address:
+            render.fail(
+                "--executor ray needs --ray-address HOST:PORT (the address `ray start --head` "
+                "printed); trainhouse never guesses a cluster",
+                render.EXIT_BAD_INPUT,
+            )
+        if executor == "ray" and importlib.util.find_spec("ray") is None:
+            render.fail(
+                "--executor ray needs Ray in this environment: pip install 'trainhouse[ray]'",
                 render.EXIT_BAD_INPUT,
             )
         if not port_free(host, port):
@@ -125,10 +190,23 @@ def register(app: typer.Typer) -> None:
             half_life = float(parse_duration(fairshare_half_life))
         except ValueError as exc:
             render.fail(f"--fairshare-half-life {exc}", render.EXIT_BAD_INPUT)
+        retention = None
+        if log_retention is not None:
+            try:
+                retention = float(parse_duration(log_retention))
+            except ValueError as exc:
+                render.fail(f"--log-retention {exc}", render.EXIT_BAD_INPUT)
+        try:
+            samples_kept = float(parse_duration(monitor_retention))
+        except ValueError as exc:
+            render.fail(f"--monitor-retention {exc}", render.EXIT_BAD_INPUT)
         settings = Settings(
+            monitor_interval=monitor_interval,
+            monitor_retention=samples_kept,
             cancel_grace=cancel_grace,
             max_infra_restarts=max_infra_restarts,
             checkpoint_url=checkpoint_url,
+            log_retention=retention,
             quota_gpus=quota_gpus,
             quota_cpus=quota_cpus,
             fairshare_half_life=half_life,
@@ -139,6 +217,11 @@ def register(app: typer.Typer) -> None:
             cpus=cpus,
             gpus=gpus,
             executor=executor,
+            ray_address=ray_address,
+            ray_placement_timeout=ray_placement_timeout,
+            ray_node_dir=ray_node_dir,
+            shared_home=shared_home,
+            advertise_url=advertise_url,
         )
         with errors():
             serve(settings, log_level=log_level)

@@ -33,6 +33,9 @@ class Exit:
     rank_exit_codes: dict[str, int] = field(default_factory=dict)
     stop_reason: str | None = None  # set when trainhouse stopped it (cancel, max_runtime, ...)
     rank_exit_times: dict[str, float] = field(default_factory=dict)
+    # the attempt never started (e.g. Ray could not place it in time): the job goes back to
+    # the queue with this reason, and no restart is counted
+    requeue: str | None = None
 
     @property
     def failed_rank(self) -> int | None:
@@ -69,6 +72,10 @@ class Executor(Protocol):
 
     def running(self) -> set[int]:
         """Job ids with a live attempt."""
+
+    def pids(self, job_id: int) -> list[int]:
+        """The live processes of a job's current attempt on this executor's nodes (for
+        resource monitoring); empty when it has none."""
 
     def kill_orphans(self, job_id: int, attempt: int) -> int:
         """Kill processes of an attempt this executor no longer tracks; returns how many."""

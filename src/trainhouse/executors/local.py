@@ -40,6 +40,7 @@ log = logging.getLogger(__name__)
 
 MARKER_ENV = "TRAINHOUSE_RUN_MARKER"
 KILL_AFTER_TERM = 5.0  # seconds between SIGTERM and SIGKILL
+PID_SCAN_TTL = 0.5  # seconds one scan of every process's marker serves pids() calls
 LAUNCHER_EXIT = "exit-launcher"  # in the attempt's directory: "CODE TIME" of torchrun
 
 
@@ -55,6 +56,22 @@ def find_marked(marker: str) -> list[psutil.Process]:
                 found.append(proc)
         except (psutil.Error, OSError):
             continue
+    return found
+
+
+def marked_pids() -> dict[str, list[int]]:
+    """Marker -> PIDs of every live process carrying one: one scan for all attempts."""
+    found: dict[str, list[int]] = {}
+    me = os.getpid()
+    for proc in psutil.process_iter(["pid"]):
+        if proc.pid == me:
+            continue
+        try:
+            marker = proc.environ().get(MARKER_ENV)
+        except (psutil.Error, OSError):
+            continue
+        if marker:
+            found.setdefault(marker, []).append(proc.pid)
     return found
 
 
@@ -134,6 +151,8 @@ class LocalExecutor:
         self.home_id = hashlib.sha256(str(home.resolve()).encode()).hexdigest()[:12]
         self._attempts: dict[int, _Attempt] = {}
         self._lock = threading.RLock()
+        self._scan: tuple[float, dict[str, list[int]]] | None = None  # (when, marked_pids())
+        self._scan_lock = threading.Lock()
 
     def nodes(self) -> list[Node]:
         return [self.node]
@@ -334,6 +353,19 @@ class LocalExecutor:
                 self._attempts.pop(job_id, None)
             exits.append(self._reap(att, code))
         return exits
+
+    def pids(self, job_id: int) -> list[int]:
+        """Processes carrying the attempt's marker (supervisor, torchrun, ranks, their children).
+        Every process's environment is read once per :data:`PID_SCAN_TTL` for all jobs."""
+        with self._lock:
+            att = self._attempts.get(job_id)
+        if att is None:
+            return []
+        with self._scan_lock:  # not self._lock: the scheduler's poll() need not wait for it
+            if self._scan is None or time.monotonic() - self._scan[0] > PID_SCAN_TTL:
+                found = marked_pids()
+                self._scan = (time.monotonic(), found)
+            return list(self._scan[1].get(att.marker, []))
 
     def kill_orphans(self, job_id: int, attempt: int) -> int:
         procs = find_marked(self.marker(job_id, attempt))

@@ -106,6 +106,8 @@ class SchedulerLoop:
             entry_seconds=self.config.entry_seconds,
         )
         self._usage_saved = time.time()
+        # called with the seconds each policy decision took (the server's Prometheus histogram)
+        self.decision_observer: Callable[[float], object] | None = None
 
     # -- life ------------------------------------------------------------------------------
     def start(self) -> None:
@@ -260,6 +262,12 @@ class SchedulerLoop:
                 job.id, JobState.PREEMPTED, reason=reason, preempt_requested=False
             )
             self.store.transition(job.id, JobState.QUEUED, reason=reason)
+            return
+        elif ended.requeue is not None:  # it never started: no restart is counted
+            self.store.update_attempt(
+                job.id, ended.attempt, ended_at=time.time(), result="unplaced", reason=ended.requeue
+            )
+            self._requeue(job, ended.requeue)
             return
         elif ended.stop_reason and ended.stop_reason.startswith("max_runtime"):
             result, new, reason = "failed", JobState.FAILED, ended.stop_reason
@@ -418,7 +426,10 @@ class SchedulerLoop:
         self._advance_usage(snap.now, snap.running, totals)
         if not snap.queued:
             return
+        began = time.perf_counter()
         decisions = decide(snap)
+        if self.decision_observer is not None:
+            self.decision_observer(time.perf_counter() - began)
         for job_id, placements in decisions.starts:
             job = by_id[job_id]
             if self._start(job, placements):

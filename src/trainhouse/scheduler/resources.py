@@ -21,6 +21,7 @@ class Node:
     cpus: int
     memory_bytes: int
     gpus: tuple[Gpu, ...] = ()
+    labels: tuple[str, ...] = ()  # custom resources a Ray node offers ("name=amount")
 
     def describe(self) -> str:
         gpu = f"{len(self.gpus)} GPU(s)" if self.gpus else "no GPUs"

@@ -8,20 +8,25 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, RedirectResponse
+from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from trainhouse._version import __version__
 from trainhouse.errors import TrainhouseError
+from trainhouse.executors.base import Executor
 from trainhouse.executors.inventory import local_node
 from trainhouse.executors.local import LocalExecutor
 from trainhouse.scheduler.loop import SchedulerConfig, SchedulerLoop
 from trainhouse.scheduler.policy import Quota
 from trainhouse.server.checkpoints import Checkpoints
 from trainhouse.server.deps import Services
-from trainhouse.server.routes import jobs, queue, report, system
+from trainhouse.server.housekeeping import Housekeeper
+from trainhouse.server.monitor import Sampler
+from trainhouse.server.routes import jobs, logs, queue, report, system, ui
 from trainhouse.server.settings import Settings
+from trainhouse.server.telemetry import Telemetry
 from trainhouse.store import BlobStore, Store
+from trainhouse.store.system import SystemMetrics
 
 log = logging.getLogger(__name__)
 
@@ -38,15 +43,35 @@ def _validation_message(exc: RequestValidationError) -> str:
     return "; ".join(parts)
 
 
+def make_executor(settings: Settings) -> tuple[Executor, str]:
+    """The executor ``--executor`` names, and the node the server's own samples are named by."""
+    if settings.executor == "ray":
+        from trainhouse.executors.ray import RayExecutor
+
+        if not settings.shared_checkpoints:
+            log.warning(
+                "checkpoints are on this machine's disk (HOME/jobs/<id>/checkpoints): jobs on "
+                "other Ray nodes cannot share them; multi-node jobs are refused until the "
+                "server runs with --checkpoint-url or --shared-home"
+            )
+        ray = RayExecutor(
+            settings.ray_address or "",
+            settings.home,
+            placement_timeout=settings.ray_placement_timeout,
+            node_dir=settings.ray_node_dir,
+        )
+        return ray, ray.server_node()
+    if settings.executor != "local":
+        raise TrainhouseError(f"executor must be 'local' or 'ray', got {settings.executor!r}")
+    local = LocalExecutor(local_node(settings.cpus, settings.gpus), settings.home)
+    return local, local.node.name
+
+
 def build_services(settings: Settings) -> Services:
     settings.home.mkdir(parents=True, exist_ok=True)
-    if settings.executor != "local":
-        raise TrainhouseError(
-            f"executor {settings.executor!r} is not available in this build; use 'local'"
-        )
+    executor, node = make_executor(settings)
     store = Store(settings.database_url)
     blobs = BlobStore(settings.home / "blobs")
-    executor = LocalExecutor(local_node(settings.cpus, settings.gpus), settings.home)
     checkpoints = Checkpoints(store, settings.home, settings.checkpoint_url)
     loop = SchedulerLoop(
         store,
@@ -64,7 +89,20 @@ def build_services(settings: Settings) -> Services:
             default_quota=Quota(settings.quota_gpus, settings.quota_cpus),
         ),
     )
-    return Services(settings, store, blobs, loop, checkpoints)
+    system_metrics = SystemMetrics(store)
+    monitor = Sampler(
+        system_metrics,
+        executor,
+        node=node,
+        interval=settings.monitor_interval,
+        retention=settings.monitor_retention,
+    )
+    telemetry = Telemetry()
+    telemetry.watch(
+        store, system_metrics, executor, stale_after=max(3 * settings.monitor_interval, 15.0)
+    )
+    loop.decision_observer = telemetry.decision_seconds.observe
+    return Services(settings, store, blobs, loop, checkpoints, system_metrics, monitor, telemetry)
 
 
 def create_app(settings: Settings) -> FastAPI:
@@ -74,11 +112,16 @@ def create_app(settings: Settings) -> FastAPI:
         app.state.services = svc
         svc.scheduler.start()
         svc.checkpoints.start()
+        svc.monitor.start()
+        housekeeper = Housekeeper(svc.store, settings.home, settings.log_retention)
+        housekeeper.start()
         log.info("trainhouse %s serving %s (home %s)", __version__, settings.url, settings.home)
         try:
             yield
         finally:
+            svc.monitor.stop()
             svc.scheduler.stop(grace=settings.shutdown_grace)
+            housekeeper.stop()
             svc.checkpoints.stop()
             svc.store.close()
 
@@ -107,12 +150,11 @@ def create_app(settings: Settings) -> FastAPI:
         log.exception("internal error")
         return error(500, "internal", "internal server error; see the server log")
 
-    @app.get("/", include_in_schema=False)
-    def root() -> RedirectResponse:
-        return RedirectResponse("/docs")
-
     app.include_router(system.router, prefix="/api/v1")
     app.include_router(queue.router, prefix="/api/v1")  # before jobs: /jobs/dry-run
+    app.include_router(logs.router, prefix="/api/v1")  # before jobs: /logs/stream
     app.include_router(jobs.router, prefix="/api/v1")
     app.include_router(report.router, prefix="/api/v1")
+    app.include_router(system.exposition)  # GET /metrics (Prometheus)
+    app.include_router(ui.router)  # the dashboard: / and /static/...
     return app

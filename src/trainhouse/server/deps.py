@@ -10,9 +10,12 @@ from fastapi import Depends, Header, Request
 from trainhouse.errors import TrainhouseError
 from trainhouse.scheduler.loop import SchedulerLoop, hash_token
 from trainhouse.server.checkpoints import Checkpoints
+from trainhouse.server.monitor import Sampler
 from trainhouse.server.settings import Settings
+from trainhouse.server.telemetry import Telemetry
 from trainhouse.store import BlobStore, Job, Store
 from trainhouse.store.jobfiles import JobFiles
+from trainhouse.store.system import SystemMetrics
 
 
 class Unauthorized(TrainhouseError):
@@ -27,6 +30,9 @@ class Services:
     blobs: BlobStore
     scheduler: SchedulerLoop
     checkpoints: Checkpoints
+    system: SystemMetrics  # resource samples
+    monitor: Sampler
+    telemetry: Telemetry  # /metrics
 
     def files(self, job_id: int) -> JobFiles:
         return JobFiles(self.settings.home, job_id)

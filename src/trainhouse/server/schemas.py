@@ -75,19 +75,38 @@ class JobDetailOut(JobOut):
 
 class JobListOut(BaseModel):
     jobs: list[JobOut]
+    total: int = Field(description="How many jobs match the filters, ignoring limit and offset")
 
 
 class SeriesOut(BaseModel):
     name: str
     rank: int | None
     points: list[tuple[int, float | None, float]] = Field(
-        description="[step, value, wall_time]; value is null where it was NaN or infinite"
+        description="[step, value, wall_time] by step; value is null where it was NaN or infinite"
+    )
+    total_points: int = Field(0, description="The series' points (past after_step)")
+    downsampled: bool = Field(
+        False,
+        description="points is a subset of at most max_points: the first and the last point, "
+        "and per step bucket the smallest and the largest value",
     )
 
 
 class MetricsOut(BaseModel):
     job_id: int
     series: list[SeriesOut]
+
+
+class SeriesInfoOut(BaseModel):
+    name: str
+    rank: int | None = Field(description="null: the job's own values; a rank's (all_ranks=True)")
+    points: int = Field(description="How many points the series has")
+    last_step: int
+
+
+class SeriesListOut(BaseModel):
+    job_id: int
+    series: list[SeriesInfoOut]
 
 
 class CheckpointOut(BaseModel):
@@ -143,7 +162,10 @@ MetricTuple = tuple[Step, MetricName, float | None, Rank | None, float]
 
 
 class ReportIn(BaseModel):
-    """One flush of the SDK's buffer: metric points plus a heartbeat."""
+    """One flush of the SDK's buffer: metric points plus a heartbeat.
+
+    The wire format, published here; the route checks it by hand, column by column
+    (``trainhouse.store.metrics.parse_report``), with the same rules."""
 
     batch_id: str = Field(min_length=1, max_length=64)
     attempt: int = Field(ge=1)
@@ -151,6 +173,12 @@ class ReportIn(BaseModel):
         default_factory=list,
         max_length=200_000,
         description="[step, name, value, rank, wall_time]; rank null = the job's own value",
+    )
+    columns: dict[str, list[Any]] | None = Field(
+        None,
+        description="The same points as five lists of one length (what the SDK sends, faster "
+        "to parse): {step: [...], name: [...], value: [...], rank: [...], wall_time: [...]}; "
+        "when given, points is ignored",
     )
     total_steps: int | None = Field(None, ge=0, le=INT64)
     resume_step: int | None = Field(
@@ -174,6 +202,14 @@ class LogRanksOut(BaseModel):
     launcher: bool
 
 
+class GpuLiveOut(BaseModel):
+    index: int
+    util: float | None = Field(None, description="DCGM_FI_DEV_GPU_UTIL, %")
+    fb_used: float | None = Field(None, description="DCGM_FI_DEV_FB_USED, MiB")
+    power: float | None = Field(None, description="DCGM_FI_DEV_POWER_USAGE, W")
+    temp: float | None = Field(None, description="DCGM_FI_DEV_GPU_TEMP, C")
+
+
 class NodeOut(BaseModel):
     name: str
     cpus: int
@@ -181,6 +217,13 @@ class NodeOut(BaseModel):
     gpus: list[dict[str, Any]]
     free_cpus: int
     free_gpus: list[int]
+    # the latest resource sample (null/empty when the node has none)
+    cpu_percent: float | None = Field(None, description="Of all cores, 0-100")
+    memory_used_bytes: int | None = Field(None, description="Total minus available")
+    gpus_live: list[GpuLiveOut] = Field(
+        default_factory=list, description="Per GPU NVML sees; empty without NVIDIA's driver"
+    )
+    sampled_at: float | None = None
 
 
 class NodesOut(BaseModel):
@@ -192,3 +235,16 @@ class HealthOut(BaseModel):
     status: str
     version: str
     home: str
+
+
+class SystemSeriesOut(BaseModel):
+    name: str
+    gpu: int | None = Field(None, description="The GPU's index, for per-GPU values")
+    points: list[tuple[float, float]] = Field(
+        description="[at, value]: unix time and value, or a time bucket's averages"
+    )
+    max: list[float] = Field(description="Each point's maximum (its value when not averaged)")
+
+
+class SystemMetricsOut(BaseModel):
+    series: list[SystemSeriesOut]

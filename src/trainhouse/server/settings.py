@@ -34,6 +34,20 @@ class Settings:
     fairshare_half_life: float = DEFAULT_HALF_LIFE
     max_infra_restarts: int = 20
     checkpoint_url: str | None = None  # None: HOME/jobs/<id>/checkpoints
+    monitor_interval: float = 5.0  # seconds between resource samples; 0 turns sampling off
+    monitor_retention: float = 7 * 86400.0  # seconds resource samples are kept
+    log_retention: float | None = None  # seconds logs outlive their job; None: forever
+    ray_address: str | None = None  # the Ray cluster's GCS address (--executor ray)
+    ray_placement_timeout: float = 60.0  # seconds Ray gets to place a job's group
+    ray_node_dir: str | None = None  # where the nodes unpack code and keep logs (node-local)
+    shared_home: bool = False  # every node mounts HOME at the same path (shared checkpoints)
+    advertise_url: str | None = None  # the URL ranks on other machines reach the server at
+
+    @property
+    def shared_checkpoints(self) -> bool:
+        """Whether every node reaches the checkpoint storage (a URL, a shared directory, or
+        a HOME every node mounts): multi-node jobs need it."""
+        return self.checkpoint_url is not None or self.shared_home
 
     @property
     def database_url(self) -> str:
@@ -41,7 +55,10 @@ class Settings:
 
     @property
     def url(self) -> str:
-        """The URL worker processes on this machine use to reach the server."""
+        """The URL worker processes use to reach the server (``--advertise-url``, or this
+        machine's address)."""
+        if self.advertise_url:
+            return self.advertise_url.rstrip("/")
         host = self.host
         if host in ("0.0.0.0", "", "::"):
             host = "127.0.0.1"

@@ -7,36 +7,15 @@ batch that did reach the server before is skipped.
 
 from __future__ import annotations
 
-import json
 import logging
-import math
 from pathlib import Path
-from typing import Any
 
-from trainhouse.store.records import MetricPoint
+from trainhouse.store.metrics import InvalidMetrics, parse_report
 from trainhouse.store.store import Store
 
 log = logging.getLogger(__name__)
 
 SPOOL_DIR = "metrics-spool"  # the SDK's name for it (trainhouse.sdk.metrics.SPOOL_DIR)
-
-
-def _points(payload: dict[str, Any]) -> list[MetricPoint]:
-    attempt = int(payload["attempt"])
-    points = []
-    for step, name, value, rank, wall in payload["points"]:
-        number = float(value) if value is not None else None
-        points.append(
-            MetricPoint(
-                step=int(step),
-                name=str(name)[:256],
-                value=number if number is not None and math.isfinite(number) else None,
-                rank=None if rank is None else int(rank),
-                attempt=attempt,
-                wall_time=float(wall),
-            )
-        )
-    return points
 
 
 def ingest_spool(store: Store, job_id: int, attempt_dir: Path) -> int:
@@ -47,17 +26,16 @@ def ingest_spool(store: Store, job_id: int, attempt_dir: Path) -> int:
     written = 0
     for path in sorted(spool.glob("*.json")):
         try:
-            payload = json.loads(path.read_text())
-            points = _points(payload)
-            resume = payload.get("resume_step")
+            report = parse_report(path.read_bytes())  # the same checks as a live report
+            resume = report.resume_step
             written += store.add_metrics(
                 job_id,
-                points,
-                batch_id=str(payload["batch_id"])[:64],
-                total_steps=payload.get("total_steps"),
-                resume=(int(payload["attempt"]), int(resume)) if resume is not None else None,
+                report.columns,
+                batch_id=report.batch_id,
+                total_steps=report.total_steps,
+                resume=(report.attempt, resume) if resume is not None else None,
             )
-        except (OSError, ValueError, KeyError, TypeError) as exc:
+        except (OSError, InvalidMetrics) as exc:
             log.error("job %s: cannot read spooled metrics %s: %s", job_id, path, exc)
             path.rename(path.with_suffix(".bad"))
             continue

@@ -12,13 +12,14 @@ from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, get_args
 
 from alembic import command
 from alembic.config import Config
 from sqlalchemy import (
     Connection,
     Engine,
+    case,
     create_engine,
     delete,
     event,
@@ -27,12 +28,14 @@ from sqlalchemy import (
     select,
     update,
 )
-from sqlalchemy.dialects.postgresql import insert as pg_insert
-from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.engine import RowMapping
+from sqlalchemy.sql.elements import ColumnElement
 
 from trainhouse.errors import InvalidTransition, NotFound, StoreError
 from trainhouse.scheduler.lifecycle import JobState, check_transition
+from trainhouse.spec import PRIORITY_TIERS
+from trainhouse.store import metrics as metric_store
+from trainhouse.store import series as series_store
 from trainhouse.store import tables as t
 from trainhouse.store.records import Attempt, Checkpoint, Event, Job, MetricPoint, UserLimits
 
@@ -70,6 +73,24 @@ def _checkpoint(row: RowMapping) -> Checkpoint:
     data["metrics"] = data["metrics"] or {}
     data["deleted"] = bool(data["deleted"])
     return Checkpoint(**data)
+
+
+JobSort = Literal["id", "created_at", "name", "owner", "state", "priority"]
+JOB_SORT_KEYS: tuple[str, ...] = get_args(JobSort)
+
+
+def _job_filters(
+    states: Iterable[JobState] | None, owner: str | None, name: str | None
+) -> list[ColumnElement[bool]]:
+    where: list[ColumnElement[bool]] = []
+    if states is not None:
+        where.append(t.jobs.c.state.in_([str(s) for s in states]))
+    if owner:
+        where.append(t.jobs.c.owner == owner)
+    if name:
+        escaped = name.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+        where.append(func.lower(t.jobs.c.name).like(f"%{escaped.lower()}%", escape="\\"))
+    return where
 
 
 class Store:
@@ -172,15 +193,57 @@ class Store:
         return _job(row)
 
     def list_jobs(
-        self, *, states: Iterable[JobState] | None = None, limit: int | None = None
+        self,
+        *,
+        states: Iterable[JobState] | None = None,
+        limit: int | None = None,
+        offset: int = 0,
+        owner: str | None = None,
+        name: str | None = None,
+        sort: JobSort = "id",
+        order: Literal["asc", "desc"] = "desc",
     ) -> list[Job]:
-        query = select(t.jobs).order_by(t.jobs.c.id.desc())
-        if states is not None:
-            query = query.where(t.jobs.c.state.in_([str(s) for s in states]))
+        """A page of jobs, newest first by default.
+
+        ``owner`` matches exactly, ``name`` is a case-insensitive substring; ``sort`` orders by
+        a column (``priority`` by tier, low to urgent), ties broken by id in the same direction,
+        so that pages taken with ``offset`` never repeat or skip a job.
+        """
+        if sort not in JOB_SORT_KEYS:
+            raise StoreError(f"jobs sort by one of {', '.join(JOB_SORT_KEYS)}, not {sort!r}")
+        key: ColumnElement[Any] = (
+            case(
+                {tier: rank for rank, tier in enumerate(PRIORITY_TIERS)},
+                value=t.jobs.c.priority,
+                else_=-1,
+            )
+            if sort == "priority"
+            else t.jobs.c[sort]
+        )
+        keys = [key, t.jobs.c.id] if sort != "id" else [key]
+        query = (
+            select(t.jobs)
+            .where(*_job_filters(states, owner, name))
+            .order_by(*(k.desc() if order == "desc" else k.asc() for k in keys))
+        )
+        if offset:
+            query = query.offset(offset)
         if limit is not None:
             query = query.limit(limit)
         with self.engine.connect() as conn:
             return [_job(r) for r in conn.execute(query).mappings()]
+
+    def count_jobs(
+        self,
+        *,
+        states: Iterable[JobState] | None = None,
+        owner: str | None = None,
+        name: str | None = None,
+    ) -> int:
+        """How many jobs :meth:`list_jobs` would return with these filters and no limit."""
+        query = select(func.count()).select_from(t.jobs).where(*_job_filters(states, owner, name))
+        with self.engine.connect() as conn:
+            return int(conn.execute(query).scalar_one())
 
     def update_job(self, job_id: int, **fields: Any) -> None:
         """Update non-state fields (reason, placement, progress)."""
@@ -345,11 +408,11 @@ class Store:
                 .values(**fields)
             )
 
-    # -- metrics ---------------------------------------------------------------------------
+    # -- metrics (trainhouse.store.metrics, trainhouse.store.series) ---------------------------
     def add_metrics(
         self,
         job_id: int,
-        points: Sequence[MetricPoint],
+        points: Sequence[MetricPoint] | metric_store.Columns,
         *,
         batch_id: str | None = None,
         total_steps: int | None = None,
@@ -357,83 +420,27 @@ class Store:
     ) -> int:
         """Store points; a (name, rank, step) seen before is replaced. Returns points written.
 
+        ``points``: MetricPoints, or :class:`~trainhouse.store.metrics.Columns` checked by
+        ``metrics.check_columns`` (the report route's fast path).
         A ``batch_id`` already seen for this job is ignored, so a client may retry a batch.
         ``resume=(attempt, step)``: that attempt resumed after ``step``, so points earlier
         attempts logged past it are dropped first (the series is the final lineage).
         """
-        now = time.time()
+        columns = (
+            points
+            if isinstance(points, metric_store.Columns)
+            else metric_store.columns_from_points(points)
+        )
         with self._tx() as conn:
-            if batch_id is not None:
-                seen = conn.execute(
-                    select(t.report_batches.c.batch_id).where(
-                        t.report_batches.c.job_id == job_id,
-                        t.report_batches.c.batch_id == batch_id,
-                    )
-                ).first()
-                if seen is not None:
-                    return 0
-                conn.execute(
-                    insert(t.report_batches).values(job_id=job_id, batch_id=batch_id, at=now)
-                )
-            if resume is not None:
-                attempt, step = resume
-                conn.execute(
-                    delete(t.metrics).where(
-                        t.metrics.c.job_id == job_id,
-                        t.metrics.c.step > step,
-                        t.metrics.c.attempt < attempt,
-                    )
-                )
-            if points:
-                # the same (name, rank, step) twice in one batch: the last one wins
-                latest_points = {(p.name, p.rank, p.step): p for p in points}
-                rows = [
-                    {
-                        "job_id": job_id,
-                        "attempt": p.attempt,
-                        "rank": -1 if p.rank is None else p.rank,
-                        "step": p.step,
-                        "name": p.name,
-                        "value": p.value,
-                        "wall_time": p.wall_time or now,
-                    }
-                    for p in latest_points.values()
-                ]
-                ins = (pg_insert if self.dialect == "postgresql" else sqlite_insert)(t.metrics)
-                conn.execute(
-                    ins.on_conflict_do_update(
-                        index_elements=["job_id", "name", "rank", "step"],
-                        set_={
-                            "value": ins.excluded.value,
-                            "attempt": ins.excluded.attempt,
-                            "wall_time": ins.excluded.wall_time,
-                        },
-                    ),
-                    rows,
-                )
-            progress: dict[str, Any] = {}
-            job_points = [p for p in points if p.rank is None]
-            if job_points:
-                last = max(p.step for p in job_points)
-                latest = {p.name: p.value for p in job_points if p.step == last}
-                current = conn.execute(
-                    select(t.jobs.c.last_step, t.jobs.c.latest_metrics).where(t.jobs.c.id == job_id)
-                ).first()
-                if current is not None:
-                    if current[0] is None or last > current[0]:
-                        progress.update(last_step=last, latest_metrics=latest)
-                    elif last == current[0]:
-                        progress["latest_metrics"] = {**(current[1] or {}), **latest}
-                    # a smaller step means a restart from an earlier checkpoint: the step
-                    # counter moves back with it
-                    else:
-                        progress.update(last_step=last, latest_metrics=latest)
-            if total_steps is not None:
-                progress["total_steps"] = total_steps
-            if progress:
-                progress["updated_at"] = now
-                conn.execute(update(t.jobs).where(t.jobs.c.id == job_id).values(**progress))
-        return len(points)
+            return metric_store.add(
+                conn,
+                self.dialect,
+                job_id,
+                columns,
+                batch_id=batch_id,
+                total_steps=total_steps,
+                resume=resume,
+            )
 
     def metrics(
         self,
@@ -443,32 +450,34 @@ class Store:
         rank: int | None = None,
         all_ranks: bool = False,
     ) -> list[MetricPoint]:
-        query = select(t.metrics).where(t.metrics.c.job_id == job_id)
-        if name is not None:
-            query = query.where(t.metrics.c.name == name)
-        if not all_ranks:
-            query = query.where(t.metrics.c.rank == (-1 if rank is None else rank))
-        query = query.order_by(t.metrics.c.name, t.metrics.c.rank, t.metrics.c.step)
-        with self.engine.connect() as conn:
-            return [
-                MetricPoint(
-                    step=r["step"],
-                    name=r["name"],
-                    value=r["value"],
-                    rank=None if r["rank"] < 0 else r["rank"],
-                    attempt=r["attempt"],
-                    wall_time=r["wall_time"],
-                )
-                for r in conn.execute(query).mappings()
-            ]
+        """Every point (ordered by name, rank, step); large reads use :meth:`metric_points`."""
+        return series_store.legacy_points(
+            self.engine, job_id, name=name, rank=rank, all_ranks=all_ranks
+        )
+
+    def metric_series(
+        self,
+        job_id: int,
+        *,
+        name: str | None = None,
+        rank: int | None = None,
+        all_ranks: bool = False,
+        after_step: int | None = None,
+    ) -> list[series_store.SeriesInfo]:
+        """The job's series with their point counts and step ranges (past ``after_step``)."""
+        return series_store.series(
+            self.engine, job_id, name=name, rank=rank, all_ranks=all_ranks, after_step=after_step
+        )
+
+    def metric_points(
+        self, job_id: int, info: series_store.SeriesInfo, *, max_points: int = 0
+    ) -> series_store.SeriesPoints:
+        """One series' points in ``info``'s step range; at most ``max_points`` (0: all),
+        downsampled in SQL keeping each step bucket's extremes and the first and last points."""
+        return series_store.points(self.engine, job_id, info, max_points=max_points)
 
     def metric_count(self, job_id: int) -> int:
-        with self.engine.connect() as conn:
-            return int(
-                conn.execute(
-                    select(func.count()).select_from(t.metrics).where(t.metrics.c.job_id == job_id)
-                ).scalar_one()
-            )
+        return series_store.count(self.engine, job_id)
 
     # -- checkpoints -----------------------------------------------------------------------
     def add_checkpoint(

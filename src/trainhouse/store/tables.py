@@ -157,3 +157,20 @@ user_usage = Table(
     Column("usage", Float, nullable=False),
     Column("updated_at", Float, nullable=False),
 )
+
+# resource samples (trainhouse.server.monitor): a node's (job_id NULL) or a job's processes' on
+# that node; gpu = the GPU index for per-GPU values. Names: trainhouse.store.system
+system_metrics = Table(
+    "system_metrics",
+    metadata,
+    Column("id", _Id, primary_key=True, autoincrement=True),
+    Column("node", String(128), nullable=False),
+    Column("job_id", _Id, ForeignKey("jobs.id", ondelete="CASCADE")),
+    Column("name", String(64), nullable=False),
+    Column("gpu", Integer),
+    Column("value", Float, nullable=False),
+    Column("at", Float, nullable=False),  # unix time
+    Index("ix_system_metrics_node_name_at", "node", "name", "at"),
+    Index("ix_system_metrics_job_id_name_at", "job_id", "name", "at"),
+    Index("ix_system_metrics_at", "at"),  # retention deletes by age
+)

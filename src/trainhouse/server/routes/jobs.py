@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import contextlib
-import math
 from dataclasses import asdict
-from typing import Annotated
+from typing import Annotated, Literal
 
+import orjson
 from fastapi import APIRouter, Depends, File, Form, Query, UploadFile
-from fastapi.responses import PlainTextResponse, StreamingResponse
+from fastapi.responses import PlainTextResponse, Response, StreamingResponse
 
 from trainhouse.errors import ArchiveError, NotFound, ResourceError, StoreError
 from trainhouse.scheduler.lifecycle import JobState
@@ -26,10 +26,14 @@ from trainhouse.server.schemas import (
     JobOut,
     LogRanksOut,
     MetricsOut,
-    SeriesOut,
+    SeriesInfoOut,
+    SeriesListOut,
 )
 from trainhouse.spec import JobSpec, parse_spec
 from trainhouse.store import Job
+from trainhouse.store.metrics import INT64, MAX_NAME, MAX_RANK, InvalidMetrics
+from trainhouse.store.series import MIN_DOWNSAMPLED
+from trainhouse.store.store import JobSort
 from trainhouse.workdir import human_size, list_members
 
 router = APIRouter(tags=["jobs"])
@@ -50,7 +54,19 @@ def job_out(job: Job, svc: Services | None = None) -> JobOut:
 def schedulable_spec(text: str, svc: Services) -> JobSpec:
     """Parse a submitted spec and refuse a job that could never run on this server."""
     job_spec = parse_spec(text, source="spec")
-    reason = never_fits(svc.scheduler.executor.nodes(), job_spec.resources)
+    executor = svc.scheduler.executor
+    # the Ray executor's inventory, busy or not (its nodes() is what is free right now)
+    nodes = getattr(executor, "capacity", executor.nodes)()
+    multi_node = bool(getattr(executor, "multi_node", False))
+    reason = never_fits(nodes, job_spec.resources, multi_node=multi_node)
+    if reason is None and job_spec.resources.nodes > 1 and not svc.settings.shared_checkpoints:
+        reason = (
+            f"resources.nodes is {job_spec.resources.nodes}, but checkpoints are stored on the "
+            "server's own disk (HOME/jobs/<id>/checkpoints), which the other nodes do not "
+            "reach; start the server with --checkpoint-url (a directory every node mounts, or "
+            "an fsspec URL such as s3://bucket/prefix), or with --shared-home if every node "
+            "mounts HOME at the same path"
+        )
     if reason:
         raise ResourceError(f"job can never run on this server: {reason}")
     return job_spec
@@ -96,14 +112,28 @@ def list_jobs(
     all: bool = Query(False, description="Include ended jobs"),
     state: list[JobState] | None = Query(None),
     limit: int = Query(1000, ge=1, le=10000),
+    offset: int = Query(0, ge=0, description="Skip this many jobs (pagination)"),
+    owner: str | None = Query(None, max_length=128, description="Only this owner's jobs"),
+    name: str | None = Query(
+        None, max_length=128, description="Only jobs whose name contains this (any case)"
+    ),
+    sort: JobSort = Query("id", description="The column to order by; ties by id"),
+    order: Literal["asc", "desc"] = Query("desc"),
     svc: Services = Depends(services),
 ) -> JobListOut:
+    """A page of jobs (by default the unfinished ones, newest first) and how many match."""
     states: list[JobState] | None = state
     if states is None and not all:
         states = [s for s in JobState if not s.terminal]
-    return JobListOut(
-        jobs=[job_out(j, svc) for j in svc.store.list_jobs(states=states, limit=limit)]
+    page = svc.store.list_jobs(
+        states=states, limit=limit, offset=offset, owner=owner, name=name, sort=sort, order=order
     )
+    total = (
+        offset + len(page)
+        if len(page) < limit and (page or offset == 0)
+        else svc.store.count_jobs(states=states, owner=owner, name=name)
+    )
+    return JobListOut(jobs=[job_out(j, svc) for j in page], total=total)
 
 
 @router.get("/jobs/{job_id}", response_model=JobDetailOut)
@@ -142,20 +172,65 @@ def cancel(job_id: int, svc: Services = Depends(services)) -> JobOut:
 @router.get("/jobs/{job_id}/metrics", response_model=MetricsOut)
 def metrics(
     job_id: int,
-    name: str | None = None,
-    rank: int | None = Query(None, ge=0, description="A rank's own values (all_ranks=True)"),
+    name: str | None = Query(None, max_length=MAX_NAME, description="Only this metric"),
+    rank: int | None = Query(
+        None, ge=0, le=MAX_RANK, description="A rank's own values (all_ranks=True)"
+    ),
     all_ranks: bool = Query(False, description="Every rank's values as well as the job's"),
+    max_points: int = Query(
+        0,
+        ge=0,
+        le=100_000,
+        description="At most this many points per series (0: every point). A longer series "
+        "is downsampled on the server: its first and last points and, per step bucket, the "
+        f"points with the smallest and the largest value; at least {MIN_DOWNSAMPLED}",
+    ),
+    after_step: int | None = Query(
+        None, ge=-1, le=INT64, description="Only points past this step (live polling)"
+    ),
     svc: Services = Depends(services),
-) -> MetricsOut:
+) -> Response:
+    """The job's series, ordered by name then rank, each with its points by step."""
     svc.store.get_job(job_id)
-    series: dict[tuple[str, int | None], SeriesOut] = {}
-    for p in svc.store.metrics(job_id, name=name, rank=rank, all_ranks=all_ranks):
-        key = (p.name, p.rank)
-        if key not in series:
-            series[key] = SeriesOut(name=p.name, rank=p.rank, points=[])
-        value = p.value if p.value is not None and math.isfinite(p.value) else None
-        series[key].points.append((p.step, value, p.wall_time))
-    return MetricsOut(job_id=job_id, series=list(series.values()))
+    if 0 < max_points < MIN_DOWNSAMPLED:
+        raise InvalidMetrics(
+            f"max_points must be 0 (every point) or at least {MIN_DOWNSAMPLED}, got {max_points}"
+        )
+    found = svc.store.metric_series(
+        job_id, name=name, rank=rank, all_ranks=all_ranks, after_step=after_step
+    )
+    series = []
+    for info in found:
+        got = svc.store.metric_points(job_id, info, max_points=max_points)
+        series.append(
+            {
+                "name": got.name,
+                "rank": got.rank,
+                "points": got.points,
+                "total_points": got.total_points,
+                "downsampled": got.downsampled,
+            }
+        )
+    # orjson, not a pydantic model: a million points in well under a second
+    body = orjson.dumps({"job_id": job_id, "series": series})
+    return Response(body, media_type="application/json")
+
+
+@router.get("/jobs/{job_id}/metrics/names", response_model=SeriesListOut)
+def metric_names(
+    job_id: int,
+    all_ranks: bool = Query(True, description="Per-rank series too (all_ranks=True)"),
+    svc: Services = Depends(services),
+) -> SeriesListOut:
+    """The job's series (name, rank) with their point counts and last steps, no points."""
+    svc.store.get_job(job_id)
+    return SeriesListOut(
+        job_id=job_id,
+        series=[
+            SeriesInfoOut(name=i.name, rank=i.rank, points=i.points, last_step=i.last_step)
+            for i in svc.store.metric_series(job_id, all_ranks=all_ranks)
+        ],
+    )
 
 
 @router.get("/jobs/{job_id}/logs/ranks", response_model=LogRanksOut)

@@ -1,0 +1,153 @@
+"""``trainhouse top``: what each node and each running job uses, live."""
+
+from __future__ import annotations
+
+import time
+from typing import Annotated, Any
+
+import typer
+from rich.console import Group
+from rich.live import Live
+from rich.table import Table
+
+from trainhouse.cli.render import ago, console, errors, print_json, state
+from trainhouse.client import Client
+
+JOB_WINDOW = 60.0  # seconds of a job's samples to take its latest from
+
+UrlOpt = Annotated[
+    str | None,
+    typer.Option("--url", envvar="TRAINHOUSE_URL", help="Server URL", show_default=False),
+]
+
+
+def _size(n: float | None) -> str:
+    if n is None:
+        return "-"
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def _pct(v: float | None) -> str:
+    return "-" if v is None else f"{v:.0f}%"
+
+
+def job_usage(series: list[dict[str, Any]]) -> dict[str, Any]:
+    """A job's latest sample from its series: CPU, RSS, processes, GPU memory per GPU."""
+    out: dict[str, Any] = {
+        "cpu_percent": None,
+        "rss_bytes": None,
+        "processes": None,
+        "gpu_memory_bytes": {},
+        "sampled_at": None,
+    }
+    for s in series:
+        if not s["points"]:
+            continue
+        at, value = s["points"][-1]
+        if s["name"] == "gpu_memory_bytes" and s["gpu"] is not None:
+            out["gpu_memory_bytes"][str(s["gpu"])] = value
+        elif s["name"] in ("cpu_percent", "rss_bytes", "processes"):
+            out[s["name"]] = value
+        out["sampled_at"] = max(out["sampled_at"] or 0.0, at)
+    return out
+
+
+def gather(c: Client) -> dict[str, Any]:
+    """Nodes with their latest sample, and every running job with its latest."""
+    nodes = c.nodes()["nodes"]
+    jobs = []
+    for j in c.jobs():
+        if j["state"] != "RUNNING":
+            continue
+        usage = job_usage(c.job_system(j["id"], since=-JOB_WINDOW)["series"])
+        jobs.append(
+            {
+                "id": j["id"],
+                "name": j["name"],
+                "owner": j["owner"],
+                "state": j["state"],
+                "step": j.get("last_step"),
+                "total_steps": j.get("total_steps"),
+                **usage,
+            }
+        )
+    return {"nodes": nodes, "jobs": jobs}
+
+
+def render(data: dict[str, Any]) -> Group:
+    nodes = Table(title="nodes", title_justify="left", box=None, header_style="bold")
+    for col in ("NODE", "CPU", "MEMORY", "FREE", "GPUS", "SAMPLED"):
+        nodes.add_column(col, no_wrap=col != "GPUS", overflow="fold")
+    for n in data["nodes"]:
+        gpus = []
+        for g in n.get("gpus_live") or []:
+            fb = "-" if g["fb_used"] is None else _size(g["fb_used"] * (1 << 20))
+            power = "-" if g["power"] is None else f"{g['power']:.0f} W"
+            temp = "-" if g["temp"] is None else f"{g['temp']:.0f} C"
+            gpus.append(f"{g['index']}: {_pct(g['util'])} {fb} {power} {temp}")
+        if not gpus:
+            gpus = [f"{len(n['gpus'])} declared, not sampled" if n["gpus"] else "none"]
+        nodes.add_row(
+            n["name"],
+            f"{_pct(n.get('cpu_percent'))} of {n['cpus']}",
+            f"{_size(n.get('memory_used_bytes'))} / {_size(n['memory_bytes'])}",
+            f"{n['free_cpus']} cpus, {len(n['free_gpus'])} gpus",
+            "\n".join(gpus),
+            ago(n.get("sampled_at")),
+        )
+    jobs = Table(title="running jobs", title_justify="left", box=None, header_style="bold")
+    for col in ("ID", "NAME", "OWNER", "STATE", "STEP", "CPU", "RSS", "GPU MEM", "PROCS"):
+        jobs.add_column(col, no_wrap=True)
+    for j in data["jobs"]:
+        step = "-" if j["step"] is None else str(j["step"])
+        if j["total_steps"]:
+            step += f"/{j['total_steps']}"
+        gpu_mem = ", ".join(f"{g}: {_size(b)}" for g, b in sorted(j["gpu_memory_bytes"].items()))
+        procs = j["processes"]
+        jobs.add_row(
+            str(j["id"]),
+            j["name"],
+            j["owner"],
+            state(j["state"]),
+            step,
+            _pct(j["cpu_percent"]),
+            _size(j["rss_bytes"]),
+            gpu_mem or "-",
+            "-" if procs is None else str(int(procs)),
+        )
+    if not data["jobs"]:
+        return Group(nodes, "", "no running jobs")
+    return Group(nodes, "", jobs)
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("top")
+    def top_cmd(
+        once: Annotated[bool, typer.Option("--once", help="Print one frame and exit")] = False,
+        as_json: Annotated[
+            bool, typer.Option("--json", help="Print the data once as JSON")
+        ] = False,
+        interval: Annotated[float, typer.Option(min=0.1, help="Seconds between refreshes")] = 2.0,
+        url: UrlOpt = None,
+    ) -> None:
+        """Live resource use: each node's CPU, memory and GPUs, each running job's processes'
+        CPU, RSS and GPU memory (Ctrl-C quits)."""
+        with errors(), Client(url) as c:
+            data = gather(c)
+            if as_json:
+                print_json(data)
+                return
+            if once:
+                console.print(render(data), highlight=False)
+                return
+            try:
+                with Live(render(data), console=console, auto_refresh=False) as live:
+                    while True:
+                        time.sleep(interval)
+                        live.update(render(gather(c)), refresh=True)
+            except KeyboardInterrupt:
+                pass

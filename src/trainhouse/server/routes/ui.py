@@ -1,0 +1,109 @@
+"""The web dashboard: ``/`` is a single page (``server/web``) that reads the REST API.
+
+Its chart code is the plotly.js that the ``plotly`` wheel ships, served from the installed
+package at ``/static/vendor/plotly.min.js``; nothing of it is copied into this repository.
+Responses carry an ETag (a revisit costs a 304) and the 4.8 MB bundle is gzipped once, on its
+first request, for clients that accept it.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import importlib.metadata
+from dataclasses import dataclass
+from functools import cache
+from importlib import resources
+
+from fastapi import APIRouter, Request
+from fastapi.responses import Response
+
+from trainhouse.errors import NotFound
+
+router = APIRouter(include_in_schema=False)
+
+_TYPES = {
+    ".html": "text/html; charset=utf-8",
+    ".js": "text/javascript; charset=utf-8",
+    ".css": "text/css; charset=utf-8",
+    ".svg": "image/svg+xml",
+}
+# what /static serves from the package's web directory: a fixed list, so no path can escape it
+STATIC_FILES = (
+    "app.js",
+    "core.js",
+    "charts.js",
+    "logs.js",
+    "jobs.js",
+    "job.js",
+    "compare.js",
+    "cluster.js",
+    "style.css",
+    "favicon.svg",
+)
+PLOTLY_PATH = "package_data/plotly.min.js"
+
+
+@dataclass(frozen=True)
+class Asset:
+    body: bytes
+    gzipped: bytes | None
+    etag: str
+    media_type: str
+
+
+def _asset(body: bytes, media_type: str, *, compress: bool) -> Asset:
+    etag = '"' + hashlib.sha256(body).hexdigest()[:32] + '"'
+    packed = gzip.compress(body, compresslevel=6, mtime=0) if compress else None
+    return Asset(body, packed, etag, media_type)
+
+
+@cache
+def _web_file(name: str) -> Asset:
+    path = resources.files("trainhouse.server") / "web" / name
+    if not path.is_file():
+        raise NotFound(f"the dashboard file {name!r} is missing from this installation")
+    suffix = name[name.rfind(".") :]
+    return _asset(path.read_bytes(), _TYPES[suffix], compress=suffix != ".svg")
+
+
+@cache
+def _plotly() -> Asset:
+    path = resources.files("plotly") / PLOTLY_PATH
+    if not path.is_file():
+        version = importlib.metadata.version("plotly")
+        raise NotFound(f"plotly {version} does not ship {PLOTLY_PATH}; reinstall plotly")
+    return _asset(path.read_bytes(), _TYPES[".js"], compress=True)
+
+
+def _send(request: Request, asset: Asset, cache_control: str) -> Response:
+    headers = {"ETag": asset.etag, "Cache-Control": cache_control, "Vary": "Accept-Encoding"}
+    if asset.etag in request.headers.get("if-none-match", ""):
+        return Response(status_code=304, headers=headers)
+    if asset.gzipped is not None and "gzip" in request.headers.get("accept-encoding", ""):
+        headers["Content-Encoding"] = "gzip"
+        return Response(asset.gzipped, media_type=asset.media_type, headers=headers)
+    return Response(asset.body, media_type=asset.media_type, headers=headers)
+
+
+# our own files change with an upgrade: revalidate each time (a 304 when unchanged)
+_REVALIDATE = "no-cache"
+# plotly.js changes only with the installed wheel: a day without asking, then a 304
+_DAY = "public, max-age=86400"
+
+
+@router.api_route("/", methods=["GET", "HEAD"])
+def index(request: Request) -> Response:
+    return _send(request, _web_file("index.html"), _REVALIDATE)
+
+
+@router.api_route("/static/vendor/plotly.min.js", methods=["GET", "HEAD"])
+def plotly_js(request: Request) -> Response:
+    return _send(request, _plotly(), _DAY)
+
+
+@router.api_route("/static/{name}", methods=["GET", "HEAD"])
+def static(name: str, request: Request) -> Response:
+    if name not in STATIC_FILES:
+        raise NotFound(f"no static file {name!r}")
+    return _send(request, _web_file(name), _REVALIDATE)

@@ -1,0 +1,334 @@
+// A job's page (#/jobs/<id>): state, cancel, metrics, system, logs, attempts, checkpoints.
+import { ChartGrid, MetricSeries, chartControls, drawSystem, systemSeries } from "./charts.js";
+import {
+  API,
+  ApiError,
+  LOG_POLL_MS,
+  LOG_TAIL_LINES,
+  POLL_MS,
+  TERMINAL,
+  api,
+  badge,
+  fmtBytes,
+  fmtDuration,
+  fmtTime,
+  h,
+  kv,
+  metricsText,
+  placementText,
+  progressCell,
+  progressOf,
+  timeCell,
+  toYaml,
+  worldSize,
+} from "./core.js";
+import { AnsiRenderer, LogView } from "./logs.js";
+
+export function resourcesText(spec) {
+  const r = (spec && spec.resources) || {};
+  const procs = r.procs_per_node || r.gpus_per_node || 1;
+  const parts = [`${r.nodes || 1} node${(r.nodes || 1) > 1 ? "s" : ""} × ${procs} rank${procs > 1 ? "s" : ""}`];
+  parts.push(r.gpus_per_node ? `${r.gpus_per_node} GPU/node` : "CPU only");
+  if (r.cpus_per_proc) parts.push(`${r.cpus_per_proc} CPU/rank`);
+  return parts.join(", ");
+}
+
+export function attemptsTable(job) {
+  const rows = (job.attempt_history || []).map((a) => h("tr", { testid: "attempt-row" },
+    h("td", { class: "num" }, String(a.number)),
+    h("td", {}, timeCell(a.started_at)),
+    h("td", {}, a.ended_at ? fmtDuration(a.ended_at - a.started_at) : h("span", { class: "muted" }, "running")),
+    h("td", {}, a.result ? h("span", { class: `result result-${a.result}` }, a.result) : "—"),
+    h("td", {}, a.failure || "—"),
+    h("td", { class: "num" }, a.exit_code ?? "—"),
+    h("td", { class: "mono" }, a.rank_exit_codes ? Object.entries(a.rank_exit_codes).map(([r, c]) => `${r}:${c}`).join(" ") : "—"),
+    h("td", { class: "num" }, a.failed_rank ?? "—"),
+    h("td", { class: "reason" }, a.reason || "—"),
+    h("td", {}, placementText(a.placement)),
+    h("td", {}, a.log_tail ? h("details", {}, h("summary", {}, "log tail"), h("pre", { class: "log small" }, new AnsiRenderer().render(a.log_tail))) : "—")));
+  if (!rows.length) return h("p", { class: "muted" }, "No attempt yet: the job has not started.");
+  return h("div", { class: "table-wrap" }, h("table", { class: "grid", testid: "attempts-table" },
+    h("thead", {}, h("tr", {}, ["#", "Started", "Ran", "Result", "Failure", "Exit", "Rank exits", "Failed rank", "Reason", "Placement", "Log"].map((c) => h("th", {}, c)))),
+    h("tbody", {}, rows)));
+}
+
+export function eventsTable(job) {
+  const rows = (job.events || []).map((e) => h("tr", {},
+    h("td", {}, timeCell(e.at)),
+    h("td", {}, e.from_state ? badge(e.from_state) : "—", " → ", badge(e.to_state)),
+    h("td", { class: "reason" }, e.reason || "")));
+  return h("div", { class: "table-wrap" }, h("table", { class: "grid", testid: "events-table" },
+    h("thead", {}, h("tr", {}, h("th", {}, "When"), h("th", {}, "Change"), h("th", {}, "Why"))),
+    h("tbody", {}, rows)));
+}
+
+export function checkpointsTable(jobId, data) {
+  const list = data.checkpoints || [];
+  if (!list.length) return h("p", { class: "muted" }, "No checkpoint saved yet.");
+  const rows = list.map((c) => {
+    const base = `${API}/jobs/${jobId}/checkpoints/${c.id}`;
+    const link = c.kind === "sharded"
+      ? h("a", { href: `${base}/files`, target: "_blank", rel: "noopener" }, "files")
+      : h("a", { href: `${base}/content`, download: c.path.split("/").pop() || `checkpoint-${c.step}`, testid: "checkpoint-download" }, "download");
+    return h("tr", { testid: "checkpoint-row", "data-step": c.step },
+      h("td", { class: "num" }, String(c.step)),
+      h("td", { class: "num" }, String(c.attempt)),
+      h("td", {}, c.kind),
+      h("td", { class: "num" }, fmtBytes(c.size)),
+      h("td", { class: "mono", title: c.sha256 }, c.sha256.slice(0, 12)),
+      h("td", {}, metricsText(c.metrics, 4)),
+      h("td", {}, timeCell(c.created_at)),
+      h("td", { class: "mono path", title: c.path }, c.path),
+      h("td", {}, link));
+  });
+  return h("div", { class: "table-wrap" },
+    h("table", { class: "grid", testid: "checkpoints-table" },
+      h("thead", {}, h("tr", {}, ["Step", "Attempt", "Kind", "Size", "sha256", "Metrics", "Saved", "Path", ""].map((c) => h("th", {}, c)))),
+      h("tbody", {}, rows)),
+    h("p", { class: "muted small" }, `Stored in ${data.directory}`));
+}
+
+export function jobPage(view, jobId) {
+  let job = null;
+  const title = h("h1", {}, `Job ${jobId}`);
+  const state = badge("…", "job-state");
+  const subState = h("span", { class: "muted", testid: "job-substate" }, "");
+  const cancelMsg = h("span", { class: "muted", testid: "cancel-message" }, "");
+  const cancelBtn = h("button", { class: "danger", testid: "cancel-button", hidden: true,
+    onclick: () => { confirm.hidden = false; cancelBtn.hidden = true; } }, "Cancel job");
+  const confirm = h("span", { class: "confirm", testid: "cancel-dialog", hidden: true },
+    `Cancel job ${jobId}? Its ranks are asked to stop, then killed. `,
+    h("button", { class: "danger", testid: "cancel-confirm", onclick: () => doCancel() }, "Yes, cancel it"),
+    h("button", { testid: "cancel-abort", onclick: () => { confirm.hidden = true; cancelBtn.hidden = false; } }, "Keep running"));
+  let canceling = false;
+
+  async function doCancel() {
+    confirm.hidden = true;
+    canceling = true;
+    cancelMsg.textContent = "canceling…";
+    try {
+      const out = await api(`/jobs/${jobId}/cancel`, { method: "POST" });
+      cancelMsg.textContent = TERMINAL.has(out.state) ? "" : "cancel requested; waiting for the ranks to stop";
+    } catch (err) {
+      canceling = false;
+      cancelMsg.textContent = `cancel failed: ${err.message}`;
+    }
+    view.wake();
+  }
+
+  const summary = h("dl", { class: "summary", testid: "job-summary" });
+  const reason = h("p", { class: "reason-line", testid: "job-reason" });
+
+  // metrics
+  const chartOpts = { smoothing: 0, log: false };
+  const metricsGrid = h("div", { class: "charts", testid: "metric-charts" });
+  const charts = new ChartGrid(metricsGrid, "chart-", chartOpts);
+  const metricsNote = h("p", { class: "muted", testid: "metrics-note" }, "Loading metrics…");
+  const source = new MetricSeries(jobId);
+  const drawMetrics = () => {
+    for (const [name, s] of source.series) charts.set(name, name, [{ name, x: s.x, y: s.y }]);
+    charts.keep(new Set(source.series.keys()));
+    metricsNote.textContent = source.series.size ? "" : "No metrics reported yet.";
+  };
+  const controls = chartControls(chartOpts, () => { charts.redraw(); sysCharts.redraw(); });
+
+  // system (monitoring): nothing at all unless the route exists and has series
+  const sysGrid = h("div", { class: "charts" });
+  const sysCharts = new ChartGrid(sysGrid, "system-chart-", chartOpts);
+  const sysSection = h("section", { class: "card", testid: "system-section", hidden: true },
+    h("h2", {}, "System"), sysGrid);
+
+  // logs
+  const world = () => (job ? worldSize(job.spec) : 1);
+  const logTabs = h("div", { class: "tabs", role: "tablist", testid: "log-tabs" });
+  const logBody = h("div", { class: "log-body" });
+  const rawLink = h("a", { class: "muted small", target: "_blank", rel: "noopener" }, "raw");
+  const wrap = h("input", { type: "checkbox", checked: true,
+    onchange: () => logBody.classList.toggle("nowrap", !wrap.checked) });
+  const panes = new Map();
+  let activeRank = "0";
+  const pane = (rank) => {
+    if (!panes.has(rank)) {
+      const el = h("pre", { class: "log", testid: `log-rank-${rank}`, "data-rank": rank, tabindex: "0" });
+      panes.set(rank, { el, log: new LogView(el), offset: null, ended: false });
+      logBody.append(el);
+    }
+    return panes.get(rank);
+  };
+  const showRank = (rank) => {
+    activeRank = rank;
+    for (const [r, p] of panes) p.el.hidden = r !== rank;
+    pane(rank).el.hidden = false;
+    rawLink.href = `${API}/jobs/${jobId}/logs?rank=${rank}`;
+    for (const b of logTabs.children) b.setAttribute("aria-selected", String(b.dataset.rank === rank));
+    logPoller.now();
+  };
+  let tabsFor = null;
+  const renderTabs = () => {
+    const n = Math.min(world(), 64);
+    if (tabsFor === n) return;
+    tabsFor = n;
+    const ranks = [...Array(n).keys()].map(String);
+    logTabs.replaceChildren(...[...ranks, "launcher"].map((r) => h("button", {
+      role: "tab", "data-rank": r, testid: `log-tab-${r}`, "aria-selected": String(r === activeRank),
+      onclick: () => showRank(r),
+    }, r === "launcher" ? "launcher" : `rank ${r}`)));
+  };
+
+  // checkpoints, attempts, events, spec
+  const ckptBox = h("div", { testid: "checkpoints" }, h("p", { class: "muted" }, "Loading…"));
+  const attemptsBox = h("div", { testid: "attempts" });
+  const eventsBox = h("div", { testid: "events" });
+  const specPre = h("pre", { class: "spec", testid: "job-spec" });
+  let specFormat = "yaml";
+  const specToggle = h("button", { class: "small", onclick: () => {
+    specFormat = specFormat === "yaml" ? "json" : "yaml";
+    specToggle.textContent = specFormat === "yaml" ? "as JSON" : "as YAML";
+    renderSpec();
+  } }, "as JSON");
+  const renderSpec = () => {
+    if (!job) return;
+    specPre.textContent = specFormat === "yaml" ? toYaml(job.spec) : JSON.stringify(job.spec, null, 2);
+  };
+  let lastAttempts = "";
+  let lastEvents = "";
+
+  const renderJob = () => {
+    document.title = `${job.name} (#${job.id}) · trainhouse`;
+    title.replaceChildren(`#${job.id} `, h("span", { testid: "job-name" }, job.name), " ");
+    state.textContent = job.state;
+    state.className = `badge state-${job.state.toLowerCase()}`;
+    const flags = [];
+    if (job.cancel_requested && !TERMINAL.has(job.state)) flags.push("cancel requested");
+    if (job.preempt_requested && !TERMINAL.has(job.state)) flags.push("preemption requested");
+    subState.textContent = flags.join(", ");
+    const ended = TERMINAL.has(job.state);
+    cancelBtn.hidden = ended || !confirm.hidden;
+    cancelBtn.disabled = canceling || job.cancel_requested;
+    cancelBtn.textContent = canceling || job.cancel_requested ? "Canceling…" : "Cancel job";
+    if (ended) {
+      confirm.hidden = true;
+      cancelMsg.textContent = "";
+    }
+    const p = progressOf(job);
+    const running = job.started_at ? (job.ended_at || Date.now() / 1000) - job.started_at : null;
+    summary.replaceChildren(
+      ...kv("Owner", job.owner),
+      ...kv("Priority", job.priority),
+      ...kv("Progress", progressCell(job), "job-progress"),
+      ...kv("Attempts", `${job.attempts}` + (job.restarts || job.infra_restarts ? ` (${job.restarts} restarts after failures, ${job.infra_restarts || 0} after infrastructure faults)` : "")),
+      ...kv("Submitted", fmtTime(job.created_at)),
+      ...kv("Started", fmtTime(job.started_at)),
+      ...kv(ended ? "Ended" : "Running for", ended ? fmtTime(job.ended_at) : running === null ? "—" : fmtDuration(running)),
+      ...kv("Exit code", job.exit_code ?? "—"),
+      ...kv("Resources", resourcesText(job.spec)),
+      ...kv("Placement", placementText(job.placement)),
+      ...kv("Latest metrics", metricsText(job.latest_metrics, 8)),
+      ...kv("Job directory", h("span", { class: "mono small" }, job.job_dir || "—")));
+    summary.dataset.progress = p.text;
+    reason.textContent = job.reason ? `${job.state === "QUEUED" ? "Waiting: " : ""}${job.reason}` : "";
+    const attemptsKey = JSON.stringify(job.attempt_history);
+    if (attemptsKey !== lastAttempts) {
+      lastAttempts = attemptsKey;
+      attemptsBox.replaceChildren(attemptsTable(job));
+    }
+    const eventsKey = JSON.stringify(job.events);
+    if (eventsKey !== lastEvents) {
+      lastEvents = eventsKey;
+      eventsBox.replaceChildren(eventsTable(job));
+    }
+    if (!specPre.textContent) renderSpec();
+    renderTabs();
+  };
+
+  view.poll(async () => {
+    try {
+      job = await api(`/jobs/${jobId}`);
+    } catch (err) {
+      if (err instanceof ApiError && err.status === 404) {
+        root.replaceChildren(h("h1", {}, `Job ${jobId}`), h("p", { class: "error", testid: "not-found" }, err.message));
+        view.stop();
+        return false;
+      }
+      throw err;
+    }
+    renderJob();
+    return !TERMINAL.has(job.state);
+  }, POLL_MS);
+
+  view.poll(async () => {
+    if (await source.update(job)) drawMetrics();
+    else if (!source.series.size) metricsNote.textContent = "No metrics reported yet.";
+    return !source.complete;
+  }, POLL_MS);
+
+  let systemMissing = false;
+  view.poll(async () => {
+    if (systemMissing) return false;
+    let data;
+    try {
+      data = await api(`/jobs/${jobId}/system`);
+    } catch (err) {
+      if (err instanceof ApiError && (err.status === 404 || err.status === 405)) {
+        // no such route on this server, or nothing sampled for this job: draw nothing
+        if (err.code !== "not_found" || /not found/i.test(err.message)) systemMissing = true;
+        return !systemMissing;
+      }
+      throw err;
+    }
+    const series = systemSeries(data);
+    sysSection.hidden = series.length === 0; // shown before drawing, so charts get their width
+    drawSystem(sysCharts, series);
+    return !(job && TERMINAL.has(job.state));
+  }, POLL_MS * 2);
+
+  const logPoller = view.poll(async () => {
+    const rank = activeRank;
+    const p = pane(rank);
+    if (p.ended) return true;
+    const params = p.offset === null ? `tail=${LOG_TAIL_LINES}` : `offset=${p.offset}`;
+    const resp = await api(`/jobs/${jobId}/logs?rank=${encodeURIComponent(rank)}&${params}`, { raw: true });
+    const text = await resp.text();
+    const next = Number(resp.headers.get("X-Log-Offset"));
+    const jobState = resp.headers.get("X-Job-State");
+    if (p.offset === null && next > new TextEncoder().encode(text).length) {
+      p.log.note(`… earlier output not shown (the last ${LOG_TAIL_LINES} lines follow; "raw" has it all)`);
+    }
+    p.offset = Number.isFinite(next) ? next : p.offset;
+    if (text) p.log.append(text);
+    if (!text && jobState && TERMINAL.has(jobState)) {
+      p.ended = true;
+      if (p.log.partial) p.log.append("\n");
+      if (!p.el.textContent) p.log.note("(no output)");
+    }
+    return true;
+  }, LOG_POLL_MS);
+  showRank("0");
+
+  view.poll(async () => {
+    const data = await api(`/jobs/${jobId}/checkpoints`);
+    ckptBox.replaceChildren(checkpointsTable(jobId, data));
+    return !(job && TERMINAL.has(job.state));
+  }, POLL_MS * 2.5);
+
+  const root = h("section", { class: "page job" },
+    h("div", { class: "job-head" },
+      h("div", { class: "title-line" }, title, state, subState),
+      h("div", { class: "actions" },
+        h("a", { class: "button", href: `#/compare?ids=${jobId}`, testid: "compare-link" }, "Compare…"),
+        cancelBtn, confirm, cancelMsg)),
+    reason,
+    h("section", { class: "card" }, summary),
+    h("section", { class: "card", testid: "metrics-section" },
+      h("div", { class: "card-head" }, h("h2", {}, "Metrics"), controls), metricsNote, metricsGrid),
+    sysSection,
+    h("section", { class: "card", testid: "logs-section" },
+      h("div", { class: "card-head" }, h("h2", {}, "Logs"), logTabs, h("span", { class: "spacer" }),
+        h("label", { class: "small" }, wrap, " wrap"), rawLink),
+      logBody),
+    h("section", { class: "card" }, h("h2", {}, "Attempts"), attemptsBox),
+    h("section", { class: "card" }, h("h2", {}, "Checkpoints"), ckptBox),
+    h("section", { class: "card" }, h("h2", {}, "Events"), eventsBox),
+    h("section", { class: "card" }, h("div", { class: "card-head" }, h("h2", {}, "Spec"), specToggle), specPre));
+  return root;
+}

@@ -1,0 +1,93 @@
+"""The dashboard's files: served at / and /static, plotly.js from the installed wheel, nothing
+fetched from elsewhere."""
+
+from __future__ import annotations
+
+import gzip
+import re
+from collections.abc import Iterator
+from importlib import resources
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+
+from trainhouse.server import Settings, create_app
+from trainhouse.server.routes.ui import PLOTLY_PATH, STATIC_FILES
+
+WEB = resources.files("trainhouse.server") / "web"
+
+
+@pytest.fixture
+def api(tmp_path: Path) -> Iterator[TestClient]:
+    settings = Settings(home=tmp_path / "home", port=1, cpus=2, gpus="0", tick=0.5)
+    with TestClient(create_app(settings)) as client:
+        yield client
+
+
+def test_index_and_static_files(api: TestClient) -> None:
+    index = api.get("/")
+    assert index.status_code == 200
+    assert index.headers["content-type"].startswith("text/html")
+    assert '<script src="/static/vendor/plotly.min.js"' in index.text
+    assert '<script type="module" src="/static/app.js"' in index.text
+    for name in STATIC_FILES:
+        resp = api.get(f"/static/{name}")
+        assert resp.status_code == 200, name
+        assert resp.content == (WEB / name).read_bytes()
+    assert api.get("/static/app.js").headers["content-type"].startswith("text/javascript")
+    assert api.head("/").status_code == 200
+
+
+def test_plotly_comes_from_the_installed_wheel_gzipped_and_cached(api: TestClient) -> None:
+    original = (resources.files("plotly") / PLOTLY_PATH).read_bytes()
+    resp = api.get("/static/vendor/plotly.min.js", headers={"Accept-Encoding": "gzip"})
+    assert resp.status_code == 200
+    assert resp.headers["content-encoding"] == "gzip"
+    assert resp.content == original  # httpx undid the gzip
+    assert "max-age" in resp.headers["cache-control"]
+    etag = resp.headers["etag"]
+    again = api.get("/static/vendor/plotly.min.js", headers={"If-None-Match": etag})
+    assert again.status_code == 304 and again.content == b""
+    plain = api.get("/static/vendor/plotly.min.js", headers={"Accept-Encoding": "identity"})
+    assert "content-encoding" not in plain.headers and plain.content == original
+    assert len(gzip.compress(original)) < len(original) / 2
+
+
+def test_only_the_dashboards_own_files_are_served(api: TestClient) -> None:
+    for path in (
+        "/static/index.html.bak",
+        "/static/..%2F..%2Fstore%2Fstore.py",
+        "/static/../routes/ui.py",
+        "/static/vendor/other.js",
+    ):
+        resp = api.get(path)
+        assert resp.status_code == 404, path
+        assert resp.json()["error"]["code"] == "not_found"
+
+
+def test_the_api_and_its_docs_stay_where_they_were(api: TestClient) -> None:
+    assert api.get("/docs").status_code == 200
+    paths = api.get("/openapi.json").json()["paths"]
+    assert "/api/v1/jobs" in paths
+    assert not [p for p in paths if p == "/" or p.startswith("/static")]  # not in the API
+    metrics = api.get("/metrics")  # the Prometheus exposition's, not the dashboard's
+    assert "text/html" not in metrics.headers.get("content-type", "")
+
+
+def test_no_code_or_fonts_from_elsewhere() -> None:
+    """The page works offline: no CDN, every script and style is served by trainhouse."""
+    for name in ("index.html", *STATIC_FILES):
+        text = (WEB / name).read_text()
+        assert not re.search(r"(src|href)\s*=\s*[\"']?(https?:)?//", text), name
+        assert "@import" not in text and "url(http" not in text, name
+    assert not (WEB / "vendor").is_dir()  # plotly.js is never copied into the repository
+
+
+def test_every_module_the_page_imports_is_served() -> None:
+    on_disk = {p.name for p in WEB.iterdir() if p.name != "index.html"}
+    assert on_disk == set(STATIC_FILES)  # a new file needs its place in the list
+    for name in STATIC_FILES:
+        if name.endswith(".js"):
+            for target in re.findall(r"""\bfrom\s+["']([^"']+)["']""", (WEB / name).read_text()):
+                assert target.startswith("./") and target[2:] in STATIC_FILES, (name, target)
