@@ -1,0 +1,283 @@
+"""What the Ray executor knows of one attempt: its nodes (one per bundle), the logs they sent,
+how they ended; and the conversions between Ray's view and trainhouse's. Imports no Ray."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import signal
+import socket
+import tarfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from trainhouse.errors import TrainhouseError
+from trainhouse.executors.base import Exit
+from trainhouse.executors.ray_node import LAUNCHER_LOG, SPOOL_DIR
+from trainhouse.scheduler.resources import Gpu, Node, Placement
+
+
+class RayUnavailable(TrainhouseError):
+    code = "ray_unavailable"
+
+
+STANDARD = {"CPU", "GPU", "memory", "object_store_memory"}
+RECORD = "ray.json"  # in the attempt's directory: what a restarted server re-attaches to
+OFFSETS = "ray-logs.json"  # bytes of each node's logs already appended to the job's logs
+
+
+@dataclass
+class Member:
+    """One node (bundle) of an attempt; ``index`` is its node rank."""
+
+    index: int
+    actor: Any = None
+    node_id: str = ""
+    boot_id: str = ""
+    pending: Any = None  # the outstanding status call
+    asked_at: float = 0.0  # when it was made (monotonic)
+    offsets: dict[str, int] = field(default_factory=dict)
+    ended: tuple[int, float] | None = None  # torchrun's (code, time) once it has ended
+    final: dict[str, Any] | None = None  # its last status: ended, every log read
+    lost: str | None = None  # why its node or actor is gone
+    pids: list[int] = field(default_factory=list)
+    pids_at: float = 0.0
+
+    @property
+    def done(self) -> bool:
+        return self.final is not None or self.lost is not None
+
+
+@dataclass
+class Attempt:
+    job_id: int
+    number: int
+    job_dir: Path
+    procs: int  # ranks per node
+    members: list[Member]
+    bundles: list[dict[str, float]] = field(default_factory=list)
+    pg: Any = None
+    phase: str = "starting"  # starting | running | unplaced | broken | aborted
+    problem: str | None = None  # why it is unplaced or could not start
+    stop_reason: str | None = None
+    term_at: float | None = None
+    term_sent: bool = False
+    kill_at: float | None = None
+    signals: list[Any] = field(default_factory=list)  # fire-and-forget calls to consume
+    starter: threading.Thread | None = None
+    abort: threading.Event = field(default_factory=threading.Event)
+
+    @property
+    def attempt_dir(self) -> Path:
+        return self.job_dir / "attempts" / str(self.number)
+
+    @property
+    def logs(self) -> Path:
+        return self.job_dir / "logs"
+
+    def ranks(self, m: Member) -> list[int]:
+        """The global ranks of a node."""
+        return [m.index * self.procs + r for r in range(self.procs)]
+
+    # -- what the nodes report ---------------------------------------------------------------
+    def absorb(self, m: Member, status: dict[str, Any]) -> str | None:
+        """Take in a node's status: append what its logs grew by to the job's logs, keep its
+        processes, and once it has ended, its result and spooled metrics. Returns why the
+        other nodes must stop (this node's torchrun failed), or None."""
+        prefix = f"[node {m.index}] ".encode() if len(self.members) > 1 else b""
+        moved = False
+        for name, (offset, data) in status["logs"].items():
+            have = m.offsets.get(name, 0)
+            end = offset + len(data)
+            if end <= have:
+                continue  # already appended (a status answered twice)
+            data = data[have - offset :] if offset < have else data
+            if name == LAUNCHER_LOG and prefix:
+                data = b"".join(prefix + line for line in data.splitlines(keepends=True))
+            with (self.logs / name).open("ab") as fh:
+                fh.write(data)
+            m.offsets[name] = end
+            moved = True
+        if moved:
+            self.save_offsets()
+        if "pids" in status:
+            m.pids = list(status["pids"])
+        failed = None
+        if status["ended"] and m.ended is None:
+            code, at = status["launcher"]
+            m.ended = (int(code), float(at or time.time()))
+            if m.ended[0] != 0:
+                failed = f"node {m.index}'s torchrun {describe(m.ended[0])}"
+        if status["complete"]:
+            spool = self.attempt_dir / SPOOL_DIR
+            for name, data in status.get("spool", {}).items():
+                spool.mkdir(parents=True, exist_ok=True)
+                (spool / Path(name).name).write_bytes(data)
+            m.final = status
+            m.pids = []
+        return failed
+
+    def result(self) -> Exit:
+        """The attempt's exit, once every node has ended or is lost. A lost node's ranks are
+        recorded as killed (SIGKILL) just before the first rank that did end: the others ended
+        because of it, and it is the failure that counts (the infrastructure's)."""
+        codes: dict[str, int] = {}
+        times: dict[str, float] = {}
+        for m in self.members:
+            for rank, (code, at) in (m.final or {}).get("ranks", {}).items():
+                codes[rank] = int(code)
+                if at is not None:
+                    times[rank] = float(at)
+        for m in self.members:
+            if m.final is not None and m.ended is not None and m.ended[0] < 0:
+                # torchrun was killed: its ranks, killed with it, could not record anything
+                for rank in self.ranks(m):
+                    if str(rank) not in codes:
+                        codes[str(rank)], times[str(rank)] = m.ended
+        ended = [m.ended for m in self.members if m.ended is not None]
+        lost = [m for m in self.members if m.lost is not None]
+        if lost:
+            first = min([*times.values(), *(at for _, at in ended)], default=time.time()) - 1e-3
+            for m in lost:
+                ranks = self.ranks(m)
+                for rank in ranks:
+                    codes[str(rank)] = -int(signal.SIGKILL)
+                    times[str(rank)] = first
+                note = f"trainhouse: node {m.index} of attempt {self.number} was lost: {m.lost}\n"
+                for name in [LAUNCHER_LOG, *(f"rank-{r}.log" for r in ranks)]:
+                    with contextlib.suppress(OSError), (self.logs / name).open("ab") as fh:
+                        fh.write(note.encode())
+            exit_code = -int(signal.SIGKILL)
+        else:
+            failed = sorted((at, code) for code, at in ended if code != 0)
+            exit_code = failed[0][1] if failed else 0
+        return Exit(self.job_id, self.number, exit_code, codes, self.stop_reason, times)
+
+    # -- what a restarted server needs -------------------------------------------------------
+    def save_record(self) -> None:
+        record = {
+            "procs": self.procs,
+            "bundles": self.bundles,
+            "nodes": [{"node_id": m.node_id, "boot_id": m.boot_id} for m in self.members],
+        }
+        write_json(self.attempt_dir / RECORD, record)
+
+    def save_offsets(self) -> None:
+        write_json(self.attempt_dir / OFFSETS, {str(m.index): m.offsets for m in self.members})
+
+    @classmethod
+    def load(cls, job_id: int, number: int, job_dir: Path) -> Attempt:
+        """The attempt as :meth:`save_record` left it (OSError, KeyError or ValueError if it
+        did not)."""
+        adir = job_dir / "attempts" / str(number)
+        record = json.loads((adir / RECORD).read_text())
+        offsets = read_json(adir / OFFSETS)
+        att = cls(job_id, number, job_dir, int(record["procs"]), [], list(record["bundles"]))
+        for i, node in enumerate(record["nodes"]):
+            m = Member(i, node_id=str(node["node_id"]), boot_id=str(node["boot_id"]))
+            m.offsets = {k: int(v) for k, v in offsets.get(str(i), {}).items()}
+            att.members.append(m)
+        return att
+
+
+# -- Ray's view and trainhouse's ---------------------------------------------------------------
+def node_name(raw: dict[str, Any]) -> str:
+    """A node of ``ray.nodes()`` as the scheduler names it: host and the node id's start."""
+    host = raw.get("NodeManagerHostname") or raw.get("NodeManagerAddress") or "ray"
+    return f"{host}-{raw['NodeID'][:8]}"
+
+
+def to_node(raw: dict[str, Any], avail: dict[str, float] | None) -> Node:
+    """A node of ``ray.nodes()`` as a scheduler node: with ``avail`` (CPU and GPU it may
+    offer), what is free, else everything; custom resources become its labels."""
+    res: dict[str, float] = raw.get("Resources") or {}
+    cpus, gpus = res.get("CPU", 0.0), res.get("GPU", 0.0)
+    if avail is not None:
+        cpus, gpus = min(cpus, avail.get("CPU", 0.0)), min(gpus, avail.get("GPU", 0.0))
+    model = next((k.split(":", 1)[1] for k in res if k.startswith("accelerator_type:")), "")
+    labels = sorted(
+        f"{k}={v:g}"
+        for k, v in res.items()
+        if k not in STANDARD and ":" not in k and "_group_" not in k
+    )
+    return Node(
+        name=node_name(raw),
+        cpus=int(cpus + 1e-9),
+        memory_bytes=int(res.get("memory", 0)),
+        gpus=tuple(Gpu(i, model=model or "ray") for i in range(int(gpus + 1e-9))),
+        labels=tuple(labels),
+    )
+
+
+def probe(address: str) -> None:
+    """Fail at once when nothing listens at ``address`` (ray.init waits minutes for it)."""
+    host, sep, port = address.rpartition(":")
+    if not sep or not port.isdigit():
+        raise RayUnavailable(f"--ray-address must be HOST:PORT, got {address!r}")
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=10).close()
+    except OSError as exc:
+        raise RayUnavailable(
+            f"no Ray cluster answers at {address} ({exc}); start one with `ray start --head` "
+            "and pass the address it prints"
+        ) from None
+
+
+def bundle(placement: Placement) -> dict[str, float]:
+    out = {"CPU": float(placement.cpus)}
+    if placement.gpus:
+        out["GPU"] = float(len(placement.gpus))
+    return out
+
+
+def torchrun_args(nodes: int, rank: int, procs: int, addr: str, port: int) -> list[str]:
+    """torchrun's arguments for node ``rank``: a static rendezvous at node 0's address."""
+    return [
+        f"--nnodes={nodes}",
+        f"--node-rank={rank}",
+        f"--nproc-per-node={procs}",
+        f"--master-addr={addr}",
+        f"--master-port={port}",
+        "--max-restarts=0",
+        "--monitor-interval=0.2",
+    ]
+
+
+def describe(code: int) -> str:
+    if code < 0:
+        with contextlib.suppress(ValueError):
+            return f"was killed by {signal.Signals(-code).name}"
+    return f"exited with code {code}"
+
+
+def first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__
+
+
+def pack(root: Path) -> bytes:
+    """An attempt's workdir as a .tar.gz (it was unpacked from a validated upload)."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz", compresslevel=1) as tar:
+        for path in sorted(root.rglob("*")):
+            if path.is_file() and not path.is_symlink():
+                tar.add(str(path), arcname=path.relative_to(root).as_posix(), recursive=False)
+    return buf.getvalue()
+
+
+def write_json(path: Path, data: Any) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(data))
+    tmp.replace(path)
+
+
+def read_json(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}

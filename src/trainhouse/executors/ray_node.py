@@ -1,0 +1,370 @@
+"""The node side of the Ray executor: one :class:`NodeAgent` actor per bundle of a job's
+placement group, and the guard that outlives it.
+
+The agent runs the same process tree on its node that the local executor runs on the server's
+machine: :mod:`trainhouse.executors.supervise` (records torchrun's exit code), torchrun for this
+node (``--nnodes N --node-rank i``, static rendezvous on node 0) and one
+:mod:`trainhouse.executors.rank` wrapper per rank, in a session of their own, every process
+carrying the attempt's marker for this node. Everything lives in a directory of the agent's
+own on the node's disk (``--ray-node-dir``, by default ``$TMPDIR/trainhouse-ray``): the unpacked
+workdir, ``logs/`` and the attempt directory (exit records, spooled metrics, ``TMPDIR``). The
+server reads it through :meth:`NodeAgent.status`, which returns what the logs grew by since the
+offsets the server has, the exit records once torchrun has ended, and spooled metrics; the
+directory is removed by :meth:`NodeAgent.finish`.
+
+Nothing may outlive the agent. Ray kills a dead worker's children, but not their children
+(torchrun and the ranks live in a session of their own), so every agent starts a guard
+(``python -m trainhouse.executors.ray_node guard FD MARKER``), detached from it (not its child)
+and holding the read end of a pipe whose write end only the agent holds: when the agent dies in
+any way (``ray.kill``, its node's raylet gone, SIGKILL), the pipe reads EOF and the guard kills
+every process that carries the node's marker and removes the agent's directory. Imports
+neither Ray nor anything heavy at module level: the guard starts in a blink.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+MARKER_ENV = "TRAINHOUSE_RUN_MARKER"  # trainhouse.executors.local.MARKER_ENV
+LAUNCHER_EXIT = "exit-launcher"
+LAUNCHER_LOG = "launcher.log"
+CHUNK = 1 << 20  # bytes of one log returned by one status call at most
+SPOOL_DIR = "metrics-spool"  # trainhouse.sdk.metrics.SPOOL_DIR
+
+
+def find_marked(marker: str) -> list[psutil.Process]:
+    """Every live process of this machine whose environment carries ``marker``."""
+    found = []
+    me = os.getpid()
+    for proc in psutil.process_iter(["pid"]):
+        if proc.pid == me:
+            continue
+        try:
+            if proc.environ().get(MARKER_ENV) == marker:
+                found.append(proc)
+        except (psutil.Error, OSError):
+            continue
+    return found
+
+
+def kill_marked(marker: str, sig: int = signal.SIGKILL) -> int:
+    procs = find_marked(marker)
+    for proc in procs:
+        with contextlib.suppress(psutil.Error, OSError):
+            proc.send_signal(sig)
+    if sig == signal.SIGKILL and procs:
+        psutil.wait_procs(procs, timeout=5)
+    return len(procs)
+
+
+def boot_id() -> str:
+    """This kernel's boot id: two Ray nodes with the same one are the same machine."""
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return socket.gethostname()
+
+
+def _read_record(path: Path) -> tuple[int, float | None] | None:
+    try:
+        code_text, _, time_text = path.read_text().strip().partition(" ")
+        return int(code_text), float(time_text) if time_text else None
+    except (OSError, ValueError):
+        return None
+
+
+def free_port(host: str) -> int:
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as sock:
+        try:
+            sock.bind((host, 0))
+        except OSError:
+            sock.bind(("", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+class NodeAgent:
+    """One node of one attempt (wrapped with ``ray.remote`` by the executor)."""
+
+    def __init__(self, root: str | None, tag: str, marker: str) -> None:
+        import tempfile
+
+        self.default_base = not root
+        base = Path(root) if root else Path(tempfile.gettempdir()) / "trainhouse-ray"
+        self.root = base / tag
+        self.marker = marker
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.guard_fd: int | None = None
+        self.started_at: float | None = None
+        self.reaped = False
+
+    # -- paths -----------------------------------------------------------------------------
+    @property
+    def workdir(self) -> Path:
+        return self.root / "workdir"
+
+    @property
+    def logs(self) -> Path:
+        return self.root / "logs"
+
+    @property
+    def attempt_dir(self) -> Path:
+        return self.root / "attempt"
+
+    # -- start -----------------------------------------------------------------------------
+    def prepare(self, archive: bytes) -> dict[str, Any]:
+        """Unpack the job's code; returns where this node is (and a free port for node 0's
+        rendezvous), its GPUs as Ray assigned them, and its boot id."""
+        import importlib
+
+        from trainhouse.workdir import extract
+
+        ray: Any = importlib.import_module("ray")
+
+        if self.root.exists():
+            shutil.rmtree(self.root)
+        (self.attempt_dir / "tmp").mkdir(parents=True)
+        self.logs.mkdir()
+        packed = self.root / "workdir.tar.gz"
+        packed.write_bytes(archive)
+        extract(packed, self.workdir)
+        packed.unlink()
+        ip = ray.util.get_node_ip_address()
+        return {
+            "ip": ip,
+            "port": free_port(ip),
+            "node_id": ray.get_runtime_context().get_node_id(),
+            "gpus": [str(g) for g in ray.get_gpu_ids()],
+            "boot_id": boot_id(),
+            "hostname": socket.gethostname(),
+            "pid": os.getpid(),
+        }
+
+    def start(
+        self, torchrun: list[str], argv: list[str], env: dict[str, str], gpus: list[str]
+    ) -> int:
+        """Start the guard, then the supervisor of torchrun (with the arguments ``torchrun``)
+        running ``argv`` in every rank; returns the supervisor's PID."""
+        if self.proc is not None:
+            return self.proc.pid
+        read_end, write_end = os.pipe()  # not inheritable: only the guard gets the read end
+        try:
+            subprocess.run(
+                [
+                    sys.executable,
+                    "-m",
+                    "trainhouse.executors.ray_node",
+                    "guard",
+                    str(read_end),
+                    self.marker,
+                    str(self.root),
+                    *([str(self.root.parent)] if self.default_base else []),
+                ],
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                pass_fds=(read_end,),
+                env={k: v for k, v in os.environ.items() if k != MARKER_ENV},
+                check=True,
+                timeout=60,
+            )
+        finally:
+            os.close(read_end)
+        self.guard_fd = write_end
+        full = self._environment(env, gpus)
+        with (self.logs / LAUNCHER_LOG).open("ab") as log:
+            self.proc = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "trainhouse.executors.supervise",
+                    str(self.attempt_dir / LAUNCHER_EXIT),
+                    sys.executable,
+                    "-m",
+                    "torch.distributed.run",
+                    *torchrun,
+                    "-m",
+                    "trainhouse.executors.rank",
+                    *argv,
+                ],
+                cwd=self.workdir,
+                env=full,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        self.started_at = time.time()
+        return self.proc.pid
+
+    def _environment(self, env: dict[str, str], gpus: list[str]) -> dict[str, str]:
+        out = {
+            k: v
+            for k, v in os.environ.items()
+            if not k.startswith(("TRAINHOUSE_", "RAY_"))
+            and k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "CUDA_VISIBLE_DEVICES")
+        }
+        out.update(env)
+        out.update(
+            {
+                MARKER_ENV: self.marker,
+                "CUDA_VISIBLE_DEVICES": ",".join(gpus),
+                "TRAINHOUSE_LOG_DIR": str(self.logs),
+                "TRAINHOUSE_ATTEMPT_DIR": str(self.attempt_dir),
+                "TMPDIR": str(self.attempt_dir / "tmp"),
+            }
+        )
+        return out
+
+    # -- watch -----------------------------------------------------------------------------
+    def status(self, offsets: dict[str, int], want_pids: bool = False) -> dict[str, Any]:
+        """What happened since the server's ``offsets`` (bytes of each log it has).
+
+        ``ended``: torchrun's supervisor has exited; ``launcher``: its (code, time);
+        ``ranks``: each rank's (code, time) once ended; ``logs``: name -> (offset, bytes), the
+        launcher's in whole lines until the end; ``complete``: ended and every log returned to
+        its end, with ``spool`` holding the metric batches the ranks could not send."""
+        code = self.proc.poll() if self.proc is not None else None
+        ended = code is not None
+        if ended and not self.reaped:
+            # torchrun is gone; no rank of this node may outlive it (as the local executor)
+            self.reaped = True
+            kill_marked(self.marker)
+        out: dict[str, Any] = {"started": self.proc is not None, "ended": ended}
+        logs: dict[str, tuple[int, bytes]] = {}
+        complete = ended
+        if self.logs.is_dir():
+            for path in sorted(self.logs.iterdir()):
+                offset = offsets.get(path.name, 0)
+                try:
+                    with path.open("rb") as fh:
+                        size = fh.seek(0, 2)
+                        if size <= offset:
+                            continue
+                        fh.seek(offset)
+                        data = fh.read(min(CHUNK, size - offset))
+                except OSError:
+                    continue
+                if offset + len(data) < size:
+                    complete = False
+                if path.name == LAUNCHER_LOG and not ended:
+                    data = data[: data.rfind(b"\n") + 1]
+                if data:
+                    logs[path.name] = (offset, data)
+        out["logs"] = logs
+        if ended:
+            assert code is not None
+            recorded = _read_record(self.attempt_dir / LAUNCHER_EXIT)
+            out["launcher"] = recorded if recorded is not None else (code, time.time())
+            ranks = {}
+            for path in sorted(self.attempt_dir.glob("exit-rank-*")):
+                rec = _read_record(path)
+                if rec is not None:
+                    ranks[path.name.removeprefix("exit-rank-")] = rec
+            out["ranks"] = ranks
+        out["complete"] = complete
+        if complete:
+            spool = self.attempt_dir / SPOOL_DIR
+            out["spool"] = (
+                {p.name: p.read_bytes() for p in sorted(spool.glob("*.json"))}
+                if spool.is_dir()
+                else {}
+            )
+        if want_pids:
+            out["pids"] = self.pids()
+        return out
+
+    def pids(self) -> list[int]:
+        """The supervisor and every process under it (torchrun, the ranks, their children)."""
+        if self.proc is None or self.proc.poll() is not None:
+            return []
+        try:
+            top = psutil.Process(self.proc.pid)
+            return [top.pid, *(p.pid for p in top.children(recursive=True))]
+        except psutil.Error:
+            return []
+
+    # -- stop ------------------------------------------------------------------------------
+    def signal(self, sig: int) -> int:
+        """``sig`` to the supervisor's session and every process with this node's marker."""
+        if self.proc is not None and self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.proc.pid, sig)
+        return kill_marked(self.marker, sig) if sig != signal.SIGKILL else self._kill()
+
+    def _kill(self) -> int:
+        if self.proc is not None and self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+        return kill_marked(self.marker)
+
+    def finish(self) -> int:
+        """Kill whatever is left, release the guard and remove the node's directory; returns
+        how many processes had to be killed."""
+        killed = self._kill()
+        if self.proc is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(timeout=5)
+        if self.guard_fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(self.guard_fd)
+            self.guard_fd = None
+        shutil.rmtree(self.root, ignore_errors=True)
+        if self.default_base:
+            with contextlib.suppress(OSError):
+                self.root.parent.rmdir()  # trainhouse-ray, once no attempt uses it
+        return killed
+
+
+def guard(fd: int, marker: str, root: Path, parent: Path | None = None) -> int:
+    """Detach from the agent (fork; the parent returns at once, so the guard is nobody's
+    child), wait for the pipe to close, then kill every process carrying ``marker`` and remove
+    the agent's directory ``root`` (and ``parent``, if that leaves it empty): an agent that
+    died without :meth:`NodeAgent.finish` leaves nothing behind either."""
+    if os.fork() > 0:
+        return 0
+    os.setsid()
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_IGN)
+    while True:
+        try:
+            if not os.read(fd, 4096):
+                break
+        except InterruptedError:  # pragma: no cover - PEP 475 retries
+            continue
+        except OSError:
+            break
+    for _ in range(3):  # a rank may be forking as we look
+        if not kill_marked(marker):
+            break
+    shutil.rmtree(root, ignore_errors=True)
+    if parent is not None:
+        with contextlib.suppress(OSError):
+            parent.rmdir()
+    return 0
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) in (4, 5) and argv[0] == "guard":
+        parent = Path(argv[4]) if len(argv) == 5 else None
+        return guard(int(argv[1]), argv[2], Path(argv[3]), parent)
+    print(
+        "usage: python -m trainhouse.executors.ray_node guard FD MARKER DIR [PARENT]",
+        file=sys.stderr,
+    )
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,338 @@
+"""The Ray executor on a real (local) Ray cluster: a head and two workers, told apart by custom
+resources, shared by every test of this module.
+
+The cluster is ``ray.cluster_utils.Cluster`` with small object stores, no dashboard, usage stats
+and auth off, fast node-death detection, and its own short temp dir (``RAY_TMPDIR``, so nothing
+lands in the machine's ``/tmp/ray`` and no bare ``ray.init()`` elsewhere can join it). Its
+teardown always runs, and never ``ray stop`` (which would end every Ray process on the machine).
+The trainhouse servers connect to it by address.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import signal
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+
+from tests.conftest import marked_processes
+from tests.integration.conftest import Server, assert_clean_stop, start_server
+from tests.integration.test_training import write_job
+
+pytestmark = pytest.mark.ray
+
+OBJECT_STORE = 80 * 1024 * 1024
+FAST_DEATH = {  # a removed node is declared dead in about 1.5 s (Ray's default: 15 s or more)
+    "health_check_initial_delay_ms": 0,
+    "health_check_period_ms": 500,
+    "health_check_failure_threshold": 3,
+    "prestart_worker_first_driver": False,
+    "enable_worker_prestart": False,
+}
+RAY_ENV = {
+    "RAY_USAGE_STATS_ENABLED": "0",
+    "RAY_AUTH_MODE": "disabled",
+    "RAY_DEDUP_LOGS": "0",
+}
+
+# a job that is not in the repo: DDP over gloo, resumable, saying where each rank runs
+DDP_SCRIPT = """
+import os
+import time
+
+import torch
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+import trainhouse
+
+with trainhouse.init(hparams={"steps": 40, "sleep": 0.1, "fail_at": -1}) as run:
+    steps = int(run.hparams["steps"])
+    run.set_total_steps(steps)
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1)
+    ddp = DDP(model) if run.world_size > 1 else model
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
+    state = run.checkpoint.load()
+    start = 0
+    if state:
+        model.load_state_dict(state["model"])
+        opt.load_state_dict(state["optim"])
+        start = state["step"] + 1
+    print(
+        f"rank {run.rank} world {run.world_size} node {os.environ['GROUP_RANK']} "
+        f"local {run.local_rank} attempt {run.attempt} starts at step {start}",
+        flush=True,
+    )
+    for step in range(start, steps):
+        if run.rank == 1 and step == int(run.hparams["fail_at"]):
+            raise RuntimeError(f"rank 1 gives up at step {step}")
+        x = torch.randn(8, 4)
+        loss = ddp(x).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        run.log({"loss": loss.item()}, step=step)
+        stop = run.should_stop()
+        if stop or step % 5 == 0:
+            run.checkpoint.save(
+                {"model": model.state_dict(), "optim": opt.state_dict(), "step": step}, step=step
+            )
+        if stop:
+            print(f"rank {run.rank} stopping at step {step}", flush=True)
+            break
+        time.sleep(float(run.hparams["sleep"]))
+"""
+
+SPEC = """
+name: ray-ddp
+entrypoint: python train.py
+resources: {nodes: 2, procs_per_node: 1, cpus_per_proc: 1}
+max_restarts: 0
+"""
+
+
+class RayCluster:
+    def __init__(self, tmp: Path) -> None:
+        from ray.cluster_utils import Cluster
+
+        self.tmp = tmp
+        self.cluster = Cluster(
+            initialize_head=True,
+            connect=False,
+            head_node_args={
+                "num_cpus": 2,
+                "resources": {"head": 1},
+                "include_dashboard": False,
+                "object_store_memory": OBJECT_STORE,
+                "_system_config": FAST_DEATH,
+            },
+        )
+        self.workers: dict[str, Any] = {}
+        for label in ("worker_a", "worker_b"):
+            self.add_worker(label)
+
+    @property
+    def address(self) -> str:
+        return str(self.cluster.address)
+
+    def add_worker(self, label: str) -> None:
+        self.workers[label] = self.cluster.add_node(
+            num_cpus=1, resources={label: 1}, object_store_memory=OBJECT_STORE
+        )
+
+    def worker_of(self, node_name: str) -> str | None:
+        """The label of the worker a trainhouse node name (``host-<node id[:8]>``) is."""
+        for label, node in self.workers.items():
+            if node_name.endswith(node.node_id[:8]):
+                return label
+        return None
+
+    def remove(self, label: str) -> None:
+        self.cluster.remove_node(self.workers.pop(label), allow_graceful=False)
+
+    def shutdown(self) -> None:
+        self.cluster.shutdown()
+
+
+@pytest.fixture(scope="module")
+def ray_cluster() -> Iterator[RayCluster]:
+    pytest.importorskip("ray")
+    # short (Ray's socket paths are limited to ~107 bytes) and outside the leak-checked TMPDIR
+    tmp = Path(tempfile.mkdtemp(prefix="th-ray-", dir="/tmp"))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("RAY_TMPDIR", str(tmp))
+        for key, value in RAY_ENV.items():
+            mp.setenv(key, value)
+        cluster: RayCluster | None = None
+        try:
+            cluster = RayCluster(tmp)
+            yield cluster
+        finally:
+            if cluster is not None:
+                with contextlib.suppress(Exception):
+                    cluster.shutdown()
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def ray_server(home: Path, cluster: RayCluster, *extra: str, port: int | None = None) -> Server:
+    return start_server(
+        home,
+        "--executor",
+        "ray",
+        "--ray-address",
+        cluster.address,
+        "--ray-placement-timeout",
+        "20",
+        *extra,
+        port=port,
+    )
+
+
+@pytest.fixture(scope="module")
+def server(ray_cluster: RayCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    root = tmp_path_factory.mktemp("ray-server")
+    srv = ray_server(root / "home", ray_cluster, "--checkpoint-url", str(root / "ckpt"))
+    try:
+        yield srv
+    finally:
+        assert_clean_stop(srv)
+
+
+def agents() -> list[psutil.Process]:
+    """Ray workers that run a trainhouse node agent (their process title names the actor)."""
+    found = []
+    for proc in psutil.process_iter(["pid"]):
+        with contextlib.suppress(psutil.Error):
+            if "NodeAgent" in " ".join(proc.cmdline()):
+                found.append(proc)
+    return found
+
+
+def wait_gone(what: str, probe: Any, timeout: float = 20) -> None:
+    deadline = time.monotonic() + timeout
+    while probe():
+        assert time.monotonic() < deadline, f"{what} still there: {probe()}"
+        time.sleep(0.2)
+
+
+def steps_of(srv: Server, job_id: int) -> list[int]:
+    series = srv.cli_json("metrics", str(job_id))["series"]
+    loss = next(s for s in series if s["name"] == "loss")
+    return [p[0] for p in loss["points"]]
+
+
+def test_two_nodes_train_ddp(server: Server, ray_cluster: RayCluster, tmp_path: Path) -> None:
+    spec = write_job(tmp_path, DDP_SCRIPT, SPEC)
+    job = server.cli_json("submit", str(spec), "--detach", "--set", "hparams.steps=12")
+    final = server.wait(job["id"], {"COMPLETED", "FAILED", "CANCELED"}, timeout=120)
+    assert final["state"] == "COMPLETED", final
+    (attempt,) = final["attempt_history"]
+    assert attempt["rank_exit_codes"] == {"0": 0, "1": 0}
+    nodes = [p["node"] for p in final["placement"]["nodes"]]
+    assert len(set(nodes)) == 2, nodes
+    logs = [server.cli("logs", str(job["id"]), "--rank", r).stdout for r in ("0", "1")]
+    assert "rank 0 world 2 node 0 local 0 attempt 1" in logs[0], logs[0]
+    assert "rank 1 world 2 node 1 local 0 attempt 1" in logs[1], logs[1]
+    assert steps_of(server, job["id"]) == list(range(12))
+    wait_gone("node agents", agents)
+    assert not marked_processes()
+
+
+def test_cancel_leaves_no_process(server: Server, tmp_path: Path) -> None:
+    spec = write_job(tmp_path, DDP_SCRIPT, SPEC)
+    job = server.cli_json("submit", str(spec), "--detach", "--set", "hparams.steps=100000")
+    server.wait_step(job["id"], 3)
+    assert len(marked_processes()) >= 4  # per node: supervisor, torchrun, rank wrapper, rank
+    result = server.cli("cancel", str(job["id"]))
+    assert result.returncode == 0, result.stderr
+    final = server.wait(job["id"], {"CANCELED", "FAILED", "COMPLETED"}, timeout=60)
+    assert final["state"] == "CANCELED", final
+    # should_stop() told both nodes' ranks, which stopped cleanly
+    assert final["attempt_history"][0]["rank_exit_codes"] == {"0": 0, "1": 0}
+    wait_gone("processes of the canceled job", marked_processes)
+    wait_gone("node agents", agents)
+
+
+def test_a_failing_rank_fails_the_job_on_every_node(server: Server, tmp_path: Path) -> None:
+    spec = write_job(tmp_path, DDP_SCRIPT, SPEC)
+    job = server.cli_json("submit", str(spec), "--detach", "--set", "hparams.fail_at=4")
+    final = server.wait(job["id"], {"COMPLETED", "FAILED", "CANCELED"}, timeout=120)
+    assert final["state"] == "FAILED", final["reason"]
+    (attempt,) = final["attempt_history"]
+    assert (attempt["failure"], attempt["failed_rank"]) == ("user", 1), attempt
+    assert "rank 1 gives up at step 4" in attempt["log_tail"]
+    wait_gone("processes of the job", marked_processes)
+    wait_gone("node agents", agents)
+
+
+def test_multi_node_job_needs_shared_checkpoints(ray_cluster: RayCluster, tmp_path: Path) -> None:
+    srv = ray_server(tmp_path / "home", ray_cluster, "--ray-node-dir", str(tmp_path / "nodes"))
+    try:
+        spec = write_job(tmp_path, DDP_SCRIPT, SPEC)
+        result = srv.cli("submit", str(spec), "--detach")
+        assert result.returncode == 2, result.stdout + result.stderr
+        assert "--checkpoint-url" in result.stderr + result.stdout
+        one = srv.cli_json(
+            "submit",
+            str(spec),
+            "--detach",
+            "--set",
+            "resources.nodes=1",
+            "--set",
+            "hparams.steps=3",
+        )
+        final = srv.wait(one["id"], {"COMPLETED", "FAILED", "CANCELED"}, timeout=90)
+        assert final["state"] == "COMPLETED", final["reason"]
+    finally:
+        assert_clean_stop(srv)
+
+
+def test_a_restarted_server_reattaches(ray_cluster: RayCluster, tmp_path: Path) -> None:
+    """SIGKILL: the ranks train on and the next server re-attaches to the same attempt.
+    SIGTERM: the server stops the job on every node, and the next one resumes it."""
+    home, ckpt = tmp_path / "home", str(tmp_path / "ckpt")
+    srv = ray_server(home, ray_cluster, "--checkpoint-url", ckpt)
+    spec = write_job(tmp_path, DDP_SCRIPT, SPEC)
+    job = srv.cli_json("submit", str(spec), "--detach", "--set", "hparams.steps=50")
+    srv.wait_step(job["id"], 8)
+    assert srv.proc is not None
+    srv.proc.send_signal(signal.SIGKILL)
+    srv.proc.wait()
+    assert marked_processes(), "the ranks should outlive a killed server"
+    srv = ray_server(home, ray_cluster, "--checkpoint-url", ckpt, port=srv.port)
+    try:
+        assert srv.wait_step(job["id"], 20)["attempts"] == 1  # the same attempt goes on
+    finally:
+        assert_clean_stop(srv)
+    wait_gone("processes of the job", marked_processes)
+    wait_gone("node agents", agents)
+    srv = ray_server(home, ray_cluster, "--checkpoint-url", ckpt, port=srv.port)
+    try:
+        final = srv.wait(job["id"], {"COMPLETED", "FAILED", "CANCELED"}, timeout=120)
+        assert final["state"] == "COMPLETED", final["reason"]
+        results = [a["result"] for a in final["attempt_history"]]
+        assert results == ["interrupted", "completed"], final["attempt_history"]
+        assert steps_of(srv, job["id"]) == list(range(50))  # each step exactly once
+        log1 = srv.cli("logs", str(job["id"]), "--rank", "1").stdout
+        assert log1.count("attempt 1 starts at step 0") == 1, log1  # the logs, once each
+        assert "attempt 2 starts at step" in log1
+        wait_gone("processes of the job", marked_processes)
+    finally:
+        assert_clean_stop(srv)
+
+
+def test_a_lost_node_restarts_the_job_from_its_checkpoint(
+    server: Server, ray_cluster: RayCluster, tmp_path: Path
+) -> None:
+    """Last in the module: the cluster keeps a node less (a node added back would be a child
+    of this test, which the leak check would end)."""
+    spec = write_job(tmp_path, DDP_SCRIPT, SPEC)
+    job = server.cli_json("submit", str(spec), "--detach", "--set", "hparams.steps=40")
+    running = server.wait_step(job["id"], 12)
+    nodes = [p["node"] for p in running["placement"]["nodes"]]
+    victim = next(w for w in map(ray_cluster.worker_of, nodes) if w is not None)
+    lost_rank = [ray_cluster.worker_of(n) for n in nodes].index(victim)
+    ray_cluster.remove(victim)
+    final = server.wait(job["id"], {"COMPLETED", "FAILED", "CANCELED"}, timeout=150)
+    assert final["state"] == "COMPLETED", final["reason"]
+    first, second = final["attempt_history"]
+    assert first["failure"] == "infra", first
+    assert first["failed_rank"] == lost_rank, first
+    assert second["result"] == "completed"
+    assert final["infra_restarts"] == 1 and final["restarts"] == 0
+    replaced = [p["node"] for p in final["placement"]["nodes"]]
+    assert all(ray_cluster.worker_of(n) != victim for n in replaced), replaced
+    assert steps_of(server, job["id"]) == list(range(40))  # each step exactly once
+    logs = [server.cli("logs", str(job["id"]), "--rank", r).stdout for r in ("0", "1")]
+    assert "was lost" in logs[lost_rank]
+    resumed = int(logs[0].split("attempt 2 starts at step ")[1].split()[0])
+    assert resumed >= 6 and resumed % 5 == 1, logs[0]  # after a checkpoint (every 5 steps)
+    wait_gone("processes of the job", marked_processes)
+    wait_gone("node agents", agents)
