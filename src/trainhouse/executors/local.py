@@ -33,30 +33,14 @@ from typing import IO
 import psutil
 
 from trainhouse.executors.base import Exit, Launch, ProcessInfo
+from trainhouse.executors.markers import LAUNCHER_EXIT, MARKER_ENV, find_marked
 from trainhouse.executors.supervise import read_record
 from trainhouse.scheduler.resources import Node
 
 log = logging.getLogger(__name__)
 
-MARKER_ENV = "TRAINHOUSE_RUN_MARKER"
 KILL_AFTER_TERM = 5.0  # seconds between SIGTERM and SIGKILL
 PID_SCAN_TTL = 0.5  # seconds one scan of every process's marker serves pids() calls
-LAUNCHER_EXIT = "exit-launcher"  # in the attempt's directory: "CODE TIME" of torchrun
-
-
-def find_marked(marker: str) -> list[psutil.Process]:
-    """Every live process whose environment carries ``marker``."""
-    found = []
-    me = os.getpid()
-    for proc in psutil.process_iter(["pid"]):
-        if proc.pid == me:
-            continue
-        try:
-            if proc.environ().get(MARKER_ENV) == marker:
-                found.append(proc)
-        except (psutil.Error, OSError):
-            continue
-    return found
 
 
 def marked_pids() -> dict[str, list[int]]:

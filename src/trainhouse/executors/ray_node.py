@@ -36,26 +36,12 @@ from typing import Any
 
 import psutil
 
-MARKER_ENV = "TRAINHOUSE_RUN_MARKER"  # trainhouse.executors.local.MARKER_ENV
-LAUNCHER_EXIT = "exit-launcher"
+from trainhouse.executors.markers import LAUNCHER_EXIT, MARKER_ENV, find_marked
+from trainhouse.executors.supervise import read_record
+
 LAUNCHER_LOG = "launcher.log"
 CHUNK = 1 << 20  # bytes of one log returned by one status call at most
 SPOOL_DIR = "metrics-spool"  # trainhouse.sdk.metrics.SPOOL_DIR
-
-
-def find_marked(marker: str) -> list[psutil.Process]:
-    """Every live process of this machine whose environment carries ``marker``."""
-    found = []
-    me = os.getpid()
-    for proc in psutil.process_iter(["pid"]):
-        if proc.pid == me:
-            continue
-        try:
-            if proc.environ().get(MARKER_ENV) == marker:
-                found.append(proc)
-        except (psutil.Error, OSError):
-            continue
-    return found
 
 
 def kill_marked(marker: str, sig: int = signal.SIGKILL) -> int:
@@ -74,14 +60,6 @@ def boot_id() -> str:
         return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
     except OSError:
         return socket.gethostname()
-
-
-def _read_record(path: Path) -> tuple[int, float | None] | None:
-    try:
-        code_text, _, time_text = path.read_text().strip().partition(" ")
-        return int(code_text), float(time_text) if time_text else None
-    except (OSError, ValueError):
-        return None
 
 
 def free_port(host: str) -> int:
@@ -265,11 +243,11 @@ class NodeAgent:
         out["logs"] = logs
         if ended:
             assert code is not None
-            recorded = _read_record(self.attempt_dir / LAUNCHER_EXIT)
+            recorded = read_record(self.attempt_dir / LAUNCHER_EXIT)
             out["launcher"] = recorded if recorded is not None else (code, time.time())
             ranks = {}
             for path in sorted(self.attempt_dir.glob("exit-rank-*")):
-                rec = _read_record(path)
+                rec = read_record(path)
                 if rec is not None:
                     ranks[path.name.removeprefix("exit-rank-")] = rec
             out["ranks"] = ranks
