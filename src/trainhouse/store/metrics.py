@@ -13,6 +13,11 @@ Semantics: a batch id seen before for the job is ignored (retries are stored onc
 ``resume=(attempt, step)`` first drops the points earlier attempts logged after ``step``; a
 value that is not finite is stored as NULL.
 
+Every batch also recomputes, in its transaction, the rollup buckets
+(:mod:`trainhouse.store.rollup`) over the step range it covered in each series it touched
+(after a resume deletion: everything past the resume step), so a replaced or dropped value
+never leaves a stale summary.
+
 Reads and downsampling: :mod:`trainhouse.store.series`.
 """
 
@@ -33,6 +38,7 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
 from trainhouse.errors import TrainhouseError
+from trainhouse.store import rollup
 from trainhouse.store import tables as t
 from trainhouse.store.records import MetricPoint
 
@@ -319,7 +325,7 @@ def _series_order(names: Sequence[str], ranks: Sequence[int] | None) -> list[int
     return order
 
 
-def _insert_sqlite(cursor: Any, job_id: int, columns: Columns) -> None:
+def _insert_sqlite(cursor: Any, job_id: int, columns: Columns, order: list[int] | None) -> None:
     """Multi-row INSERTs of up to ``SQLITE_VARIABLES`` parameters, series by series.
 
     Rows go in grouped by series (the unique index's order): each statement then touches a few
@@ -344,7 +350,6 @@ def _insert_sqlite(cursor: Any, job_id: int, columns: Columns) -> None:
     row += ["?"] * 4
     bound += [columns.steps, columns.names, columns.values, columns.walls]
     count = len(columns)
-    order = _series_order(columns.names, ranks) if count > 1 else None
     if order is not None:
         take = operator.itemgetter(*order)
         bound = [take(c) for c in bound]
@@ -363,11 +368,13 @@ def _insert_sqlite(cursor: Any, job_id: int, columns: Columns) -> None:
         cursor.executemany(_sqlite_insert(template, 1), rest)
 
 
-def _insert_points(conn: Connection, dialect: str, job_id: int, columns: Columns) -> None:
+def _insert_points(
+    conn: Connection, dialect: str, job_id: int, columns: Columns, order: list[int] | None
+) -> None:
     cursor = conn.connection.cursor()
     try:
         if dialect == "sqlite":
-            _insert_sqlite(cursor, job_id, columns)
+            _insert_sqlite(cursor, job_id, columns, order)
         elif len(columns) < COPY_FROM:
             rows = zip(
                 itertools.repeat(job_id),
@@ -399,6 +406,38 @@ def _insert_points(conn: Connection, dialect: str, job_id: int, columns: Columns
             cursor.execute(_PG_FROM_STAGE, (job_id,))
     finally:
         cursor.close()
+
+
+Series = tuple[str, int]  # (name, rank: -1 for the job's own values)
+
+
+def _series_ranks(columns: Columns) -> list[int] | None:
+    """The rank column with -1 for None; None where every rank is None."""
+    if set(columns.ranks) == {None}:
+        return None
+    return [-1 if r is None else r for r in columns.ranks]
+
+
+def _by_series(
+    columns: Columns, ranks: list[int] | None, order: list[int] | None
+) -> dict[Series, tuple[Sequence[int], Sequence[float | None]]]:
+    """Each series' steps and values in ``columns``, in the order logged (``order``: the
+    points grouped by series, from :func:`_series_order`)."""
+    steps, values, names = columns.steps, columns.values, columns.names
+    if order is None:  # one series
+        return {(names[0], -1 if ranks is None else ranks[0]): (steps, values)}
+    take = operator.itemgetter(*order)
+    steps, values, names = take(steps), take(values), take(names)
+    keys: Iterable[Any] = names
+    if ranks is not None:
+        keys = zip(names, take(ranks), strict=True)
+    out: dict[Series, tuple[Sequence[int], Sequence[float | None]]] = {}
+    i = 0
+    for key, group in itertools.groupby(keys):
+        j = i + len(list(group))
+        out[(key, -1) if ranks is None else key] = (steps[i:j], values[i:j])
+        i = j
+    return out
 
 
 def _progress(columns: Columns) -> tuple[int, dict[str, float | None]] | None:
@@ -439,17 +478,43 @@ def add(
         ).first()
         if new is None:  # seen before: a retry
             return 0
+    touched: dict[tuple[str, int], tuple[int, int]] = {}  # series -> step range to roll up
     if resume is not None:
         attempt, step = resume
-        conn.execute(
+        dropped = conn.execute(
             delete(t.metrics).where(
                 t.metrics.c.job_id == job_id,
                 t.metrics.c.step > step,
                 t.metrics.c.attempt < attempt,
             )
-        )
+        ).rowcount
+        if dropped:
+            cursor = conn.connection.cursor()
+            try:
+                for key in rollup.series_of(cursor, dialect, job_id):
+                    touched[key] = (step + 1, INT64)
+            finally:
+                cursor.close()
+    fresh: dict[Series, tuple[Sequence[int], Sequence[float | None]]] = {}
     if len(columns):
-        _insert_points(conn, dialect, job_id, columns)
+        ranks = _series_ranks(columns)
+        order = _series_order(columns.names, ranks) if len(columns) > 1 else None
+        _insert_points(conn, dialect, job_id, columns, order)
+        for key, (steps, values) in _by_series(columns, ranks, order).items():
+            lo, hi = steps[0], steps[-1]
+            if len(steps) > 1 and not all(map(operator.lt, steps, steps[1:])):
+                lo, hi = min(steps), max(steps)  # out of order or logged twice: read back
+            elif key not in touched:
+                fresh[key] = (steps, values)
+            was = touched.get(key)
+            touched[key] = (lo, hi) if was is None else (min(lo, was[0]), max(hi, was[1]))
+    if touched:
+        cursor = conn.connection.cursor()
+        try:
+            for (name, rank), (lo, hi) in touched.items():
+                rollup.refresh(cursor, dialect, job_id, name, rank, lo, hi, fresh.get((name, rank)))
+        finally:
+            cursor.close()
     progress: dict[str, Any] = {}
     found = _progress(columns)
     if found is not None:

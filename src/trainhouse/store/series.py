@@ -1,23 +1,26 @@
-"""Metric series: listing a job's series and reading one, downsampled in SQL.
+"""Metric series: listing a job's series and reading one, downsampled from the rollup.
 
-:func:`series` lists a job's series (name, rank) with their point counts and step ranges;
-:func:`points` returns one series, every point or at most ``max_points`` of them: the step range
-is cut into ``(max_points - 2) // 2`` buckets, and each bucket gives its point with the smallest
-and its point with the largest value (ties: the earliest; a bucket of only NaN gives its first
-point), plus the series' first and last points. Real points, never averages, so spikes and the
-global extremes survive. Both read every value of the series once per extreme (two passes
-through the unique index and the table), which is what bounds their time on a long series.
+:func:`series` lists a job's series (name, rank) with their point counts and step ranges (from
+the rollup's coarsest buckets; past ``after_step`` from the points); :func:`points` returns one
+series, every point or at most ``max_points`` of them: the step range is cut into
+``(max_points - 2) // 2`` buckets, and each bucket gives its point with the smallest and its
+point with the largest value (ties: the earliest; a bucket of only NaN gives its first point),
+plus the series' first and last points. Real points, never averages, so spikes and the global
+extremes survive. The buckets are made of the rollup's (:mod:`trainhouse.store.rollup`): the
+finest level with at most about 8 of them per output bucket, finer ones and raw points at the
+edges of the range, so their bounds fall on the rollup's; a query reads a few thousand summary
+rows and then the kept points by step, whatever the series' length.
 """
 
 from __future__ import annotations
 
-import functools
-import re
+import itertools
 from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import Engine, text
 
+from trainhouse.store import rollup
 from trainhouse.store.metrics import InvalidMetrics
 from trainhouse.store.records import MetricPoint
 
@@ -42,13 +45,7 @@ class SeriesPoints:
     points: list[tuple[int, float | None, float]]
 
 
-_PARAM = re.compile(r"(?<![:\w]):(\w+)")
-
-
-@functools.cache
-def _driver_sql(dialect: str, sql: str) -> str:
-    """``sql`` with ``:name`` parameters in the driver's own style (sqlite3 takes them)."""
-    return sql if dialect == "sqlite" else _PARAM.sub(r"%(\1)s", sql)
+_driver_sql = rollup.driver_sql
 
 
 def _fetch(engine: Engine, sql: str, params: dict[str, Any]) -> list[Any]:
@@ -83,6 +80,17 @@ def series(
     if name is not None:
         where += " AND name = :name"
         params["name"] = name
+    if after_step is None:  # the rollup's coarsest level: a row per 65,536 steps
+        params["level"] = rollup.COARSEST
+        sql = (
+            "SELECT name, rank, sum(count), min(first_step), max(last_step) FROM metric_buckets "
+            f"WHERE job_id = :job AND level = :level{where} GROUP BY name, rank ORDER BY name, rank"
+        )
+        with engine.connect() as conn:
+            return [
+                SeriesInfo(n, None if r < 0 else r, int(c), int(lo), int(hi))
+                for n, r, c, lo, hi in conn.execute(text(sql), params)
+            ]
     after = ""
     if after_step is not None:
         after = " AND step > :after"
@@ -109,32 +117,6 @@ _ALL_POINTS = (
     f"SELECT step, value, wall_time FROM metrics WHERE {_SERIES} AND step BETWEEN :lo AND :hi "
     "ORDER BY step"
 )
-# Step buckets [a, z] of width :w from :lo to :hi (computed without overflowing BIGINT); per
-# bucket the point with the smallest value and the one with the largest (ties: the earliest),
-# or the bucket's first point where every value is NULL (not finite).
-_DOWNSAMPLE = f"""
-WITH RECURSIVE bk(a, z) AS (
-    SELECT CAST(:lo AS BIGINT), CASE WHEN :lo > :hi - :w THEN CAST(:hi AS BIGINT)
-                                     ELSE CAST(:lo AS BIGINT) + :w - 1 END
-    UNION ALL
-    SELECT z + 1, CASE WHEN z + 1 > :hi - :w THEN CAST(:hi AS BIGINT) ELSE z + :w END
-    FROM bk WHERE z < :hi
-), picked AS (
-    SELECT
-        COALESCE(
-            (SELECT step FROM metrics WHERE {_SERIES} AND step BETWEEN bk.a AND bk.z
-             AND value IS NOT NULL ORDER BY value ASC, step ASC LIMIT 1),
-            (SELECT min(step) FROM metrics WHERE {_SERIES} AND step BETWEEN bk.a AND bk.z)
-        ) AS low,
-        (SELECT step FROM metrics WHERE {_SERIES} AND step BETWEEN bk.a AND bk.z
-         AND value IS NOT NULL ORDER BY value DESC, step ASC LIMIT 1) AS high
-    FROM bk
-)
-SELECT step, value, wall_time FROM metrics WHERE {_SERIES} AND step IN (
-    SELECT low FROM picked UNION SELECT high FROM picked
-    UNION SELECT CAST(:lo AS BIGINT) UNION SELECT CAST(:hi AS BIGINT)
-) ORDER BY step
-"""
 
 
 def points(
@@ -145,8 +127,8 @@ def points(
     max_points: int = 0,
 ) -> SeriesPoints:
     """The points of one series in ``info``'s step range (``info`` from :func:`series`),
-    every one, or at most ``max_points`` (>= 4) picked in SQL: per step bucket the smallest and
-    the largest value, plus the first and the last point."""
+    every one, or at most ``max_points`` (>= 4) picked from the rollup: per step bucket the
+    smallest and the largest value, plus the first and the last point."""
     lo, hi = info.first_step, info.last_step
     params: dict[str, Any] = {
         "job": job_id,
@@ -156,18 +138,54 @@ def points(
         "hi": hi,
     }
     downsample = 0 < max_points < info.points
-    if downsample:
-        if max_points < MIN_DOWNSAMPLED:
-            raise InvalidMetrics(
-                f"max_points must be 0 (every point) or at least {MIN_DOWNSAMPLED}, "
-                f"got {max_points}"
+    if not downsample:
+        return SeriesPoints(
+            info.name, info.rank, info.points, False, _fetch(engine, _ALL_POINTS, params)
+        )
+    if max_points < MIN_DOWNSAMPLED:
+        raise InvalidMetrics(
+            f"max_points must be 0 (every point) or at least {MIN_DOWNSAMPLED}, got {max_points}"
+        )
+    buckets = (max_points - 2) // 2  # two per bucket, plus the first and the last
+    width = -(-(hi - lo + 1) // buckets)  # ceil
+    dialect = engine.dialect.name
+    with engine.connect() as conn:
+        cursor = conn.connection.cursor()
+        try:
+            found = rollup.cells(
+                cursor, dialect, job_id, info.name, params["rank"], lo, hi, 8 * buckets
             )
-        buckets = (max_points - 2) // 2  # two per bucket, plus the first and the last
-        params["w"] = -(-(hi - lo + 1) // buckets)  # ceil
-        sql = _DOWNSAMPLE
-    else:
-        sql = _ALL_POINTS
-    return SeriesPoints(info.name, info.rank, info.points, downsample, _fetch(engine, sql, params))
+            if len(found) > buckets:  # bucket the summaries by step, as the points would be
+                found = [
+                    rollup.merge(group, k)
+                    for k, group in itertools.groupby(found, key=lambda c: (c[2] - lo) // width)
+                ]
+            keep = {lo, hi}
+            for c in found:
+                keep.add(c[2] if c[5] is None else c[5])  # the smallest, or the first if no finite
+                if c[7] is not None:
+                    keep.add(c[7])
+            # literal integers (no parameter limit); the unique index finds each, also on
+            # PostgreSQL, which may scan the whole series for an IN list (stale statistics)
+            steps = ", ".join(map(str, sorted(int(k) for k in keep)))
+            if dialect == "sqlite":
+                sql = (
+                    f"SELECT step, value, wall_time FROM metrics WHERE {_SERIES} "
+                    f"AND step IN ({steps}) ORDER BY step"
+                )
+            else:
+                sql = (  # one index lookup per step whatever the statistics say (LIMIT: not a join)
+                    f"SELECT m.step, m.value, m.wall_time FROM unnest(CAST(ARRAY[{steps}] AS "
+                    "BIGINT[])) AS k(step) CROSS JOIN LATERAL (SELECT step, value, wall_time "
+                    f"FROM metrics WHERE {_SERIES} AND step = k.step LIMIT 1) AS m ORDER BY m.step"
+                )
+            cursor.execute(
+                _driver_sql(dialect, sql), {k: params[k] for k in ("job", "name", "rank")}
+            )
+            got = list(cursor.fetchall())
+        finally:
+            cursor.close()
+    return SeriesPoints(info.name, info.rank, info.points, True, got)
 
 
 def legacy_points(

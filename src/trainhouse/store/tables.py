@@ -16,6 +16,7 @@ from sqlalchemy import (
     Index,
     Integer,
     MetaData,
+    PrimaryKeyConstraint,
     String,
     Table,
     Text,
@@ -110,6 +111,28 @@ metrics = Table(
     Column("value", Float),  # NULL = not finite (NaN or inf)
     Column("wall_time", Float, nullable=False),
     UniqueConstraint("job_id", "name", "rank", "step"),
+)
+
+# the rollup of ``metrics`` (trainhouse.store.rollup): per series, level (a bucket width of 16,
+# 256, 4096 or 65536 steps) and bucket (step // width), the bucket's point count, its first and
+# last steps and its smallest and largest finite values with their (earliest) steps (NULL: no
+# finite value); kept in the ingest transaction, read by downsampled queries and series counts
+metric_buckets = Table(
+    "metric_buckets",
+    metadata,
+    Column("job_id", _Id, ForeignKey("jobs.id", ondelete="CASCADE"), nullable=False),
+    Column("name", String(256), nullable=False),
+    Column("rank", Integer, nullable=False),
+    Column("level", Integer, nullable=False),
+    Column("bucket", BigInteger, nullable=False),
+    Column("count", BigInteger, nullable=False),
+    Column("first_step", BigInteger, nullable=False),
+    Column("last_step", BigInteger, nullable=False),
+    Column("min_value", Float),
+    Column("min_step", BigInteger),
+    Column("max_value", Float),
+    Column("max_step", BigInteger),
+    PrimaryKeyConstraint("job_id", "name", "rank", "level", "bucket"),
 )
 
 report_batches = Table(
