@@ -123,8 +123,8 @@ def test_a_killed_rank_resumes_bit_identically(server: Server, tmp_path: Path, j
     victim.kill()
     a = server.wait(clean["id"], {"COMPLETED", "FAILED"}, timeout=400)
     b = server.wait(killed["id"], {"COMPLETED", "FAILED"}, timeout=400)
-    assert a["state"] == "COMPLETED", a
-    assert b["state"] == "COMPLETED", b
+    assert a["state"] == "COMPLETED", (a["reason"], a["attempt_history"])
+    assert b["state"] == "COMPLETED", (b["reason"], b["attempt_history"])
     first = b["attempt_history"][0]
     assert first["failure"] == "infra" and first["failed_rank"] == 1, first
     assert (b["restarts"], b["infra_restarts"]) == (0, 1)

@@ -282,3 +282,21 @@ def test_the_patterns_only_look_at_the_failed_attempt(
     ex.exits.append(Exit(job2, 2, 1, {"0": 1}))
     sched.tick()  # ... attempt 2's is not
     assert sched.store.get_job(job2).state in (JobState.QUEUED, JobState.RUNNING)
+
+
+def test_a_sigkilled_rank_is_the_cause_even_when_a_peer_was_recorded_first(
+    loop: tuple[SchedulerLoop, FakeExecutor],
+) -> None:
+    """Regression: on a busy machine rank 0's gloo error (exit 1) was recorded before the
+    SIGKILLed rank 1's record, so a killed rank counted as a failure of the job's code and a
+    job with max_restarts: 0 failed instead of restarting."""
+    sched, ex = loop
+    job_id = submit(sched, max_restarts=0)
+    sched.tick()
+    ex.exits.append(Exit(job_id, 1, 1, {"0": 1, "1": -9}, None, {"0": 10.0, "1": 10.2}))
+    sched.tick()
+    job = sched.store.get_job(job_id)
+    assert job.state in (JobState.QUEUED, JobState.RUNNING), job.reason
+    attempt = sched.store.attempts(job_id)[0]
+    assert (attempt.failure, attempt.failed_rank) == ("infra", 1)
+    assert "rank 1 was killed by signal 9" in (attempt.reason or "")
