@@ -65,6 +65,11 @@ def tree_digest(entries: Iterable[tuple[str, str, int]]) -> str:
     return digest.hexdigest()
 
 
+def sidecar_name(path: str) -> str:
+    """The JSON record the SDK keeps next to the checkpoint ``path`` (a file or a directory)."""
+    return f"{path}.json"
+
+
 def temp_name(rel: str) -> str:
     """A fresh sibling name for writing ``rel`` before it is published (hidden, unique)."""
     rel = confine(rel)

@@ -60,15 +60,6 @@ entrypoint: python train.py
 
 
 @pytest.fixture
-def server(tmp_path: Path) -> Iterator[Server]:
-    srv = start_server(tmp_path / "home", "--cpus", "4")
-    try:
-        yield srv
-    finally:
-        assert_clean_stop(srv)
-
-
-@pytest.fixture
 def parked_server(tmp_path: Path) -> Iterator[Server]:
     """A server whose users may use no CPU at all: every job waits, nothing ever runs."""
     srv = start_server(tmp_path / "home", "--cpus", "2", "--quota-cpus", "0")

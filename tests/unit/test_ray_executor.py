@@ -18,6 +18,7 @@ from typing import Any
 import psutil
 import pytest
 
+from tests.unit.test_loop import FakeExecutor
 from trainhouse.errors import ResourceError
 from trainhouse.executors.base import Exit, Launch, ProcessInfo
 from trainhouse.executors.ray_attempt import Attempt, Member, node_name, pack, to_node
@@ -230,15 +231,8 @@ def test_the_advertised_url_is_what_ranks_report_to(tmp_path: Path) -> None:
     assert remote.url == "http://head:8470"
 
 
-class Unplaceable:
+class Unplaceable(FakeExecutor):
     """Launches, then reports that the attempt never started."""
-
-    def __init__(self) -> None:
-        self.live: dict[int, int] = {}
-        self.exits: list[Exit] = []
-
-    def nodes(self) -> list[Node]:
-        return [Node("n", 4, 1 << 30)]
 
     def launch(self, launch: Launch) -> ProcessInfo:
         self.live[launch.job_id] = launch.attempt
@@ -246,30 +240,6 @@ class Unplaceable:
             Exit(launch.job_id, launch.attempt, 1, requeue="Ray could not place it in 60 s")
         )
         return ProcessInfo(0, 0.0)
-
-    def adopt(self, job_id: int, attempt: int, info: ProcessInfo, job_dir: Path) -> bool:
-        return False
-
-    def poll(self) -> list[Exit]:
-        out, self.exits = self.exits, []
-        for e in out:
-            self.live.pop(e.job_id, None)
-        return out
-
-    def stop(self, job_id: int, *, grace: float, reason: str, terminate: bool = True) -> None:
-        pass
-
-    def running(self) -> set[int]:
-        return set(self.live)
-
-    def pids(self, job_id: int) -> list[int]:
-        return []
-
-    def kill_orphans(self, job_id: int, attempt: int) -> int:
-        return 0
-
-    def shutdown(self, *, grace: float) -> list[Exit]:
-        return []
 
 
 def test_an_unplaced_attempt_goes_back_to_the_queue_without_a_restart(tmp_path: Path) -> None:

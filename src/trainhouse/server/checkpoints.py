@@ -23,7 +23,7 @@ from pathlib import Path
 
 from trainhouse.errors import CheckpointError, NotFound
 from trainhouse.spec import CheckpointPolicy
-from trainhouse.storage import Storage, confine, is_temp, open_storage
+from trainhouse.storage import Storage, confine, is_temp, open_storage, sidecar_name
 from trainhouse.store import Checkpoint, Job, Store
 from trainhouse.store.jobfiles import JobFiles
 
@@ -44,11 +44,6 @@ def retained(checkpoints: list[Checkpoint], policy: CheckpointPolicy) -> set[int
                 scored.append((value if policy.mode == "min" else -value, c.id))
         keep.update(ckpt_id for _, ckpt_id in sorted(scored)[: policy.keep_best])
     return keep
-
-
-def sidecar(path: str) -> str:
-    """The SDK's record next to a checkpoint (``step-N.pt.json``, ``step-N.json``)."""
-    return f"{path}.json"
 
 
 class Checkpoints:
@@ -197,7 +192,7 @@ class Checkpoints:
             self._verified.add(newest.id)
         for old in drop:
             storage.delete(old.path)
-            storage.delete(sidecar(old.path))
+            storage.delete(sidecar_name(old.path))
         self.store.mark_checkpoints_deleted([c.id for c in drop])
         return drop
 

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Literal, overload
 from trainhouse.errors import CheckpointError, ClientError, ServerUnreachable
 from trainhouse.sdk.checkpoint import rng as rng_mod
 from trainhouse.sdk.checkpoint import sharded as shards
-from trainhouse.sdk.checkpoint.finding import DIR, FILE, Finder, dir_name, file_name, sidecar_name
+from trainhouse.sdk.checkpoint.finding import DIR, FILE, Finder, dir_name, file_name
 from trainhouse.sdk.checkpoint.handle import SaveHandle, message_of
 from trainhouse.sdk.checkpoint.safety import refuse_unloadable, safe_load
 from trainhouse.sdk.checkpoint.support import (
@@ -30,7 +30,7 @@ from trainhouse.sdk.checkpoint.support import (
     estimate_bytes,
     is_disk_full,
 )
-from trainhouse.storage import Storage, open_storage
+from trainhouse.storage import Storage, open_storage, sidecar_name
 
 if TYPE_CHECKING:
     from pathlib import Path

@@ -36,11 +36,6 @@ def dir_name(step: int) -> str:
     return f"step-{step:09d}"
 
 
-def sidecar_name(path: str) -> str:
-    """The record written next to the checkpoint ``path`` (a file or a directory)."""
-    return f"{path}.json"
-
-
 class Finder:
     """The load side of :class:`~trainhouse.sdk.checkpoint.Checkpointer` (a mixin)."""
 
