@@ -85,9 +85,9 @@ class SchedulerLoop:
         self.server_url = server_url
         self.tick_seconds = tick
         self.cancel_grace = cancel_grace
-        # a job's checkpoint directory or URL (default: HOME/jobs/<id>/checkpoints)
         # called with (job id, attempt) before an ended attempt is recorded
         self.on_attempt_end = on_attempt_end
+        # a job's checkpoint directory or URL (default: HOME/jobs/<id>/checkpoints)
         self.checkpoint_location = checkpoint_location or (
             lambda job_id: str(JobFiles(home, job_id).checkpoints)
         )
@@ -210,17 +210,17 @@ class SchedulerLoop:
     ) -> None:
         """After a failed attempt: restart from the latest checkpoint, if the budget allows."""
         if infra:
-            used, limit, counter = job.infra_restarts, self.config.max_infra_restarts, "infra"
-            label = "infrastructure failure"
+            used, limit = job.infra_restarts, self.config.max_infra_restarts
+            counter, label = "infra_restarts", "infrastructure failure"
         else:
             used, limit = job.restarts, int(job.spec.get("max_restarts", 0))
-            counter, label = "user", "failure"
+            counter, label = "restarts", "failure"
         if permanent is None and used < limit:
             self._requeue(
                 job,
                 f"attempt {attempt} failed ({summary}; {label}); restart {used + 1} of {limit} "
                 "from the latest checkpoint",
-                {"infra_restarts" if counter == "infra" else "restarts": used + 1},
+                {counter: used + 1},
             )
             return
         if permanent is not None:
