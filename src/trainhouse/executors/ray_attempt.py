@@ -17,8 +17,9 @@ from typing import Any
 
 from trainhouse.errors import TrainhouseError
 from trainhouse.executors.base import Exit
-from trainhouse.executors.ray_node import LAUNCHER_LOG, SPOOL_DIR
+from trainhouse.executors.ray_node import LAUNCHER_LOG
 from trainhouse.scheduler.resources import Gpu, Node, Placement
+from trainhouse.sdk.metrics import SPOOL_DIR
 
 
 class RayUnavailable(TrainhouseError):

@@ -38,10 +38,10 @@ import psutil
 
 from trainhouse.executors.markers import LAUNCHER_EXIT, MARKER_ENV, find_marked
 from trainhouse.executors.supervise import read_record
+from trainhouse.sdk.metrics import SPOOL_DIR
 
 LAUNCHER_LOG = "launcher.log"
 CHUNK = 1 << 20  # bytes of one log returned by one status call at most
-SPOOL_DIR = "metrics-spool"  # trainhouse.sdk.metrics.SPOOL_DIR
 
 
 def kill_marked(marker: str, sig: int = signal.SIGKILL) -> int:

@@ -10,12 +10,11 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
+from trainhouse.sdk.metrics import SPOOL_DIR
 from trainhouse.store.metrics import InvalidMetrics, parse_report
 from trainhouse.store.store import Store
 
 log = logging.getLogger(__name__)
-
-SPOOL_DIR = "metrics-spool"  # the SDK's name for it (trainhouse.sdk.metrics.SPOOL_DIR)
 
 
 def ingest_spool(store: Store, job_id: int, attempt_dir: Path) -> int:
