@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
@@ -39,11 +40,19 @@ class Exit:
 
     @property
     def failed_rank(self) -> int | None:
-        """The rank that failed first: the others are usually torn down because of it."""
+        """The rank that failed first: the others are usually torn down because of it.
+
+        A SIGKILLed rank is the cause even when another rank's exit was recorded first: its
+        peers fail within milliseconds (gloo: "connection closed by peer"), and on a busy
+        machine the killed rank's wrapper may write its record after theirs.
+        """
         bad = [r for r, code in self.rank_exit_codes.items() if code != 0]
+        killed = [r for r in bad if self.rank_exit_codes[r] == -signal.SIGKILL]
         if not bad:
             return None
-        first = min(bad, key=lambda r: (self.rank_exit_times.get(r, float("inf")), int(r)))
+        first = min(
+            killed or bad, key=lambda r: (self.rank_exit_times.get(r, float("inf")), int(r))
+        )
         return int(first)
 
 

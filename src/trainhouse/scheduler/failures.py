@@ -66,13 +66,6 @@ def attempt_log(files: JobFiles, rank: int | str, attempt: int) -> str:
 def analyse(ended: Exit, files: JobFiles, ranks: int, policy: NoRestart) -> Failure:
     """Classify a failed attempt of ``ranks`` ranks (per node, for the local executor)."""
     rank = ended.failed_rank
-    killed = [r for r, c in ended.rank_exit_codes.items() if c == -signal.SIGKILL]
-    if killed:
-        # a SIGKILLed rank is the cause even when another rank's exit was recorded first: its
-        # peers fail within milliseconds (gloo: "connection closed by peer"), and on a busy
-        # machine the killed rank's wrapper may write its record after theirs
-        times = ended.rank_exit_times
-        rank = int(min(killed, key=lambda r: (times.get(r, float("inf")), int(r))))
     missing = [r for r in range(ranks) if str(r) not in ended.rank_exit_codes]
     if rank is not None:
         code = ended.rank_exit_codes[str(rank)]
