@@ -3,6 +3,12 @@
 A spec is written by users as YAML (see ``examples/digits/trainhouse.yaml``); ``--set key=value``
 overrides any field by dotted path before validation. The JSON Schema is published by
 ``trainhouse spec --schema``.
+
+Specs arrive over HTTP, so every part is bounded: the text (``MAX_SPEC_BYTES``), its nesting
+(``MAX_SPEC_DEPTH``; YAML aliases are refused outright, so no alias bomb can expand), the
+hparams as JSON (``MAX_HPARAMS_BYTES``), the env (``MAX_ENV_VARS`` variables, names up to
+``MAX_ENV_NAME`` and values up to ``MAX_ENV_VALUE`` characters), the entrypoint
+(``MAX_ENTRYPOINT``) and every other string field.
 """
 
 from __future__ import annotations
@@ -28,6 +34,18 @@ def tier_rank(priority: str) -> int:
     """0 for ``low`` up to 3 for ``urgent``."""
     return _TIER_RANK[priority]
 
+
+# bounds on what a spec may hold (docs/security.md lists them)
+MAX_SPEC_BYTES = 256 * 1024  # the YAML or JSON text, UTF-8
+MAX_SPEC_DEPTH = 32  # nested mappings and lists
+MAX_HPARAMS_BYTES = 64 * 1024  # hparams serialized as JSON (passed to ranks in the environment)
+MAX_ENV_VARS = 256
+MAX_ENV_NAME = 128  # characters in a variable's name
+MAX_ENV_VALUE = 16 * 1024  # characters in a variable's value
+MAX_ENTRYPOINT = 4096  # characters in the command line
+MAX_WORKDIR = 1024  # characters in the workdir path
+MAX_METRIC_NAME = 256  # checkpoints.metric: as long as a metric name may be
+MAX_RUNTIME = 366 * 86400  # seconds
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*$")
 _UNIT_SECONDS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
@@ -71,13 +89,16 @@ class _Strict(BaseModel):
 
 class Resources(_Strict):
     nodes: int = Field(
-        1, ge=1, description="Machines the job spans; >1 needs a multi-node executor"
+        1, ge=1, le=4096, description="Machines the job spans; >1 needs a multi-node executor"
     )
     procs_per_node: int | None = Field(
-        None, ge=1, description="torch.distributed ranks per node; default gpus_per_node or 1"
+        None,
+        ge=1,
+        le=1024,
+        description="torch.distributed ranks per node; default gpus_per_node or 1",
     )
-    gpus_per_node: int = Field(0, ge=0, description="GPUs per node; 0 = CPU job")
-    cpus_per_proc: int = Field(1, ge=1, description="CPU cores reserved for each rank")
+    gpus_per_node: int = Field(0, ge=0, le=1024, description="GPUs per node; 0 = CPU job")
+    cpus_per_proc: int = Field(1, ge=1, le=4096, description="CPU cores reserved for each rank")
 
     @model_validator(mode="after")
     def _default_procs(self) -> Resources:
@@ -102,7 +123,12 @@ class Resources(_Strict):
 class CheckpointPolicy(_Strict):
     keep_last: int = Field(2, ge=1, description="Newest checkpoints kept")
     keep_best: int = Field(0, ge=0, description="Best checkpoints kept by `metric`")
-    metric: str | None = Field(None, description="Metric that ranks checkpoints for keep_best")
+    metric: str | None = Field(
+        None,
+        min_length=1,
+        max_length=MAX_METRIC_NAME,
+        description="Metric that ranks checkpoints for keep_best",
+    )
     mode: Literal["min", "max"] = "min"
 
     @model_validator(mode="after")
@@ -160,7 +186,12 @@ class JobSpec(_Strict):
 
     name: str = Field("job", min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][\w.\-]*$")
     entrypoint: str = Field(..., min_length=1, description="Command run inside the workdir")
-    workdir: str = Field(".", description="Directory packed and uploaded, relative to the spec")
+    workdir: str = Field(
+        ".",
+        min_length=1,
+        max_length=MAX_WORKDIR,
+        description="Directory packed and uploaded, relative to the spec",
+    )
     resources: Resources = Field(default_factory=lambda: Resources())
     priority: Priority = "normal"
     max_restarts: int = Field(
@@ -175,18 +206,33 @@ class JobSpec(_Strict):
         None, description="Seconds (or a duration such as 6h) after which the job is stopped"
     )
     preemption_grace: int = Field(120, ge=0, le=86400)
-    hparams: dict[str, Any] = Field(default_factory=dict)
-    env: dict[str, str] = Field(default_factory=dict)
+    hparams: dict[str, Any] = Field(
+        default_factory=dict,
+        description=f"Plain JSON values, at most {MAX_HPARAMS_BYTES // 1024} KiB as JSON",
+    )
+    env: dict[str, str] = Field(
+        default_factory=dict,
+        description=f"Environment variables for every rank (at most {MAX_ENV_VARS})",
+    )
     checkpoints: CheckpointPolicy = Field(default_factory=lambda: CheckpointPolicy())
 
     @field_validator("max_runtime", mode="before")
     @classmethod
     def _duration(cls, value: Any) -> Any:
-        return None if value is None else parse_duration(value)
+        if value is None:
+            return None
+        seconds = parse_duration(value)
+        if seconds > MAX_RUNTIME:
+            raise ValueError(f"must be at most 366 days ({MAX_RUNTIME} s), got {value!r}")
+        return seconds
 
     @field_validator("entrypoint")
     @classmethod
     def _entrypoint(cls, value: str) -> str:
+        if len(value) > MAX_ENTRYPOINT:
+            raise ValueError(f"must be at most {MAX_ENTRYPOINT} characters, got {len(value)}")
+        if "\x00" in value:
+            raise ValueError("must not contain a NUL character")
         try:
             argv = shlex.split(value)
         except ValueError as exc:
@@ -200,25 +246,44 @@ class JobSpec(_Strict):
     def _env(cls, value: Any) -> Any:
         if not isinstance(value, dict):
             return value
+        if len(value) > MAX_ENV_VARS:
+            raise ValueError(f"must have at most {MAX_ENV_VARS} variables, got {len(value)}")
         out: dict[str, str] = {}
         for key, val in value.items():
             key = str(key)
+            if len(key) > MAX_ENV_NAME:
+                raise ValueError(
+                    f"variable name {_show(key)} must be at most {MAX_ENV_NAME} characters, "
+                    f"got {len(key)}"
+                )
             if not _ENV_NAME.match(key):
                 raise ValueError(f"variable name {key!r} is not a valid environment name")
             if key in RESERVED_ENV or key.startswith("TRAINHOUSE_"):
                 raise ValueError(f"variable {key} is set by trainhouse and cannot be overridden")
             if isinstance(val, dict | list) or val is None:
                 raise ValueError(f"value of {key} must be a string or number, got {val!r}")
-            out[key] = str(val).lower() if isinstance(val, bool) else str(val)
+            text = str(val).lower() if isinstance(val, bool) else str(val)
+            if len(text) > MAX_ENV_VALUE:
+                raise ValueError(
+                    f"value of {key} must be at most {MAX_ENV_VALUE} characters, got {len(text)}"
+                )
+            if "\x00" in text:
+                raise ValueError(f"value of {key} must not contain a NUL character")
+            out[key] = text
         return out
 
     @field_validator("hparams")
     @classmethod
     def _hparams_json(cls, value: dict[str, Any]) -> dict[str, Any]:
         try:
-            json.dumps(value, allow_nan=False)
-        except (TypeError, ValueError) as exc:
+            encoded = json.dumps(value, allow_nan=False)  # ASCII: one byte per character
+        except (TypeError, ValueError, RecursionError) as exc:
             raise ValueError(f"must be plain JSON values ({exc})") from None
+        if len(encoded) > MAX_HPARAMS_BYTES:
+            raise ValueError(
+                f"must be at most {MAX_HPARAMS_BYTES // 1024} KiB as JSON, got {len(encoded)} "
+                "bytes; put large values in files in the workdir"
+            )
         return value
 
     @property
@@ -244,9 +309,48 @@ class JobSpec(_Strict):
 # YAML loading with line numbers
 
 
+def _show(value: Any) -> str:
+    """A value for a message: its repr, cut short when long."""
+    shown = repr(value)
+    if len(shown) <= 80:
+        return shown
+    size = f" ({len(value)} characters)" if isinstance(value, str) else ""
+    return f"{shown[:60]}...{size}"
+
+
+# libyaml's parser when PyYAML has it: a spec of the maximum size is scanned several times faster
+_FastLoader: type[yaml.SafeLoader] = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
+def _prescan(text: str) -> None:
+    """Refuse aliases and deep nesting from the event stream, before any node is built: an
+    alias bomb never expands, and nesting cannot exhaust the recursive composer (or the C
+    stack under libyaml's)."""
+    depth = 0
+    for event in yaml.parse(text, Loader=_FastLoader):
+        mark: Any = event.start_mark
+        if isinstance(event, yaml.AliasEvent):
+            raise yaml.composer.ComposerError(
+                None, None, "aliases (*name) are not allowed in a job spec", mark
+            )
+        if isinstance(event, yaml.MappingStartEvent | yaml.SequenceStartEvent):
+            depth += 1
+            if depth > MAX_SPEC_DEPTH:
+                raise yaml.composer.ComposerError(
+                    None,
+                    None,
+                    f"mappings and lists nest deeper than {MAX_SPEC_DEPTH} levels here; a job "
+                    f"spec may nest at most {MAX_SPEC_DEPTH}",
+                    mark,
+                )
+        elif isinstance(event, yaml.MappingEndEvent | yaml.SequenceEndEvent):
+            depth -= 1
+
+
 class _SpecLoader(yaml.SafeLoader):
     """Safe YAML without aliases: a job spec needs none, and nested aliases can expand a few
-    hundred bytes into gigabytes."""
+    hundred bytes into gigabytes. (``parse_spec`` also refuses them in ``_prescan``; this loader
+    reads ``--set`` values.)"""
 
     def compose_node(self, parent: yaml.Node | None, index: int) -> yaml.Node | None:
         if self.check_event(yaml.AliasEvent):
@@ -324,7 +428,9 @@ def _format_errors(exc: ValidationError, source: str, lines: _Lines, overridden:
                 msg = f"{field} is required"
             else:
                 got = err.get("input")
-                show = "" if isinstance(got, dict | list) or "got " in text else f", got {got!r}"
+                show = (
+                    "" if isinstance(got, dict | list) or "got " in text else f", got {_show(got)}"
+                )
                 msg = f"{field} {_lower_first(text)}{show}"
         where = f"{source}:{lines.line(loc)}" if lines.root is not None else source
         if field in overridden or any(t.startswith(f"{field}.") for t in overridden):
@@ -359,8 +465,12 @@ def parse_override(item: str) -> tuple[list[str], Any]:
     if not key.strip() or any(not p for p in path):
         raise SpecError(f"--set key must be a dotted path such as hparams.lr, got {key!r}")
     try:
-        value = yaml.safe_load(raw) if raw.strip() else ""
-    except yaml.YAMLError:
+        if raw.strip():
+            _prescan(raw)  # no aliases, bounded nesting: as in a spec
+            value = yaml.load(raw, Loader=_SpecLoader)
+        else:
+            value = ""
+    except (yaml.YAMLError, ValueError, OverflowError):
         value = raw
     return path, value
 
@@ -386,14 +496,27 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> set[str]:
 
 def parse_spec(text: str, *, source: str = "<spec>", overrides: list[str] | None = None) -> JobSpec:
     """Parse and validate YAML (or JSON) text into a JobSpec, or raise SpecError."""
+    if len(text) > MAX_SPEC_BYTES or len(text.encode("utf-8", "surrogatepass")) > MAX_SPEC_BYTES:
+        size = len(text.encode("utf-8", "surrogatepass"))
+        raise SpecError(
+            f"{source}: a job spec may be at most {MAX_SPEC_BYTES // 1024} KiB "
+            f"({MAX_SPEC_BYTES} bytes), got {size} bytes; keep data in the workdir"
+        )
     try:
-        node = yaml.compose(text, Loader=_SpecLoader)
-        data = yaml.load(text, Loader=_SpecLoader)  # a SafeLoader: plain data only
+        _prescan(text)
+        loader = _FastLoader(text)  # a safe loader: plain data only
+        try:
+            node = loader.get_single_node()
+            data = loader.construct_document(node) if node is not None else None
+        finally:
+            loader.dispose()
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"{source}:{mark.line + 1}" if mark is not None else source
         problem = getattr(exc, "problem", None) or str(exc)
         raise SpecError(f"{where}: not valid YAML: {problem}") from None
+    except (ValueError, OverflowError) as exc:  # an integer of 5000 digits, a 13th month
+        raise SpecError(f"{source}: not valid YAML: {exc}") from None
     duplicate = _first_duplicate_key(node)
     if duplicate is not None:
         key, first, second = duplicate
@@ -415,6 +538,11 @@ def load_spec(path: str | Path, overrides: list[str] | None = None) -> JobSpec:
     """Load a spec file; errors name the file, the line and the field."""
     path = Path(path)
     try:
+        if path.stat().st_size > MAX_SPEC_BYTES:
+            raise SpecError(
+                f"spec file {path} is {path.stat().st_size} bytes; a job spec may be at most "
+                f"{MAX_SPEC_BYTES // 1024} KiB ({MAX_SPEC_BYTES} bytes)"
+            )
         text = path.read_text()
     except FileNotFoundError:
         raise SpecError(f"spec file {path} does not exist") from None
