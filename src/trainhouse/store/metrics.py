@@ -43,6 +43,7 @@ from trainhouse.store import tables as t
 from trainhouse.store.records import MetricPoint
 
 INT64 = 2**63 - 1
+INT32 = 2**31 - 1  # an attempt number (an INTEGER column)
 MAX_RANK = 1_000_000
 MAX_NAME = 256
 MAX_REPORT_POINTS = 200_000
@@ -99,14 +100,16 @@ def _int_in(value: Any, low: int, high: int) -> bool:
     return type(value) is int and low <= value <= high
 
 
-def _field_int(body: dict[str, Any], key: str, low: int, *, optional: bool) -> int | None:
+def _field_int(
+    body: dict[str, Any], key: str, low: int, *, optional: bool, high: int = INT64
+) -> int | None:
     value = body.get(key)
     if value is None:
         if optional:
             return None
         raise InvalidMetrics(f"{key}: required, an integer >= {low}")
-    if not _int_in(value, low, INT64):
-        raise InvalidMetrics(f"{key}: must be an integer from {low} to {INT64}, got {_show(value)}")
+    if not _int_in(value, low, high):
+        raise InvalidMetrics(f"{key}: must be an integer from {low} to {high}, got {_show(value)}")
     return int(value)
 
 
@@ -130,7 +133,9 @@ def parse_report(body: bytes | str | dict[str, Any]) -> Report:
         raise InvalidMetrics(
             f"batch_id: must be a string of 1 to {MAX_BATCH_ID} characters, got {_show(batch_id)}"
         )
-    attempt = _field_int(body, "attempt", 1, optional=False)
+    if "\x00" in batch_id:  # PostgreSQL stores none
+        raise InvalidMetrics(f"batch_id: must not contain a NUL character, got {_show(batch_id)}")
+    attempt = _field_int(body, "attempt", 1, optional=False, high=INT32)
     assert attempt is not None
     total_steps = _field_int(body, "total_steps", 0, optional=True)
     resume_step = _field_int(body, "resume_step", -1, optional=True)
@@ -511,8 +516,7 @@ def add(
     if touched:
         cursor = conn.connection.cursor()
         try:
-            for (name, rank), (lo, hi) in touched.items():
-                rollup.refresh(cursor, dialect, job_id, name, rank, lo, hi, fresh.get((name, rank)))
+            rollup.refresh_many(cursor, dialect, job_id, touched, fresh)
         finally:
             cursor.close()
     progress: dict[str, Any] = {}
