@@ -22,6 +22,9 @@ import pytest
 
 _LEAK_TMP = Path(tempfile.mkdtemp(prefix="trainhouse-tests-"))
 os.environ["TMPDIR"] = str(_LEAK_TMP)
+# clients in tests never pick up the developer's own stored tokens or TRAINHOUSE_TOKEN
+os.environ["TRAINHOUSE_CONFIG_DIR"] = str(_LEAK_TMP / "client-config")
+os.environ.pop("TRAINHOUSE_TOKEN", None)
 tempfile.tempdir = str(_LEAK_TMP)
 # pytest's own tmp_path directories live here too; they are not leaks
 _PYTEST_TMP_PREFIX = "pytest-of-"

@@ -1,7 +1,8 @@
 """The Python client for trainhouse's REST API (what the CLI uses too).
 
 from trainhouse.client import Client
-c = Client()                       # TRAINHOUSE_URL or http://127.0.0.1:8470
+c = Client()                       # TRAINHOUSE_URL or http://127.0.0.1:8470; the token from
+                                   # TRAINHOUSE_TOKEN or `trainhouse login`
 job = c.submit("examples/digits/trainhouse.yaml", overrides=["hparams.epochs=2"])
 c.wait(job["id"])
 """
@@ -20,6 +21,7 @@ from typing import Any
 
 import httpx
 
+from trainhouse.credentials import find_token
 from trainhouse.errors import CheckpointError, ClientError, ServerUnreachable
 from trainhouse.sdk.transport import error_from, send
 from trainhouse.spec import JobSpec, load_spec
@@ -64,9 +66,13 @@ def current_user() -> str:
 
 
 class Client:
-    def __init__(self, url: str | None = None, *, timeout: float = 60.0) -> None:
+    def __init__(
+        self, url: str | None = None, *, token: str | None = None, timeout: float = 60.0
+    ) -> None:
         self.url = (url or default_url()).rstrip("/")
-        self._http = httpx.Client(base_url=f"{self.url}/api/v1", timeout=timeout)
+        self.token = token or find_token(self.url)
+        headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
+        self._http = httpx.Client(base_url=f"{self.url}/api/v1", timeout=timeout, headers=headers)
 
     def close(self) -> None:
         self._http.close()
@@ -361,6 +367,62 @@ class Client:
 
     def clear_quota(self, owner: str) -> None:
         self._request("DELETE", f"/quotas/{owner}")
+
+    # -- accounts --------------------------------------------------------------------------
+    def whoami(self) -> dict[str, Any]:
+        result: dict[str, Any] = self._json("GET", "/whoami")
+        return result
+
+    def users(self) -> list[dict[str, Any]]:
+        result: list[dict[str, Any]] = self._json("GET", "/users")["users"]
+        return result
+
+    def add_user(self, name: str, role: str = "member") -> dict[str, Any]:
+        result: dict[str, Any] = self._json("POST", "/users", json={"name": name, "role": role})
+        return result
+
+    def update_user(
+        self, name: str, *, role: str | None = None, disabled: bool | None = None
+    ) -> dict[str, Any]:
+        body = {k: v for k, v in {"role": role, "disabled": disabled}.items() if v is not None}
+        result: dict[str, Any] = self._json("PATCH", f"/users/{name}", json=body)
+        return result
+
+    def tokens(self, *, user: str | None = None, all: bool = False) -> list[dict[str, Any]]:
+        params: dict[str, Any] = {"all": str(all).lower()}
+        if user:
+            params["user"] = user
+        result: list[dict[str, Any]] = self._json("GET", "/tokens", params=params)["tokens"]
+        return result
+
+    def create_token(
+        self, name: str = "default", *, user: str | None = None, expires_in: float | None = None
+    ) -> dict[str, Any]:
+        """A new token: ``{"token": {...}, "secret": "thu_..."}``; the secret is shown once."""
+        body: dict[str, Any] = {"name": name, "user": user, "expires_in": expires_in}
+        result: dict[str, Any] = self._json("POST", "/tokens", json=body)
+        return result
+
+    def revoke_token(self, token_id: int) -> dict[str, Any]:
+        result: dict[str, Any] = self._json("DELETE", f"/tokens/{token_id}")
+        return result
+
+    def audit(
+        self,
+        *,
+        limit: int = 100,
+        offset: int = 0,
+        actions: list[str] | None = None,
+        actor: str | None = None,
+        since: float | None = None,
+    ) -> dict[str, Any]:
+        params: dict[str, Any] = {"limit": limit, "offset": offset, "action": actions or []}
+        if actor:
+            params["actor"] = actor
+        if since is not None:
+            params["since"] = since
+        result: dict[str, Any] = self._json("GET", "/audit", params=params)
+        return result
 
     def wait(
         self, job_id: int, *, timeout: float | None = None, poll: float = 0.5

@@ -254,3 +254,185 @@ def test_resume_drops_steps_past_the_checkpoint_and_duplicates_in_a_batch(store:
     points = store.metrics(job_id)
     assert [p.step for p in points] == [0, 1, 2, 3, 4, 5]
     assert points[-1].value == 3.0
+
+
+# -- the schema check and `trainhouse db` ---------------------------------------------------
+# every test gets its own scratch PostgreSQL database (pg_url: created with a random name,
+# dropped at the end)
+
+
+def _stamp(store: Store, revision: str) -> None:
+    """Pretend a newer trainhouse migrated the database."""
+    import sqlalchemy as sa
+
+    with store.engine.begin() as conn:
+        conn.execute(sa.text("UPDATE alembic_version SET version_num = :r"), {"r": revision})
+
+
+def _db(*args: str) -> tuple[int, str]:
+    """``trainhouse db ARGS`` in-process: its exit code and everything it printed."""
+    from typer.testing import CliRunner
+
+    from trainhouse.cli.app import app
+
+    result = CliRunner().invoke(app, ["db", *args], env={"COLUMNS": "300"})
+    return result.exit_code, result.stdout + result.stderr
+
+
+def _report(out: str) -> dict[str, object]:
+    import json
+
+    report: dict[str, object] = json.loads(out)
+    return report
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def db_url(request: pytest.FixtureRequest, tmp_path: pytest.TempPathFactory) -> str:
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path}/th.db"  # type: ignore[operator]
+    url: str = request.getfixturevalue("pg_url")
+    return url
+
+
+def test_a_revision_this_trainhouse_does_not_know_is_refused(db_url: str) -> None:
+    store = Store(db_url)
+    head = store.schema_status().head
+    _stamp(store, "f00d")
+    status = store.schema_status()
+    assert (status.revision, status.known, status.needs_upgrade) == ("f00d", False, False)
+    with pytest.raises(StoreError, match="does not know"):
+        store.upgrade()  # `trainhouse db upgrade` cannot help: this code has no way down
+    store.close()
+    message = (
+        f"database schema is at revision f00d, which this trainhouse (head {head}) does not "
+        "know; it was migrated by a newer trainhouse: upgrade trainhouse, or point --db at "
+        "another database"
+    )
+    for migrate in (True, "always", "auto"):
+        with pytest.raises(StoreError) as err:
+            Store(db_url, migrate=migrate)  # type: ignore[arg-type]
+        assert str(err.value) == message
+    Store(db_url, migrate="never").close()  # the caller asked for no check
+
+    code, out = _db("upgrade", "--db", db_url)
+    assert code == 1 and "does not know" in out and "Traceback" not in out
+    code, out = _db("current", "--db", db_url, "--json")
+    assert code == 0, out
+    assert _report(out) == {
+        "database": db_url,
+        "revision": "f00d",
+        "head": head,
+        "known": False,
+        "needs_upgrade": False,
+    }
+
+
+def test_postgresql_is_never_migrated_by_the_server_only_by_db_upgrade(pg_url: str) -> None:
+    import sqlalchemy as sa
+
+    with pytest.raises(StoreError) as err:
+        Store(pg_url, migrate="auto")  # an empty database
+    head = Store(pg_url, migrate="never").schema_status().head
+    assert str(err.value) == (
+        f"database at revision none (no trainhouse schema yet) needs upgrading to {head}: "
+        f"run `trainhouse db upgrade --db {pg_url}`"
+    )
+    old = Store(pg_url, migrate=False)
+    old.upgrade("0004")
+    job_id = new_job(old)
+    old.close()
+    with pytest.raises(StoreError, match=f"at revision 0004 needs upgrading to {head}: run `tr"):
+        Store(pg_url, migrate="auto")
+    check = Store(pg_url, migrate="never")
+    assert check.schema_status().revision == "0004"  # refusing changed nothing
+    with check.engine.connect() as conn:
+        assert conn.execute(sa.text("SELECT count(*) FROM jobs")).scalar() == 1
+    check.close()
+
+    code, out = _db("current", "--db", pg_url)
+    assert code == 0, out
+    lines = out.splitlines()
+    assert lines[:3] == [f"database {pg_url}", "revision 0004", f"head     {head}"]
+    assert lines[3] == f"status   needs an upgrade: run `trainhouse db upgrade --db {pg_url}`"
+
+    code, out = _db("upgrade", "--db", pg_url)
+    assert code == 0, out
+    assert out.strip() == f"upgraded {pg_url} from revision 0004 to {head}"
+    code, out = _db("upgrade", "--db", pg_url)
+    assert code == 0 and out.strip() == f"{pg_url} is at revision {head}, already up to date"
+
+    store = Store(pg_url, migrate="auto")  # what the server opens: accepted now
+    try:
+        assert store.get_job(job_id).name == "j"
+        assert store.schema_status().up_to_date
+    finally:
+        store.close()
+    code, out = _db("current", "--db", pg_url, "--json")
+    assert _report(out) == {
+        "database": pg_url,
+        "revision": head,
+        "head": head,
+        "known": True,
+        "needs_upgrade": False,
+    }
+    assert "status   up to date" in _db("current", "--db", pg_url)[1]
+
+
+def test_the_embedded_sqlite_upgrades_itself(tmp_path: pytest.TempPathFactory) -> None:
+    url = f"sqlite:///{tmp_path}/th.db"  # type: ignore[operator]
+    old = Store(url, migrate=False)
+    old.upgrade("0004")
+    old.close()
+    store = Store(url, migrate="auto")
+    try:
+        status = store.schema_status()
+        assert status.up_to_date and status.revision == status.head
+    finally:
+        store.close()
+
+
+def test_db_current_and_upgrade_default_to_the_servers_sqlite(
+    tmp_path: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    home = tmp_path / "home"  # type: ignore[operator]
+    monkeypatch.setenv("TRAINHOUSE_HOME", str(home))
+    code, out = _db("current", "--json")
+    assert code == 0, out
+    report = _report(out)
+    assert report["database"] == f"sqlite:///{home / 'trainhouse.db'}"
+    assert report["revision"] is None and report["needs_upgrade"] is True
+    assert not home.exists()  # asking creates nothing
+    code, out = _db("upgrade")
+    assert code == 0 and "from revision none (empty)" in out, out
+    other = tmp_path / "other"  # type: ignore[operator]
+    assert _db("upgrade", "--home", str(other))[0] == 0
+    assert _report(_db("current", "--home", str(other), "--json")[1])["needs_upgrade"] is False
+
+
+@pytest.mark.parametrize(
+    ("url", "says"),
+    [
+        ("not a url", "cannot open database 'not a url': Could not parse"),
+        ("nosuchdb://x/y", "cannot open database 'nosuchdb://x/y'"),
+        (
+            "postgresql+psycopg://postgres@127.0.0.1:1/x",
+            "cannot reach the database postgresql+psycopg://postgres@127.0.0.1:1/x: "
+            "connection failed",
+        ),
+        (
+            "postgresql+psycopg://postgres:secret@127.0.0.1:1/x",
+            "cannot reach the database postgresql+psycopg://postgres:***@127.0.0.1:1/x",
+        ),
+    ],
+)
+def test_db_commands_name_a_bad_or_unreachable_database(url: str, says: str) -> None:
+    for command in ("upgrade", "current"):
+        code, out = _db(command, "--db", url)
+        assert code == 1, out
+        assert out.startswith(f"error: {says}"), out
+        assert "Traceback" not in out and "secret" not in out
+
+
+def test_migrate_must_be_a_known_mode(tmp_path: pytest.TempPathFactory) -> None:
+    with pytest.raises(ValueError, match="migrate must be one of always, auto, never, got 'x'"):
+        Store(f"sqlite:///{tmp_path}/x.db", migrate="x")  # type: ignore[arg-type]

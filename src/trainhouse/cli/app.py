@@ -56,11 +56,13 @@ def result_code(job: dict[str, Any]) -> int:
 
 
 # -- server ----------------------------------------------------------------------------------
+from trainhouse.cli import accounts as _accounts  # noqa: E402  (login, admin user/token/audit)
 from trainhouse.cli import scheduler as _scheduler  # noqa: E402
 from trainhouse.cli import server as _server  # noqa: E402  (registers server and demo)
 
 _server.register(app)
 _scheduler.register(app)
+_accounts.register(app)
 
 
 # -- spec ------------------------------------------------------------------------------------
@@ -523,6 +525,8 @@ def _download(job_id: int, step_text: str, dest: Path, url: str | None, as_json:
         console.print(f"downloaded to {path} (sha256 verified)", highlight=False)
 
 
+from trainhouse.cli import db as _db  # noqa: E402  (registers db upgrade / db current)
 from trainhouse.cli import top as _top  # noqa: E402  (registers top)
 
+_db.register(app)
 _top.register(app)

@@ -12,7 +12,9 @@ from trainhouse.client import Client
 from trainhouse.spec import PRIORITY_TIERS
 
 admin = typer.Typer(
-    help="Administration: per-user quotas and fair-share weights.", no_args_is_help=True
+    help="Administration: the first admin (init), users, API tokens, the audit log, and "
+    "per-user quotas and fair-share weights.",
+    no_args_is_help=True,
 )
 quota = typer.Typer(
     help="Per-user caps on concurrent GPUs and CPU cores, and fair-share weights.",

@@ -30,6 +30,16 @@ def port_free(host: str, port: int) -> bool:
     return True
 
 
+def check_database(settings: Settings) -> None:
+    """Refuse a database whose schema this trainhouse cannot serve with a message, not a
+    traceback from the app's startup. The embedded SQLite is brought up to date here; any
+    other database must already be (an operator runs ``trainhouse db upgrade``)."""
+    from trainhouse.store.store import Store
+
+    settings.home.mkdir(parents=True, exist_ok=True)
+    Store(settings.database_url, migrate="auto").close()
+
+
 def serve(settings: Settings, *, log_level: str = "info") -> None:
     import uvicorn
 
@@ -40,6 +50,7 @@ def serve(settings: Settings, *, log_level: str = "info") -> None:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     logging.getLogger("alembic").setLevel(logging.WARNING)
+    check_database(settings)
     uvicorn.run(
         create_app(settings),
         host=settings.host,
@@ -56,7 +67,12 @@ def register(app: typer.Typer) -> None:
         host: Annotated[str, typer.Option(help="Address to listen on")] = "127.0.0.1",
         port: Annotated[int, typer.Option(help="Port to listen on")] = DEFAULT_PORT,
         db: Annotated[
-            str | None, typer.Option(help="Database URL (default: SQLite under --home)")
+            str | None,
+            typer.Option(
+                envvar="TRAINHOUSE_DB",
+                help="Database URL (default: SQLite under --home); TRAINHOUSE_DB keeps a "
+                "password off the command line, and jobs never see TRAINHOUSE_* variables",
+            ),
         ] = None,
         home: Annotated[
             Path | None,
@@ -153,9 +169,36 @@ def register(app: typer.Typer) -> None:
         monitor_retention: Annotated[
             str, typer.Option(help="How long resource samples are kept (e.g. 7d, 12h)")
         ] = "7d",
+        auth: Annotated[
+            bool,
+            typer.Option(
+                "--auth",
+                help="Check tokens even on 127.0.0.1 (on any other address they always are)",
+            ),
+        ] = False,
+        insecure_no_auth: Annotated[
+            bool,
+            typer.Option(
+                "--insecure-no-auth",
+                help="Check no tokens on a non-loopback address: only behind something else "
+                "that authenticates every request",
+            ),
+        ] = False,
+        job_visibility: Annotated[
+            str,
+            typer.Option(
+                help="What non-admins see of others' jobs: own (nothing), list (the job list "
+                "and queue), all (everything, read-only)"
+            ),
+        ] = "own",
         log_level: Annotated[str, typer.Option(help="debug, info, warning")] = "info",
     ) -> None:
         """Run the trainhouse server in the foreground."""
+        if job_visibility not in ("own", "list", "all"):
+            render.fail(
+                f"--job-visibility must be own, list or all; got {job_visibility!r}",
+                render.EXIT_BAD_INPUT,
+            )
         if executor not in ("local", "ray"):
             render.fail(
                 f"--executor must be 'local' or 'ray', got {executor!r}", render.EXIT_BAD_INPUT
@@ -222,7 +265,20 @@ def register(app: typer.Typer) -> None:
             ray_node_dir=ray_node_dir,
             shared_home=shared_home,
             advertise_url=advertise_url,
+            auth=True if auth else None,
+            insecure_no_auth=insecure_no_auth,
+            job_visibility=job_visibility,  # type: ignore[arg-type]
         )
+        try:
+            settings.check_auth()
+        except ValueError as exc:
+            render.fail(str(exc), render.EXIT_BAD_INPUT)
+        if insecure_no_auth:
+            render.err_console.print(
+                f"[bold yellow]warning:[/] auth is off on {host}: anyone who reaches "
+                f"{settings.url} can run code on this machine",
+                highlight=False,
+            )
         with errors():
             serve(settings, log_level=log_level)
 

@@ -8,10 +8,8 @@ API handlers only write requests into the store and :meth:`SchedulerLoop.wake` i
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import logging
-import secrets
 import shutil
 import threading
 import time
@@ -39,6 +37,7 @@ from trainhouse.scheduler.resources import Demand, Placement
 from trainhouse.spec import JobSpec
 from trainhouse.storage import open_storage
 from trainhouse.store import BlobStore, Job, Store
+from trainhouse.store.accounts import hash_token, job_token
 from trainhouse.store.jobfiles import JobFiles
 from trainhouse.store.spool import ingest_spool
 from trainhouse.workdir import extract
@@ -57,10 +56,6 @@ class SchedulerConfig:
     default_quota: Quota = field(default_factory=Quota)
     preemption: bool = True
     max_infra_restarts: int = 20  # restarts after infrastructure failures, per job
-
-
-def hash_token(token: str) -> str:
-    return hashlib.sha256(token.encode()).hexdigest()
 
 
 class SchedulerLoop:
@@ -460,7 +455,7 @@ class SchedulerLoop:
         log.info("job %s: %s (grace %.0f s)", job_id, reason, grace)
 
     def _start(self, job: Job, placements: tuple[Placement, ...]) -> bool:
-        token = secrets.token_urlsafe(32)
+        token = job_token(job.id)
         placement = {"nodes": [p.to_dict() for p in placements]}
         try:
             job, attempt = self.store.start_attempt(
@@ -485,6 +480,9 @@ class SchedulerLoop:
                 "TRAINHOUSE_JOB_NAME": job.name,
                 "TRAINHOUSE_ATTEMPT": str(attempt.number),
                 "TRAINHOUSE_JOB_TOKEN": token,
+                # the ambient identity inside a job is the job: a Client() made by the script
+                # acts with the job's credential, which reaches this job only
+                "TRAINHOUSE_TOKEN": token,
                 "TRAINHOUSE_HPARAMS": json.dumps(spec.hparams),
                 # a URL (s3://..., file://...) or a local directory
                 "TRAINHOUSE_CHECKPOINT_URL"

@@ -9,6 +9,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from sqlalchemy.exc import DataError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from trainhouse._version import __version__
@@ -18,14 +19,18 @@ from trainhouse.executors.inventory import local_node
 from trainhouse.executors.local import LocalExecutor
 from trainhouse.scheduler.loop import SchedulerConfig, SchedulerLoop
 from trainhouse.scheduler.policy import Quota
+from trainhouse.server import limits
+from trainhouse.server.auth import Authenticator
 from trainhouse.server.checkpoints import Checkpoints
 from trainhouse.server.deps import Services
 from trainhouse.server.housekeeping import Housekeeper
 from trainhouse.server.monitor import Sampler
-from trainhouse.server.routes import jobs, logs, queue, report, system, ui
+from trainhouse.server.routes import accounts, jobs, logs, queue, report, system, ui
+from trainhouse.server.schemas import NO_NUL
 from trainhouse.server.settings import Settings
 from trainhouse.server.telemetry import Telemetry
 from trainhouse.store import BlobStore, Store
+from trainhouse.store.accounts import Accounts
 from trainhouse.store.system import SystemMetrics
 
 log = logging.getLogger(__name__)
@@ -38,8 +43,17 @@ def error(status: int, code: str, message: str) -> JSONResponse:
 def _validation_message(exc: RequestValidationError) -> str:
     parts = []
     for err in exc.errors():
-        loc = ".".join(str(p) for p in err.get("loc", ()) if p not in ("body", "query", "path"))
-        parts.append(f"{loc or 'request'}: {err.get('msg', 'invalid')}")
+        where = list(err.get("loc", ()))
+        if where and where[0] in ("body", "query", "path"):
+            where = where[1:]  # where it came from, not a field (a field may be named "path")
+        loc = ".".join(str(p) for p in where)
+        msg = err.get("msg", "invalid")
+        if (
+            err.get("type") == "string_pattern_mismatch"
+            and err.get("ctx", {}).get("pattern") == NO_NUL
+        ):
+            msg = "must not contain a NUL character"
+        parts.append(f"{loc or 'request'}: {msg}")
     return "; ".join(parts)
 
 
@@ -70,7 +84,7 @@ def make_executor(settings: Settings) -> tuple[Executor, str]:
 def build_services(settings: Settings) -> Services:
     settings.home.mkdir(parents=True, exist_ok=True)
     executor, node = make_executor(settings)
-    store = Store(settings.database_url)
+    store = Store(settings.database_url, migrate="auto")  # PostgreSQL: `db upgrade` first
     blobs = BlobStore(settings.home / "blobs")
     checkpoints = Checkpoints(store, settings.home, settings.checkpoint_url)
     loop = SchedulerLoop(
@@ -102,7 +116,29 @@ def build_services(settings: Settings) -> Services:
         store, system_metrics, executor, stale_after=max(3 * settings.monitor_interval, 15.0)
     )
     loop.decision_observer = telemetry.decision_seconds.observe
-    return Services(settings, store, blobs, loop, checkpoints, system_metrics, monitor, telemetry)
+    accounts = Accounts(store)
+    auth = Authenticator(
+        accounts,
+        enabled=settings.auth_enabled,
+        limit=settings.auth_failures,
+        window=settings.auth_window,
+    )
+    if auth.enabled and not accounts.has_admin():
+        log.warning(
+            "auth is on and there is no admin yet: run `trainhouse admin init` on this machine"
+        )
+    return Services(
+        settings,
+        store,
+        blobs,
+        loop,
+        checkpoints,
+        system_metrics,
+        monitor,
+        telemetry,
+        accounts,
+        auth,
+    )
 
 
 def create_app(settings: Settings) -> FastAPI:
@@ -145,16 +181,30 @@ def create_app(settings: Settings) -> FastAPI:
         code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
         return error(exc.status_code, code, str(exc.detail))
 
+    @app.exception_handler(DataError)
+    async def _unstorable(_request: Request, exc: DataError) -> JSONResponse:
+        # the database refused a value the request carried (too long, out of range, a NUL
+        # character) that validation let through: the caller's, but the SQL stays in the log
+        log.error("the database refused a value from a request: %s", exc)
+        return error(
+            422,
+            "invalid_value",
+            "a value in the request cannot be stored (too long, out of range, or holding a "
+            "NUL character)",
+        )
+
     @app.exception_handler(Exception)
     async def _internal_error(_request: Request, exc: Exception) -> JSONResponse:
         log.exception("internal error")
         return error(500, "internal", "internal server error; see the server log")
 
     app.include_router(system.router, prefix="/api/v1")
+    app.include_router(accounts.router, prefix="/api/v1")
     app.include_router(queue.router, prefix="/api/v1")  # before jobs: /jobs/dry-run
     app.include_router(logs.router, prefix="/api/v1")  # before jobs: /logs/stream
     app.include_router(jobs.router, prefix="/api/v1")
     app.include_router(report.router, prefix="/api/v1")
     app.include_router(system.exposition)  # GET /metrics (Prometheus)
     app.include_router(ui.router)  # the dashboard: / and /static/...
+    limits.install(app, settings.max_upload_bytes)  # request bodies past a route's limit: 413
     return app

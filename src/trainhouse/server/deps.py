@@ -4,18 +4,24 @@ from __future__ import annotations
 
 import hmac
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from fastapi import Depends, Header, Request
 
 from trainhouse.errors import TrainhouseError
-from trainhouse.scheduler.loop import SchedulerLoop, hash_token
+from trainhouse.scheduler.loop import SchedulerLoop
 from trainhouse.server.checkpoints import Checkpoints
 from trainhouse.server.monitor import Sampler
+from trainhouse.server.schemas import RowId
 from trainhouse.server.settings import Settings
 from trainhouse.server.telemetry import Telemetry
 from trainhouse.store import BlobStore, Job, Store
+from trainhouse.store.accounts import Accounts, hash_token
 from trainhouse.store.jobfiles import JobFiles
 from trainhouse.store.system import SystemMetrics
+
+if TYPE_CHECKING:
+    from trainhouse.server.auth import Authenticator
 
 
 class Unauthorized(TrainhouseError):
@@ -33,6 +39,8 @@ class Services:
     system: SystemMetrics  # resource samples
     monitor: Sampler
     telemetry: Telemetry  # /metrics
+    accounts: Accounts  # users, tokens, audit log
+    auth: Authenticator  # tokens -> principals (trainhouse.server.auth)
 
     def files(self, job_id: int) -> JobFiles:
         return JobFiles(self.settings.home, job_id)
@@ -56,7 +64,7 @@ AuthHeader = Header(None, alias="Authorization", include_in_schema=False)
 
 
 def reporting_job(
-    job_id: int, authorization: str | None = AuthHeader, svc: Services = Depends(services)
+    job_id: RowId, authorization: str | None = AuthHeader, svc: Services = Depends(services)
 ) -> Job:
     """The job a request reports for, once its per-attempt credential checks out."""
     job = svc.store.get_job(job_id)

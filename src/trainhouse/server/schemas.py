@@ -4,7 +4,22 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
+from fastapi import Path
 from pydantic import BaseModel, Field
+
+INT64 = 2**63 - 1
+INT32 = 2**31 - 1  # an INTEGER column: an attempt number, a quota cap
+
+#: A row id in a URL path (``/jobs/{job_id}``, ``/tokens/{token_id}``): the database's 64-bit
+#: integer range. No row has an id outside it, and PostgreSQL refuses to even compare one with
+#: a BIGINT column (an error, not "no such row"), so the request is refused before it gets there.
+RowId = Annotated[int, Path(ge=-INT64 - 1, le=INT64)]
+
+#: Text that reaches the database (a name, an owner, a filter): PostgreSQL stores no NUL
+#: character and refuses a query that holds one, so a request with one is refused up front.
+NO_NUL = r"^[^\x00]*$"
+#: An item of a repeatable query parameter under that rule (``?action=a&action=b``).
+NulFree = Annotated[str, Field(pattern=NO_NUL)]
 
 
 class ErrorBody(BaseModel):
@@ -141,20 +156,19 @@ class CheckpointFilesOut(BaseModel):
 
 
 class CheckpointIn(BaseModel):
-    attempt: int = Field(ge=1)
-    step: int = Field(ge=0)
-    path: str = Field(min_length=1, max_length=1024)
-    size: int = Field(ge=0)
+    attempt: int = Field(ge=1, le=INT32)
+    step: int = Field(ge=0, le=INT64)
+    path: str = Field(min_length=1, max_length=1024, pattern=NO_NUL)
+    size: int = Field(ge=0, le=INT64)
     sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
     metrics: dict[str, float | None] = Field(default_factory=dict)
     kind: Literal["file", "sharded"] = "file"
 
 
 class CorruptIn(BaseModel):
-    reason: str = Field(min_length=1, max_length=2000)
+    reason: str = Field(min_length=1, max_length=2000, pattern=NO_NUL)
 
 
-INT64 = 2**63 - 1
 Step = Annotated[int, Field(ge=0, le=INT64)]
 MetricName = Annotated[str, Field(min_length=1, max_length=256)]
 Rank = Annotated[int, Field(ge=0, le=1_000_000)]
@@ -167,8 +181,8 @@ class ReportIn(BaseModel):
     The wire format, published here; the route checks it by hand, column by column
     (``trainhouse.store.metrics.parse_report``), with the same rules."""
 
-    batch_id: str = Field(min_length=1, max_length=64)
-    attempt: int = Field(ge=1)
+    batch_id: str = Field(min_length=1, max_length=64, pattern=NO_NUL)
+    attempt: int = Field(ge=1, le=INT32)
     points: list[MetricTuple] = Field(
         default_factory=list,
         max_length=200_000,
@@ -234,7 +248,8 @@ class NodesOut(BaseModel):
 class HealthOut(BaseModel):
     status: str
     version: str
-    home: str
+    home: str | None = Field(None, description="The server's state directory (auth off only)")
+    auth: bool = Field(False, description="Whether the server checks tokens")
 
 
 class SystemSeriesOut(BaseModel):

@@ -5,11 +5,14 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 from trainhouse.scheduler.fairshare import DEFAULT_HALF_LIFE
 from trainhouse.workdir import MAX_ARCHIVE_BYTES
 
 DEFAULT_PORT = 8470
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+Visibility = Literal["own", "list", "all"]
 
 
 def default_home() -> Path:
@@ -42,6 +45,34 @@ class Settings:
     ray_node_dir: str | None = None  # where the nodes unpack code and keep logs (node-local)
     shared_home: bool = False  # every node mounts HOME at the same path (shared checkpoints)
     advertise_url: str | None = None  # the URL ranks on other machines reach the server at
+    # auth: None = on unless the server listens on loopback only (--auth forces it on there);
+    # off on another address only with insecure_no_auth (--insecure-no-auth)
+    auth: bool | None = None
+    insecure_no_auth: bool = False
+    # what non-admins see of other users' jobs: "own" nothing, "list" the job list (names,
+    # owners, states), "all" everything read-only (logs, metrics, checkpoints)
+    job_visibility: Visibility = "own"
+    auth_failures: int = 10  # failed token uses per client address and window before 429
+    auth_window: float = 60.0  # seconds
+
+    @property
+    def auth_enabled(self) -> bool:
+        if self.insecure_no_auth:
+            return False
+        if self.auth is not None:
+            return self.auth
+        return self.host not in LOOPBACK
+
+    def check_auth(self) -> None:
+        """Refuse a server that would listen beyond this machine with nobody checked."""
+        if self.insecure_no_auth and self.auth:
+            raise ValueError("--auth and --insecure-no-auth contradict each other")
+        if self.auth is False and self.host not in LOOPBACK and not self.insecure_no_auth:
+            raise ValueError(
+                f"the server would listen on {self.host} with auth off; anyone who reaches "
+                "it could run code on this machine. Keep auth on, listen on 127.0.0.1, or "
+                "pass --insecure-no-auth if something in front of it authenticates users"
+            )
 
     @property
     def shared_checkpoints(self) -> bool:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import os
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO
 
@@ -19,8 +20,12 @@ class BlobStore:
     def path(self, digest: str) -> Path:
         return self.root / "sha256" / digest[:2] / digest
 
-    def put(self, stream: BinaryIO, max_bytes: int) -> tuple[str, int]:
-        """Store a stream durably; returns (sha256, size). Raises ValueError past max_bytes."""
+    def put(
+        self, stream: BinaryIO, max_bytes: int, check: Callable[[Path], None] | None = None
+    ) -> tuple[str, int]:
+        """Store a stream durably; returns (sha256, size). Raises ValueError past max_bytes.
+        ``check`` sees the written file before it is stored: whatever it raises leaves
+        nothing behind (a refused upload never fills the disk)."""
         hasher = hashlib.sha256()
         size = 0
         tmp_dir = self.root / "tmp"
@@ -37,6 +42,8 @@ class BlobStore:
                     out.write(chunk)
                 out.flush()
                 os.fsync(out.fileno())
+            if check is not None:
+                check(tmp)
             digest = hasher.hexdigest()
             final = self.path(digest)
             final.parent.mkdir(exist_ok=True)

@@ -7,15 +7,20 @@ can never both move a job out of the same state.
 
 from __future__ import annotations
 
+import re
+import shlex
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 from typing import Any, Literal, get_args
 
 from alembic import command
 from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
 from sqlalchemy import (
     Connection,
     Engine,
@@ -29,6 +34,7 @@ from sqlalchemy import (
     update,
 )
 from sqlalchemy.engine import RowMapping
+from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.sql.elements import ColumnElement
 
 from trainhouse.errors import InvalidTransition, NotFound, StoreError
@@ -42,6 +48,11 @@ from trainhouse.store.records import Attempt, Checkpoint, Event, Job, MetricPoin
 
 def default_db_url(home: Path) -> str:
     return f"sqlite:///{home / 'trainhouse.db'}"
+
+
+def _without_password(url: str) -> str:
+    """A database URL with its password hidden (as SQLAlchemy shows it), parsable or not."""
+    return re.sub(r"(://[^:/@]*):[^@/]*@", r"\1:***@", url)
 
 
 def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
@@ -93,10 +104,44 @@ def _job_filters(
     return where
 
 
+MigrateMode = Literal["always", "auto", "never"]
+MIGRATE_MODES: tuple[str, ...] = get_args(MigrateMode)
+
+
+@dataclass(frozen=True)
+class SchemaStatus:
+    """Where a database's schema stands against the migrations this trainhouse ships."""
+
+    revision: str | None  # the database's Alembic revision; None: no trainhouse schema yet
+    head: str  # the newest revision this trainhouse knows
+    known: bool  # whether this trainhouse knows the database's revision (None counts as known)
+
+    @property
+    def up_to_date(self) -> bool:
+        return self.revision == self.head
+
+    @property
+    def needs_upgrade(self) -> bool:
+        return self.known and not self.up_to_date
+
+
 class Store:
     """Everything trainhouse persists. Thread-safe: each method uses its own transaction."""
 
-    def __init__(self, url: str, *, migrate: bool = True) -> None:
+    def __init__(self, url: str, *, migrate: bool | MigrateMode = True) -> None:
+        """Open the database at ``url`` and bring its schema to this trainhouse's head.
+
+        ``migrate`` says what happens to a schema older than this code's: ``"always"`` (or
+        True) applies the missing migrations; ``"auto"`` applies them on SQLite (the embedded
+        default: a newcomer never runs a command) and refuses any other database (upgrading a
+        production database is the operator's explicit step, ``trainhouse db upgrade``);
+        ``"never"`` (or False) neither checks nor migrates (the caller handles the schema).
+        A revision this code does not know (a newer trainhouse migrated the database) is
+        refused in every mode but ``"never"``.
+        """
+        mode = "always" if migrate is True else "never" if migrate is False else migrate
+        if mode not in MIGRATE_MODES:
+            raise ValueError(f"migrate must be one of {', '.join(MIGRATE_MODES)}, got {mode!r}")
         self.url = url
         self.dialect = url.split(":", 1)[0].split("+", 1)[0]
         kwargs: dict[str, Any] = {}
@@ -104,14 +149,28 @@ class Store:
             kwargs["connect_args"] = {"check_same_thread": False, "timeout": 30}
         else:
             kwargs["pool_pre_ping"] = True
+            # request threads (up to 40 in the server's pool) each need a connection: with
+            # SQLAlchemy's default 5 + 10 they queued for one under load (bench/load.py)
+            kwargs["pool_size"] = 20
+            kwargs["max_overflow"] = 20
+            if self.dialect == "postgresql" and "connect_timeout" not in url:
+                kwargs["connect_args"] = {"connect_timeout": 10}  # an unreachable host fails
         try:
             self.engine: Engine = create_engine(url, **kwargs)
         except Exception as exc:  # bad URL, missing driver
-            raise StoreError(f"cannot open database {url!r}: {exc}") from None
+            shown = _without_password(url)
+            detail = str(exc).replace(url, shown)  # a bad URL is quoted whole
+            raise StoreError(f"cannot open database {shown!r}: {detail}") from None
+        #: the URL with its password hidden, for messages and logs
+        self.safe_url = self.engine.url.render_as_string(hide_password=True)
         if self.dialect == "sqlite":
             event.listen(self.engine, "connect", _sqlite_pragmas)
-        if migrate:
-            self.upgrade()
+        if mode != "never":
+            try:
+                self.prepare_schema(upgrade=mode == "always" or self.dialect == "sqlite")
+            except BaseException:
+                self.engine.dispose()
+                raise
 
     # -- schema ----------------------------------------------------------------------------
     def alembic_config(self) -> Config:
@@ -122,25 +181,84 @@ class Store:
         cfg.set_main_option("sqlalchemy.url", self.url.replace("%", "%%"))
         return cfg
 
+    @staticmethod
+    def _reason(exc: SQLAlchemyError) -> str:
+        """The driver's message on one line (psycopg's span several)."""
+        cause = getattr(exc, "orig", None) or exc
+        return " ".join(str(cause).split())
+
+    def schema_status(self) -> SchemaStatus:
+        """The database's Alembic revision against this code's head (reads, never writes)."""
+        script = ScriptDirectory.from_config(self.alembic_config())
+        known = {rev.revision for rev in script.walk_revisions()}
+        try:
+            with self.engine.connect() as conn:
+                current = MigrationContext.configure(conn).get_current_heads()
+        except SQLAlchemyError as exc:
+            raise StoreError(
+                f"cannot reach the database {self.safe_url}: {self._reason(exc)}"
+            ) from None
+        return SchemaStatus(
+            revision=",".join(current) or None,
+            head=",".join(script.get_heads()),
+            known=all(rev in known for rev in current),
+        )
+
+    def _refuse_unknown(self, status: SchemaStatus) -> None:
+        if not status.known:
+            raise StoreError(
+                f"database schema is at revision {status.revision}, which this trainhouse "
+                f"(head {status.head}) does not know; it was migrated by a newer trainhouse: "
+                "upgrade trainhouse, or point --db at another database"
+            )
+
+    def prepare_schema(self, *, upgrade: bool) -> SchemaStatus:
+        """Check the schema; migrate an older one to head if ``upgrade``, else refuse it."""
+        status = self.schema_status()
+        self._refuse_unknown(status)
+        if status.up_to_date:
+            return status
+        if not upgrade:
+            raise StoreError(
+                f"database at revision {status.revision or 'none (no trainhouse schema yet)'} "
+                f"needs upgrading to {status.head}: run "
+                f"`trainhouse db upgrade --db {shlex.quote(self.safe_url)}`"
+            )
+        self._migrate("head")
+        return SchemaStatus(revision=status.head, head=status.head, known=True)
+
     def upgrade(self, revision: str = "head") -> None:
-        """Apply every Alembic migration not yet applied (idempotent).
+        """Apply every Alembic migration not yet applied up to ``revision`` (idempotent).
+
+        Refuses a database at a revision this code does not know (a newer trainhouse's).
+        """
+        self._refuse_unknown(self.schema_status())
+        self._migrate(revision)
+
+    def _migrate(self, revision: str) -> None:
+        """Run Alembic's upgrade on one connection.
 
         On SQLite, foreign keys are off while migrations run: a table rebuilt by a batch
         migration must not cascade-delete the rows that point at it.
         """
         cfg = self.alembic_config()
-        with self.engine.connect() as conn:
-            if self.dialect == "sqlite":
-                conn.exec_driver_sql("PRAGMA foreign_keys=OFF")
-                conn.commit()
-            try:
-                with conn.begin():
-                    cfg.attributes["connection"] = conn
-                    command.upgrade(cfg, revision)
-            finally:
+        try:
+            with self.engine.connect() as conn:
                 if self.dialect == "sqlite":
-                    conn.exec_driver_sql("PRAGMA foreign_keys=ON")
+                    conn.exec_driver_sql("PRAGMA foreign_keys=OFF")
                     conn.commit()
+                try:
+                    with conn.begin():
+                        cfg.attributes["connection"] = conn
+                        command.upgrade(cfg, revision)
+                finally:
+                    if self.dialect == "sqlite":
+                        conn.exec_driver_sql("PRAGMA foreign_keys=ON")
+                        conn.commit()
+        except SQLAlchemyError as exc:
+            raise StoreError(
+                f"cannot upgrade the database {self.safe_url} to {revision}: {self._reason(exc)}"
+            ) from None
 
     def close(self) -> None:
         self.engine.dispose()
@@ -283,6 +401,9 @@ class Store:
                 values["reason"] = reason
             if new.terminal:
                 values.setdefault("ended_at", now)
+            if current is JobState.RUNNING:
+                # the attempt's credential dies with the attempt (a new one comes with the next)
+                values.setdefault("token_hash", None)
             result = conn.execute(
                 update(t.jobs)
                 .where(t.jobs.c.id == job_id, t.jobs.c.state == current)

@@ -197,3 +197,45 @@ system_metrics = Table(
     Index("ix_system_metrics_job_id_name_at", "job_id", "name", "at"),
     Index("ix_system_metrics_at", "at"),  # retention deletes by age
 )
+
+# -- accounts (trainhouse.store.accounts) ---------------------------------------------------
+# people who use a server with auth on; a job's owner is the name of the user who submitted it
+users = Table(
+    "users",
+    metadata,
+    Column("id", _Id, primary_key=True, autoincrement=True),
+    Column("name", String(64), nullable=False, unique=True),
+    Column("role", String(16), nullable=False),  # admin | member | viewer
+    Column("created_at", Float, nullable=False),
+    Column("disabled_at", Float),  # a disabled user's tokens stop working
+)
+
+# API tokens: only the sha256 of the secret is kept; "prefix" is the secret's first characters,
+# shown in listings so a person can tell their tokens apart
+api_tokens = Table(
+    "api_tokens",
+    metadata,
+    Column("id", _Id, primary_key=True, autoincrement=True),
+    Column("user_id", _Id, ForeignKey("users.id", ondelete="CASCADE"), nullable=False, index=True),
+    Column("name", String(64), nullable=False),
+    Column("hash", String(64), nullable=False, unique=True),
+    Column("prefix", String(16), nullable=False),
+    Column("created_at", Float, nullable=False),
+    Column("expires_at", Float),  # NULL: never
+    Column("revoked_at", Float),
+    Column("last_used_at", Float),
+)
+
+# who did what: admin actions, cancellations, token use failures (trainhouse admin audit)
+audit_log = Table(
+    "audit_log",
+    metadata,
+    Column("id", _Id, primary_key=True, autoincrement=True),
+    Column("at", Float, nullable=False, index=True),
+    Column("actor", String(128), nullable=False),  # a user's name, job:<id>, or "-" (unknown)
+    Column("action", String(64), nullable=False, index=True),
+    Column("target", String(256)),
+    Column("ok", Boolean, nullable=False),
+    Column("detail", JSON),
+    Column("client", String(64)),  # the caller's address
+)

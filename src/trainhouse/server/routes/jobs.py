@@ -4,17 +4,28 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import asdict
+from pathlib import Path
 from typing import Annotated, Literal
 
 import orjson
-from fastapi import APIRouter, Depends, File, Form, Query, UploadFile
+from fastapi import APIRouter, Depends, File, Form, Query, Request, UploadFile
 from fastapi.responses import PlainTextResponse, Response, StreamingResponse
 
 from trainhouse.errors import ArchiveError, NotFound, ResourceError, StoreError
 from trainhouse.scheduler.lifecycle import JobState
 from trainhouse.scheduler.resources import never_fits
+from trainhouse.server.auth import (
+    Forbidden,
+    Principal,
+    audit,
+    readable_job,
+    signed_in,
+    writable_job,
+    writer,
+)
 from trainhouse.server.deps import Services, services
 from trainhouse.server.schemas import (
+    NO_NUL,
     AttemptOut,
     CheckpointFileOut,
     CheckpointFilesOut,
@@ -26,10 +37,11 @@ from trainhouse.server.schemas import (
     JobOut,
     LogRanksOut,
     MetricsOut,
+    RowId,
     SeriesInfoOut,
     SeriesListOut,
 )
-from trainhouse.spec import JobSpec, parse_spec
+from trainhouse.spec import PRIORITY_TIERS, JobSpec, parse_spec
 from trainhouse.store import Job
 from trainhouse.store.metrics import INT64, MAX_NAME, MAX_RANK, InvalidMetrics
 from trainhouse.store.series import MIN_DOWNSAMPLED
@@ -44,10 +56,15 @@ class UploadTooLarge(ArchiveError):
     code = "too_large"
 
 
-def job_out(job: Job, svc: Services | None = None) -> JobOut:
+def job_out(job: Job, svc: Services | None = None, *, summary_only: bool = False) -> JobOut:
+    """A job as the API shows it; ``summary_only`` (someone else's job in a shared list)
+    leaves out its spec (hparams, env), placement and metrics: name, owner, state, times."""
     data = job.public()
     if svc is not None and job.state is JobState.QUEUED:
         data["reason"] = svc.scheduler.waiting.get(job.id, job.reason)  # the live reason
+    if summary_only:
+        res = (job.spec or {}).get("resources")
+        data.update(spec={"resources": res} if res else {}, placement=None, latest_metrics={})
     return JobOut(**data)
 
 
@@ -72,33 +89,59 @@ def schedulable_spec(text: str, svc: Services) -> JobSpec:
     return job_spec
 
 
+def check_priority(p: Principal, priority: str) -> None:
+    """Only admins raise a job above ``normal`` (with auth off, everyone is an admin)."""
+    if not p.is_admin and PRIORITY_TIERS.index(priority) > PRIORITY_TIERS.index("normal"):
+        raise Forbidden(
+            f"priority {priority!r} is above 'normal': only admins may set it "
+            f"(user {p.name!r} is a {p.role})"
+        )
+
+
+def owner_of(p: Principal, claimed: str) -> str:
+    """Who owns what ``p`` submits: the token's user; with auth off, the name sent."""
+    return p.name if p.authenticated else (claimed or "anonymous")
+
+
 @router.post("/jobs", response_model=JobOut, status_code=201)
 def submit(
     spec: Annotated[str, Form(description="The job spec as YAML or JSON")],
     workdir: Annotated[UploadFile, File(description="The workdir as a .tar.gz archive")],
-    owner: Annotated[str, Form(max_length=128)] = "anonymous",
+    owner: Annotated[
+        str,
+        Form(
+            max_length=128,
+            pattern=NO_NUL,
+            description="Ignored when auth is on: the token's user owns it",
+        ),
+    ] = "anonymous",
+    p: Principal = Depends(writer),
     svc: Services = Depends(services),
 ) -> JobOut:
     job_spec = schedulable_spec(spec, svc)
+    check_priority(p, job_spec.priority)
+    script = job_spec.script_path()
+
+    def validate(archive: Path) -> None:
+        names = list_members(archive)
+        if script is not None:
+            wanted = script.removeprefix("./")
+            if wanted not in names:
+                shown = ", ".join(sorted(names)[:10]) or "no files"
+                raise ArchiveError(
+                    f"entrypoint file {wanted!r} is not in the uploaded workdir "
+                    f"(it holds {len(names)} files: {shown})"
+                )
+
     try:
-        digest, _size = svc.blobs.put(workdir.file, svc.settings.max_upload_bytes)
+        digest, _size = svc.blobs.put(workdir.file, svc.settings.max_upload_bytes, validate)
     except ValueError:
         raise UploadTooLarge(
             f"workdir archive is larger than {human_size(svc.settings.max_upload_bytes)}"
         ) from None
-    names = list_members(svc.blobs.path(digest))
-    script = job_spec.script_path()
-    if script is not None:
-        wanted = script.removeprefix("./")
-        if wanted not in names:
-            shown = ", ".join(sorted(names)[:10]) or "no files"
-            raise ArchiveError(
-                f"entrypoint file {wanted!r} is not in the uploaded workdir "
-                f"(it holds {len(names)} files: {shown})"
-            )
     job = svc.store.create_job(
         name=job_spec.name,
-        owner=owner or "anonymous",
+        owner=owner_of(p, owner),
         priority=job_spec.priority,
         spec=job_spec.model_dump(mode="json"),
         archive_sha256=digest,
@@ -112,16 +155,27 @@ def list_jobs(
     all: bool = Query(False, description="Include ended jobs"),
     state: list[JobState] | None = Query(None),
     limit: int = Query(1000, ge=1, le=10000),
-    offset: int = Query(0, ge=0, description="Skip this many jobs (pagination)"),
-    owner: str | None = Query(None, max_length=128, description="Only this owner's jobs"),
+    offset: int = Query(0, ge=0, le=INT64, description="Skip this many jobs (pagination)"),
+    owner: str | None = Query(
+        None, max_length=128, pattern=NO_NUL, description="Only this owner's jobs"
+    ),
     name: str | None = Query(
-        None, max_length=128, description="Only jobs whose name contains this (any case)"
+        None,
+        max_length=128,
+        pattern=NO_NUL,
+        description="Only jobs whose name contains this (any case)",
     ),
     sort: JobSort = Query("id", description="The column to order by; ties by id"),
     order: Literal["asc", "desc"] = Query("desc"),
+    p: Principal = Depends(signed_in),
     svc: Services = Depends(services),
 ) -> JobListOut:
-    """A page of jobs (by default the unfinished ones, newest first) and how many match."""
+    """A page of jobs (by default the unfinished ones, newest first) and how many match.
+    Without the right to see every job (``--job-visibility``), only the caller's own."""
+    if not p.sees_every_job(svc.settings.job_visibility):
+        if owner is not None and owner != p.name:
+            raise Forbidden(f"{p.name!r} may list only their own jobs, not {owner!r}'s")
+        owner = p.name
     states: list[JobState] | None = state
     if states is None and not all:
         states = [s for s in JobState if not s.terminal]
@@ -133,12 +187,16 @@ def list_jobs(
         if len(page) < limit and (page or offset == 0)
         else svc.store.count_jobs(states=states, owner=owner, name=name)
     )
-    return JobListOut(jobs=[job_out(j, svc) for j in page], total=total)
+    visibility = svc.settings.job_visibility
+    return JobListOut(
+        jobs=[job_out(j, svc, summary_only=not p.may_read(j, visibility)) for j in page],
+        total=total,
+    )
 
 
 @router.get("/jobs/{job_id}", response_model=JobDetailOut)
-def show(job_id: int, svc: Services = Depends(services)) -> JobDetailOut:
-    job = svc.store.get_job(job_id)
+def show(job: Job = Depends(readable_job), svc: Services = Depends(services)) -> JobDetailOut:
+    job_id = job.id
     files = svc.files(job_id)
     return JobDetailOut(
         **job_out(job, svc).model_dump(),
@@ -154,11 +212,17 @@ def show(job_id: int, svc: Services = Depends(services)) -> JobDetailOut:
 
 
 @router.post("/jobs/{job_id}/cancel", response_model=JobOut)
-def cancel(job_id: int, svc: Services = Depends(services)) -> JobOut:
-    job = svc.store.get_job(job_id)
+def cancel(
+    request: Request,
+    job: Job = Depends(writable_job),
+    p: Principal = Depends(writer),
+    svc: Services = Depends(services),
+) -> JobOut:
+    job_id = job.id
     if job.state.terminal:
         raise StoreError(f"job {job_id} has already ended ({job.state}); nothing to cancel")
     svc.store.request_cancel(job_id)
+    audit(svc, request, p, "job.cancel", f"job:{job_id}", owner=job.owner, name=job.name)
     # a queued job ends here; in any other state the scheduler loop ends it (and if it
     # started meanwhile, the compare-and-set refuses and the loop stops its processes)
     with contextlib.suppress(StoreError):
@@ -171,8 +235,10 @@ def cancel(job_id: int, svc: Services = Depends(services)) -> JobOut:
 
 @router.get("/jobs/{job_id}/metrics", response_model=MetricsOut)
 def metrics(
-    job_id: int,
-    name: str | None = Query(None, max_length=MAX_NAME, description="Only this metric"),
+    job: Job = Depends(readable_job),
+    name: str | None = Query(
+        None, max_length=MAX_NAME, pattern=NO_NUL, description="Only this metric"
+    ),
     rank: int | None = Query(
         None, ge=0, le=MAX_RANK, description="A rank's own values (all_ranks=True)"
     ),
@@ -191,7 +257,7 @@ def metrics(
     svc: Services = Depends(services),
 ) -> Response:
     """The job's series, ordered by name then rank, each with its points by step."""
-    svc.store.get_job(job_id)
+    job_id = job.id
     if 0 < max_points < MIN_DOWNSAMPLED:
         raise InvalidMetrics(
             f"max_points must be 0 (every point) or at least {MIN_DOWNSAMPLED}, got {max_points}"
@@ -218,38 +284,36 @@ def metrics(
 
 @router.get("/jobs/{job_id}/metrics/names", response_model=SeriesListOut)
 def metric_names(
-    job_id: int,
+    job: Job = Depends(readable_job),
     all_ranks: bool = Query(True, description="Per-rank series too (all_ranks=True)"),
     svc: Services = Depends(services),
 ) -> SeriesListOut:
     """The job's series (name, rank) with their point counts and last steps, no points."""
-    svc.store.get_job(job_id)
     return SeriesListOut(
-        job_id=job_id,
+        job_id=job.id,
         series=[
             SeriesInfoOut(name=i.name, rank=i.rank, points=i.points, last_step=i.last_step)
-            for i in svc.store.metric_series(job_id, all_ranks=all_ranks)
+            for i in svc.store.metric_series(job.id, all_ranks=all_ranks)
         ],
     )
 
 
 @router.get("/jobs/{job_id}/logs/ranks", response_model=LogRanksOut)
-def log_ranks(job_id: int, svc: Services = Depends(services)) -> LogRanksOut:
-    svc.store.get_job(job_id)
-    files = svc.files(job_id)
-    return LogRanksOut(job_id=job_id, ranks=files.ranks(), launcher=files.log("launcher").is_file())
+def log_ranks(job: Job = Depends(readable_job), svc: Services = Depends(services)) -> LogRanksOut:
+    files = svc.files(job.id)
+    return LogRanksOut(job_id=job.id, ranks=files.ranks(), launcher=files.log("launcher").is_file())
 
 
 @router.get("/jobs/{job_id}/logs", response_class=PlainTextResponse)
 def logs(
-    job_id: int,
+    job: Job = Depends(readable_job),
     rank: str = Query("0", pattern=r"^(\d{1,6}|launcher)$", description="A rank or 'launcher'"),
     offset: int = Query(0, ge=0),
     tail: int | None = Query(None, ge=0, le=100_000),
     svc: Services = Depends(services),
 ) -> PlainTextResponse:
     """A rank's log as text; the ``X-Log-Offset`` header is where to continue reading."""
-    job = svc.store.get_job(job_id)
+    job_id = job.id
     res = job.spec.get("resources") or {}
     world = int(res.get("nodes", 1)) * int(res.get("procs_per_node") or 1)
     if rank != "launcher" and int(rank) >= world:
@@ -264,12 +328,12 @@ def logs(
 
 @router.get("/jobs/{job_id}/checkpoints", response_model=CheckpointListOut)
 def checkpoints(
-    job_id: int,
+    job: Job = Depends(readable_job),
     all: bool = Query(False, description="Include deleted and corrupt ones"),
     svc: Services = Depends(services),
 ) -> CheckpointListOut:
     """The job's checkpoints, oldest first; by default only those a restart may load."""
-    svc.store.get_job(job_id)
+    job_id = job.id
     found = svc.store.checkpoints(job_id, include_deleted=all)
     return CheckpointListOut(
         job_id=job_id,
@@ -280,9 +344,10 @@ def checkpoints(
 
 @router.get("/jobs/{job_id}/checkpoints/{checkpoint_id}/files", response_model=CheckpointFilesOut)
 def checkpoint_files(
-    job_id: int, checkpoint_id: int, svc: Services = Depends(services)
+    checkpoint_id: RowId, job: Job = Depends(readable_job), svc: Services = Depends(services)
 ) -> CheckpointFilesOut:
     """What a download fetches: one file (name "") or a sharded checkpoint's files."""
+    job_id = job.id
     ckpt = svc.store.get_checkpoint(job_id, checkpoint_id)
     if ckpt.deleted:
         raise NotFound(f"checkpoint of step {ckpt.step} was deleted by the retention policy")
@@ -294,12 +359,13 @@ def checkpoint_files(
 
 @router.get("/jobs/{job_id}/checkpoints/{checkpoint_id}/content")
 def checkpoint_content(
-    job_id: int,
-    checkpoint_id: int,
+    checkpoint_id: RowId,
+    job: Job = Depends(readable_job),
     file: str = Query("", max_length=1024, description="A sharded checkpoint's file"),
     svc: Services = Depends(services),
 ) -> StreamingResponse:
     """The bytes of a checkpoint file, streamed."""
+    job_id = job.id
     ckpt = svc.store.get_checkpoint(job_id, checkpoint_id)
     if ckpt.deleted:
         raise NotFound(f"checkpoint of step {ckpt.step} was deleted by the retention policy")

@@ -23,7 +23,9 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import StreamingResponse
 
 from trainhouse.errors import NotFound, SpecError
+from trainhouse.server.auth import readable_job
 from trainhouse.server.deps import Services, services
+from trainhouse.store import Job
 from trainhouse.store.jobfiles import JobFiles
 
 router = APIRouter(tags=["jobs"])
@@ -82,7 +84,7 @@ def _event(kind: str, payload: object, event_id: str | None = None) -> str:
 
 @router.get("/jobs/{job_id}/logs/stream")
 async def stream_logs(
-    job_id: int,
+    job: Job = Depends(readable_job),
     rank: Annotated[list[str] | None, Query(description="Ranks to follow; default all")] = None,
     from_: Annotated[
         str | None,
@@ -97,7 +99,7 @@ async def stream_logs(
     svc: Services = Depends(services),
 ) -> StreamingResponse:
     """Follow a job's logs as Server-Sent Events (see the module docstring)."""
-    job = await run_in_threadpool(svc.store.get_job, job_id)
+    job_id = job.id
     res = job.spec.get("resources") or {}
     world = int(res.get("nodes", 1)) * int(res.get("procs_per_node") or 1)
     for r in rank or []:

@@ -5,20 +5,30 @@ from __future__ import annotations
 import time
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, Form
+from fastapi import APIRouter, Depends, Form, Path, Request
 from pydantic import BaseModel, Field
 
 from trainhouse.errors import NotFound
 from trainhouse.scheduler.lifecycle import JobState
 from trainhouse.scheduler.policy import QueuedJob
 from trainhouse.scheduler.resources import Demand
+from trainhouse.server.auth import (
+    Principal,
+    admin,
+    audit,
+    signed_in,
+    writable_job,
+    writer,
+)
 from trainhouse.server.deps import Services, services
-from trainhouse.server.routes.jobs import job_out, schedulable_spec
-from trainhouse.server.schemas import JobOut
+from trainhouse.server.routes.jobs import check_priority, job_out, owner_of, schedulable_spec
+from trainhouse.server.schemas import INT32, NO_NUL, JobOut
 from trainhouse.spec import Priority
-from trainhouse.store import UserLimits
+from trainhouse.store import Job, UserLimits
 
 router = APIRouter(tags=["scheduler"])
+
+Owner = Annotated[str, Path(max_length=128, pattern=NO_NUL)]  # as stored: at most 128
 
 
 class QueueEntry(BaseModel):
@@ -39,10 +49,17 @@ class QueueOut(BaseModel):
 
 
 @router.get("/queue", response_model=QueueOut)
-def queue(svc: Services = Depends(services)) -> QueueOut:
-    """Waiting jobs in the order the scheduler considers them, each with its reason."""
+def queue(p: Principal = Depends(signed_in), svc: Services = Depends(services)) -> QueueOut:
+    """Waiting jobs in the order the scheduler considers them, each with its reason.
+    Without the right to see every job (``--job-visibility``), only the caller's own, at
+    their positions in the whole queue."""
     decisions = svc.scheduler.plan()
-    jobs = {j.id: j for j in svc.store.list_jobs(states=[JobState.QUEUED])}
+    everyone = p.sees_every_job(svc.settings.job_visibility)
+    jobs = {
+        j.id: j
+        for j in svc.store.list_jobs(states=[JobState.QUEUED])
+        if everyone or j.owner == p.name
+    }
     entries = []
     for position, job_id in enumerate(decisions.order, start=1):
         job = jobs.get(job_id)
@@ -63,7 +80,7 @@ def queue(svc: Services = Depends(services)) -> QueueOut:
     preempting = [
         {"id": j.id, "name": j.name, "owner": j.owner, "reason": j.reason}
         for j in svc.store.list_jobs(states=[JobState.RUNNING])
-        if j.preempt_requested
+        if j.preempt_requested and (everyone or j.owner == p.name)
     ]
     return QueueOut(jobs=entries, preempting=preempting)
 
@@ -79,11 +96,16 @@ class DryRunOut(BaseModel):
 @router.post("/jobs/dry-run", response_model=DryRunOut)
 def dry_run(
     spec: Annotated[str, Form(description="The job spec as YAML or JSON")],
-    owner: Annotated[str, Form(max_length=128)] = "anonymous",
+    owner: Annotated[
+        str, Form(max_length=128, description="Ignored when auth is on: the token's user")
+    ] = "anonymous",
+    p: Principal = Depends(writer),
     svc: Services = Depends(services),
 ) -> DryRunOut:
     """Where a job would run right now, or why it would wait; nothing is submitted."""
     job_spec = schedulable_spec(spec, svc)
+    check_priority(p, job_spec.priority)
+    owner = owner_of(p, owner)
     probe = QueuedJob(
         0,
         job_spec.priority,
@@ -120,16 +142,27 @@ class PriorityIn(BaseModel):
 
 
 @router.post("/jobs/{job_id}/priority", response_model=JobOut)
-def set_priority(job_id: int, body: PriorityIn, svc: Services = Depends(services)) -> JobOut:
-    job = svc.store.set_priority(job_id, body.priority)
+def set_priority(
+    request: Request,
+    body: PriorityIn,
+    job: Job = Depends(writable_job),
+    p: Principal = Depends(writer),
+    svc: Services = Depends(services),
+) -> JobOut:
+    check_priority(p, body.priority)
+    before = job.priority
+    job = svc.store.set_priority(job.id, body.priority)
+    audit(svc, request, p, "job.priority", f"job:{job.id}", before=before, after=job.priority)
     svc.scheduler.wake()
     return job_out(job, svc)
 
 
 class LimitsIn(BaseModel):
     share: float | None = Field(None, gt=0, le=1e6, description="Fair-share weight (default 1)")
-    max_gpus: int | None = Field(None, ge=0, description="Concurrent GPU cap; null = default")
-    max_cpus: int | None = Field(None, ge=0, description="Concurrent CPU-core cap")
+    max_gpus: int | None = Field(
+        None, ge=0, le=INT32, description="Concurrent GPU cap; null = default"
+    )
+    max_cpus: int | None = Field(None, ge=0, le=INT32, description="Concurrent CPU-core cap")
 
 
 class LimitsOut(BaseModel):
@@ -148,7 +181,7 @@ class QuotasOut(BaseModel):
 
 
 @router.get("/quotas", response_model=QuotasOut)
-def quotas(svc: Services = Depends(services)) -> QuotasOut:
+def quotas(_p: Principal = Depends(signed_in), svc: Services = Depends(services)) -> QuotasOut:
     limits = svc.store.user_limits()
     usage = svc.scheduler.usage.snapshot()
     owners = sorted(set(limits) | set(usage))
@@ -171,7 +204,13 @@ def quotas(svc: Services = Depends(services)) -> QuotasOut:
 
 
 @router.put("/quotas/{owner}", response_model=LimitsOut)
-def set_quota(owner: str, body: LimitsIn, svc: Services = Depends(services)) -> LimitsOut:
+def set_quota(
+    request: Request,
+    owner: Owner,
+    body: LimitsIn,
+    p: Principal = Depends(admin),
+    svc: Services = Depends(services),
+) -> LimitsOut:
     current = svc.store.user_limits().get(owner, UserLimits(owner))
     fields = body.model_dump(exclude_unset=True)
     limits = UserLimits(
@@ -181,12 +220,19 @@ def set_quota(owner: str, body: LimitsIn, svc: Services = Depends(services)) -> 
         max_cpus=fields.get("max_cpus", current.max_cpus),
     )
     svc.store.set_user_limits(limits)
+    audit(svc, request, p, "quota.set", owner, **body.model_dump(exclude_unset=True))
     svc.scheduler.wake()
     return LimitsOut(**limits.__dict__, usage=svc.scheduler.usage.snapshot().get(owner, 0.0))
 
 
 @router.delete("/quotas/{owner}", status_code=204)
-def clear_quota(owner: str, svc: Services = Depends(services)) -> None:
+def clear_quota(
+    request: Request,
+    owner: Owner,
+    p: Principal = Depends(admin),
+    svc: Services = Depends(services),
+) -> None:
     if not svc.store.delete_user_limits(owner):
         raise NotFound(f"user {owner!r} has no limits set")
+    audit(svc, request, p, "quota.clear", owner)
     svc.scheduler.wake()

@@ -12,7 +12,14 @@ from typing import Any
 from fastapi import APIRouter, Depends, Request
 
 from trainhouse.server.deps import Services, reporting_job, services
-from trainhouse.server.schemas import CheckpointIn, CheckpointOut, CorruptIn, ReportIn, ReportOut
+from trainhouse.server.schemas import (
+    CheckpointIn,
+    CheckpointOut,
+    CorruptIn,
+    ReportIn,
+    ReportOut,
+    RowId,
+)
 from trainhouse.store import Job
 from trainhouse.store.metrics import parse_report
 
@@ -83,7 +90,7 @@ def register_checkpoint(
 
 @router.post("/jobs/{job_id}/checkpoints/{checkpoint_id}/corrupt", response_model=CheckpointOut)
 def report_corrupt(
-    checkpoint_id: int,
+    checkpoint_id: RowId,
     body: CorruptIn,
     job: Job = Depends(reporting_job),
     svc: Services = Depends(services),

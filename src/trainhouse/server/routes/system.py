@@ -13,16 +13,19 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from trainhouse._version import __version__
 from trainhouse.errors import NotFound
 from trainhouse.scheduler.policy import free_capacity
+from trainhouse.server.auth import Principal, readable_job, signed_in
 from trainhouse.server.deps import Services, services
 from trainhouse.server.schemas import (
     GpuLiveOut,
     HealthOut,
     NodeOut,
     NodesOut,
+    NulFree,
     SystemMetricsOut,
     SystemSeriesOut,
 )
 from trainhouse.spec import json_schema
+from trainhouse.store import Job
 from trainhouse.store import system as names
 from trainhouse.store.system import DEFAULT_MAX_POINTS, Latest, Series
 
@@ -77,11 +80,13 @@ def _live(latest: Latest | None) -> dict[str, Any]:
 
 @router.get("/health", response_model=HealthOut)
 def health(svc: Services = Depends(services)) -> HealthOut:
-    return HealthOut(status="ok", version=__version__, home=str(svc.settings.home))
+    """Open to anyone (load balancers); with auth on it does not say where state lives."""
+    home = None if svc.auth.enabled else str(svc.settings.home)
+    return HealthOut(status="ok", version=__version__, home=home, auth=svc.auth.enabled)
 
 
 @router.get("/nodes", response_model=NodesOut)
-def nodes(svc: Services = Depends(services)) -> NodesOut:
+def nodes(_p: Principal = Depends(signed_in), svc: Services = Depends(services)) -> NodesOut:
     snap, _ = svc.scheduler.snapshot()
     free = free_capacity(snap.nodes, snap.running)
     return NodesOut(
@@ -107,10 +112,11 @@ def nodes(svc: Services = Depends(services)) -> NodesOut:
 @router.get("/nodes/{node}/metrics", response_model=SystemMetricsOut)
 def node_metrics(
     node: str,
-    name: list[str] | None = Query(None, description="Only these series (repeatable)"),
+    name: list[NulFree] | None = Query(None, description="Only these series (repeatable)"),
     since: float | None = Since,
     until: float | None = Until,
     max_points: int = MaxPoints,
+    _p: Principal = Depends(signed_in),
     svc: Services = Depends(services),
 ) -> SystemMetricsOut:
     """A node's resource series (the last hour by default): cpu_percent, memory_used_bytes,
@@ -134,7 +140,7 @@ def node_metrics(
 
 @router.get("/jobs/{job_id}/system", response_model=SystemMetricsOut)
 def job_system(
-    job_id: int,
+    job: Job = Depends(readable_job),
     since: float | None = Since,
     until: float | None = Until,
     max_points: int = MaxPoints,
@@ -142,11 +148,10 @@ def job_system(
 ) -> SystemMetricsOut:
     """A job's resource series (all of them by default): its processes' cpu_percent (of one
     core), rss_bytes, processes, and gpu_memory_bytes per GPU."""
-    svc.store.get_job(job_id)  # 404 for an unknown job
     now = time.time()
     return _series_out(
         svc.system.series(
-            job_id=job_id,
+            job_id=job.id,
             since=_when(since, now),
             until=_when(until, now),
             max_points=max_points,
@@ -160,6 +165,6 @@ def spec_schema() -> dict[str, Any]:
 
 
 @exposition.get("/metrics", include_in_schema=False)
-def prometheus(svc: Services = Depends(services)) -> Response:
+def prometheus(_p: Principal = Depends(signed_in), svc: Services = Depends(services)) -> Response:
     """Prometheus' text exposition of the server's metrics (see trainhouse.server.telemetry)."""
     return Response(svc.telemetry.render(), media_type=CONTENT_TYPE_LATEST)

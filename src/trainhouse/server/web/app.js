@@ -5,7 +5,7 @@
 // el.data[i].x / el.data[i].y, raw series first.
 import { nodesPage, queuePage } from "./cluster.js";
 import { comparePage } from "./compare.js";
-import { View, h } from "./core.js";
+import { ApiError, View, api, h } from "./core.js";
 import { jobPage } from "./job.js";
 import { jobsPage } from "./jobs.js";
 
@@ -37,9 +37,61 @@ function route() {
     h("p", {}, `No page at #${hash}. `, h("a", { href: "#/jobs" }, "Back to the jobs"))));
 }
 
-window.addEventListener("hashchange", route);
+// -- signing in (servers with auth on): a token goes into an HttpOnly session cookie
+let signingIn = false;
+
+function signInPage(message) {
+  if (signingIn) return;
+  signingIn = true;
+  if (current) current.stop();
+  current = null;
+  const input = h("input", { type: "password", name: "token", autocomplete: "current-password",
+    placeholder: "thu_…", testid: "signin-token", required: true });
+  const error = h("p", { class: "error", testid: "signin-error", hidden: !message }, message || "");
+  const form = h("form", { class: "signin", testid: "signin" },
+    h("h1", {}, "Sign in"),
+    h("p", { class: "muted" }, "This server needs an API token. Make one with ",
+      h("code", {}, "trainhouse admin token create"), " (or ask an admin)."),
+    input, h("button", { type: "submit", testid: "signin-submit" }, "Sign in"), error);
+  form.addEventListener("submit", async (ev) => {
+    ev.preventDefault();
+    try {
+      await api("/session", { method: "POST", body: JSON.stringify({ token: input.value.trim() }),
+        headers: { "Content-Type": "application/json" } });
+      signingIn = false;
+      await showUser();
+      route();
+    } catch (err) {
+      error.hidden = false;
+      error.textContent = err instanceof ApiError ? err.message : String(err);
+    }
+  });
+  document.getElementById("view").replaceChildren(h("section", { class: "page" }, form));
+  input.focus();
+}
+
+async function showUser() {
+  const slot = document.getElementById("user");
+  try {
+    const me = await api("/whoami");
+    if (!me.auth) { slot.replaceChildren(); return true; }
+    const out = h("a", { href: "#", testid: "signout", onclick: async (ev) => {
+      ev.preventDefault();
+      await fetch("/api/v1/session", { method: "DELETE", credentials: "same-origin" });
+      slot.replaceChildren();
+      signInPage("Signed out.");
+    } }, "sign out");
+    slot.replaceChildren(h("span", { testid: "user" }, `${me.name} (${me.role}) `), out);
+    return true;
+  } catch (err) {
+    return !(err instanceof ApiError && err.status === 401);
+  }
+}
+
+window.addEventListener("trainhouse:signin", () => signInPage("Your session ended or the token was refused; sign in again."));
+window.addEventListener("hashchange", () => { if (!signingIn) route(); });
 document.addEventListener("visibilitychange", () => {
   if (!document.hidden && current) current.wake();
 });
 if (!location.hash) history.replaceState(null, "", "#/jobs");
-route();
+showUser().then((ok) => { if (ok) route(); else signInPage(""); });

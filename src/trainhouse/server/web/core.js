@@ -51,10 +51,16 @@ export class ApiError extends Error {
   }
 }
 
-/** fetch API+path; JSON back (or the Response with {raw: true}); errors become ApiError. */
+/** fetch API+path; JSON back (or the Response with {raw: true}); errors become ApiError.
+ * The session cookie signs requests in; the X-Trainhouse-Request header lets a cookie write
+ * through (the server refuses cookie writes without it: no cross-site request can add it).
+ * A 401 sends "trainhouse:signin" to the page, which asks for a token. */
 export async function api(path, options = {}) {
   const { raw, ...init } = options;
+  init.headers = { "X-Trainhouse-Request": "1", ...(init.headers || {}) };
+  init.credentials = "same-origin";
   const resp = await fetch(API + path, init);
+  if (resp.status === 401) window.dispatchEvent(new CustomEvent("trainhouse:signin"));
   if (!resp.ok) {
     let body = null;
     try {

@@ -245,7 +245,7 @@ export function jobPage(view, jobId) {
     try {
       job = await api(`/jobs/${jobId}`);
     } catch (err) {
-      if (err instanceof ApiError && err.status === 404) {
+      if (err instanceof ApiError && (err.status === 404 || err.status === 403)) {
         root.replaceChildren(h("h1", {}, `Job ${jobId}`), h("p", { class: "error", testid: "not-found" }, err.message));
         view.stop();
         return false;

@@ -1,0 +1,350 @@
+"""``trainhouse login/logout/whoami`` and ``admin init/user/token/audit``: people and tokens.
+
+``admin init`` works on the server's database directly (it makes the first admin, before any
+token exists); everything else goes through the REST API with the caller's token.
+"""
+
+from __future__ import annotations
+
+import getpass
+import sys
+import time
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.table import Table
+
+from trainhouse.cli.render import ago, console, err_console, errors, fail, print_json
+from trainhouse.cli.scheduler import admin
+from trainhouse.client import Client, default_url
+from trainhouse.credentials import forget_token, save_token
+from trainhouse.spec import parse_duration
+
+user_app = typer.Typer(help="Users and their roles (admin, member, viewer).", no_args_is_help=True)
+token_app = typer.Typer(
+    help="API tokens: made, listed, revoked. The secret is shown once.", no_args_is_help=True
+)
+admin.add_typer(user_app, name="user")
+admin.add_typer(token_app, name="token")
+
+UrlOpt = Annotated[
+    str | None,
+    typer.Option("--url", envvar="TRAINHOUSE_URL", help="Server URL", show_default=False),
+]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table")]
+RoleOpt = Annotated[str, typer.Option("--role", help="admin | member | viewer")]
+
+
+def _when(ts: float | None, never: str = "never") -> str:
+    return ago(ts) if ts else never
+
+
+def _expiry(ts: float | None) -> str:
+    if ts is None:
+        return "never"
+    left = ts - time.time()
+    if left <= 0:
+        return "expired"
+    return time.strftime("%Y-%m-%d %H:%M", time.localtime(ts))
+
+
+def _print_secret(secret: str, owner: str, url: str) -> None:
+    console.print(f"token for [bold]{owner}[/] (shown once; keep it secret):", highlight=False)
+    sys.stdout.write(secret + "\n")
+    sys.stdout.flush()
+    err_console.print(
+        f"sign in with: trainhouse login --url {url}   (paste it), or TRAINHOUSE_TOKEN",
+        highlight=False,
+    )
+
+
+@admin.command("init")
+def admin_init(
+    name: Annotated[str, typer.Option("--name", help="The first admin's user name")] = "admin",
+    home: Annotated[
+        Path | None,
+        typer.Option(
+            envvar="TRAINHOUSE_HOME",
+            help="The server's state directory",
+            show_default="~/.trainhouse",
+        ),
+    ] = None,
+    db: Annotated[
+        str | None,
+        typer.Option(
+            envvar="TRAINHOUSE_DB",
+            help="The server's database URL (default: SQLite under --home)",
+            show_default=False,
+        ),
+    ] = None,
+    login: Annotated[
+        bool, typer.Option("--login", help="Also store the token for --url (this user only)")
+    ] = False,
+    url: UrlOpt = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON")] = False,
+) -> None:
+    """Make the first admin and their token, on the server's machine (no token needed)."""
+    from trainhouse.server.settings import Settings, default_home
+    from trainhouse.store import Store
+    from trainhouse.store.accounts import Accounts
+
+    settings = Settings(home=(home or default_home()).expanduser().resolve(), db_url=db)
+    with errors():
+        settings.home.mkdir(parents=True, exist_ok=True)
+        store = Store(settings.database_url, migrate="auto")  # PostgreSQL: db upgrade first
+        try:
+            accounts = Accounts(store)
+            if accounts.has_admin():
+                fail(
+                    "this server already has an admin; an admin makes more users and tokens "
+                    "with `trainhouse admin user add` and `trainhouse admin token create`"
+                )
+            accounts.add_user(name, "admin")
+            token, secret = accounts.create_token(name, "init")
+            accounts.audit(getpass.getuser(), "admin.init", name, detail={"token_id": token.id})
+        finally:
+            store.close()
+    target = (url or default_url()).rstrip("/")
+    if login:
+        path = save_token(target, secret)
+        err_console.print(f"stored for {target} in {path}", highlight=False)
+    if as_json:
+        print_json({"user": name, "role": "admin", "token_id": token.id, "secret": secret})
+        return
+    _print_secret(secret, name, target)
+
+
+@user_app.command("add")
+def user_add(
+    name: Annotated[str, typer.Argument(help="The user's name (lower case)")],
+    role: RoleOpt = "member",
+    token: Annotated[
+        bool, typer.Option("--token/--no-token", help="Also make their first token")
+    ] = True,
+    url: UrlOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Add a user (admins); prints their first token unless --no-token."""
+    with errors(), Client(url) as c:
+        user = c.add_user(name, role)
+        made = c.create_token("default", user=name) if token else None
+    if as_json:
+        print_json({"user": user, "token": made})
+        return
+    console.print(f"added {user['role']} [bold]{user['name']}[/]", highlight=False)
+    if made:
+        _print_secret(made["secret"], name, c.url)
+
+
+@user_app.command("list")
+def user_list(url: UrlOpt = None, as_json: JsonOpt = False) -> None:
+    """Every user with their role (admins)."""
+    with errors(), Client(url) as c:
+        users = c.users()
+    if as_json:
+        print_json(users)
+        return
+    table = Table(box=None, header_style="bold")
+    for col in ("NAME", "ROLE", "ADDED", "STATUS"):
+        table.add_column(col)
+    for u in users:
+        status = f"disabled {ago(u['disabled_at'])}" if u["disabled_at"] else "active"
+        table.add_row(u["name"], u["role"], ago(u["created_at"]), status)
+    console.print(table, highlight=False)
+
+
+@user_app.command("set-role")
+def user_set_role(
+    name: Annotated[str, typer.Argument()],
+    role: Annotated[str, typer.Argument(help="admin | member | viewer")],
+    url: UrlOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Change a user's role (admins)."""
+    with errors(), Client(url) as c:
+        user = c.update_user(name, role=role)
+    if as_json:
+        print_json(user)
+        return
+    console.print(f"{user['name']} is now {user['role']}", highlight=False)
+
+
+@user_app.command("disable")
+def user_disable(
+    name: Annotated[str, typer.Argument()],
+    enable: Annotated[bool, typer.Option("--enable", help="Enable them again instead")] = False,
+    url: UrlOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Disable a user: every token of theirs stops working at once (admins)."""
+    with errors(), Client(url) as c:
+        user = c.update_user(name, disabled=not enable)
+    if as_json:
+        print_json(user)
+        return
+    console.print(f"{user['name']} is {'disabled' if user['disabled_at'] else 'active'}")
+
+
+@token_app.command("create")
+def token_create(
+    name: Annotated[str, typer.Option("--name", help="What the token is for")] = "default",
+    user: Annotated[
+        str | None, typer.Option("--user", help="Whose token (admins); default: mine")
+    ] = None,
+    expires: Annotated[
+        str | None, typer.Option("--expires", help="Lifetime such as 30d, 12h; default never")
+    ] = None,
+    url: UrlOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Make an API token; its secret is printed once and never stored by the server."""
+    with errors():
+        expires_in = float(parse_duration(expires)) if expires else None
+        with Client(url) as c:
+            made = c.create_token(name, user=user, expires_in=expires_in)
+    if as_json:
+        print_json(made)
+        return
+    _print_secret(made["secret"], made["token"]["user"], c.url)
+
+
+@token_app.command("list")
+def token_list(
+    user: Annotated[str | None, typer.Option("--user", help="Whose (admins)")] = None,
+    all_: Annotated[bool, typer.Option("--all", help="Every user's (admins)")] = False,
+    url: UrlOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Tokens (mine by default) without their secrets."""
+    with errors(), Client(url) as c:
+        tokens = c.tokens(user=user, all=all_)
+    if as_json:
+        print_json(tokens)
+        return
+    table = Table(box=None, header_style="bold")
+    for col in ("ID", "USER", "NAME", "STARTS", "MADE", "LAST USED", "EXPIRES", "STATUS"):
+        table.add_column(col)
+    for t in tokens:
+        status = "revoked" if t["revoked_at"] else ("active" if t["active"] else "expired")
+        table.add_row(
+            str(t["id"]),
+            t["user"],
+            t["name"],
+            t["prefix"] + "…",
+            ago(t["created_at"]),
+            _when(t["last_used_at"]),
+            _expiry(t["expires_at"]),
+            status,
+        )
+    console.print(table, highlight=False)
+
+
+@token_app.command("revoke")
+def token_revoke(
+    token_id: Annotated[int, typer.Argument(help="The token's ID (admin token list)")],
+    url: UrlOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Revoke a token: it stops working at once."""
+    with errors(), Client(url) as c:
+        token = c.revoke_token(token_id)
+    if as_json:
+        print_json(token)
+        return
+    console.print(f"token {token['id']} ({token['user']}, {token['name']}) is revoked")
+
+
+@admin.command("audit")
+def audit_cmd(
+    limit: Annotated[int, typer.Option("--limit", help="At most this many entries")] = 50,
+    action: Annotated[
+        list[str] | None,
+        typer.Option("--action", help="Only these actions (repeatable), e.g. job.cancel"),
+    ] = None,
+    actor: Annotated[str | None, typer.Option("--actor", help="Only this user's")] = None,
+    since: Annotated[
+        str | None, typer.Option("--since", help="Only the last span, e.g. 1d, 6h")
+    ] = None,
+    url: UrlOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """The audit log, newest first: admin actions, cancellations, failed token uses."""
+    with errors():
+        start = time.time() - parse_duration(since) if since else None
+        with Client(url) as c:
+            data = c.audit(limit=limit, actions=action, actor=actor, since=start)
+    if as_json:
+        print_json(data)
+        return
+    table = Table(box=None, header_style="bold")
+    for col in ("WHEN", "ACTOR", "ACTION", "TARGET", "OK", "FROM", "DETAIL"):
+        table.add_column(col, overflow="fold", no_wrap=col != "DETAIL")
+    for e in data["entries"]:
+        detail = ", ".join(f"{k}={v}" for k, v in (e["detail"] or {}).items() if v is not None)
+        table.add_row(
+            time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(e["at"])),
+            e["actor"],
+            e["action"],
+            e["target"] or "",
+            "yes" if e["ok"] else "[red]no[/]",
+            e["client"] or "",
+            detail,
+        )
+    console.print(table, highlight=False)
+    console.print(f"{len(data['entries'])} of {data['total']} entries", highlight=False)
+
+
+def _whoami_line(me: dict[str, Any]) -> str:
+    if not me["auth"]:
+        return "this server has auth off: everyone acts as an admin"
+    if me["role"] == "job":
+        return f"job {me['job_id']}'s credential"
+    return f"{me['name']} ({me['role']})"
+
+
+def register(app: typer.Typer) -> None:
+    @app.command()
+    def login(
+        url: UrlOpt = None,
+        token: Annotated[
+            str | None,
+            typer.Option(
+                "--token", help="The token (default: asked for, or read from piped stdin)"
+            ),
+        ] = None,
+    ) -> None:
+        """Check a token against the server and store it for it (0600, this user only)."""
+        target = (url or default_url()).rstrip("/")
+        if token is None:
+            token = (
+                sys.stdin.readline() if not sys.stdin.isatty() else getpass.getpass("token: ")
+            ).strip()
+        if not token:
+            fail("no token given", 2)
+        with errors(), Client(target, token=token) as c:
+            me = c.whoami()
+        if me["role"] == "job":
+            fail("that is a job's credential, not a person's token", 2)
+        path = save_token(target, token)
+        console.print(f"signed in to {target} as {_whoami_line(me)}", highlight=False)
+        err_console.print(f"token stored in {path}", highlight=False)
+
+    @app.command()
+    def logout(url: UrlOpt = None) -> None:
+        """Forget the stored token for the server (it stays valid: revoke it to end it)."""
+        target = (url or default_url()).rstrip("/")
+        if forget_token(target):
+            console.print(f"forgot the token for {target}", highlight=False)
+        else:
+            console.print(f"no token was stored for {target}", highlight=False)
+
+    @app.command()
+    def whoami(url: UrlOpt = None, as_json: JsonOpt = False) -> None:
+        """Who the server takes you for."""
+        with errors(), Client(url) as c:
+            me = c.whoami()
+        if as_json:
+            print_json(me)
+            return
+        console.print(_whoami_line(me), highlight=False)

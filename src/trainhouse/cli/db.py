@@ -1,0 +1,160 @@
+"""``trainhouse db upgrade`` and ``trainhouse db current``: the server database's schema.
+
+The embedded SQLite database upgrades itself when the server starts; any other database
+(PostgreSQL in production) is upgraded only by an operator running ``trainhouse db upgrade``,
+and a server refuses to start on a schema older or newer than its own.
+"""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+from rich.markup import escape
+
+from trainhouse.cli import render
+from trainhouse.cli.render import console, print_json
+from trainhouse.errors import StoreError
+from trainhouse.server.settings import Settings, default_home
+
+if TYPE_CHECKING:
+    from trainhouse.store.store import Store
+
+db = typer.Typer(
+    help="The server's database: its schema revision, and upgrades to this trainhouse's.",
+    no_args_is_help=True,
+)
+
+DbOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--db",
+        envvar="TRAINHOUSE_DB",
+        help="Database URL, e.g. postgresql+psycopg://user@host:5432/trainhouse",
+        show_default="SQLite under --home",
+    ),
+]
+HomeOpt = Annotated[
+    Path | None,
+    typer.Option(
+        envvar="TRAINHOUSE_HOME", help="Server state directory", show_default="~/.trainhouse"
+    ),
+]
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(db, name="db")
+
+
+def database_url(url: str | None, home: Path | None) -> str:
+    """The URL the server would use with the same ``--db`` and ``--home``."""
+    return Settings(home=(home or default_home()).expanduser().resolve(), db_url=url).database_url
+
+
+def sqlite_file(store: Store) -> Path | None:
+    """The file of a SQLite database (None for any other database, or an in-memory one)."""
+    url = store.engine.url
+    if url.get_backend_name() != "sqlite" or url.database in (None, "", ":memory:"):
+        return None
+    return Path(url.database)
+
+
+def open_store(url: str) -> Store:
+    """The database at ``url``, its schema untouched; a clear error (exit 1) if it cannot be."""
+    from trainhouse.store.store import Store
+
+    try:
+        return Store(url, migrate="never")
+    except StoreError as exc:
+        render.fail(str(exc))
+
+
+def head_revision(store: Store) -> str:
+    """The newest schema revision this trainhouse knows (connects to nothing)."""
+    from alembic.script import ScriptDirectory
+
+    return ",".join(ScriptDirectory.from_config(store.alembic_config()).get_heads())
+
+
+@db.command("upgrade")
+def upgrade_cmd(db_url: DbOpt = None, home: HomeOpt = None) -> None:
+    """Apply the migrations the database lacks, up to this trainhouse's schema."""
+    store = open_store(database_url(db_url, home))
+    path = sqlite_file(store)
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)  # as the server creates its home
+    try:
+        before = store.schema_status()
+        if before.up_to_date:
+            console.print(
+                f"{escape(store.safe_url)} is at revision {before.head}, already up to date",
+                highlight=False,
+                soft_wrap=True,
+            )
+            return
+        store.upgrade()
+        after = store.schema_status()
+    except StoreError as exc:
+        render.fail(str(exc))
+    finally:
+        store.close()
+    console.print(
+        f"upgraded {escape(store.safe_url)} from revision {before.revision or 'none (empty)'} "
+        f"to {after.revision}",
+        highlight=False,
+        soft_wrap=True,
+    )
+
+
+@db.command("current")
+def current_cmd(
+    db_url: DbOpt = None,
+    home: HomeOpt = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON")] = False,
+) -> None:
+    """The database's schema revision, this trainhouse's head, and whether to upgrade."""
+    from trainhouse.store.store import SchemaStatus
+
+    store = open_store(database_url(db_url, home))
+    path = sqlite_file(store)
+    try:
+        if path is not None and not path.exists():  # nothing to ask, and no file to create
+            status = SchemaStatus(revision=None, head=head_revision(store), known=True)
+        else:
+            status = store.schema_status()
+    except StoreError as exc:
+        render.fail(str(exc))
+    finally:
+        store.close()
+    safe = store.safe_url
+    report: dict[str, Any] = {
+        "database": safe,
+        "revision": status.revision,
+        "head": status.head,
+        "known": status.known,
+        "needs_upgrade": status.needs_upgrade,
+    }
+    if as_json:
+        print_json(report)
+        return
+    if not status.known:
+        verdict = (
+            "[red]unknown to this trainhouse[/]: a newer trainhouse migrated it; "
+            "upgrade trainhouse, or point --db at another database"
+        )
+    elif status.needs_upgrade:
+        verdict = (
+            "[yellow]needs an upgrade[/]: run "
+            f"`trainhouse db upgrade --db {escape(shlex.quote(safe))}`"
+        )
+    else:
+        verdict = "[green]up to date[/]"
+    for label, value in (
+        ("database", escape(safe)),
+        ("revision", status.revision or "none (no trainhouse schema yet)"),
+        ("head", status.head),
+        ("status", verdict),
+    ):
+        console.print(f"[bold]{label:<9}[/]{value}", highlight=False, soft_wrap=True)
