@@ -63,7 +63,6 @@ import json
 import math
 import os
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
@@ -83,10 +82,9 @@ import sqlalchemy
 from _machine import BUSY_PERCENT, log, wait_quiet
 
 from trainhouse.client import Client
-from trainhouse.errors import ServerUnreachable
 from trainhouse.sdk.metrics import Point, as_columns
 from trainhouse.sdk.transport import JSON_HEADERS, encode_json, error_from
-from trainhouse.server.process import free_port
+from trainhouse.server.process import ServerProcess, ServerStartError, free_port
 from trainhouse.spec import load_spec
 from trainhouse.workdir import pack
 
@@ -147,58 +145,23 @@ def db_upgrade(url: str) -> None:
 
 
 # -- the server ------------------------------------------------------------------------------
-class LoadServer:
+class LoadServer(ServerProcess):
     """``bench/_load_server.py`` (``trainhouse server`` with the stand-in executor)."""
 
     def __init__(self, home: Path, db_url: str | None, cpus: int) -> None:
-        self.home = home
+        args = ["--cpus", str(cpus), "--gpus", "0"]
+        if db_url:
+            args += ["--db", db_url]
+        super().__init__(home, free_port(), *args, log=home.parent / "server.log")
         self.db_url = db_url
-        self.cpus = cpus
-        self.port = free_port()
         self.tokens = home.parent / "tokens.jsonl"
-        self.log = home.parent / "server.log"
-        self.proc: subprocess.Popen[bytes] | None = None
 
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+    def command(self) -> list[str]:
+        return [sys.executable, str(DRIVER), *super().command()[4:]]  # past "... server"
 
-    def start(self, timeout: float = 120) -> None:
-        self.home.mkdir(parents=True, exist_ok=True)
+    def environment(self) -> dict[str, str]:
         self.tokens.touch()
-        args = ["--port", str(self.port), "--home", str(self.home)]
-        args += ["--cpus", str(self.cpus), "--gpus", "0"]
-        if self.db_url:
-            args += ["--db", self.db_url]
-        env = {**os.environ, "TRAINHOUSE_HOME": str(self.home), TOKENS_ENV: str(self.tokens)}
-        with self.log.open("ab") as fh:
-            self.proc = subprocess.Popen(
-                [sys.executable, str(DRIVER), *args],
-                stdout=fh,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                env=env,
-            )
-        deadline = time.monotonic() + timeout
-        with Client(self.url) as client:
-            while True:
-                if self.proc.poll() is not None:
-                    raise RuntimeError(
-                        f"the server exited with code {self.proc.returncode}:\n{self.log_tail()}"
-                    )
-                with contextlib.suppress(ServerUnreachable):
-                    client.health()
-                    return
-                if time.monotonic() > deadline:
-                    self.stop()
-                    raise RuntimeError(f"the server did not answer within {timeout:.0f} s")
-                time.sleep(0.2)
-
-    def log_tail(self, chars: int = 3000) -> str:
-        try:
-            return self.log.read_text(errors="replace")[-chars:]
-        except OSError:
-            return ""
+        return {**super().environment(), TOKENS_ENV: str(self.tokens)}
 
     def cpu_seconds(self) -> float:
         if self.proc is None:
@@ -206,16 +169,6 @@ class LoadServer:
         with contextlib.suppress(psutil.Error):
             return float(sum(psutil.Process(self.proc.pid).cpu_times()[:2]))
         return 0.0
-
-    def stop(self, timeout: float = 60) -> None:
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            self.proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
 
     def read_tokens(self) -> dict[int, dict[str, Any]]:
         found: dict[int, dict[str, Any]] = {}
@@ -233,7 +186,7 @@ def start_server(home: Path, db_url: str | None, cpus: int, upgrade: bool) -> Lo
     server = LoadServer(home, db_url, cpus)
     try:
         server.start()
-    except RuntimeError:
+    except ServerStartError:
         tail = server.log_tail()
         if not (upgrade and "db upgrade" in tail):
             raise

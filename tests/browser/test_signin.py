@@ -3,9 +3,6 @@ session in an HttpOnly cookie, shows a member their own jobs only, and signs out
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -13,7 +10,7 @@ import httpx
 import pytest
 from playwright.sync_api import Page, expect
 
-from tests.integration.conftest import REPO, Server, assert_clean_stop, start_server
+from tests.integration.conftest import Server, assert_clean_stop, start_server
 
 pytestmark = pytest.mark.browser
 
@@ -28,29 +25,6 @@ def team_server(tmp_path: Path) -> Iterator[Server]:
         yield srv
     finally:
         assert_clean_stop(srv)
-
-
-def admin_token(srv: Server) -> str:
-    out = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "trainhouse",
-            "admin",
-            "init",
-            "--home",
-            str(srv.home),
-            "--db",
-            srv.db_url,
-            "--json",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=REPO,
-        check=True,
-    )
-    return str(json.loads(out.stdout)["secret"])
 
 
 def submit_as(srv: Server, token: str, name: str, tmp_path: Path) -> int:
@@ -74,7 +48,7 @@ def test_the_dashboard_signs_in_and_shows_only_my_jobs(
     team_server: Server, page: Page, tmp_path: Path
 ) -> None:
     srv = team_server
-    root = admin_token(srv)
+    root = srv.admin_token()
     tokens = {}
     with httpx.Client(
         base_url=f"{srv.url}/api/v1", headers={"Authorization": f"Bearer {root}"}

@@ -51,15 +51,19 @@ def pg_url_of(name: str) -> str:
     return f"{base}/{name}"
 
 
-def run_trainhouse(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    """``trainhouse ARGS`` in a child process, as an operator on the server's machine runs it."""
+def run_trainhouse(
+    *args: str, timeout: float = 120, env: dict[str, str] | None = None, stdin: str | None = None
+) -> subprocess.CompletedProcess[str]:
+    """``trainhouse ARGS`` in a child process, as a person or an operator runs it; ``env`` is
+    added to this process's environment."""
     return subprocess.run(
         [sys.executable, "-m", "trainhouse", *args],
         capture_output=True,
         text=True,
         timeout=timeout,
         cwd=REPO,
-        env={**os.environ, "COLUMNS": "200"},
+        env={**os.environ, "COLUMNS": "200", **(env or {})},
+        input=stdin,
     )
 
 
@@ -184,16 +188,35 @@ class Server(ServerProcess):
     def client(self) -> Client:
         return Client(self.url)
 
-    def cli(self, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-        """Run ``trainhouse ARGS`` against this server, as a user would."""
-        return subprocess.run(
-            [sys.executable, "-m", "trainhouse", *args],
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            cwd=REPO,
-            env={**os.environ, "TRAINHOUSE_URL": self.url, "COLUMNS": "200"},
+    def cli(
+        self,
+        *args: str,
+        timeout: float = 300,
+        env: dict[str, str] | None = None,
+        stdin: str | None = None,
+    ) -> subprocess.CompletedProcess[str]:
+        """Run ``trainhouse ARGS`` against this server, as a user would (``env``: e.g. their
+        TRAINHOUSE_TOKEN or TRAINHOUSE_CONFIG_DIR)."""
+        return run_trainhouse(
+            *args, timeout=timeout, env={"TRAINHOUSE_URL": self.url, **(env or {})}, stdin=stdin
         )
+
+    def admin_token(self, name: str = "admin") -> str:
+        """``trainhouse admin init`` on this server's database: the first admin's token."""
+        result = self.cli(
+            "admin",
+            "init",
+            "--name",
+            name,
+            "--home",
+            str(self.home),
+            "--db",
+            self.db_url,
+            "--json",
+            timeout=120,
+        )
+        assert result.returncode == 0, result.stderr + result.stdout
+        return str(json.loads(result.stdout)["secret"])
 
     def cli_json(self, *args: str, timeout: float = 300) -> Any:
         result = self.cli(*args, "--json", timeout=timeout)

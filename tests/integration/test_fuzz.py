@@ -108,17 +108,6 @@ def fuzz_server(tmp_path: Path) -> Iterator[Server]:
         assert_clean_stop(srv)
 
 
-def trainhouse_json(*args: str) -> Any:
-    result = subprocess.run(
-        [sys.executable, "-m", "trainhouse", *args, "--json"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert result.returncode == 0, result.stderr + result.stdout
-    return json.loads(result.stdout)
-
-
 def fresh_token(srv: Server, user: str, role: str) -> str:
     """A new token of ``user``, made active in ``role`` first (straight in the database)."""
     store = Store(srv.db_url, migrate="never")
@@ -255,8 +244,7 @@ def test_fuzzing_the_api_finds_no_server_error_and_no_leak(
     fuzz_server: Server, tmp_path: Path
 ) -> None:
     srv = fuzz_server
-    init = ("admin", "init", "--name", "root", "--home", str(srv.home), "--db", srv.db_url)
-    with Client(srv.url, token=trainhouse_json(*init)["secret"]) as admin:
+    with Client(srv.url, token=srv.admin_token("root")) as admin:
         admin.add_user("fuzz-member", "member")
         assert admin.create_token("fuzz", user="fuzz-member")["secret"].startswith("thu_")
         job = admin.submit(EXAMPLE)

@@ -5,7 +5,6 @@ its own job only."""
 from __future__ import annotations
 
 import json
-import os
 import stat
 import subprocess
 import sys
@@ -56,21 +55,10 @@ def th(
     config: Path | None = None,
     stdin: str = "",
 ) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "TRAINHOUSE_URL": server.url, "COLUMNS": "200"}
-    env.pop("TRAINHOUSE_TOKEN", None)
-    if token:
-        env["TRAINHOUSE_TOKEN"] = token
+    env = {"TRAINHOUSE_TOKEN": token} if token else {}
     if config:
         env["TRAINHOUSE_CONFIG_DIR"] = str(config)
-    return subprocess.run(
-        [sys.executable, "-m", "trainhouse", *args],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=REPO,
-        env=env,
-        input=stdin,
-    )
+    return server.cli(*args, env=env, stdin=stdin)
 
 
 def wait(srv: Server, job_id: int, states: set[str], token: str) -> dict[str, Any]:
@@ -117,8 +105,7 @@ def test_a_team_server_keeps_members_apart(team_server: Server, tmp_path: Path) 
     srv = team_server
     assert srv.client.health()["auth"] is True
     # the first admin is made on the server's machine, straight in its database
-    made = js(th(srv, "admin", "init", "--home", str(srv.home), "--db", srv.db_url, "--json"))
-    root = made["secret"]
+    root = srv.admin_token()
     again = th(srv, "admin", "init", "--home", str(srv.home), "--db", srv.db_url)
     assert again.returncode != 0 and "already has an admin" in again.stderr
     tokens = {}

@@ -42,25 +42,32 @@ class ServerProcess:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
+    def command(self) -> list[str]:
+        """The server's command line (a subclass may run another entry point)."""
+        return [
+            sys.executable,
+            "-m",
+            "trainhouse",
+            "server",
+            "--port",
+            str(self.port),
+            "--home",
+            str(self.home),
+            *self.args,
+        ]
+
+    def environment(self) -> dict[str, str]:
+        return {**os.environ, "TRAINHOUSE_HOME": str(self.home)}
+
     def start(self, *, timeout: float = 120) -> Self:
         self.home.mkdir(parents=True, exist_ok=True)
         with self.log.open("ab") as fh:
             self.proc = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "trainhouse",
-                    "server",
-                    "--port",
-                    str(self.port),
-                    "--home",
-                    str(self.home),
-                    *self.args,
-                ],
+                self.command(),
                 stdout=fh,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
-                env={**os.environ, "TRAINHOUSE_HOME": str(self.home)},
+                env=self.environment(),
             )
         deadline = time.monotonic() + timeout
         with Client(self.url) as client:
