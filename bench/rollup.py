@@ -12,7 +12,8 @@ on a fresh SQLite store (a temporary file; the store's own migrations and pragma
 fresh PostgreSQL database (``--pg``, an admin URL: a scratch database is made next to it and
 dropped afterwards), each with two rollup implementations side by side:
 
-- **before**: the rollup module as committed at ``--before`` (``HEAD``; read with ``git show``,
+- **before**: the rollup module as committed at ``--before`` (default ``b59845b``, the last
+  commit with the per-series rollup; read with ``git show``,
   loaded as a temporary module) called as the committed ingest called it: ``refresh`` once per
   series in the batch;
 - **after**: the working tree's ``rollup.refresh_many``, what ingest calls now.
@@ -27,7 +28,7 @@ both jobs' rollups are identical, row for row.
 
     python bench/rollup.py [--batches 60] [--warmup 5] [--db both|sqlite|pg]
                            [--pg postgresql://postgres@127.0.0.1:5432/postgres]
-                           [--shapes 1x100,10x10,100x1] [--before HEAD] [--json]
+                           [--shapes 1x100,10x10,100x1] [--before b59845b] [--json]
 
 It is a benchmark, not a test: it exits 0 unless the two rollups differ.
 """
@@ -67,6 +68,9 @@ Points = tuple[Sequence[int], Sequence[float | None]]
 
 
 # -- the two implementations -----------------------------------------------------------------
+PER_SERIES_ROLLUP = "b59845b"  # the last commit whose ingest refreshed one series at a time
+
+
 def before_module(ref: str) -> types.ModuleType:
     """The rollup module at git ``ref``, with the ``refresh_many`` that ingest's loop was."""
     source = subprocess.run(
@@ -263,7 +267,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--db", choices=sorted(BACKENDS), default="both")
     parser.add_argument("--pg", default=DEFAULT_PG, help="a PostgreSQL admin URL")
     parser.add_argument("--shapes", default="1x100,10x10,100x1", help="SERIESxSTEPS,...")
-    parser.add_argument("--before", default="HEAD", help="the git ref of the 'before' rollup")
+    parser.add_argument(
+        "--before",
+        default=PER_SERIES_ROLLUP,
+        help="the git ref of the 'before' rollup (default: the last per-series one)",
+    )
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
     args = parser.parse_args(argv)
     shapes = [tuple(int(x) for x in s.split("x")) for s in args.shapes.split(",")]
