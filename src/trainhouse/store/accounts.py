@@ -112,6 +112,12 @@ def _user(row: RowMapping) -> User:
     return User(**{k: row[k] for k in User.__dataclass_fields__})
 
 
+def _audit_entry(row: RowMapping) -> AuditEntry:
+    data: dict[str, Any] = {k: row[k] for k in AuditEntry.__dataclass_fields__}
+    data["ok"] = bool(data["ok"])  # SQLite keeps a boolean as 0/1
+    return AuditEntry(**data)
+
+
 def _token(row: RowMapping) -> Token:
     return Token(**{k: row[k] for k in Token.__dataclass_fields__})
 
@@ -267,20 +273,29 @@ class Accounts:
         with self._tx() as conn:
             row = (
                 conn.execute(
-                    select(t.api_tokens, t.users.c.name.label("user"))
+                    select(
+                        t.api_tokens,
+                        t.users.c.name.label("user"),
+                        t.users.c.role,
+                        t.users.c.created_at.label("user_created_at"),
+                        t.users.c.disabled_at,
+                    )
                     .join(t.users, t.users.c.id == t.api_tokens.c.user_id)
                     .where(t.api_tokens.c.hash == hash_token(secret))
                 )
                 .mappings()
                 .first()
             )
-            if row is None:
-                return "unknown token"
-            token = _token(row)
-            user_row = (
-                conn.execute(select(t.users).where(t.users.c.id == row["user_id"])).mappings().one()
-            )
-        user = _user(user_row)
+        if row is None:
+            return "unknown token"
+        token = _token(row)
+        user = User(
+            id=row["user_id"],
+            name=row["user"],
+            role=row["role"],
+            created_at=row["user_created_at"],
+            disabled_at=row["disabled_at"],
+        )
         now = time.time()
         if token.revoked_at is not None:
             return f"token {token.id} was revoked"
@@ -354,5 +369,4 @@ class Accounts:
             total = conn.execute(
                 select(func.count()).select_from(t.audit_log).where(*where)
             ).scalar_one()
-        entries = [AuditEntry(**{k: r[k] for k in AuditEntry.__dataclass_fields__}) for r in rows]
-        return [AuditEntry(**{**e.__dict__, "ok": bool(e.ok)}) for e in entries], int(total)
+        return [_audit_entry(r) for r in rows], int(total)
