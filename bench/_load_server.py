@@ -4,7 +4,8 @@
 
 Every argument is ``trainhouse server``'s: this runs the real command (the same option parsing,
 logging, uvicorn, ``create_app``, scheduler loop, store, routes, credential checks and metric
-ingest). Only the executor is replaced, through ``trainhouse.server.app.make_executor``: its
+ingest). Only the executor is replaced, by one more entry in the executors' registry
+(``--executor stand-in``): its
 ``launch`` starts nothing, appends ``{"job_id", "attempt", "token", "url"}`` (the attempt's
 ``TRAINHOUSE_JOB_TOKEN``, made by the scheduler loop) as a JSON line to the file named by
 ``$TRAINHOUSE_BENCH_TOKENS``, and reports the attempt as running until the scheduler stops it
@@ -23,17 +24,20 @@ from pathlib import Path
 
 import psutil
 
-import trainhouse.server.app as server_app
+from trainhouse.cluster import Node
+from trainhouse.executors import registry
 from trainhouse.executors.base import Exit, Launch, ProcessInfo
 from trainhouse.executors.inventory import local_node
-from trainhouse.scheduler.resources import Node
-from trainhouse.server.settings import Settings
+from trainhouse.lifecycle import StopReason
 
 TOKENS_ENV = "TRAINHOUSE_BENCH_TOKENS"
 
 
 class StandInExecutor:
     """The ``Executor`` protocol without processes: launched attempts run until stopped."""
+
+    name = "stand-in"
+    multi_node = False
 
     def __init__(self, node: Node, tokens: Path) -> None:
         self.node = node
@@ -48,12 +52,18 @@ class StandInExecutor:
     def nodes(self) -> list[Node]:
         return [self.node]
 
+    def capacity(self) -> list[Node]:
+        return [self.node]
+
+    def server_node(self) -> str:
+        return self.node.name
+
     def launch(self, launch: Launch) -> ProcessInfo:
         record = {
             "job_id": launch.job_id,
             "attempt": launch.attempt,
-            "token": launch.env["TRAINHOUSE_JOB_TOKEN"],
-            "url": launch.env["TRAINHOUSE_URL"],
+            "token": launch.env.token,
+            "url": launch.env.url,
         }
         with self._lock:
             with self.tokens.open("a") as fh:
@@ -61,7 +71,7 @@ class StandInExecutor:
             self._live[launch.job_id] = launch.attempt
         return self._info
 
-    def adopt(self, job_id: int, attempt: int, info: ProcessInfo, job_dir: Path) -> bool:
+    def adopt(self, job_id: int, attempt: int, info: ProcessInfo) -> bool:
         return False  # nothing outlives the server that "launched" it
 
     def poll(self) -> list[Exit]:
@@ -71,7 +81,9 @@ class StandInExecutor:
                 self._live.pop(ended.job_id, None)
         return out
 
-    def stop(self, job_id: int, *, grace: float, reason: str, terminate: bool = True) -> None:
+    def stop(
+        self, job_id: int, *, grace: float, reason: StopReason, terminate: bool = True
+    ) -> None:
         # a real job stops at once when told to (the SDK's should_stop) or at SIGTERM
         with self._lock:
             attempt = self._live.get(job_id)
@@ -91,23 +103,24 @@ class StandInExecutor:
 
     def shutdown(self, *, grace: float) -> list[Exit]:
         for job_id in self.running():
-            self.stop(job_id, grace=grace, reason="the server is shutting down")
+            self.stop(job_id, grace=grace, reason=StopReason.SHUTDOWN)
         return self.poll()
 
 
-def make_executor(settings: Settings) -> tuple[StandInExecutor, str]:
+def build(options: registry.ExecutorOptions) -> StandInExecutor:
     tokens = os.environ.get(TOKENS_ENV)
     if not tokens:
         raise SystemExit(f"{TOKENS_ENV} must name the file the job tokens are written to")
-    executor = StandInExecutor(local_node(settings.cpus, settings.gpus), Path(tokens))
-    return executor, executor.node.name
+    return StandInExecutor(local_node(options.cpus, options.gpus), Path(tokens))
 
 
 def main() -> None:
-    server_app.make_executor = make_executor  # type: ignore[assignment]
+    registry.EXECUTORS[StandInExecutor.name] = registry.ExecutorEntry(
+        StandInExecutor.name, "no processes (bench/load.py)", build, lambda _options: None
+    )
     from trainhouse.cli.app import app
 
-    app(args=["server", *sys.argv[1:]], prog_name="trainhouse")
+    app(args=["server", "--executor", StandInExecutor.name, *sys.argv[1:]], prog_name="trainhouse")
 
 
 if __name__ == "__main__":

@@ -44,7 +44,7 @@ from typing import Any
 import httpx
 from _machine import log, wait_quiet
 
-from trainhouse.scheduler.lifecycle import JobState
+from trainhouse.lifecycle import JobState
 from trainhouse.server.process import ServerProcess, free_port
 from trainhouse.store import Store, default_db_url
 from trainhouse.store.metrics import Columns

@@ -69,8 +69,9 @@ from typing import Any
 import psutil
 from _machine import BUSY_PERCENT, log, wait_quiet
 
+from trainhouse.cluster import Gpu, Node, Placement
 from trainhouse.scheduler.policy import Decisions, QueuedJob, Quota, RunningJob, Snapshot, decide
-from trainhouse.scheduler.resources import Demand, Gpu, Node, Placement
+from trainhouse.scheduler.resources import Demand
 from trainhouse.scheduler.simulate import SimJob, SimResult, fifo_decide, simulate
 from trainhouse.spec import PRIORITY_TIERS
 

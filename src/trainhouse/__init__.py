@@ -6,9 +6,30 @@ with trainhouse.init() as run:
     state = run.checkpoint.load()
     ...
     run.log({"loss": loss}, step=step)
+
+The SDK is imported on first use (``trainhouse.init``), so that the CLI, the client and the
+processes the server starts for a job (which import ``trainhouse.*`` modules) do not pay for it.
 """
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
 from trainhouse._version import __version__
-from trainhouse.sdk.run import Run, init
+
+if TYPE_CHECKING:
+    from trainhouse.sdk import Run, init
 
 __all__ = ["Run", "__version__", "init"]
+
+
+def __getattr__(name: str) -> Any:
+    if name in ("Run", "init"):
+        from trainhouse import sdk
+
+        return getattr(sdk, name)
+    raise AttributeError(f"module 'trainhouse' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), "Run", "init"])

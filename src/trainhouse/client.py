@@ -21,9 +21,10 @@ from typing import Any
 
 import httpx
 
+from trainhouse._http import error_from, send
 from trainhouse.credentials import find_token
 from trainhouse.errors import CheckpointError, ClientError, ServerUnreachable
-from trainhouse.sdk.transport import error_from, send
+from trainhouse.lifecycle import TERMINAL
 from trainhouse.spec import JobSpec, load_spec
 from trainhouse.storage import confine, tree_digest
 from trainhouse.workdir import PackedWorkdir, pack
@@ -431,7 +432,7 @@ class Client:
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             job = self.job(job_id)
-            if job["state"] in ("COMPLETED", "FAILED", "CANCELED"):
+            if job["state"] in TERMINAL:
                 return job
             if deadline is not None and time.monotonic() > deadline:
                 raise TimeoutError(f"job {job_id} is still {job['state']} after {timeout} s")

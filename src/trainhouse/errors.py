@@ -5,18 +5,50 @@
     TrainhouseError                 base of everything trainhouse raises on purpose
     ├── SpecError                   a job spec is invalid (names the field and the line)
     ├── ArchiveError                a workdir cannot be packed or an upload cannot be unpacked
+    │   └── UploadTooLarge          an uploaded workdir is over the server's limit (413)
+    ├── BodyTooLarge                a request body is over its route's limit (413)
+    ├── InvalidMetrics              a metric report or query breaks a rule (422)
     ├── ClientError                 the server answered a request with an error
     │   └── ServerUnreachable       no server answered at the URL that was tried
+    ├── ServerStartError            a server started in a child process did not come up
+    ├── Unauthorized                no token, or one that does not work (401)
+    ├── Forbidden                   a token that may not do this (403)
+    ├── RateLimited                 too many failed token uses from one address (429)
     ├── StoreError                  the store refused an operation
     │   ├── NotFound                no such job / checkpoint
     │   └── InvalidTransition       a job state change the lifecycle table forbids
     ├── CheckpointError             a checkpoint cannot be written, found or verified
-    └── ResourceError               a job can never fit the inventory it was sent to
+    ├── ResourceError               a job can never fit the inventory it was sent to
+    └── ExecutorUnavailable         the executor the server was told to use cannot run
+        └── RayUnavailable          Ray is not installed, or no cluster answers
 
-Every message states the rule and the value that broke it.
+Every message states the rule and the value that broke it. ``code`` and ``status`` say how the
+error crosses the REST boundary (``{"error": {"code": ..., "message": ...}}``).
 """
 
 from __future__ import annotations
+
+__all__ = [
+    "ArchiveError",
+    "BodyTooLarge",
+    "CheckpointError",
+    "ClientError",
+    "ExecutorUnavailable",
+    "Forbidden",
+    "InvalidMetrics",
+    "InvalidTransition",
+    "NotFound",
+    "RateLimited",
+    "RayUnavailable",
+    "ResourceError",
+    "ServerStartError",
+    "ServerUnreachable",
+    "SpecError",
+    "StoreError",
+    "TrainhouseError",
+    "Unauthorized",
+    "UploadTooLarge",
+]
 
 
 class TrainhouseError(Exception):
@@ -38,6 +70,29 @@ class ArchiveError(TrainhouseError):
     status = 422
 
 
+class UploadTooLarge(ArchiveError):
+    code = "too_large"
+    status = 413
+
+
+class BodyTooLarge(TrainhouseError):
+    """Raised into the app by the body-limit middleware's ``receive`` once a body is over."""
+
+    code = "too_large"
+    status = 413
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(f"request body is over the {limit}-byte limit")
+        self.limit = limit
+
+
+class InvalidMetrics(TrainhouseError):
+    """A metric report or query breaks a rule; the message names the rule and the value."""
+
+    code = "invalid_request"
+    status = 422
+
+
 class ClientError(TrainhouseError):
     """The server answered with an error body."""
 
@@ -55,6 +110,25 @@ class ServerUnreachable(ClientError):
             code="unreachable",
         )
         self.url = url
+
+
+class ServerStartError(TrainhouseError):
+    code = "server_start"
+
+
+class Unauthorized(TrainhouseError):
+    code = "unauthorized"
+    status = 401
+
+
+class Forbidden(TrainhouseError):
+    code = "forbidden"
+    status = 403
+
+
+class RateLimited(TrainhouseError):
+    code = "rate_limited"
+    status = 429
 
 
 class StoreError(TrainhouseError):
@@ -80,3 +154,11 @@ class CheckpointError(TrainhouseError):
 class ResourceError(TrainhouseError):
     code = "unschedulable"
     status = 422
+
+
+class ExecutorUnavailable(TrainhouseError):
+    code = "executor_unavailable"
+
+
+class RayUnavailable(ExecutorUnavailable):
+    code = "ray_unavailable"

@@ -63,6 +63,7 @@ from tests.integration.conftest import EXAMPLE, Server, assert_clean_stop, start
 from trainhouse.client import Client
 from trainhouse.store import Store
 from trainhouse.store.accounts import Accounts
+from trainhouse.tokens import issue
 
 pytestmark = pytest.mark.integration
 
@@ -114,7 +115,7 @@ def fresh_token(srv: Server, user: str, role: str) -> str:
     try:
         accounts = Accounts(store)
         accounts.update_user(user, role=role, disabled=False)
-        return accounts.create_token(user, "fuzz")[1]
+        return issue(accounts, user, "fuzz")[1]
     finally:
         store.close()
 

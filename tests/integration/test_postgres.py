@@ -22,9 +22,9 @@ from tests.integration.conftest import (
     start_server,
 )
 from trainhouse.client import Client
-from trainhouse.errors import ClientError, InvalidTransition
-from trainhouse.scheduler.lifecycle import TERMINAL, JobState, check_transition
-from trainhouse.server.process import ServerProcess, ServerStartError, free_port
+from trainhouse.errors import ClientError, InvalidTransition, ServerStartError
+from trainhouse.lifecycle import TERMINAL, JobState, check_transition
+from trainhouse.server.process import ServerProcess, free_port
 from trainhouse.store.store import Store
 
 pytestmark = pytest.mark.integration

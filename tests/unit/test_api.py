@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from trainhouse.scheduler.loop import hash_token
 from trainhouse.server import Settings, create_app
+from trainhouse.tokens import hash_token
 from trainhouse.workdir import pack
 
 

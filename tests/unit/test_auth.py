@@ -17,7 +17,7 @@ from fastapi.testclient import TestClient
 
 from trainhouse.server import Settings, create_app
 from trainhouse.server.deps import Services
-from trainhouse.store.accounts import hash_token, job_token
+from trainhouse.tokens import hash_token, issue, job_token
 from trainhouse.workdir import pack
 
 SPEC = "name: {name}\nentrypoint: python train.py\nresources: {{procs_per_node: 1}}\n"
@@ -61,9 +61,9 @@ def make_team(tmp_path: Path, **settings: Any) -> Iterator[Team]:
         tokens = {}
         for name, role in (("root", "admin"), ("alice", "member"), ("bob", "member")):
             svc.accounts.add_user(name, role)
-            tokens[name] = svc.accounts.create_token(name)[1]
+            tokens[name] = issue(svc.accounts, name)[1]
         svc.accounts.add_user("vera", "viewer")
-        tokens["vera"] = svc.accounts.create_token("vera")[1]
+        tokens["vera"] = issue(svc.accounts, "vera")[1]
         team = Team(api, svc, tokens, archive=pack(src).data)
         for user in ("alice", "bob", "root"):
             resp = api.put(f"/api/v1/quotas/{user}", json={"max_cpus": 0}, headers=team.h("root"))

@@ -15,8 +15,8 @@ from fastapi.testclient import TestClient
 from tests.unit.test_api import api, submit, wait_state, workdir  # noqa: F401  (fixture)
 from trainhouse.client import Client
 from trainhouse.errors import CheckpointError, ClientError
-from trainhouse.scheduler.loop import hash_token
 from trainhouse.storage import tree_digest
+from trainhouse.tokens import hash_token
 
 AUTH = {"Authorization": "Bearer known"}
 

@@ -17,11 +17,11 @@ from fastapi.testclient import TestClient
 from sqlalchemy.exc import DataError
 
 from tests.unit.test_auth import Team, make_team, refused
-from trainhouse.errors import StoreError
+from trainhouse.errors import InvalidMetrics, StoreError
 from trainhouse.server import Settings, create_app
 from trainhouse.store import Store
-from trainhouse.store.accounts import hash_token, job_token
-from trainhouse.store.metrics import InvalidMetrics, parse_report
+from trainhouse.store.metrics import parse_report
+from trainhouse.tokens import hash_token, job_token
 
 INT64 = 2**63 - 1
 PAST_BIGINT = (INT64 + 1, 2**64, -(2**63) - 1)

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from trainhouse.scheduler.lifecycle import JobState
+from trainhouse.layout import JobLayout
+from trainhouse.lifecycle import JobState
 from trainhouse.server.housekeeping import DELETED_NOTE, expire_logs
 from trainhouse.store import Store
-from trainhouse.store.jobfiles import JobFiles
 
 
 def test_logs_expire_after_the_retention(tmp_path: Path) -> None:
@@ -18,7 +18,7 @@ def test_logs_expire_after_the_retention(tmp_path: Path) -> None:
             job = store.create_job(
                 name="j", owner="ann", priority="normal", spec={}, archive_sha256="0" * 64
             )
-            logs = JobFiles(tmp_path, job.id).logs
+            logs = JobLayout(tmp_path, job.id).logs
             logs.mkdir(parents=True)
             (logs / "rank-0.log").write_text("hello\n")
             ids.append(job.id)
@@ -26,9 +26,9 @@ def test_logs_expire_after_the_retention(tmp_path: Path) -> None:
         store.transition(old, JobState.CANCELED, ended_at=1000.0)
         store.transition(recent, JobState.CANCELED, ended_at=5000.0)
         assert expire_logs(store, tmp_path, retention=2000.0, now=4000.0) == 1
-        assert not JobFiles(tmp_path, old).logs.exists()
-        assert JobFiles(tmp_path, recent).logs.is_dir()
-        assert JobFiles(tmp_path, running).logs.is_dir()  # never the logs of a live job
+        assert not JobLayout(tmp_path, old).logs.exists()
+        assert JobLayout(tmp_path, recent).logs.is_dir()
+        assert JobLayout(tmp_path, running).logs.is_dir()  # never the logs of a live job
         assert DELETED_NOTE in (store.events(old)[-1].reason or "")
         assert expire_logs(store, tmp_path, retention=2000.0, now=4000.0) == 0  # once
     finally:

@@ -12,7 +12,7 @@ from fastapi.testclient import TestClient
 from sqlalchemy import insert
 
 from trainhouse.errors import StoreError
-from trainhouse.scheduler.lifecycle import JobState
+from trainhouse.lifecycle import JobState
 from trainhouse.server import Settings, create_app
 from trainhouse.store import Store
 from trainhouse.store import tables as t

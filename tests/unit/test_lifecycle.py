@@ -5,7 +5,7 @@ import itertools
 import pytest
 
 from trainhouse.errors import InvalidTransition
-from trainhouse.scheduler.lifecycle import TERMINAL, TRANSITIONS, JobState, check_transition
+from trainhouse.lifecycle import TERMINAL, TRANSITIONS, JobState, check_transition
 
 
 def test_table_covers_every_state() -> None:

@@ -20,8 +20,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
+from trainhouse.errors import BodyTooLarge
 from trainhouse.server import Settings, create_app
-from trainhouse.server.limits import BodyLimit, BodyTooLarge, MiB, describe, install
+from trainhouse.server.limits import BodyLimit, MiB, describe, install
 
 LIMIT = 1000
 

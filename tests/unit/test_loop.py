@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 
+from trainhouse.cluster import Node
 from trainhouse.executors.base import Exit, Launch, ProcessInfo
-from trainhouse.scheduler.lifecycle import JobState
+from trainhouse.layout import JobLayout
+from trainhouse.lifecycle import JobState, StopReason
 from trainhouse.scheduler.loop import SchedulerConfig, SchedulerLoop
-from trainhouse.scheduler.resources import Node
 from trainhouse.store import BlobStore, Store
-from trainhouse.store.jobfiles import JobFiles
 
 
 class FakeExecutor:
@@ -29,7 +29,7 @@ class FakeExecutor:
         self.live[launch.job_id] = launch.attempt
         return ProcessInfo(pid=1, create_time=0.0)
 
-    def adopt(self, job_id: int, attempt: int, info: ProcessInfo, job_dir: Path) -> bool:
+    def adopt(self, job_id: int, attempt: int, info: ProcessInfo) -> bool:
         if info.pid in self.alive_pids:
             self.live[job_id] = attempt
             return True
@@ -41,7 +41,9 @@ class FakeExecutor:
             self.live.pop(e.job_id, None)
         return out
 
-    def stop(self, job_id: int, *, grace: float, reason: str, terminate: bool = True) -> None:
+    def stop(
+        self, job_id: int, *, grace: float, reason: StopReason, terminate: bool = True
+    ) -> None:
         pass
 
     def running(self) -> set[int]:
@@ -239,7 +241,7 @@ def test_failures_that_cannot_fix_themselves_are_not_restarted(
     sched, ex = loop
     job_id = submit(sched, max_restarts=3)
     sched.tick()
-    logs = JobFiles(sched.home, job_id).logs
+    logs = JobLayout(sched.home, job_id).logs
     logs.mkdir(parents=True, exist_ok=True)
     (logs / "rank-0.log").write_text(
         "=== trainhouse: attempt 1, rank 0, 2026-11-30 ===\n"
@@ -264,7 +266,7 @@ def test_the_patterns_only_look_at_the_failed_attempt(
     sched, ex = loop
     job_id = submit(sched, max_restarts=3)
     sched.tick()
-    logs = JobFiles(sched.home, job_id).logs
+    logs = JobLayout(sched.home, job_id).logs
     logs.mkdir(parents=True, exist_ok=True)
     (logs / "rank-0.log").write_text(
         "=== trainhouse: attempt 1, rank 0, x ===\nImportError: once, long ago\n"
@@ -276,7 +278,7 @@ def test_the_patterns_only_look_at_the_failed_attempt(
     job2 = submit(sched, max_restarts=3)
     sched.tick()
     sched.store.update_job(job2, attempts=2)
-    logs2 = JobFiles(sched.home, job2).logs
+    logs2 = JobLayout(sched.home, job2).logs
     logs2.mkdir(parents=True, exist_ok=True)
     (logs2 / "rank-0.log").write_text((logs / "rank-0.log").read_text())
     ex.exits.append(Exit(job2, 2, 1, {"0": 1}))

@@ -13,13 +13,13 @@ import pytest
 from fastapi.testclient import TestClient
 from typer.testing import CliRunner
 
+from trainhouse._http import encode_json
 from trainhouse.cli import app as cli
 from trainhouse.client import Client
-from trainhouse.scheduler.lifecycle import JobState
-from trainhouse.scheduler.loop import hash_token
+from trainhouse.lifecycle import JobState
 from trainhouse.sdk.metrics import as_columns
-from trainhouse.sdk.transport import encode_json
 from trainhouse.server import Settings, create_app
+from trainhouse.tokens import hash_token
 
 AUTH = {"Authorization": "Bearer known"}
 

@@ -10,9 +10,11 @@ from pathlib import Path
 
 import pytest
 
+from trainhouse.errors import InvalidMetrics
+from trainhouse.layout import AttemptLayout
 from trainhouse.store import MetricPoint, Store
 from trainhouse.store import metrics as m
-from trainhouse.store.metrics import Columns, InvalidMetrics, parse_report
+from trainhouse.store.metrics import Columns, parse_report
 from trainhouse.store.series import SeriesInfo, SeriesPoints
 from trainhouse.store.spool import ingest_spool
 
@@ -167,7 +169,7 @@ def test_spooled_batches_in_either_format_go_through_the_same_checks(
     bad = {"batch_id": "x", "attempt": 1, "points": [[-1, "loss", 1.0, None, 2.0]]}
     for i, payload in enumerate((rows, columns, bad)):
         (spool / f"{i}.json").write_text(json.dumps(payload))
-    assert ingest_spool(store, job, tmp_path) == 2
+    assert ingest_spool(store, job, AttemptLayout(tmp_path)) == 2
     assert [(p.step, p.value, p.wall_time) for p in store.metrics(job)] == [
         (0, 1.0, 2.0),
         (1, None, 3.0),

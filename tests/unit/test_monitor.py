@@ -17,15 +17,15 @@ import pytest
 from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
+from trainhouse.cluster import Node
 from trainhouse.executors.local import LocalExecutor, marked_pids
-from trainhouse.scheduler.loop import hash_token
-from trainhouse.scheduler.resources import Node
 from trainhouse.server import Settings, create_app
 from trainhouse.server.monitor import Nvml, Sampler
 from trainhouse.server.telemetry import Telemetry
 from trainhouse.store import Store
 from trainhouse.store import system as names
 from trainhouse.store.system import Sample, SystemMetrics
+from trainhouse.tokens import hash_token
 from trainhouse.workdir import pack
 
 DAY = 86400.0

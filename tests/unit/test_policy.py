@@ -5,6 +5,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from trainhouse.cluster import Gpu, Node, Placement
 from trainhouse.scheduler.policy import (
     QueuedJob,
     Quota,
@@ -13,7 +14,7 @@ from trainhouse.scheduler.policy import (
     decide,
     order,
 )
-from trainhouse.scheduler.resources import Demand, Gpu, Node, Placement, never_fits
+from trainhouse.scheduler.resources import Demand, never_fits
 from trainhouse.spec import PRIORITY_TIERS, Resources
 
 

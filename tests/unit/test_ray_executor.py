@@ -19,19 +19,19 @@ import psutil
 import pytest
 
 from tests.unit.test_loop import FakeExecutor
+from trainhouse.cluster import Node
 from trainhouse.errors import ResourceError
 from trainhouse.executors.base import Exit, Launch, ProcessInfo
 from trainhouse.executors.ray_attempt import Attempt, Member, node_name, pack, to_node
 from trainhouse.executors.ray_node import MARKER_ENV
+from trainhouse.layout import JobLayout
+from trainhouse.lifecycle import JobState
 from trainhouse.scheduler.failures import analyse
-from trainhouse.scheduler.lifecycle import JobState
 from trainhouse.scheduler.loop import SchedulerLoop
-from trainhouse.scheduler.resources import Node
 from trainhouse.server.routes.jobs import schedulable_spec
 from trainhouse.server.settings import Settings
 from trainhouse.spec import NoRestart
 from trainhouse.store import BlobStore, Store
-from trainhouse.store.jobfiles import JobFiles
 
 RAW = {
     "NodeID": "ab12cd34" + "0" * 48,
@@ -61,9 +61,9 @@ def test_a_ray_node_as_a_scheduler_node() -> None:
 
 
 def attempt(tmp_path: Path, nodes: int = 2, procs: int = 1) -> Attempt:
-    att = Attempt(7, 1, tmp_path / "job", procs, [Member(i) for i in range(nodes)])
+    att = Attempt(7, 1, JobLayout(tmp_path, 7), procs, [Member(i) for i in range(nodes)])
     att.logs.mkdir(parents=True)
-    att.attempt_dir.mkdir(parents=True)
+    att.layout.dir.mkdir(parents=True)
     return att
 
 
@@ -80,7 +80,7 @@ def test_logs_are_appended_once_each(tmp_path: Path) -> None:
     assert (att.logs / "rank-0.log").read_bytes() == b"step 1\nstep 2\n"
     assert (att.logs / "launcher.log").read_bytes() == b"[node 1] torchrun says\n"
     att.save_record()
-    again = Attempt.load(7, 1, att.job_dir)
+    again = Attempt.load(7, 1, att.job)
     assert again.members[0].offsets == {"rank-0.log": 14}  # a restarted server goes on here
 
 
@@ -96,7 +96,7 @@ def test_an_ended_node_brings_its_exit_codes_and_spooled_metrics(tmp_path: Path)
         spool={"1-batch.json": b"{}"},
     )
     assert att.absorb(first, done) is None
-    assert first.done and (att.attempt_dir / "metrics-spool" / "1-batch.json").exists()
+    assert first.done and (att.layout.spool / "1-batch.json").exists()
     failed = status({}, ended=True, complete=True, launcher=(1, 98.0), ranks={"1": (3, 97.0)})
     assert att.absorb(second, failed) == "node 1's torchrun exited with code 1"
     ended = att.result()
@@ -122,7 +122,7 @@ def test_a_lost_node_is_an_infrastructure_failure_of_its_ranks(tmp_path: Path) -
     ended = att.result()
     assert ended.rank_exit_codes == {"0": 1, "1": 1, "2": -9, "3": -9}
     assert ended.failed_rank == 2  # the lost node's, taken as the first to fail
-    failure = analyse(ended, JobFiles(tmp_path, 7), 2, NoRestart())
+    failure = analyse(ended, JobLayout(tmp_path, 7), 2, NoRestart())
     assert failure.kind == "infra", failure
     assert "left the Ray cluster" in (att.logs / "rank-2.log").read_text()
 
@@ -135,7 +135,7 @@ def test_a_killed_torchrun_takes_its_ranks_with_it(tmp_path: Path) -> None:
     assert att.absorb(second, status({}, **ends, launcher=(-9, 50.0), ranks={}))
     ended = att.result()
     assert ended.rank_exit_codes == {"0": 1, "1": -9} and ended.failed_rank == 1
-    assert analyse(ended, JobFiles(tmp_path, 7), 1, NoRestart()).kind == "infra"
+    assert analyse(ended, JobLayout(tmp_path, 7), 1, NoRestart()).kind == "infra"
 
 
 def test_the_guard_kills_the_nodes_processes_when_its_agent_dies(tmp_path: Path) -> None:

@@ -12,6 +12,7 @@ import httpx
 import pytest
 
 from trainhouse.errors import ClientError
+from trainhouse.layout import AttemptLayout
 from trainhouse.sdk.metrics import Reporter
 from trainhouse.sdk.transport import JobAPI
 from trainhouse.store import MetricPoint, Store
@@ -220,7 +221,7 @@ def test_points_unsent_at_the_end_are_spooled_and_stored_once(tmp_path: Path) ->
             [MetricPoint(s, n, v, r, 1, w) for s, n, v, r, w in first["points"]],
             batch_id=first["batch_id"],
         )
-        assert ingest_spool(store, job.id, spool.parent) == 1  # only step 12 is new
+        assert ingest_spool(store, job.id, AttemptLayout(spool.parent)) == 1  # only step 12 is new
         assert not list(spool.glob("*.json"))
         steps = [p.step for p in store.metrics(job.id, name="loss")]
         assert steps == list(range(13))

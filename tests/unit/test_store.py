@@ -7,7 +7,7 @@ from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 
 from trainhouse.errors import InvalidTransition, NotFound, StoreError
-from trainhouse.scheduler.lifecycle import JobState
+from trainhouse.lifecycle import JobState
 from trainhouse.store import MetricPoint, Store
 from trainhouse.store.tables import metadata
 

@@ -4,6 +4,7 @@ fetched from elsewhere."""
 from __future__ import annotations
 
 import gzip
+import json
 import re
 from collections.abc import Iterator
 from importlib import resources
@@ -12,8 +13,9 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
+from trainhouse.lifecycle import TERMINAL, JobState
 from trainhouse.server import Settings, create_app
-from trainhouse.server.routes.ui import PLOTLY_PATH, STATIC_FILES
+from trainhouse.server.routes.ui import GENERATED_FILES, PLOTLY_PATH, STATIC_FILES
 
 WEB = resources.files("trainhouse.server") / "web"
 
@@ -90,4 +92,20 @@ def test_every_module_the_page_imports_is_served() -> None:
     for name in STATIC_FILES:
         if name.endswith(".js"):
             for target in re.findall(r"""\bfrom\s+["']([^"']+)["']""", (WEB / name).read_text()):
-                assert target.startswith("./") and target[2:] in STATIC_FILES, (name, target)
+                served = (*STATIC_FILES, *GENERATED_FILES)
+                assert target.startswith("./") and target[2:] in served, (name, target)
+
+
+def test_the_dashboard_reads_the_job_states_from_the_lifecycle(api: TestClient) -> None:
+    """The terminal set is spelled once, in trainhouse.lifecycle: the page's module is made
+    from it, so a new state reaches the dashboard without editing JavaScript."""
+    resp = api.get("/static/lifecycle.js")
+    assert resp.status_code == 200
+    assert resp.headers["content-type"].startswith("text/javascript")
+    states = re.search(r"export const STATES = (\[.*\]);", resp.text)
+    terminal = re.search(r"export const TERMINAL = new Set\((\[.*\])\);", resp.text)
+    assert states and terminal
+    assert json.loads(states.group(1)) == [str(s) for s in JobState]
+    assert set(json.loads(terminal.group(1))) == {str(s) for s in TERMINAL}
+    core = (WEB / "core.js").read_text()
+    assert '"COMPLETED"' not in core and "./lifecycle.js" in core

@@ -88,6 +88,7 @@ def admin_init(
     from trainhouse.server.settings import Settings, default_home
     from trainhouse.store import Store
     from trainhouse.store.accounts import Accounts
+    from trainhouse.tokens import issue
 
     settings = Settings(home=(home or default_home()).expanduser().resolve(), db_url=db)
     with errors():
@@ -101,7 +102,7 @@ def admin_init(
                     "with `trainhouse admin user add` and `trainhouse admin token create`"
                 )
             accounts.add_user(name, "admin")
-            token, secret = accounts.create_token(name, "init")
+            token, secret = issue(accounts, name, "init")
             accounts.audit(getpass.getuser(), "admin.init", name, detail={"token_id": token.id})
         finally:
             store.close()

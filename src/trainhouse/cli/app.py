@@ -24,6 +24,7 @@ from trainhouse.cli.render import (
     state,
 )
 from trainhouse.client import Client
+from trainhouse.lifecycle import TERMINAL
 from trainhouse.spec import json_schema, load_spec
 
 app = typer.Typer(
@@ -305,12 +306,10 @@ def cancel(
     with errors(), client(url) as c:
         job = c.cancel(job_id)
         deadline = time.monotonic() + wait
-        while job["state"] not in ("CANCELED", "COMPLETED", "FAILED") and (
-            time.monotonic() < deadline
-        ):
+        while job["state"] not in TERMINAL and (time.monotonic() < deadline):
             time.sleep(0.3)
             job = c.job(job_id)
-    if job["state"] in ("CANCELED", "COMPLETED", "FAILED"):
+    if job["state"] in TERMINAL:
         console.print(f"job {job_id} {state(job['state'])}")
     else:
         console.print(

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import logging
 import socket
 from importlib import resources
@@ -194,41 +193,6 @@ def register(app: typer.Typer) -> None:
         log_level: Annotated[str, typer.Option(help="debug, info, warning")] = "info",
     ) -> None:
         """Run the trainhouse server in the foreground."""
-        if job_visibility not in ("own", "list", "all"):
-            render.fail(
-                f"--job-visibility must be own, list or all; got {job_visibility!r}",
-                render.EXIT_BAD_INPUT,
-            )
-        if executor not in ("local", "ray"):
-            render.fail(
-                f"--executor must be 'local' or 'ray', got {executor!r}", render.EXIT_BAD_INPUT
-            )
-        if executor == "ray" and not ray_address:
-            render.fail(
-                "--executor ray needs --ray-address HOST:PORT (the address `ray start --head` "
-                "printed); trainhouse never guesses a cluster",
-                render.EXIT_BAD_INPUT,
-            )
-        if executor == "ray" and importlib.util.find_spec("ray") is None:
-            render.fail(
-                "--executor ray needs Ray in this environment: pip install 'trainhouse[ray]'",
-                render.EXIT_BAD_INPUT,
-            )
-        if not port_free(host, port):
-            render.fail(
-                f"cannot listen on {host}:{port}: the port is in use "
-                "(is another trainhouse server running? pick one with --port)",
-                render.EXIT_BAD_INPUT,
-            )
-        if gpus is not None:
-            from trainhouse.executors.inventory import parse_gpus
-
-            try:
-                parse_gpus(gpus)
-            except ValueError as exc:
-                render.fail(str(exc), render.EXIT_BAD_INPUT)
-        if cpus is not None and cpus < 1:
-            render.fail(f"--cpus must be >= 1, got {cpus}", render.EXIT_BAD_INPUT)
         try:
             half_life = float(parse_duration(fairshare_half_life))
         except ValueError as exc:
@@ -270,9 +234,15 @@ def register(app: typer.Typer) -> None:
             job_visibility=job_visibility,  # type: ignore[arg-type]
         )
         try:
-            settings.check_auth()
+            settings.validate()
         except ValueError as exc:
             render.fail(str(exc), render.EXIT_BAD_INPUT)
+        if not port_free(host, port):
+            render.fail(
+                f"cannot listen on {host}:{port}: the port is in use "
+                "(is another trainhouse server running? pick one with --port)",
+                render.EXIT_BAD_INPUT,
+            )
         if insecure_no_auth:
             render.err_console.print(
                 f"[bold yellow]warning:[/] auth is off on {host}: anyone who reaches "

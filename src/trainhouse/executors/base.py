@@ -1,27 +1,51 @@
-"""The executor protocol: a handful of methods the scheduler loop drives."""
+"""The executor protocol: what the scheduler loop, the API and the monitor ask of an executor.
+
+An executor turns a :class:`Launch` (one attempt of a job, placed on nodes) into processes and
+reports how each attempt ended as an :class:`Exit`. Two implementations: ``local`` (torchrun on
+this machine, :mod:`trainhouse.executors.local`) and ``ray`` (a placement group on a Ray
+cluster, :mod:`trainhouse.executors.ray`); :mod:`trainhouse.executors.registry` names them.
+"""
 
 from __future__ import annotations
 
 import signal
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import ClassVar, Protocol
 
-from trainhouse.scheduler.resources import Node, Placement
+from trainhouse.cluster import Node, Placements
+from trainhouse.layout import AttemptLayout, JobEnv, JobLayout
+from trainhouse.lifecycle import StopReason
 from trainhouse.spec import JobSpec
+
+__all__ = ["Executor", "Exit", "Launch", "ProcessInfo"]
 
 
 @dataclass(frozen=True)
 class Launch:
     """Everything needed to start one attempt of a job."""
 
-    job_id: int
-    attempt: int
     spec: JobSpec
-    placements: tuple[Placement, ...]
-    workdir: Path  # a fresh extracted copy of the job's archive
-    job_dir: Path  # logs/, checkpoints/, attempts/ live here
-    env: dict[str, str]  # trainhouse's variables for every rank (URL, job id, token, ...)
+    placements: Placements
+    layout: JobLayout  # the job's directory on the server: logs/, attempts/<n>/ (its workdir)
+    env: JobEnv  # trainhouse's variables for every rank (URL, job id, credential, ...)
+
+    @property
+    def job_id(self) -> int:
+        return self.env.job_id
+
+    @property
+    def attempt(self) -> int:
+        return self.env.attempt
+
+    @property
+    def attempt_layout(self) -> AttemptLayout:
+        return self.layout.attempt(self.env.attempt)
+
+    @property
+    def workdir(self) -> Path:
+        """Where the scheduler unpacked the job's code for this attempt."""
+        return self.attempt_layout.workdir
 
 
 @dataclass(frozen=True)
@@ -32,7 +56,7 @@ class Exit:
     attempt: int
     exit_code: int  # the launcher's; negative = killed by that signal
     rank_exit_codes: dict[str, int] = field(default_factory=dict)
-    stop_reason: str | None = None  # set when trainhouse stopped it (cancel, max_runtime, ...)
+    stop_reason: StopReason | None = None  # set when trainhouse stopped it
     rank_exit_times: dict[str, float] = field(default_factory=dict)
     # the attempt never started (e.g. Ray could not place it in time): the job goes back to
     # the queue with this reason, and no restart is counted
@@ -63,19 +87,32 @@ class ProcessInfo:
 
 
 class Executor(Protocol):
+    #: the name ``--executor`` takes (see trainhouse.executors.registry)
+    name: ClassVar[str]
+    #: whether a job may span several nodes
+    multi_node: ClassVar[bool]
+
     def nodes(self) -> list[Node]:
-        """The nodes this executor can place jobs on."""
+        """The nodes this executor can place jobs on, with what is free for trainhouse now."""
+
+    def capacity(self) -> list[Node]:
+        """Every node with everything it has: what a job could ever get (busy or not)."""
+
+    def server_node(self) -> str:
+        """The node the server itself runs on (its own resource samples are named by it)."""
 
     def launch(self, launch: Launch) -> ProcessInfo:
         """Start an attempt; returns its launcher process."""
 
-    def adopt(self, job_id: int, attempt: int, info: ProcessInfo, job_dir: Path) -> bool:
+    def adopt(self, job_id: int, attempt: int, info: ProcessInfo) -> bool:
         """Watch an attempt a previous server started, if it still runs; False if it does not."""
 
     def poll(self) -> list[Exit]:
         """Attempts that ended since the last call."""
 
-    def stop(self, job_id: int, *, grace: float, reason: str, terminate: bool = True) -> None:
+    def stop(
+        self, job_id: int, *, grace: float, reason: StopReason, terminate: bool = True
+    ) -> None:
         """End an attempt: SIGTERM now (unless ``terminate`` is false, when the job is expected
         to stop by itself), SIGKILL to every process after ``grace``."""
 

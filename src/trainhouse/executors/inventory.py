@@ -8,7 +8,7 @@ import socket
 
 import psutil
 
-from trainhouse.scheduler.resources import Gpu, Node
+from trainhouse.cluster import Gpu, Node
 
 
 def detect_gpus() -> list[Gpu]:

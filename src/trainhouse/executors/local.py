@@ -23,46 +23,26 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO
+from typing import IO, ClassVar
 
 import psutil
 
+from trainhouse.cluster import Node
+from trainhouse.executors import torchrun
 from trainhouse.executors.base import Exit, Launch, ProcessInfo
-from trainhouse.executors.markers import LAUNCHER_EXIT, MARKER_ENV, find_marked
+from trainhouse.executors.markers import find_marked, kill_marked, marked_pids, signal_all
 from trainhouse.executors.supervise import read_record
-from trainhouse.scheduler.resources import Node
+from trainhouse.layout import LAUNCHER, MARKER_ENV, AttemptLayout, JobLayout
+from trainhouse.lifecycle import StopReason
 
 log = logging.getLogger(__name__)
 
 KILL_AFTER_TERM = 5.0  # seconds between SIGTERM and SIGKILL
 PID_SCAN_TTL = 0.5  # seconds one scan of every process's marker serves pids() calls
-
-
-def marked_pids() -> dict[str, list[int]]:
-    """Marker -> PIDs of every live process carrying one: one scan for all attempts."""
-    found: dict[str, list[int]] = {}
-    me = os.getpid()
-    for proc in psutil.process_iter(["pid"]):
-        if proc.pid == me:
-            continue
-        try:
-            marker = proc.environ().get(MARKER_ENV)
-        except (psutil.Error, OSError):
-            continue
-        if marker:
-            found.setdefault(marker, []).append(proc.pid)
-    return found
-
-
-def signal_all(procs: list[psutil.Process], sig: int) -> None:
-    for proc in procs:
-        with contextlib.suppress(psutil.Error, OSError):
-            proc.send_signal(sig)
 
 
 class _Handle:
@@ -115,11 +95,11 @@ class _Adopted(_Handle):
 class _Attempt:
     job_id: int
     number: int
-    job_dir: Path
+    layout: AttemptLayout
     handle: _Handle
     marker: str
     log_file: IO[bytes] | None
-    stop_reason: str | None = None
+    stop_reason: StopReason | None = None
     term_at: float | None = None  # when SIGTERM is (or was) due
     term_sent: bool = False
     kill_at: float | None = None
@@ -128,6 +108,9 @@ class _Attempt:
 
 class LocalExecutor:
     """Runs every job's ranks as local processes under torchrun."""
+
+    name: ClassVar[str] = "local"
+    multi_node: ClassVar[bool] = False
 
     def __init__(self, node: Node, home: Path) -> None:
         self.node = node
@@ -141,68 +124,37 @@ class LocalExecutor:
     def nodes(self) -> list[Node]:
         return [self.node]
 
+    def capacity(self) -> list[Node]:
+        return [self.node]
+
+    def server_node(self) -> str:
+        return self.node.name
+
     def marker(self, job_id: int, attempt: int) -> str:
         return f"{self.home_id}:{job_id}:{attempt}"
 
     def command(self, launch: Launch) -> list[str]:
-        procs = launch.placements[0].procs
-        exit_file = self.attempt_dir(launch.job_dir, launch.attempt) / LAUNCHER_EXIT
-        return [
-            sys.executable,
-            "-m",
-            "trainhouse.executors.supervise",
-            str(exit_file),
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            "--nnodes=1",
-            f"--nproc-per-node={procs}",
-            "--max-restarts=0",
-            "--monitor-interval=0.2",
-            "-m",
-            "trainhouse.executors.rank",
-            *launch.spec.argv,
-        ]
+        return torchrun.command(
+            launch.attempt_layout.launcher_exit, launch.spec.argv, procs=launch.placements[0].procs
+        )
 
     def environment(self, launch: Launch, marker: str) -> dict[str, str]:
-        placement = launch.placements[0]
-        env = dict(os.environ)
-        for key in list(env):
-            if key.startswith("TRAINHOUSE_") or key in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
-                del env[key]
-        env.update(
-            {
-                "OMP_NUM_THREADS": str(launch.spec.resources.cpus_per_proc),
-                "PYTHONUNBUFFERED": "1",
-            }
+        return torchrun.rank_environment(
+            os.environ,
+            torchrun.job_environment(launch.spec, launch.env),
+            marker=marker,
+            gpus=[str(g) for g in launch.placements[0].gpus],
+            log_dir=launch.layout.logs,
+            attempt=launch.attempt_layout,
         )
-        env.update(launch.spec.env)
-        env.update(launch.env)
-        env.update(
-            {
-                MARKER_ENV: marker,
-                "CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in placement.gpus),
-                "TRAINHOUSE_LOG_DIR": str(launch.job_dir / "logs"),
-                "TRAINHOUSE_ATTEMPT_DIR": str(self.attempt_dir(launch.job_dir, launch.attempt)),
-                # torchrun's and the script's temp files stay with the attempt, removed at its end
-                "TMPDIR": str(self.attempt_dir(launch.job_dir, launch.attempt) / "tmp"),
-            }
-        )
-        return env
-
-    @staticmethod
-    def attempt_dir(job_dir: Path, attempt: int) -> Path:
-        return job_dir / "attempts" / str(attempt)
 
     def launch(self, launch: Launch) -> ProcessInfo:
         marker = self.marker(launch.job_id, launch.attempt)
-        logs = launch.job_dir / "logs"
+        logs = launch.layout.logs
         logs.mkdir(parents=True, exist_ok=True)
-        (self.attempt_dir(launch.job_dir, launch.attempt) / "tmp").mkdir(
-            parents=True, exist_ok=True
-        )
-        log_file = (logs / "launcher.log").open("ab")
+        # torchrun's and the script's temp files stay with the attempt, removed at its end
+        launch.attempt_layout.tmp.mkdir(parents=True, exist_ok=True)
+        log_file = launch.layout.log(LAUNCHER).open("ab")
         log_file.write(f"=== trainhouse: attempt {launch.attempt} ===\n".encode())
         log_file.flush()
         try:
@@ -218,13 +170,12 @@ class LocalExecutor:
         except BaseException:
             log_file.close()
             raise
-        exit_file = self.attempt_dir(launch.job_dir, launch.attempt) / LAUNCHER_EXIT
         with self._lock:
             self._attempts[launch.job_id] = _Attempt(
                 launch.job_id,
                 launch.attempt,
-                launch.job_dir,
-                _Child(proc, exit_file),
+                launch.attempt_layout,
+                _Child(proc, launch.attempt_layout.launcher_exit),
                 marker,
                 log_file,
             )
@@ -234,13 +185,14 @@ class LocalExecutor:
             create_time = time.time()
         return ProcessInfo(proc.pid, create_time)
 
-    def adopt(self, job_id: int, attempt: int, info: ProcessInfo, job_dir: Path) -> bool:
+    def adopt(self, job_id: int, attempt: int, info: ProcessInfo) -> bool:
         """Take over an attempt a previous server started. A launcher that still runs (the
         same PID, start time and the attempt's marker: a reused PID is never taken) is
         watched; one that ended while no server watched it is reported by the next ``poll``
         with the result it recorded. False when it is gone without a record."""
         marker = self.marker(job_id, attempt)
-        exit_file = self.attempt_dir(job_dir, attempt) / LAUNCHER_EXIT
+        layout = JobLayout(self.home, job_id).attempt(attempt)
+        exit_file = layout.launcher_exit
         proc: psutil.Process | None = None
         with contextlib.suppress(psutil.Error, OSError):
             candidate = psutil.Process(info.pid)
@@ -254,7 +206,7 @@ class LocalExecutor:
             return False
         with self._lock:
             self._attempts[job_id] = _Attempt(
-                job_id, attempt, job_dir, _Adopted(info.pid, proc, exit_file), marker, None
+                job_id, attempt, layout, _Adopted(info.pid, proc, exit_file), marker, None
             )
         if proc is not None:
             log.info("job %s: re-adopted attempt %s (pid %s)", job_id, attempt, info.pid)
@@ -266,7 +218,9 @@ class LocalExecutor:
         with self._lock:
             return set(self._attempts)
 
-    def stop(self, job_id: int, *, grace: float, reason: str, terminate: bool = True) -> None:
+    def stop(
+        self, job_id: int, *, grace: float, reason: StopReason, terminate: bool = True
+    ) -> None:
         """End an attempt. ``terminate``: SIGTERM now, SIGKILL after ``grace``. Otherwise the
         job is expected to notice (its ``should_stop()`` turns true) and exit by itself within
         ``grace``; then SIGTERM, and SIGKILL a few seconds later."""
@@ -285,7 +239,7 @@ class LocalExecutor:
             att.term_at, att.kill_at = term_at, kill_at
             send_now = term_at <= now and not att.term_sent
             att.term_sent = att.term_sent or send_now
-        log.info("stopping job %s (%s) within %.0f s", job_id, reason, grace)
+        log.info("stopping job %s (%s) within %.0f s", job_id, reason.text, grace)
         if send_now:
             self._signal(att, signal.SIGTERM)
 
@@ -305,15 +259,13 @@ class LocalExecutor:
                 att.log_file.close()
         codes: dict[str, int] = {}
         times: dict[str, float] = {}
-        adir = self.attempt_dir(att.job_dir, att.number)
-        for path in sorted(adir.glob("exit-rank-*")):
+        for rank, path in att.layout.rank_exits().items():
             recorded = read_record(path)
             if recorded is not None:
-                rank = path.name.removeprefix("exit-rank-")
                 codes[rank] = recorded[0]
                 if recorded[1] is not None:
                     times[rank] = recorded[1]
-        shutil.rmtree(adir / "tmp", ignore_errors=True)
+        shutil.rmtree(att.layout.tmp, ignore_errors=True)
         return Exit(att.job_id, att.number, code, codes, att.stop_reason, times)
 
     def poll(self) -> list[Exit]:
@@ -352,14 +304,11 @@ class LocalExecutor:
             return list(self._scan[1].get(att.marker, []))
 
     def kill_orphans(self, job_id: int, attempt: int) -> int:
-        procs = find_marked(self.marker(job_id, attempt))
-        signal_all(procs, signal.SIGKILL)
-        psutil.wait_procs(procs, timeout=5)
-        return len(procs)
+        return kill_marked(self.marker(job_id, attempt))
 
     def shutdown(self, *, grace: float) -> list[Exit]:
         for job_id in self.running():
-            self.stop(job_id, grace=grace, reason="the server is shutting down")
+            self.stop(job_id, grace=grace, reason=StopReason.SHUTDOWN)
         exits: list[Exit] = []
         deadline = time.monotonic() + grace + 10
         while self.running() and time.monotonic() < deadline:

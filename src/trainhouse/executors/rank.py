@@ -3,8 +3,9 @@
 Sends the rank's stdout and stderr to ``$TRAINHOUSE_LOG_DIR/rank-$RANK.log`` (appending across
 attempts), forwards SIGTERM and SIGINT to the user's process, and writes the rank's exit code to
 ``$TRAINHOUSE_ATTEMPT_DIR/exit-rank-$RANK`` as "CODE TIME" (negative: killed by that signal),
-so the rank that failed first can be told from the ranks torn down after it.
-Imports the standard library only, so it adds nothing to a rank's start-up.
+so the rank that failed first can be told from the ranks torn down after it (the names are
+:mod:`trainhouse.layout`'s). Imports the standard library only (and trainhouse's modules that
+do), so it adds nothing to a rank's start-up.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import time
 from pathlib import Path
 
 from trainhouse.executors.supervise import record
+from trainhouse.layout import ATTEMPT_DIR_ENV, ATTEMPT_ENV, LOG_DIR_ENV, AttemptLayout, log_name
 
 
 def _argv(argv: list[str]) -> list[str]:
@@ -32,11 +34,11 @@ def main(argv: list[str]) -> int:
         print("usage: python -m trainhouse.executors.rank COMMAND [ARGS...]", file=sys.stderr)
         return 2
     rank = os.environ.get("RANK", "0")
-    log_dir = Path(os.environ.get("TRAINHOUSE_LOG_DIR", "."))
-    attempt_dir = Path(os.environ.get("TRAINHOUSE_ATTEMPT_DIR", "."))
-    attempt = os.environ.get("TRAINHOUSE_ATTEMPT", "?")
+    log_dir = Path(os.environ.get(LOG_DIR_ENV, "."))
+    attempt_dir = AttemptLayout(Path(os.environ.get(ATTEMPT_DIR_ENV, ".")))
+    attempt = os.environ.get(ATTEMPT_ENV, "?")
     log_dir.mkdir(parents=True, exist_ok=True)
-    with (log_dir / f"rank-{rank}.log").open("ab", buffering=0) as log:
+    with (log_dir / log_name(rank)).open("ab", buffering=0) as log:
         stamp = time.strftime("%Y-%m-%d %H:%M:%S")
         log.write(f"=== trainhouse: attempt {attempt}, rank {rank}, {stamp} ===\n".encode())
         try:
@@ -55,7 +57,7 @@ def main(argv: list[str]) -> int:
             signal.signal(signal.SIGTERM, forward)
             signal.signal(signal.SIGINT, forward)
             code = child.wait()
-        record(attempt_dir / f"exit-rank-{rank}", code)
+        record(attempt_dir.rank_exit(rank), code)
     return code if code >= 0 else 128 - code
 
 

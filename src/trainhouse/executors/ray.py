@@ -38,23 +38,25 @@ import socket
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
+from trainhouse.cluster import Node
+from trainhouse.errors import RayUnavailable
 from trainhouse.executors.base import Exit, Launch, ProcessInfo
 from trainhouse.executors.ray_attempt import (
     Attempt,
     Member,
-    RayUnavailable,
     bundle,
     first_line,
     node_name,
     pack,
     probe,
     to_node,
-    torchrun_args,
 )
-from trainhouse.executors.ray_node import LAUNCHER_LOG, NodeAgent, boot_id
-from trainhouse.scheduler.resources import Node
+from trainhouse.executors.ray_node import NodeAgent, boot_id
+from trainhouse.executors.torchrun import job_environment
+from trainhouse.layout import LAUNCHER_LOG, JobLayout
+from trainhouse.lifecycle import StopReason
 
 log = logging.getLogger(__name__)
 
@@ -78,7 +80,8 @@ def _ray() -> Any:
 class RayExecutor:
     """Runs every job as a Ray placement group with one torchrun per bundle."""
 
-    multi_node = True
+    name: ClassVar[str] = "ray"
+    multi_node: ClassVar[bool] = True
 
     def __init__(
         self,
@@ -191,14 +194,14 @@ class RayExecutor:
         att = Attempt(
             launch.job_id,
             launch.attempt,
-            launch.job_dir,
+            launch.layout,
             res.procs,
             [Member(i) for i in range(len(launch.placements))],
         )
         att.bundles = [bundle(p) for p in launch.placements]
-        (launch.job_dir / "logs").mkdir(parents=True, exist_ok=True)
-        att.attempt_dir.mkdir(parents=True, exist_ok=True)
-        with (launch.job_dir / "logs" / LAUNCHER_LOG).open("ab") as fh:
+        launch.layout.logs.mkdir(parents=True, exist_ok=True)
+        att.layout.dir.mkdir(parents=True, exist_ok=True)
+        with (launch.layout.logs / LAUNCHER_LOG).open("ab") as fh:
             fh.write(f"=== trainhouse: attempt {launch.attempt} (ray) ===\n".encode())
         att.starter = threading.Thread(
             target=self._start,
@@ -275,19 +278,21 @@ class RayExecutor:
                 return
             for m, info in zip(att.members, infos, strict=True):
                 m.boot_id = info["boot_id"]
-            master = infos[0]
-            env = {
-                "OMP_NUM_THREADS": str(launch.spec.resources.cpus_per_proc),
-                "PYTHONUNBUFFERED": "1",
-                **launch.spec.env,
-                **launch.env,
-            }
+            master = (str(infos[0]["ip"]), int(infos[0]["port"]))
+            env = job_environment(launch.spec, launch.env)
             calls = []
             for m, info in zip(att.members, infos, strict=True):
-                args = torchrun_args(
-                    len(att.members), m.index, att.procs, master["ip"], int(master["port"])
+                calls.append(
+                    m.actor.start.remote(
+                        launch.spec.argv,
+                        env,
+                        info["gpus"],
+                        procs=att.procs,
+                        nodes=len(att.members),
+                        node_rank=m.index,
+                        master=master,
+                    )
                 )
-                calls.append(m.actor.start.remote(args, launch.spec.argv, env, info["gpus"]))
             if self._wait(att, calls) is None:
                 return
             att.save_record()
@@ -324,12 +329,12 @@ class RayExecutor:
         return self.marker(att.job_id, att.number, index)
 
     # -- adopt -----------------------------------------------------------------------------
-    def adopt(self, job_id: int, attempt: int, info: ProcessInfo, job_dir: Path) -> bool:
+    def adopt(self, job_id: int, attempt: int, info: ProcessInfo) -> bool:
         """Find a running attempt again by its names: its placement group and one actor per
         node, all started; False (its leftovers go with :meth:`kill_orphans`) otherwise."""
         ray = _ray()
         try:
-            att = Attempt.load(job_id, attempt, job_dir)
+            att = Attempt.load(job_id, attempt, JobLayout(self.home, job_id))
             att.pg = ray.util.get_placement_group(self.group_name(job_id, attempt))
             for m in att.members:
                 m.actor = ray.get_actor(
@@ -354,7 +359,9 @@ class RayExecutor:
             return set(self._attempts)
 
     # -- stop ------------------------------------------------------------------------------
-    def stop(self, job_id: int, *, grace: float, reason: str, terminate: bool = True) -> None:
+    def stop(
+        self, job_id: int, *, grace: float, reason: StopReason, terminate: bool = True
+    ) -> None:
         """As the local executor's: SIGTERM now and SIGKILL after ``grace``, or (not
         ``terminate``) SIGTERM after ``grace`` and SIGKILL 5 s later, on every node."""
         now = time.monotonic()
@@ -372,7 +379,7 @@ class RayExecutor:
                     return
                 term_at, kill_at = min(term_at, att.term_at), min(kill_at, att.kill_at)
             att.term_at, att.kill_at = term_at, kill_at
-        log.info("stopping job %s (%s) within %.0f s", job_id, reason, grace)
+        log.info("stopping job %s (%s) within %.0f s", job_id, reason.text, grace)
 
     def _signal(self, att: Attempt, sig: int) -> None:
         for m in att.members:
@@ -495,7 +502,7 @@ class RayExecutor:
             log.info("job %s: %s", att.job_id, att.problem)
             return Exit(att.job_id, att.number, 1, stop_reason=att.stop_reason, requeue=att.problem)
         if att.problem:
-            with (att.job_dir / "logs" / LAUNCHER_LOG).open("ab") as fh:
+            with (att.logs / LAUNCHER_LOG).open("ab") as fh:
                 fh.write(f"trainhouse: {att.problem}\n".encode())
         return Exit(att.job_id, att.number, -int(signal.SIGKILL), {}, att.stop_reason)
 
@@ -561,7 +568,7 @@ class RayExecutor:
         """End whatever an attempt left on the cluster: its actors (clearing their nodes)
         and its placement group."""
         ray = _ray()
-        att = Attempt(job_id, attempt, self.home / "jobs" / str(job_id), 1, [])
+        att = Attempt(job_id, attempt, JobLayout(self.home, job_id), 1, [])
         nodes = 64  # how many actors to look for: the group knows (a lost node's is gone)
         with contextlib.suppress(Exception):
             att.pg = ray.util.get_placement_group(self.group_name(job_id, attempt))
@@ -574,7 +581,7 @@ class RayExecutor:
 
     def shutdown(self, *, grace: float) -> list[Exit]:
         for job_id in self.running():
-            self.stop(job_id, grace=grace, reason="the server is shutting down")
+            self.stop(job_id, grace=grace, reason=StopReason.SHUTDOWN)
         exits: list[Exit] = []
         deadline = time.monotonic() + grace + 15
         while self.running() and time.monotonic() < deadline:

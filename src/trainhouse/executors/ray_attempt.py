@@ -15,16 +15,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from trainhouse.errors import TrainhouseError
+from trainhouse.cluster import Gpu, Node, Placement
+from trainhouse.errors import RayUnavailable
 from trainhouse.executors.base import Exit
-from trainhouse.executors.ray_node import LAUNCHER_LOG
-from trainhouse.scheduler.resources import Gpu, Node, Placement
-from trainhouse.sdk.metrics import SPOOL_DIR
-
-
-class RayUnavailable(TrainhouseError):
-    code = "ray_unavailable"
-
+from trainhouse.layout import LAUNCHER_LOG, AttemptLayout, JobLayout, log_name
+from trainhouse.lifecycle import StopReason
 
 STANDARD = {"CPU", "GPU", "memory", "object_store_memory"}
 RECORD = "ray.json"  # in the attempt's directory: what a restarted server re-attaches to
@@ -57,14 +52,14 @@ class Member:
 class Attempt:
     job_id: int
     number: int
-    job_dir: Path
+    job: JobLayout
     procs: int  # ranks per node
     members: list[Member]
     bundles: list[dict[str, float]] = field(default_factory=list)
     pg: Any = None
     phase: str = "starting"  # starting | running | unplaced | broken | aborted
     problem: str | None = None  # why it is unplaced or could not start
-    stop_reason: str | None = None
+    stop_reason: StopReason | None = None
     term_at: float | None = None
     term_sent: bool = False
     kill_at: float | None = None
@@ -73,12 +68,12 @@ class Attempt:
     abort: threading.Event = field(default_factory=threading.Event)
 
     @property
-    def attempt_dir(self) -> Path:
-        return self.job_dir / "attempts" / str(self.number)
+    def layout(self) -> AttemptLayout:
+        return self.job.attempt(self.number)
 
     @property
     def logs(self) -> Path:
-        return self.job_dir / "logs"
+        return self.job.logs
 
     def ranks(self, m: Member) -> list[int]:
         """The global ranks of a node."""
@@ -114,7 +109,7 @@ class Attempt:
             if m.ended[0] != 0:
                 failed = f"node {m.index}'s torchrun {describe(m.ended[0])}"
         if status["complete"]:
-            spool = self.attempt_dir / SPOOL_DIR
+            spool = self.layout.spool
             for name, data in status.get("spool", {}).items():
                 spool.mkdir(parents=True, exist_ok=True)
                 (spool / Path(name).name).write_bytes(data)
@@ -149,7 +144,7 @@ class Attempt:
                     codes[str(rank)] = -int(signal.SIGKILL)
                     times[str(rank)] = first
                 note = f"trainhouse: node {m.index} of attempt {self.number} was lost: {m.lost}\n"
-                for name in [LAUNCHER_LOG, *(f"rank-{r}.log" for r in ranks)]:
+                for name in [LAUNCHER_LOG, *(log_name(r) for r in ranks)]:
                     with contextlib.suppress(OSError), (self.logs / name).open("ab") as fh:
                         fh.write(note.encode())
             exit_code = -int(signal.SIGKILL)
@@ -165,19 +160,19 @@ class Attempt:
             "bundles": self.bundles,
             "nodes": [{"node_id": m.node_id, "boot_id": m.boot_id} for m in self.members],
         }
-        write_json(self.attempt_dir / RECORD, record)
+        write_json(self.layout.dir / RECORD, record)
 
     def save_offsets(self) -> None:
-        write_json(self.attempt_dir / OFFSETS, {str(m.index): m.offsets for m in self.members})
+        write_json(self.layout.dir / OFFSETS, {str(m.index): m.offsets for m in self.members})
 
     @classmethod
-    def load(cls, job_id: int, number: int, job_dir: Path) -> Attempt:
+    def load(cls, job_id: int, number: int, job: JobLayout) -> Attempt:
         """The attempt as :meth:`save_record` left it (OSError, KeyError or ValueError if it
         did not)."""
-        adir = job_dir / "attempts" / str(number)
+        adir = job.attempt(number).dir
         record = json.loads((adir / RECORD).read_text())
         offsets = read_json(adir / OFFSETS)
-        att = cls(job_id, number, job_dir, int(record["procs"]), [], list(record["bundles"]))
+        att = cls(job_id, number, job, int(record["procs"]), [], list(record["bundles"]))
         for i, node in enumerate(record["nodes"]):
             m = Member(i, node_id=str(node["node_id"]), boot_id=str(node["boot_id"]))
             m.offsets = {k: int(v) for k, v in offsets.get(str(i), {}).items()}
@@ -233,19 +228,6 @@ def bundle(placement: Placement) -> dict[str, float]:
     if placement.gpus:
         out["GPU"] = float(len(placement.gpus))
     return out
-
-
-def torchrun_args(nodes: int, rank: int, procs: int, addr: str, port: int) -> list[str]:
-    """torchrun's arguments for node ``rank``: a static rendezvous at node 0's address."""
-    return [
-        f"--nnodes={nodes}",
-        f"--node-rank={rank}",
-        f"--nproc-per-node={procs}",
-        f"--master-addr={addr}",
-        f"--master-port={port}",
-        "--max-restarts=0",
-        "--monitor-interval=0.2",
-    ]
 
 
 def describe(code: int) -> str:

@@ -36,22 +36,12 @@ from typing import Any
 
 import psutil
 
-from trainhouse.executors.markers import LAUNCHER_EXIT, MARKER_ENV, find_marked
+from trainhouse.executors import torchrun
+from trainhouse.executors.markers import kill_marked
 from trainhouse.executors.supervise import read_record
-from trainhouse.sdk.metrics import SPOOL_DIR
+from trainhouse.layout import LAUNCHER_LOG, MARKER_ENV, AttemptLayout
 
-LAUNCHER_LOG = "launcher.log"
 CHUNK = 1 << 20  # bytes of one log returned by one status call at most
-
-
-def kill_marked(marker: str, sig: int = signal.SIGKILL) -> int:
-    procs = find_marked(marker)
-    for proc in procs:
-        with contextlib.suppress(psutil.Error, OSError):
-            proc.send_signal(sig)
-    if sig == signal.SIGKILL and procs:
-        psutil.wait_procs(procs, timeout=5)
-    return len(procs)
 
 
 def boot_id() -> str:
@@ -97,8 +87,8 @@ class NodeAgent:
         return self.root / "logs"
 
     @property
-    def attempt_dir(self) -> Path:
-        return self.root / "attempt"
+    def attempt(self) -> AttemptLayout:
+        return AttemptLayout(self.root / "attempt")
 
     # -- start -----------------------------------------------------------------------------
     def prepare(self, archive: bytes) -> dict[str, Any]:
@@ -112,7 +102,7 @@ class NodeAgent:
 
         if self.root.exists():
             shutil.rmtree(self.root)
-        (self.attempt_dir / "tmp").mkdir(parents=True)
+        self.attempt.tmp.mkdir(parents=True)
         self.logs.mkdir()
         packed = self.root / "workdir.tar.gz"
         packed.write_bytes(archive)
@@ -130,10 +120,19 @@ class NodeAgent:
         }
 
     def start(
-        self, torchrun: list[str], argv: list[str], env: dict[str, str], gpus: list[str]
+        self,
+        argv: list[str],
+        env: dict[str, str],
+        gpus: list[str],
+        *,
+        procs: int,
+        nodes: int,
+        node_rank: int,
+        master: tuple[str, int],
     ) -> int:
-        """Start the guard, then the supervisor of torchrun (with the arguments ``torchrun``)
-        running ``argv`` in every rank; returns the supervisor's PID."""
+        """Start the guard, then the supervisor of torchrun for node ``node_rank`` of
+        ``nodes`` (rendezvous at ``master``) running ``argv`` in each of ``procs`` ranks, with
+        the job's environment ``env``; returns the supervisor's PID."""
         if self.proc is not None:
             return self.proc.pid
         read_end, write_end = os.pipe()  # not inheritable: only the guard gets the read end
@@ -160,22 +159,26 @@ class NodeAgent:
         finally:
             os.close(read_end)
         self.guard_fd = write_end
-        full = self._environment(env, gpus)
+        full = torchrun.rank_environment(
+            os.environ,
+            env,
+            marker=self.marker,
+            gpus=gpus,
+            log_dir=self.logs,
+            attempt=self.attempt,
+            drop_prefixes=("RAY_",),
+        )
+        cmd = torchrun.command(
+            self.attempt.launcher_exit,
+            argv,
+            procs=procs,
+            nodes=nodes,
+            node_rank=node_rank,
+            master=master,
+        )
         with (self.logs / LAUNCHER_LOG).open("ab") as log:
             self.proc = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "trainhouse.executors.supervise",
-                    str(self.attempt_dir / LAUNCHER_EXIT),
-                    sys.executable,
-                    "-m",
-                    "torch.distributed.run",
-                    *torchrun,
-                    "-m",
-                    "trainhouse.executors.rank",
-                    *argv,
-                ],
+                cmd,
                 cwd=self.workdir,
                 env=full,
                 stdin=subprocess.DEVNULL,
@@ -185,25 +188,6 @@ class NodeAgent:
             )
         self.started_at = time.time()
         return self.proc.pid
-
-    def _environment(self, env: dict[str, str], gpus: list[str]) -> dict[str, str]:
-        out = {
-            k: v
-            for k, v in os.environ.items()
-            if not k.startswith(("TRAINHOUSE_", "RAY_"))
-            and k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "CUDA_VISIBLE_DEVICES")
-        }
-        out.update(env)
-        out.update(
-            {
-                MARKER_ENV: self.marker,
-                "CUDA_VISIBLE_DEVICES": ",".join(gpus),
-                "TRAINHOUSE_LOG_DIR": str(self.logs),
-                "TRAINHOUSE_ATTEMPT_DIR": str(self.attempt_dir),
-                "TMPDIR": str(self.attempt_dir / "tmp"),
-            }
-        )
-        return out
 
     # -- watch -----------------------------------------------------------------------------
     def status(self, offsets: dict[str, int], want_pids: bool = False) -> dict[str, Any]:
@@ -243,17 +227,17 @@ class NodeAgent:
         out["logs"] = logs
         if ended:
             assert code is not None
-            recorded = read_record(self.attempt_dir / LAUNCHER_EXIT)
+            recorded = read_record(self.attempt.launcher_exit)
             out["launcher"] = recorded if recorded is not None else (code, time.time())
             ranks = {}
-            for path in sorted(self.attempt_dir.glob("exit-rank-*")):
+            for rank, path in self.attempt.rank_exits().items():
                 rec = read_record(path)
                 if rec is not None:
-                    ranks[path.name.removeprefix("exit-rank-")] = rec
+                    ranks[rank] = rec
             out["ranks"] = ranks
         out["complete"] = complete
         if complete:
-            spool = self.attempt_dir / SPOOL_DIR
+            spool = self.attempt.spool
             out["spool"] = (
                 {p.name: p.read_bytes() for p in sorted(spool.glob("*.json"))}
                 if spool.is_dir()

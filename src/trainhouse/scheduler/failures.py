@@ -16,14 +16,17 @@ import signal
 from dataclasses import dataclass
 
 from trainhouse.executors.base import Exit
+from trainhouse.joblogs import read_log
+from trainhouse.layout import JobLayout
 from trainhouse.spec import NoRestart
-from trainhouse.store.jobfiles import JobFiles
 
 # signals that come from outside the process: the infrastructure's doing, not the code's
 INFRA_SIGNALS = frozenset(
     int(s) for s in (signal.SIGKILL, signal.SIGTERM, signal.SIGHUP, signal.SIGINT, signal.SIGQUIT)
 )
 TAIL_LINES = 20
+#: restarts per job after infrastructure failures (``trainhouse server --max-infra-restarts``)
+DEFAULT_MAX_INFRA_RESTARTS = 20
 SCAN_BYTES = 256 * 1024
 
 
@@ -51,9 +54,9 @@ def describe(code: int) -> str:
     return f"exited with code {code}"
 
 
-def attempt_log(files: JobFiles, rank: int | str, attempt: int) -> str:
+def attempt_log(files: JobLayout, rank: int | str, attempt: int) -> str:
     """The part of a rank's log that ``attempt`` wrote (logs append across attempts)."""
-    data, _ = files.read_log(rank, tail=2000)
+    data, _ = read_log(files.log(rank), tail=2000)
     text = data[-SCAN_BYTES:].decode(errors="replace")
     marker = f"=== trainhouse: attempt {attempt}"
     start = text.rfind(marker)
@@ -63,7 +66,7 @@ def attempt_log(files: JobFiles, rank: int | str, attempt: int) -> str:
     return text
 
 
-def analyse(ended: Exit, files: JobFiles, ranks: int, policy: NoRestart) -> Failure:
+def analyse(ended: Exit, files: JobLayout, ranks: int, policy: NoRestart) -> Failure:
     """Classify a failed attempt of ``ranks`` ranks (per node, for the local executor)."""
     rank = ended.failed_rank
     missing = [r for r in range(ranks) if str(r) not in ended.rank_exit_codes]

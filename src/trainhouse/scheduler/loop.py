@@ -8,7 +8,6 @@ API handlers only write requests into the store and :meth:`SchedulerLoop.wake` i
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import shutil
 import threading
@@ -18,11 +17,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from trainhouse.cluster import Placement
 from trainhouse.errors import InvalidTransition, StoreError
 from trainhouse.executors.base import Executor, Exit, Launch, ProcessInfo
-from trainhouse.scheduler.failures import analyse
+from trainhouse.layout import JobEnv, JobLayout
+from trainhouse.lifecycle import JobState, StopReason
+from trainhouse.scheduler.failures import DEFAULT_MAX_INFRA_RESTARTS, analyse
 from trainhouse.scheduler.fairshare import DEFAULT_ENTRY_SECONDS, DEFAULT_HALF_LIFE, UsageLedger
-from trainhouse.scheduler.lifecycle import JobState
 from trainhouse.scheduler.policy import (
     Decisions,
     QueuedJob,
@@ -33,13 +34,12 @@ from trainhouse.scheduler.policy import (
     cost_rate,
     decide,
 )
-from trainhouse.scheduler.resources import Demand, Placement
+from trainhouse.scheduler.resources import Demand
 from trainhouse.spec import JobSpec
 from trainhouse.storage import open_storage
 from trainhouse.store import BlobStore, Job, Store
-from trainhouse.store.accounts import hash_token, job_token
-from trainhouse.store.jobfiles import JobFiles
 from trainhouse.store.spool import ingest_spool
+from trainhouse.tokens import hash_token, job_token
 from trainhouse.workdir import extract
 
 log = logging.getLogger(__name__)
@@ -55,7 +55,7 @@ class SchedulerConfig:
     entry_seconds: float = DEFAULT_ENTRY_SECONDS
     default_quota: Quota = field(default_factory=Quota)
     preemption: bool = True
-    max_infra_restarts: int = 20  # restarts after infrastructure failures, per job
+    max_infra_restarts: int = DEFAULT_MAX_INFRA_RESTARTS  # restarts after infra failures, per job
 
 
 class SchedulerLoop:
@@ -84,7 +84,7 @@ class SchedulerLoop:
         self.on_attempt_end = on_attempt_end
         # a job's checkpoint directory or URL (default: HOME/jobs/<id>/checkpoints)
         self.checkpoint_location = checkpoint_location or (
-            lambda job_id: str(JobFiles(home, job_id).checkpoints)
+            lambda job_id: str(JobLayout(home, job_id).checkpoints)
         )
         self._wake = threading.Event()
         self._stopping = threading.Event()
@@ -155,9 +155,7 @@ class SchedulerLoop:
             attempt = self.store.get_attempt(job.id, job.attempts)
             if attempt.pid is not None and attempt.pid_create_time is not None:
                 info = ProcessInfo(attempt.pid, attempt.pid_create_time)
-                if self.executor.adopt(
-                    job.id, job.attempts, info, JobFiles(self.home, job.id).root
-                ):
+                if self.executor.adopt(job.id, job.attempts, info):
                     self._attempt_started[job.id] = attempt.started_at
                     self.store.add_event(
                         job.id, f"the server restarted; attempt {job.attempts} kept running"
@@ -236,7 +234,7 @@ class SchedulerLoop:
         except StoreError:
             return
         # what the attempt could not send (the server was down as it ended) comes first
-        ingest_spool(self.store, job.id, JobFiles(self.home, job.id).attempt(ended.attempt))
+        ingest_spool(self.store, job.id, JobLayout(self.home, job.id).attempt(ended.attempt))
         if self.on_attempt_end is not None:
             try:
                 self.on_attempt_end(job.id, ended.attempt)
@@ -264,9 +262,11 @@ class SchedulerLoop:
             )
             self._requeue(job, ended.requeue)
             return
-        elif ended.stop_reason and ended.stop_reason.startswith("max_runtime"):
-            result, new, reason = "failed", JobState.FAILED, ended.stop_reason
-        elif ended.stop_reason == "the server is shutting down":
+        elif ended.stop_reason is StopReason.MAX_RUNTIME:
+            limit = job.spec.get("max_runtime") or 0
+            result, new = "failed", JobState.FAILED
+            reason = f"max_runtime exceeded: ran longer than {int(limit)} s"
+        elif ended.stop_reason is StopReason.SHUTDOWN:
             result, reason = "interrupted", "the server stopped while it ran; it resumes on restart"
             self.store.update_attempt(
                 job.id, ended.attempt, result=result, reason=reason, **attempt_fields
@@ -278,7 +278,7 @@ class SchedulerLoop:
         else:
             spec = JobSpec.model_validate(job.spec)
             failure = analyse(
-                ended, JobFiles(self.home, job.id), spec.resources.procs, spec.no_restart_on
+                ended, JobLayout(self.home, job.id), spec.resources.procs, spec.no_restart_on
             )
             reason = failure.summary + (
                 f"; not restarted: {failure.permanent}" if failure.permanent else ""
@@ -319,7 +319,7 @@ class SchedulerLoop:
             if job.cancel_requested:
                 # should_stop() turns true; SIGTERM only if it has not exited within the grace
                 self.executor.stop(
-                    job.id, grace=self.cancel_grace, reason="canceled by request", terminate=False
+                    job.id, grace=self.cancel_grace, reason=StopReason.CANCEL, terminate=False
                 )
                 continue
             limit = job.spec.get("max_runtime")
@@ -328,7 +328,7 @@ class SchedulerLoop:
                 self.executor.stop(
                     job.id,
                     grace=float(job.spec.get("preemption_grace", 120)),
-                    reason=f"max_runtime exceeded: ran longer than {int(limit)} s",
+                    reason=StopReason.MAX_RUNTIME,
                     terminate=False,
                 )
 
@@ -451,7 +451,7 @@ class SchedulerLoop:
         grace = float(job.spec.get("preemption_grace", 120))
         self.store.update_job(job_id, preempt_requested=True, reason=reason)
         # the SDK's should_stop() turns true on every rank; SIGKILL only after the grace period
-        self.executor.stop(job_id, grace=grace, reason="preempted", terminate=False)
+        self.executor.stop(job_id, grace=grace, reason=StopReason.PREEMPT, terminate=False)
         log.info("job %s: %s (grace %.0f s)", job_id, reason, grace)
 
     def _start(self, job: Job, placements: tuple[Placement, ...]) -> bool:
@@ -465,8 +465,8 @@ class SchedulerLoop:
             log.info("job %s not started: %s", job.id, exc)
             return False
         self._reasons.pop(job.id, None)
-        files = JobFiles(self.home, job.id)
-        workdir = files.attempt(attempt.number) / "workdir"
+        files = JobLayout(self.home, job.id)
+        workdir = files.attempt(attempt.number).workdir
         try:
             spec = JobSpec.model_validate(job.spec)
             if workdir.exists():
@@ -474,24 +474,16 @@ class SchedulerLoop:
             checkpoints = self.checkpoint_location(job.id)
             open_storage(checkpoints).makedirs()
             extract(self.blobs.path(job.archive_sha256), workdir)
-            env = {
-                "TRAINHOUSE_URL": self.server_url,
-                "TRAINHOUSE_JOB_ID": str(job.id),
-                "TRAINHOUSE_JOB_NAME": job.name,
-                "TRAINHOUSE_ATTEMPT": str(attempt.number),
-                "TRAINHOUSE_JOB_TOKEN": token,
-                # the ambient identity inside a job is the job: a Client() made by the script
-                # acts with the job's credential, which reaches this job only
-                "TRAINHOUSE_TOKEN": token,
-                "TRAINHOUSE_HPARAMS": json.dumps(spec.hparams),
-                # a URL (s3://..., file://...) or a local directory
-                "TRAINHOUSE_CHECKPOINT_URL"
-                if "://" in checkpoints
-                else "TRAINHOUSE_CHECKPOINT_DIR": checkpoints,
-            }
-            info = self.executor.launch(
-                Launch(job.id, attempt.number, spec, placements, workdir, files.root, env)
+            env = JobEnv(
+                url=self.server_url,
+                job_id=job.id,
+                job_name=job.name,
+                attempt=attempt.number,
+                token=token,
+                checkpoints=checkpoints,
+                hparams=spec.hparams,
             )
+            info = self.executor.launch(Launch(spec, placements, files, env))
         except Exception as exc:  # whatever it was, the job must not stay RUNNING
             reason = f"could not start attempt {attempt.number}: {exc}"
             log.error("job %s: %s", job.id, reason)

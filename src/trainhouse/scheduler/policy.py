@@ -27,8 +27,9 @@ from collections import defaultdict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from trainhouse.cluster import Node, Placement
 from trainhouse.scheduler.preemption import choose_victims
-from trainhouse.scheduler.resources import Demand, Free, Node, Placement
+from trainhouse.scheduler.resources import Demand, Free
 from trainhouse.spec import tier_rank
 
 INF = math.inf

@@ -1,56 +1,12 @@
-"""The resource model: nodes with CPUs, memory and GPUs, and concrete placements on them."""
+"""What the policy hands out: a job's demand per node, a node's free capacity while a pass
+assigns it, and whether a job can ever fit (the resource model is :mod:`trainhouse.cluster`)."""
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
-from typing import Any
+from dataclasses import dataclass, field
 
+from trainhouse.cluster import Node, Placement
 from trainhouse.spec import Resources
-
-
-@dataclass(frozen=True)
-class Gpu:
-    index: int
-    model: str = "unknown"
-    memory_bytes: int = 0
-
-
-@dataclass(frozen=True)
-class Node:
-    name: str
-    cpus: int
-    memory_bytes: int
-    gpus: tuple[Gpu, ...] = ()
-    labels: tuple[str, ...] = ()  # custom resources a Ray node offers ("name=amount")
-
-    def describe(self) -> str:
-        gpu = f"{len(self.gpus)} GPU(s)" if self.gpus else "no GPUs"
-        return f"node {self.name}: {self.cpus} CPU cores, {gpu}"
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-@dataclass(frozen=True)
-class Placement:
-    """Where a job runs: concrete GPU indices and a CPU count on each node."""
-
-    node: str
-    cpus: int
-    gpus: tuple[int, ...] = ()
-    procs: int = 1
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"node": self.node, "cpus": self.cpus, "gpus": list(self.gpus), "procs": self.procs}
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> Placement:
-        return cls(
-            node=data["node"],
-            cpus=int(data["cpus"]),
-            gpus=tuple(data.get("gpus") or ()),
-            procs=int(data.get("procs", 1)),
-        )
 
 
 @dataclass(frozen=True)

@@ -20,19 +20,22 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from trainhouse._http import encode_json
 from trainhouse.errors import ClientError, ServerUnreachable
-from trainhouse.sdk.transport import JobAPI, encode_json
+from trainhouse.layout import JobEnv
+from trainhouse.sdk.transport import JobAPI
 
 log = logging.getLogger("trainhouse")
 
 Point = tuple[int, str, float | None, int | None, float]
 MAX_SERVER_ERRORS = 10  # a batch the server fails on this many times in a row is dropped
-SPOOL_DIR = "metrics-spool"  # under $TRAINHOUSE_ATTEMPT_DIR
 
 
 def default_spool() -> Path | None:
-    attempt_dir = os.environ.get("TRAINHOUSE_ATTEMPT_DIR")
-    return Path(attempt_dir) / SPOOL_DIR if attempt_dir else None
+    """The attempt's spool directory (``$TRAINHOUSE_ATTEMPT_DIR/metrics-spool``), if any."""
+    job = JobEnv.from_env()
+    layout = job.attempt_layout if job is not None else None
+    return layout.spool if layout is not None else None
 
 
 def finite_or_none(value: float) -> float | None:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import json
 import logging
 import os
 import sys
@@ -18,6 +17,7 @@ import types
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from trainhouse.layout import CHECKPOINT_URL_ENV, JobEnv
 from trainhouse.sdk.checkpoint import Checkpointer
 from trainhouse.sdk.metrics import Point, Reporter, finite_or_none
 from trainhouse.sdk.transport import JobAPI
@@ -66,13 +66,13 @@ class Run:
         self.local_rank = _env_int("LOCAL_RANK", 0)
         self.world_size = _env_int("WORLD_SIZE", 1)
         self.is_main = self.rank == 0
-        job = os.environ.get("TRAINHOUSE_JOB_ID")
-        self.job_id: int | None = int(job) if job else None
-        self.attempt = _env_int("TRAINHOUSE_ATTEMPT", 1)
-        self.standalone = self.job_id is None
+        job = JobEnv.from_env()
+        self.job_id: int | None = job.job_id if job is not None else None
+        self.attempt = job.attempt if job is not None else 1
+        self.standalone = job is None
         self.hparams: dict[str, Any] = dict(hparams or {})
-        if not self.standalone:
-            self.hparams.update(json.loads(os.environ.get("TRAINHOUSE_HPARAMS") or "{}"))
+        if job is not None:
+            self.hparams.update(job.hparams)
         self._step = -1
         self._closed = False
         self._owns_group = False
@@ -88,19 +88,14 @@ class Run:
         self._setup_distributed(backend)
         self._api: JobAPI | None = None
         self._reporter: Reporter | None = None
-        if not self.standalone:
-            self._api = JobAPI(
-                os.environ.get("TRAINHOUSE_URL", "http://127.0.0.1:8470"),
-                self.job_id or 0,
-                os.environ.get("TRAINHOUSE_JOB_TOKEN", ""),
-            )
+        location: str | Path
+        if job is not None:
+            self._api = JobAPI(job.url, job.job_id, job.token)
             if self.is_main:
                 self._reporter = Reporter(self._api, self.attempt)
-            directory = Path(os.environ.get("TRAINHOUSE_CHECKPOINT_DIR", "checkpoints"))
-        else:
-            directory = Path("checkpoints").resolve()
-        # a URL (any fsspec one) replaces the local directory
-        location = os.environ.get("TRAINHOUSE_CHECKPOINT_URL") or directory
+            location = job.checkpoints  # a directory or a URL (any fsspec one)
+        else:  # a URL given by hand (any fsspec one) replaces ./checkpoints
+            location = os.environ.get(CHECKPOINT_URL_ENV) or Path("checkpoints").resolve()
         self.checkpoint = Checkpointer(self, location)
         if total_steps is not None:
             self.set_total_steps(total_steps)

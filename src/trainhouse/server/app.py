@@ -1,4 +1,8 @@
-"""The app factory: ``create_app(settings)`` builds the API; its lifespan runs the scheduler."""
+"""The app factory: ``create_app(settings)`` builds the API; its lifespan runs the services.
+
+``create_app(settings, executor=...)`` runs the app on a given executor instead of the one
+``settings.executor`` names (tests run the real API over a fake one).
+"""
 
 from __future__ import annotations
 
@@ -14,9 +18,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from trainhouse._version import __version__
 from trainhouse.errors import TrainhouseError
+from trainhouse.executors import registry
 from trainhouse.executors.base import Executor
-from trainhouse.executors.inventory import local_node
-from trainhouse.executors.local import LocalExecutor
 from trainhouse.scheduler.loop import SchedulerConfig, SchedulerLoop
 from trainhouse.scheduler.policy import Quota
 from trainhouse.server import limits
@@ -57,33 +60,11 @@ def _validation_message(exc: RequestValidationError) -> str:
     return "; ".join(parts)
 
 
-def make_executor(settings: Settings) -> tuple[Executor, str]:
-    """The executor ``--executor`` names, and the node the server's own samples are named by."""
-    if settings.executor == "ray":
-        from trainhouse.executors.ray import RayExecutor
-
-        if not settings.shared_checkpoints:
-            log.warning(
-                "checkpoints are on this machine's disk (HOME/jobs/<id>/checkpoints): jobs on "
-                "other Ray nodes cannot share them; multi-node jobs are refused until the "
-                "server runs with --checkpoint-url or --shared-home"
-            )
-        ray = RayExecutor(
-            settings.ray_address or "",
-            settings.home,
-            placement_timeout=settings.ray_placement_timeout,
-            node_dir=settings.ray_node_dir,
-        )
-        return ray, ray.server_node()
-    if settings.executor != "local":
-        raise TrainhouseError(f"executor must be 'local' or 'ray', got {settings.executor!r}")
-    local = LocalExecutor(local_node(settings.cpus, settings.gpus), settings.home)
-    return local, local.node.name
-
-
-def build_services(settings: Settings) -> Services:
+def build_services(settings: Settings, executor: Executor | None = None) -> Services:
     settings.home.mkdir(parents=True, exist_ok=True)
-    executor, node = make_executor(settings)
+    if executor is None:
+        executor = registry.build(settings)
+    node = executor.server_node()
     store = Store(settings.database_url, migrate="auto")  # PostgreSQL: `db upgrade` first
     blobs = BlobStore(settings.home / "blobs")
     checkpoints = Checkpoints(store, settings.home, settings.checkpoint_url)
@@ -141,10 +122,12 @@ def build_services(settings: Settings) -> Services:
     )
 
 
-def create_app(settings: Settings) -> FastAPI:
+def create_app(settings: Settings, *, executor: Executor | None = None) -> FastAPI:
+    """The API over ``settings``; ``executor`` replaces the one ``settings.executor`` names."""
+
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        svc = build_services(settings)
+        svc = build_services(settings, executor)
         app.state.services = svc
         svc.scheduler.start()
         svc.checkpoints.start()

@@ -38,17 +38,12 @@ from dataclasses import dataclass
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
-from trainhouse.errors import TrainhouseError
-from trainhouse.server.deps import Services, Unauthorized, services
+from trainhouse.errors import Forbidden, RateLimited, TrainhouseError, Unauthorized
+from trainhouse.server.deps import Services, services
 from trainhouse.server.schemas import RowId
 from trainhouse.store import Job
-from trainhouse.store.accounts import (
-    JOB_TOKEN_PREFIX,
-    USER_TOKEN_PREFIX,
-    Accounts,
-    hash_token,
-    job_of_token,
-)
+from trainhouse.store.accounts import Accounts
+from trainhouse.tokens import JOB_TOKEN_PREFIX, USER_TOKEN_PREFIX, hash_token, job_of_token
 
 log = logging.getLogger(__name__)
 
@@ -57,16 +52,6 @@ CSRF_HEADER = "X-Trainhouse-Request"  # cookie-authenticated writes must carry i
 CACHE_SECONDS = 5.0  # a verified user token is trusted this long without a query
 SAFE_METHODS = ("GET", "HEAD", "OPTIONS")
 WRITE_ROLES = ("admin", "member")
-
-
-class Forbidden(TrainhouseError):
-    code = "forbidden"
-    status = 403
-
-
-class RateLimited(TrainhouseError):
-    code = "rate_limited"
-    status = 429
 
 
 @dataclass(frozen=True)

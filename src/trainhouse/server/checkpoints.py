@@ -22,10 +22,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from trainhouse.errors import CheckpointError, NotFound
+from trainhouse.layout import JobLayout
 from trainhouse.spec import CheckpointPolicy
 from trainhouse.storage import Storage, confine, is_temp, open_storage, sidecar_name
 from trainhouse.store import Checkpoint, Job, Store
-from trainhouse.store.jobfiles import JobFiles
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +58,7 @@ class Checkpoints:
     # -- where -----------------------------------------------------------------------------
     def location(self, job_id: int) -> str:
         if self.base is None:
-            return str(JobFiles(self.home, job_id).checkpoints)
+            return str(JobLayout(self.home, job_id).checkpoints)
         return f"{self.base}/{job_id}"
 
     def storage(self, job_id: int) -> Storage:

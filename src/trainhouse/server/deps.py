@@ -8,7 +8,8 @@ from typing import TYPE_CHECKING
 
 from fastapi import Depends, Header, Request
 
-from trainhouse.errors import TrainhouseError
+from trainhouse.errors import Unauthorized
+from trainhouse.layout import JobLayout
 from trainhouse.scheduler.loop import SchedulerLoop
 from trainhouse.server.checkpoints import Checkpoints
 from trainhouse.server.monitor import Sampler
@@ -16,17 +17,12 @@ from trainhouse.server.schemas import RowId
 from trainhouse.server.settings import Settings
 from trainhouse.server.telemetry import Telemetry
 from trainhouse.store import BlobStore, Job, Store
-from trainhouse.store.accounts import Accounts, hash_token
-from trainhouse.store.jobfiles import JobFiles
+from trainhouse.store.accounts import Accounts
 from trainhouse.store.system import SystemMetrics
+from trainhouse.tokens import hash_token
 
 if TYPE_CHECKING:
     from trainhouse.server.auth import Authenticator
-
-
-class Unauthorized(TrainhouseError):
-    code = "unauthorized"
-    status = 401
 
 
 @dataclass
@@ -42,8 +38,8 @@ class Services:
     accounts: Accounts  # users, tokens, audit log
     auth: Authenticator  # tokens -> principals (trainhouse.server.auth)
 
-    def files(self, job_id: int) -> JobFiles:
-        return JobFiles(self.settings.home, job_id)
+    def files(self, job_id: int) -> JobLayout:
+        return JobLayout(self.settings.home, job_id)
 
 
 def services(request: Request) -> Services:

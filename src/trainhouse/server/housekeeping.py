@@ -13,9 +13,9 @@ import threading
 import time
 from pathlib import Path
 
-from trainhouse.scheduler.lifecycle import JobState
+from trainhouse.layout import JobLayout
+from trainhouse.lifecycle import JobState
 from trainhouse.store import Store
-from trainhouse.store.jobfiles import JobFiles
 
 log = logging.getLogger(__name__)
 
@@ -31,7 +31,7 @@ def expire_logs(store: Store, home: Path, retention: float, *, now: float | None
     for job in store.list_jobs(states=ended):
         if job.ended_at is None or job.ended_at > cutoff:
             continue
-        logs = JobFiles(home, job.id).logs
+        logs = JobLayout(home, job.id).logs
         if not logs.is_dir():
             continue
         shutil.rmtree(logs, ignore_errors=True)

@@ -21,19 +21,13 @@ import orjson
 from fastapi import FastAPI
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from trainhouse.errors import BodyTooLarge
+
 MiB = 1024 * 1024
 #: metric reports (``POST /api/v1/jobs/{id}/report``): up to 200,000 points per batch
 REPORT_LIMIT = 64 * MiB
 #: everything not listed per route: forms, JSON bodies, cancel, priority, ...
 DEFAULT_LIMIT = 1 * MiB
-
-
-class BodyTooLarge(Exception):
-    """Raised into the app by ``receive`` once the body is over its limit."""
-
-    def __init__(self, limit: int) -> None:
-        super().__init__(f"request body is over the {limit}-byte limit")
-        self.limit = limit
 
 
 def describe(limit: int) -> str:

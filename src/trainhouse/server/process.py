@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Self
 
 from trainhouse.client import Client
-from trainhouse.errors import ServerUnreachable, TrainhouseError
+from trainhouse.errors import ServerStartError, ServerUnreachable
 
 
 def free_port() -> int:
@@ -22,10 +22,6 @@ def free_port() -> int:
         sock.bind(("127.0.0.1", 0))
         port: int = sock.getsockname()[1]
         return port
-
-
-class ServerStartError(TrainhouseError):
-    code = "server_start"
 
 
 class ServerProcess:

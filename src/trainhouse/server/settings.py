@@ -1,18 +1,26 @@
-"""Server settings: where state lives, what to listen on, what this machine offers."""
+"""Server settings: where state lives, what to listen on, what this machine offers.
+
+:class:`Settings` holds every default and every rule of the server's configuration:
+``trainhouse server`` builds one from its options and reports what :meth:`Settings.validate`
+refuses; tests and embedders build one directly.
+"""
 
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Literal, get_args
 
+from trainhouse.executors import registry
+from trainhouse.scheduler.failures import DEFAULT_MAX_INFRA_RESTARTS
 from trainhouse.scheduler.fairshare import DEFAULT_HALF_LIFE
 from trainhouse.workdir import MAX_ARCHIVE_BYTES
 
 DEFAULT_PORT = 8470
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 Visibility = Literal["own", "list", "all"]
+VISIBILITIES: tuple[str, ...] = get_args(Visibility)
 
 
 def default_home() -> Path:
@@ -35,7 +43,7 @@ class Settings:
     quota_gpus: int | None = None  # default per-user caps on concurrent GPUs / CPU cores
     quota_cpus: int | None = None
     fairshare_half_life: float = DEFAULT_HALF_LIFE
-    max_infra_restarts: int = 20
+    max_infra_restarts: int = DEFAULT_MAX_INFRA_RESTARTS
     checkpoint_url: str | None = None  # None: HOME/jobs/<id>/checkpoints
     monitor_interval: float = 5.0  # seconds between resource samples; 0 turns sampling off
     monitor_retention: float = 7 * 86400.0  # seconds resource samples are kept
@@ -62,6 +70,28 @@ class Settings:
         if self.auth is not None:
             return self.auth
         return self.host not in LOOPBACK
+
+    def validate(self) -> None:
+        """Raise ValueError, naming the option and the value, for settings the server cannot
+        run with: the executor's own checks (:mod:`trainhouse.executors.registry`), auth, and
+        every number's range."""
+        if self.job_visibility not in VISIBILITIES:
+            raise ValueError(
+                f"--job-visibility must be own, list or all; got {self.job_visibility!r}"
+            )
+        self.check_auth()
+        registry.check(self)
+        for option, value, low in (
+            ("--cancel-grace", self.cancel_grace, 0.0),
+            ("--max-infra-restarts", self.max_infra_restarts, 0),
+            ("--monitor-interval", self.monitor_interval, 0.0),
+            ("--fairshare-half-life", self.fairshare_half_life, 1e-9),
+            ("--auth-failures", self.auth_failures, 1),
+        ):
+            if value < low:
+                raise ValueError(f"{option} must be >= {low:g}, got {value:g}")
+        if not 0 < self.port < 65536:
+            raise ValueError(f"--port must be 1 to 65535, got {self.port}")
 
     def check_auth(self) -> None:
         """Refuse a server that would listen beyond this machine with nobody checked."""

@@ -30,9 +30,9 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from trainhouse.cluster import Placement
 from trainhouse.executors.base import Executor
-from trainhouse.scheduler.lifecycle import JobState
-from trainhouse.scheduler.resources import Placement
+from trainhouse.lifecycle import JobState
 from trainhouse.spec import PRIORITY_TIERS
 from trainhouse.store import Store
 from trainhouse.store import system as names

@@ -1,16 +1,13 @@
 """Accounts: users with a role, their API tokens (stored as hashes only) and the audit log.
 
-A token is ``thu_`` + 43 random URL-safe characters (256 bits), shown once when it is made.
-Only its sha256 is stored: with that much entropy a slow password hash buys nothing, and a
-lookup by hash is one indexed query. A job's ranks get a separate, per-attempt credential
-(``thj_<job id>_...``, see :func:`job_token`) that is kept on the job row, not here.
+Tokens are made and hashed by :mod:`trainhouse.tokens`; this module records only a token's
+sha256 and its first characters. A job's ranks get a separate, per-attempt credential that is
+kept on the job row, not here.
 """
 
 from __future__ import annotations
 
-import hashlib
 import re
-import secrets
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -24,32 +21,14 @@ from sqlalchemy.sql.elements import ColumnElement
 from trainhouse.errors import NotFound, SpecError, StoreError
 from trainhouse.store import tables as t
 from trainhouse.store.store import Store
+from trainhouse.tokens import hash_token
 
 Role = Literal["admin", "member", "viewer"]
 ROLES: tuple[str, ...] = get_args(Role)
-USER_TOKEN_PREFIX = "thu_"
-JOB_TOKEN_PREFIX = "thj_"
 NAME_RE = re.compile(r"^[a-z_][a-z0-9_.-]{0,63}$")
 TOKEN_NAME_RE = re.compile(r"^[\w.@:+-]{1,64}$")
 LAST_USED_EVERY = 60.0  # seconds between writes of a token's last_used_at
 MAX_AUDIT_DETAIL = 2000  # characters of a detail value kept
-
-
-def hash_token(token: str) -> str:
-    return hashlib.sha256(token.encode()).hexdigest()
-
-
-def job_token(job_id: int) -> str:
-    """A fresh per-attempt credential for a job's ranks; its job id is readable from it."""
-    return f"{JOB_TOKEN_PREFIX}{job_id}_{secrets.token_urlsafe(32)}"
-
-
-def job_of_token(token: str) -> int | None:
-    """The job a ``thj_`` credential names (None for anything else)."""
-    if not token.startswith(JOB_TOKEN_PREFIX):
-        return None
-    head, sep, _secret = token[len(JOB_TOKEN_PREFIX) :].partition("_")
-    return int(head) if sep and head.isdigit() and len(head) <= 18 else None
 
 
 def check_name(name: str) -> str:
@@ -211,10 +190,16 @@ class Accounts:
         return self.get_user(name)
 
     # -- tokens -----------------------------------------------------------------------------
-    def create_token(
-        self, user: str, name: str = "default", *, expires_at: float | None = None
-    ) -> tuple[Token, str]:
-        """A new token for ``user``: its record and the secret, which is never seen again."""
+    def add_token(
+        self,
+        user: str,
+        name: str,
+        *,
+        token_hash: str,
+        prefix: str,
+        expires_at: float | None = None,
+    ) -> Token:
+        """Record a token made by :func:`trainhouse.tokens.issue` (its hash, never itself)."""
         if not TOKEN_NAME_RE.match(name):
             raise SpecError(
                 f"a token name is 1-64 letters, digits or _.@:+- characters; got {name!r}"
@@ -225,21 +210,20 @@ class Accounts:
         owner = self.get_user(user)
         if not owner.active:
             raise StoreError(f"user {user!r} is disabled")
-        secret = USER_TOKEN_PREFIX + secrets.token_urlsafe(32)
         with self._tx() as conn:
             token_id = conn.execute(
                 insert(t.api_tokens)
                 .values(
                     user_id=owner.id,
                     name=name,
-                    hash=hash_token(secret),
-                    prefix=secret[: len(USER_TOKEN_PREFIX) + 6],
+                    hash=token_hash,
+                    prefix=prefix,
                     created_at=now,
                     expires_at=expires_at,
                 )
                 .returning(t.api_tokens.c.id)
             ).scalar_one()
-        return self.get_token(int(token_id)), secret
+        return self.get_token(int(token_id))
 
     def get_token(self, token_id: int) -> Token:
         with self._tx() as conn:

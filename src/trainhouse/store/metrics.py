@@ -37,7 +37,7 @@ from sqlalchemy import Connection, delete, select, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
-from trainhouse.errors import TrainhouseError
+from trainhouse.errors import InvalidMetrics
 from trainhouse.store import rollup
 from trainhouse.store import tables as t
 from trainhouse.store.records import MetricPoint
@@ -52,13 +52,6 @@ COPY_FROM = 2_000  # PostgreSQL: batches this large go through COPY
 
 _NONE = type(None)
 _NUMBER = {float, int}
-
-
-class InvalidMetrics(TrainhouseError):
-    """A metric report or query breaks a rule; the message names the rule and the value."""
-
-    code = "invalid_request"
-    status = 422
 
 
 @dataclass(frozen=True)

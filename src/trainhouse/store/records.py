@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from trainhouse.scheduler.lifecycle import JobState
+from trainhouse.lifecycle import JobState
 
 
 @dataclass(frozen=True)

@@ -20,8 +20,8 @@ from typing import Any
 
 from sqlalchemy import Engine, text
 
+from trainhouse.errors import InvalidMetrics
 from trainhouse.store import rollup
-from trainhouse.store.metrics import InvalidMetrics
 from trainhouse.store.records import MetricPoint
 
 MIN_DOWNSAMPLED = 4  # the first, the last, the smallest and the largest value

@@ -8,18 +8,18 @@ batch that did reach the server before is skipped.
 from __future__ import annotations
 
 import logging
-from pathlib import Path
 
-from trainhouse.sdk.metrics import SPOOL_DIR
-from trainhouse.store.metrics import InvalidMetrics, parse_report
+from trainhouse.errors import InvalidMetrics
+from trainhouse.layout import AttemptLayout
+from trainhouse.store.metrics import parse_report
 from trainhouse.store.store import Store
 
 log = logging.getLogger(__name__)
 
 
-def ingest_spool(store: Store, job_id: int, attempt_dir: Path) -> int:
+def ingest_spool(store: Store, job_id: int, attempt: AttemptLayout) -> int:
     """Store every spooled batch of an attempt, oldest first; returns the points written."""
-    spool = attempt_dir / SPOOL_DIR
+    spool = attempt.spool
     if not spool.is_dir():
         return 0
     written = 0

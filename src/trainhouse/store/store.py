@@ -38,7 +38,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.sql.elements import ColumnElement
 
 from trainhouse.errors import InvalidTransition, NotFound, StoreError
-from trainhouse.scheduler.lifecycle import JobState, check_transition
+from trainhouse.lifecycle import JobState, check_transition
 from trainhouse.spec import PRIORITY_TIERS
 from trainhouse.store import metrics as metric_store
 from trainhouse.store import series as series_store

@@ -18,7 +18,7 @@ from typing import Any
 
 from sqlalchemy import ColumnElement, Integer, cast, delete, func, insert, select
 
-from trainhouse.scheduler.lifecycle import JobState
+from trainhouse.lifecycle import JobState
 from trainhouse.store import tables as t
 from trainhouse.store.store import Store
 

@@ -9,9 +9,9 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Path, Query, Request, Response
 from pydantic import BaseModel, Field
 
+from trainhouse.errors import Forbidden, Unauthorized
 from trainhouse.server.auth import (
     COOKIE,
-    Forbidden,
     Principal,
     admin,
     audit,
@@ -19,9 +19,10 @@ from trainhouse.server.auth import (
     client_address,
     signed_in,
 )
-from trainhouse.server.deps import Services, Unauthorized, services
+from trainhouse.server.deps import Services, services
 from trainhouse.server.schemas import NO_NUL, NulFree, RowId
 from trainhouse.store.accounts import Role, Token, User
+from trainhouse.tokens import issue
 
 router = APIRouter(tags=["accounts"])
 
@@ -226,7 +227,7 @@ def create_token(
     if not p.authenticated and body.user is None:
         raise Unauthorized("auth is off here, so there is no 'me': name the token's user")
     expires_at = time.time() + body.expires_in if body.expires_in else None
-    token, secret = svc.accounts.create_token(whose, body.name, expires_at=expires_at)
+    token, secret = issue(svc.accounts, whose, body.name, expires_at=expires_at)
     audit(
         svc,
         request,

@@ -11,11 +11,20 @@ import orjson
 from fastapi import APIRouter, Depends, File, Form, Query, Request, UploadFile
 from fastapi.responses import PlainTextResponse, Response, StreamingResponse
 
-from trainhouse.errors import ArchiveError, NotFound, ResourceError, StoreError
-from trainhouse.scheduler.lifecycle import JobState
+from trainhouse.errors import (
+    ArchiveError,
+    Forbidden,
+    InvalidMetrics,
+    NotFound,
+    ResourceError,
+    StoreError,
+    UploadTooLarge,
+)
+from trainhouse.joblogs import read_log
+from trainhouse.layout import LAUNCHER
+from trainhouse.lifecycle import JobState
 from trainhouse.scheduler.resources import never_fits
 from trainhouse.server.auth import (
-    Forbidden,
     Principal,
     audit,
     readable_job,
@@ -43,17 +52,12 @@ from trainhouse.server.schemas import (
 )
 from trainhouse.spec import PRIORITY_TIERS, JobSpec, parse_spec
 from trainhouse.store import Job
-from trainhouse.store.metrics import INT64, MAX_NAME, MAX_RANK, InvalidMetrics
+from trainhouse.store.metrics import INT64, MAX_NAME, MAX_RANK
 from trainhouse.store.series import MIN_DOWNSAMPLED
 from trainhouse.store.store import JobSort
 from trainhouse.workdir import human_size, list_members
 
 router = APIRouter(tags=["jobs"])
-
-
-class UploadTooLarge(ArchiveError):
-    status = 413
-    code = "too_large"
 
 
 def job_out(job: Job, svc: Services | None = None, *, summary_only: bool = False) -> JobOut:
@@ -301,7 +305,7 @@ def metric_names(
 @router.get("/jobs/{job_id}/logs/ranks", response_model=LogRanksOut)
 def log_ranks(job: Job = Depends(readable_job), svc: Services = Depends(services)) -> LogRanksOut:
     files = svc.files(job.id)
-    return LogRanksOut(job_id=job.id, ranks=files.ranks(), launcher=files.log("launcher").is_file())
+    return LogRanksOut(job_id=job.id, ranks=files.ranks(), launcher=files.log(LAUNCHER).is_file())
 
 
 @router.get("/jobs/{job_id}/logs", response_class=PlainTextResponse)
@@ -319,7 +323,7 @@ def logs(
     if rank != "launcher" and int(rank) >= world:
         raise NotFound(f"job {job_id} has ranks 0..{world - 1}; there is no rank {rank}")
     files = svc.files(job_id)
-    data, nxt = files.read_log(rank, offset=offset, tail=tail)
+    data, nxt = read_log(files.log(rank), offset=offset, tail=tail)
     return PlainTextResponse(
         data.decode(errors="replace"),
         headers={"X-Log-Offset": str(nxt), "X-Job-State": str(job.state)},

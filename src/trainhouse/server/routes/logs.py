@@ -23,10 +23,11 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import StreamingResponse
 
 from trainhouse.errors import NotFound, SpecError
+from trainhouse.joblogs import read_log
+from trainhouse.layout import JobLayout
 from trainhouse.server.auth import readable_job
 from trainhouse.server.deps import Services, services
 from trainhouse.store import Job
-from trainhouse.store.jobfiles import JobFiles
 
 router = APIRouter(tags=["jobs"])
 
@@ -54,7 +55,7 @@ def parse_offsets(text: str | None) -> dict[str, int]:
 class _Reader:
     """One rank's log, read incrementally; never splits a UTF-8 character."""
 
-    def __init__(self, files: JobFiles, rank: str, offset: int) -> None:
+    def __init__(self, files: JobLayout, rank: str, offset: int) -> None:
         self.files = files
         self.rank = rank
         self.offset = offset  # bytes sent so far (complete characters only)
@@ -62,7 +63,7 @@ class _Reader:
         self._read_to = offset
 
     def read(self) -> str:
-        data, nxt = self.files.read_log(self.rank, offset=self._read_to, limit=CHUNK)
+        data, nxt = read_log(self.files.log(self.rank), offset=self._read_to, limit=CHUNK)
         if not data:
             return ""
         self._read_to = nxt
@@ -72,7 +73,7 @@ class _Reader:
         return text
 
     def tail(self, lines: int) -> str:
-        data, size = self.files.read_log(self.rank, tail=lines)
+        data, size = read_log(self.files.log(self.rank), tail=lines)
         self._read_to = self.offset = size
         return data.decode(errors="replace")
 

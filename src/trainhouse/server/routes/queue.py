@@ -9,7 +9,7 @@ from fastapi import APIRouter, Depends, Form, Path, Request
 from pydantic import BaseModel, Field
 
 from trainhouse.errors import NotFound
-from trainhouse.scheduler.lifecycle import JobState
+from trainhouse.lifecycle import JobState
 from trainhouse.scheduler.policy import QueuedJob
 from trainhouse.scheduler.resources import Demand
 from trainhouse.server.auth import (

@@ -2,6 +2,8 @@
 
 Its chart code is the plotly.js that the ``plotly`` wheel ships, served from the installed
 package at ``/static/vendor/plotly.min.js``; nothing of it is copied into this repository.
+``/static/lifecycle.js`` is made from :mod:`trainhouse.lifecycle`: the job states and the
+terminal set, spelled once, in Python.
 Responses carry an ETag (a revisit costs a 304) and the 4.8 MB bundle is gzipped once, on its
 first request, for clients that accept it.
 """
@@ -11,6 +13,7 @@ from __future__ import annotations
 import gzip
 import hashlib
 import importlib.metadata
+import json
 from dataclasses import dataclass
 from functools import cache
 from importlib import resources
@@ -19,6 +22,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from trainhouse.errors import NotFound
+from trainhouse.lifecycle import TERMINAL, JobState
 
 router = APIRouter(include_in_schema=False)
 
@@ -42,6 +46,8 @@ STATIC_FILES = (
     "favicon.svg",
 )
 PLOTLY_PATH = "package_data/plotly.min.js"
+# modules the server makes rather than reads from the package's web directory
+GENERATED_FILES = ("lifecycle.js",)
 
 
 @dataclass(frozen=True)
@@ -65,6 +71,18 @@ def _web_file(name: str) -> Asset:
         raise NotFound(f"the dashboard file {name!r} is missing from this installation")
     suffix = name[name.rfind(".") :]
     return _asset(path.read_bytes(), _TYPES[suffix], compress=suffix != ".svg")
+
+
+@cache
+def _lifecycle() -> Asset:
+    states = json.dumps([str(s) for s in JobState])
+    terminal = json.dumps([str(s) for s in JobState if s in TERMINAL])
+    body = (
+        "// Made by the server from trainhouse.lifecycle: the job states and the terminal set.\n"
+        f"export const STATES = {states};\n"
+        f"export const TERMINAL = new Set({terminal});\n"
+    ).encode()
+    return _asset(body, _TYPES[".js"], compress=True)
 
 
 @cache
@@ -100,6 +118,11 @@ def index(request: Request) -> Response:
 @router.api_route("/static/vendor/plotly.min.js", methods=["GET", "HEAD"])
 def plotly_js(request: Request) -> Response:
     return _send(request, _plotly(), _DAY)
+
+
+@router.api_route("/static/lifecycle.js", methods=["GET", "HEAD"])
+def lifecycle_js(request: Request) -> Response:
+    return _send(request, _lifecycle(), _REVALIDATE)
 
 
 @router.api_route("/static/{name}", methods=["GET", "HEAD"])

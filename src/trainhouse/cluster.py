@@ -1,0 +1,80 @@
+"""The resource model every layer shares: nodes with CPUs, memory and GPUs, and placements.
+
+A :class:`Placement` says where one node's share of a job runs (concrete GPU indices and a CPU
+count); a job spans a tuple of them, one per node, stored as ``{"nodes": [...]}``
+(:func:`placements_to_json`, :func:`placements_from_json`). Standard library only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass
+from typing import Any
+
+__all__ = [
+    "Gpu",
+    "Node",
+    "Placement",
+    "Placements",
+    "placements_from_json",
+    "placements_to_json",
+]
+
+
+@dataclass(frozen=True)
+class Gpu:
+    index: int
+    model: str = "unknown"
+    memory_bytes: int = 0
+
+
+@dataclass(frozen=True)
+class Node:
+    name: str
+    cpus: int
+    memory_bytes: int
+    gpus: tuple[Gpu, ...] = ()
+    labels: tuple[str, ...] = ()  # custom resources a Ray node offers ("name=amount")
+
+    def describe(self) -> str:
+        gpu = f"{len(self.gpus)} GPU(s)" if self.gpus else "no GPUs"
+        return f"node {self.name}: {self.cpus} CPU cores, {gpu}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where a job runs on one node: concrete GPU indices, a CPU count and its ranks there."""
+
+    node: str
+    cpus: int
+    gpus: tuple[int, ...] = ()
+    procs: int = 1
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"node": self.node, "cpus": self.cpus, "gpus": list(self.gpus), "procs": self.procs}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Placement:
+        return cls(
+            node=data["node"],
+            cpus=int(data["cpus"]),
+            gpus=tuple(data.get("gpus") or ()),
+            procs=int(data.get("procs", 1)),
+        )
+
+
+#: A job's placement: one entry per node it spans, node rank order.
+Placements = tuple[Placement, ...]
+
+
+def placements_to_json(placements: Iterable[Placement]) -> dict[str, Any]:
+    """As stored and as the API shows it: ``{"nodes": [{node, cpus, gpus, procs}, ...]}``."""
+    return {"nodes": [p.to_dict() for p in placements]}
+
+
+def placements_from_json(data: Mapping[str, Any] | None) -> Placements:
+    """The placements of :func:`placements_to_json`'s form (none for ``None``)."""
+    return tuple(Placement.from_dict(p) for p in (data or {}).get("nodes", []))

@@ -1,0 +1,124 @@
+"""The process tree of one node of an attempt, built once for every executor.
+
+::
+
+    python -m trainhouse.executors.supervise EXIT_FILE        records torchrun's exit code
+      python -m torch.distributed.run ...                      torchrun for this node
+        python -m trainhouse.executors.rank ARGV...             one per rank: log file, exit code
+          ARGV (the job's entrypoint)
+
+:func:`command` builds that command line (a standalone rendezvous for one node, a static one at
+node 0's address for several); :func:`job_environment` the variables every rank of the job gets
+on every node, and :func:`rank_environment` completes them with a node's own (its marker, GPUs,
+directories) on top of the environment the node's agent runs in. The local executor and the Ray
+node agent both start attempts through this module.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from trainhouse.layout import (
+    ATTEMPT_DIR_ENV,
+    LOG_DIR_ENV,
+    MARKER_ENV,
+    AttemptLayout,
+    JobEnv,
+    is_job_variable,
+)
+from trainhouse.spec import JobSpec
+
+__all__ = ["command", "job_environment", "rank_environment"]
+
+MONITOR_INTERVAL = "0.2"  # seconds between torchrun's checks of its ranks
+
+
+def command(
+    exit_file: Path,
+    argv: Sequence[str],
+    *,
+    procs: int,
+    nodes: int = 1,
+    node_rank: int = 0,
+    master: tuple[str, int] | None = None,
+) -> list[str]:
+    """The supervised torchrun command of one node running ``argv`` in each of ``procs`` ranks.
+
+    One node rendezvouses standalone; several need ``master`` (node 0's address and a free
+    port there) for a static rendezvous. torchrun never restarts ranks itself
+    (``--max-restarts=0``): trainhouse restarts the whole gang from a checkpoint.
+    """
+    if nodes > 1 or master is not None:
+        if master is None:
+            raise ValueError(f"a job of {nodes} nodes needs node 0's address for its rendezvous")
+        addr, port = master
+        rendezvous = [
+            f"--nnodes={nodes}",
+            f"--node-rank={node_rank}",
+            f"--nproc-per-node={procs}",
+            f"--master-addr={addr}",
+            f"--master-port={port}",
+        ]
+    else:
+        rendezvous = ["--standalone", "--nnodes=1", f"--nproc-per-node={procs}"]
+    return [
+        sys.executable,
+        "-m",
+        "trainhouse.executors.supervise",
+        str(exit_file),
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        *rendezvous,
+        "--max-restarts=0",
+        f"--monitor-interval={MONITOR_INTERVAL}",
+        "-m",
+        "trainhouse.executors.rank",
+        *argv,
+    ]
+
+
+def job_environment(spec: JobSpec, job: JobEnv) -> dict[str, str]:
+    """What every rank of the job gets on every node: thread and output settings, the spec's
+    ``env``, then trainhouse's variables (which a spec can never override)."""
+    return {
+        "OMP_NUM_THREADS": str(spec.resources.cpus_per_proc),
+        "PYTHONUNBUFFERED": "1",
+        **spec.env,
+        **job.to_env(),
+    }
+
+
+def rank_environment(
+    base: Mapping[str, str],
+    job: Mapping[str, str],
+    *,
+    marker: str,
+    gpus: Sequence[str],
+    log_dir: Path,
+    attempt: AttemptLayout,
+    drop_prefixes: tuple[str, ...] = (),
+) -> dict[str, str]:
+    """The environment of a node's processes: ``base`` (the environment of whoever starts
+    them) without variables trainhouse or torchrun set for ranks (nor those starting with
+    ``drop_prefixes``), then the job's (:func:`job_environment`), then the node's own: the
+    attempt's marker, its GPUs, where logs and exit records go, and a TMPDIR of the
+    attempt's, removed when it ends."""
+    env = {
+        k: v
+        for k, v in base.items()
+        if not is_job_variable(k) and not (drop_prefixes and k.startswith(drop_prefixes))
+    }
+    env.update(job)
+    env.update(
+        {
+            MARKER_ENV: marker,
+            "CUDA_VISIBLE_DEVICES": ",".join(gpus),
+            LOG_DIR_ENV: str(log_dir),
+            ATTEMPT_DIR_ENV: str(attempt.dir),
+            "TMPDIR": str(attempt.tmp),
+        }
+    )
+    return env

@@ -1,0 +1,38 @@
+"""Reading a job's logs: byte ranges for followers, the last lines for failure reports.
+
+Logs are written by the job's processes (:mod:`trainhouse.layout` says where); the server reads
+them through here, never more than ``limit`` bytes at a time. Standard library only.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+__all__ = ["MAX_READ", "read_log"]
+
+MAX_READ = 4 << 20  # bytes one read returns at most
+
+
+def read_log(
+    path: Path, *, offset: int = 0, tail: int | None = None, limit: int = MAX_READ
+) -> tuple[bytes, int]:
+    """Bytes of a log from ``offset`` (or its last ``tail`` lines); returns (data, next).
+
+    A log that does not exist (yet) reads as empty, at offset 0.
+    """
+    if not path.is_file():
+        return b"", 0
+    with path.open("rb") as fh:
+        size = fh.seek(0, 2)
+        if tail is not None:
+            start = max(0, size - max(tail, 1) * 512 - 65536)
+            fh.seek(start)
+            data = fh.read(size - start)
+            lines = data.splitlines(keepends=True)
+            if start > 0 and lines:
+                lines = lines[1:]  # a partial first line
+            return b"".join(lines[-tail:] if tail > 0 else []), size
+        offset = min(max(offset, 0), size)
+        fh.seek(offset)
+        data = fh.read(min(limit, size - offset))
+        return data, offset + len(data)
