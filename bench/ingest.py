@@ -132,7 +132,13 @@ def raw_sqlite(
     try:
         db = directory / "raw.db"
         store = Store(f"sqlite:///{db}")  # the same schema and indexes, by the same migrations
-        store.create_job(name="raw", owner="bench", priority="normal", spec={}, archive_sha256="0")
+        store.jobs.create(
+            name="raw",
+            owner="bench",
+            priority="normal",
+            spec={"entrypoint": "python train.py"},
+            archive_sha256="0",
+        )
         store.close()
         all_rows = list(rows(steps, series, ranks))
         batches = [all_rows[i : i + batch] for i in range(0, len(all_rows), batch)]

@@ -47,7 +47,7 @@ from _machine import log, wait_quiet
 from trainhouse.lifecycle import JobState
 from trainhouse.server.process import ServerProcess, free_port
 from trainhouse.store import Store, default_db_url
-from trainhouse.store.metrics import Columns
+from trainhouse.store.reports import Columns
 
 TARGET_MS = 100.0
 BATCH = 50_000
@@ -72,7 +72,7 @@ def fill(store: Store, job: int, points: int, others: int, other_points: int) ->
                     names.append(f"other_{i}")
                     values.append(1.0 / (1 + step) + i)
         n = len(steps)
-        store.add_metrics(job, Columns(steps, names, values, [None] * n, [1.0] * n, 1))
+        store.metrics.add(job, Columns(steps, names, values, [None] * n, [1.0] * n, 1))
     return time.perf_counter() - start
 
 
@@ -127,10 +127,14 @@ def main(argv: list[str] | None = None) -> int:
     server: ServerProcess | None = None
     try:
         store = Store(default_db_url(home))
-        job = store.create_job(
-            name="query-bench", owner="bench", priority="normal", spec={}, archive_sha256="0"
+        job = store.jobs.create(
+            name="query-bench",
+            owner="bench",
+            priority="normal",
+            spec={"entrypoint": "python train.py"},
+            archive_sha256="0",
         ).id
-        store.transition(job, JobState.CANCELED, reason="benchmark data only")
+        store.jobs.transition(job, JobState.CANCELED, reason="benchmark data only")
         total = args.points + args.others * min(args.other_points, args.points)
         log(f"storing {args.points:,} {NAME} points and {args.others} other series ...")
         fill_s = fill(store, job, args.points, args.others, args.other_points)
@@ -144,8 +148,8 @@ def main(argv: list[str] | None = None) -> int:
         busy = wait_quiet(quiet)
 
         def direct() -> Any:
-            (info,) = store.metric_series(job, name=NAME)
-            return store.metric_points(job, info, max_points=mp)
+            (info,) = store.metrics.series(job, name=NAME)
+            return store.metrics.series_points(job, info, max_points=mp)
 
         log("direct (Store) ...")
         direct_times, got = timed(direct, repeats)

@@ -55,9 +55,9 @@ import psycopg
 import sqlalchemy as sa
 from _machine import log, machine_busy
 
-from trainhouse.store import Store, rollup
+from trainhouse.store import Store, reports, rollup
 from trainhouse.store import metrics as metric_store
-from trainhouse.store.metrics import Columns
+from trainhouse.store.reports import Columns
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_PG = os.environ.get("TRAINHOUSE_BENCH_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
@@ -173,8 +173,12 @@ def scratch_store(backend: str, pg_admin: str) -> Iterator[Store]:
 
 
 def new_job(store: Store, label: str) -> int:
-    job = store.create_job(
-        name=f"rollup-{label}", owner="bench", priority="normal", spec={}, archive_sha256="0" * 64
+    job = store.jobs.create(
+        name=f"rollup-{label}",
+        owner="bench",
+        priority="normal",
+        spec={"entrypoint": "python train.py"},
+        archive_sha256="0" * 64,
     )
     return int(job.id)
 
@@ -190,7 +194,7 @@ def batch(series: int, steps: int, index: int, rng: random.Random) -> Columns:
         name_col += names
     n = len(step_col)
     values = [float("nan") if rng.random() < 0.01 else rng.gauss(0, 1) for _ in range(n)]
-    return metric_store.check_columns(
+    return reports.check_columns(
         Columns(step_col, name_col, values, [None] * n, [time.time()] * n, 1)
     )
 
@@ -231,7 +235,7 @@ def run_shape(
         for label in labels if index % 2 == 0 else labels[::-1]:
             with using(impls[label]):
                 t0, c0 = time.perf_counter(), time.process_time()
-                store.add_metrics(jobs[label], cols, batch_id=f"b{index}")
+                store.metrics.add(jobs[label], cols, batch_id=f"b{index}")
                 took, used = time.perf_counter() - t0, time.process_time() - c0
             if index >= warmup:
                 times[label].append(took)
@@ -241,7 +245,7 @@ def run_shape(
     for label in labels:
         counts: list[int] = []
         with using(counting(impls[label], counts)):
-            store.add_metrics(jobs[label], cols, batch_id=f"b{index + 1}")
+            store.metrics.add(jobs[label], cols, batch_id=f"b{index + 1}")
         statements[label] = sum(counts)
     rows = {label: buckets(store, job) for label, job in jobs.items()}
     same = all(r == rows[labels[0]] for r in rows.values())

@@ -62,7 +62,6 @@ import pytest
 from tests.integration.conftest import EXAMPLE, Server, assert_clean_stop, start_server
 from trainhouse.client import Client
 from trainhouse.store import Store
-from trainhouse.store.accounts import Accounts
 from trainhouse.tokens import issue
 
 pytestmark = pytest.mark.integration
@@ -113,7 +112,7 @@ def fresh_token(srv: Server, user: str, role: str) -> str:
     """A new token of ``user``, made active in ``role`` first (straight in the database)."""
     store = Store(srv.db_url, migrate="never")
     try:
-        accounts = Accounts(store)
+        accounts = store.accounts
         accounts.update_user(user, role=role, disabled=False)
         return issue(accounts, user, "fuzz")[1]
     finally:

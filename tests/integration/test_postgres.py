@@ -154,8 +154,8 @@ def test_many_clients_submit_and_cancel_at_once(small_server: Server, tmp_path: 
 def check_history(store: Store, job_id: int) -> None:
     """The stored transitions are one chain through the lifecycle table, ending in the job's
     one final state; a job canceled before it started never ran."""
-    job = store.get_job(job_id)
-    events = store.events(job_id)
+    job = store.jobs.get(job_id)
+    events = store.jobs.events(job_id)
     assert events[0].from_state is None and events[0].to_state == JobState.QUEUED
     for before, after in itertools.pairwise(events):
         assert after.from_state == before.to_state, (job_id, events)
@@ -165,7 +165,7 @@ def check_history(store: Store, job_id: int) -> None:
             raise AssertionError(f"job {job_id}: {exc}: {events}") from None
     assert events[-1].to_state == job.state, (job_id, job.state, events)
     assert sum(JobState(e.to_state) in TERMINAL for e in events) == 1, events
-    attempts = store.attempts(job_id)
+    attempts = store.jobs.attempts(job_id)
     started = sum(e.to_state == JobState.RUNNING for e in events)
     assert len(attempts) == started == job.attempts, (job_id, attempts, events)
     if job.state is JobState.COMPLETED:

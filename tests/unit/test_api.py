@@ -185,7 +185,7 @@ def test_malformed_report(api: TestClient, tmp_path: Path) -> None:
     resp = api.post(f"/api/v1/jobs/{job['id']}/report", json={"points": "nope"})
     assert resp.status_code == 401
     services = api.app.state.services  # type: ignore[attr-defined]
-    services.store.update_job(job["id"], token_hash=hash_token("known"))
+    services.store.jobs.update(job["id"], token_hash=hash_token("known"))
     auth = {"Authorization": "Bearer known"}
     for body in (
         {"points": "nope"},
@@ -287,7 +287,7 @@ def test_report_bounds_and_checkpoint_paths(api: TestClient, tmp_path: Path) -> 
     job = submit(api, "entrypoint: python train.py", workdir(tmp_path)).json()
     wait_state(api, job["id"], {"COMPLETED"})
     services = api.app.state.services  # type: ignore[attr-defined]
-    services.store.update_job(job["id"], token_hash=hash_token("known"))
+    services.store.jobs.update(job["id"], token_hash=hash_token("known"))
     auth = {"Authorization": "Bearer known"}
     url = f"/api/v1/jobs/{job['id']}"
     for point in (

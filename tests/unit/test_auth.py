@@ -60,10 +60,10 @@ def make_team(tmp_path: Path, **settings: Any) -> Iterator[Team]:
         svc: Services = api.app.state.services  # type: ignore[attr-defined]
         tokens = {}
         for name, role in (("root", "admin"), ("alice", "member"), ("bob", "member")):
-            svc.accounts.add_user(name, role)
-            tokens[name] = issue(svc.accounts, name)[1]
-        svc.accounts.add_user("vera", "viewer")
-        tokens["vera"] = issue(svc.accounts, "vera")[1]
+            svc.store.accounts.add_user(name, role)
+            tokens[name] = issue(svc.store.accounts, name)[1]
+        svc.store.accounts.add_user("vera", "viewer")
+        tokens["vera"] = issue(svc.store.accounts, "vera")[1]
         team = Team(api, svc, tokens, archive=pack(src).data)
         for user in ("alice", "bob", "root"):
             resp = api.put(f"/api/v1/quotas/{user}", json={"max_cpus": 0}, headers=team.h("root"))
@@ -128,7 +128,7 @@ def test_members_cannot_read_or_touch_each_others_jobs(team: Team) -> None:
     assert [j["id"] for j in team.get("alice", "/jobs").json()["jobs"]] == [mine]
     assert [j["id"] for j in team.get("root", "/jobs").json()["jobs"]] == [mine]
     assert team.get("alice", "/queue").json()["jobs"][0]["id"] == mine
-    assert team.svc.store.get_job(mine).state == "QUEUED"  # nothing the others did stuck
+    assert team.svc.store.jobs.get(mine).state == "QUEUED"  # nothing the others did stuck
     assert team.post("alice", f"/jobs/{mine}/cancel").json()["state"] == "CANCELED"
 
 
@@ -137,7 +137,7 @@ def test_checkpoint_downloads_are_the_owners(team: Team) -> None:
     ckpt_dir = Path(team.svc.checkpoints.location(mine))
     ckpt_dir.mkdir(parents=True, exist_ok=True)
     (ckpt_dir / "step-1.pt").write_bytes(b"weights")
-    ckpt = team.svc.store.add_checkpoint(
+    ckpt = team.svc.store.checkpoints.add(
         mine, attempt=1, step=1, path="step-1.pt", size=7, sha256="0" * 64
     )
     for path in (
@@ -188,7 +188,7 @@ def test_a_job_credential_reaches_its_own_job_only(team: Team) -> None:
     mine = team.submit("alice", "a").json()["id"]
     other = team.submit("alice", "b").json()["id"]
     secret = job_token(mine)
-    team.svc.store.update_job(mine, token_hash=hash_token(secret))
+    team.svc.store.jobs.update(mine, token_hash=hash_token(secret))
     job = {"Authorization": f"Bearer {secret}"}
     api = team.api
     assert api.get("/api/v1/whoami", headers=job).json()["role"] == "job"
@@ -210,19 +210,19 @@ def test_a_job_credential_reaches_its_own_job_only(team: Team) -> None:
     ):
         resp = api.request(method, f"/api/v1{path}", headers=job, json={})
         assert resp.status_code == 403, (method, path, resp.text)
-    assert team.svc.store.get_job(mine).state == "QUEUED"
+    assert team.svc.store.jobs.get(mine).state == "QUEUED"
     # the credential dies with the attempt: once the job leaves RUNNING it is cleared
-    team.svc.store.update_job(mine, token_hash=None)
+    team.svc.store.jobs.update(mine, token_hash=None)
     refused(api.get(f"/api/v1/jobs/{mine}/checkpoints", headers=job), 401)
 
 
 def test_the_job_credential_is_cleared_when_the_attempt_ends(team: Team) -> None:
     store = team.svc.store
     job = team.submit("alice").json()["id"]
-    _started, _attempt = store.start_attempt(job, placement={}, token_hash=hash_token("x"))
-    assert store.get_job(job).token_hash == hash_token("x")
-    store.transition(job, store.get_job(job).state.__class__("FAILED"), reason="test")
-    assert store.get_job(job).token_hash is None
+    _started, _attempt = store.jobs.start_attempt(job, placement=(), token_hash=hash_token("x"))
+    assert store.jobs.get(job).token_hash == hash_token("x")
+    store.jobs.transition(job, store.jobs.get(job).state.__class__("FAILED"), reason="test")
+    assert store.jobs.get(job).token_hash is None
 
 
 def test_tokens_expire_revoke_and_disable(team: Team) -> None:

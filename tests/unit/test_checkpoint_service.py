@@ -27,7 +27,7 @@ def job(api: TestClient, tmp_path: Path) -> Iterator[dict[str, Any]]:  # noqa: F
     created = submit(api, spec, workdir(tmp_path)).json()
     wait_state(api, created["id"], {"COMPLETED"})
     services = api.app.state.services  # type: ignore[attr-defined]
-    services.store.update_job(created["id"], token_hash=hash_token("known"))
+    services.store.jobs.update(created["id"], token_hash=hash_token("known"))
     url = f"/api/v1/jobs/{created['id']}"
     directory = Path(api.get(f"{url}/checkpoints").json()["directory"])
     yield {"id": created["id"], "url": url, "dir": directory, "services": services}

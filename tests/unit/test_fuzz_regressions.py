@@ -20,7 +20,7 @@ from tests.unit.test_auth import Team, make_team, refused
 from trainhouse.errors import InvalidMetrics, StoreError
 from trainhouse.server import Settings, create_app
 from trainhouse.store import Store
-from trainhouse.store.metrics import parse_report
+from trainhouse.store.reports import parse_report
 from trainhouse.tokens import hash_token, job_token
 
 INT64 = 2**63 - 1
@@ -170,7 +170,7 @@ def test_a_database_url_password_stays_out_of_errors() -> None:
 def test_what_a_job_reports_must_fit_the_columns(team: Team) -> None:
     job = job_of(team)
     secret = job_token(job)
-    team.svc.store.update_job(job, token_hash=hash_token(secret))
+    team.svc.store.jobs.update(job, token_hash=hash_token(secret))
     h = {"Authorization": f"Bearer {secret}"}
     point = [[1, "loss", 0.5, None, 1.0]]
     report = {"batch_id": "b1", "attempt": 2**31, "points": point}

@@ -15,21 +15,25 @@ def test_logs_expire_after_the_retention(tmp_path: Path) -> None:
     try:
         ids = []
         for _ in range(3):
-            job = store.create_job(
-                name="j", owner="ann", priority="normal", spec={}, archive_sha256="0" * 64
+            job = store.jobs.create(
+                name="j",
+                owner="ann",
+                priority="normal",
+                spec={"entrypoint": "python train.py"},
+                archive_sha256="0" * 64,
             )
             logs = JobLayout(tmp_path, job.id).logs
             logs.mkdir(parents=True)
             (logs / "rank-0.log").write_text("hello\n")
             ids.append(job.id)
         old, recent, running = ids
-        store.transition(old, JobState.CANCELED, ended_at=1000.0)
-        store.transition(recent, JobState.CANCELED, ended_at=5000.0)
+        store.jobs.transition(old, JobState.CANCELED, ended_at=1000.0)
+        store.jobs.transition(recent, JobState.CANCELED, ended_at=5000.0)
         assert expire_logs(store, tmp_path, retention=2000.0, now=4000.0) == 1
         assert not JobLayout(tmp_path, old).logs.exists()
         assert JobLayout(tmp_path, recent).logs.is_dir()
         assert JobLayout(tmp_path, running).logs.is_dir()  # never the logs of a live job
-        assert DELETED_NOTE in (store.events(old)[-1].reason or "")
+        assert DELETED_NOTE in (store.jobs.events(old)[-1].reason or "")
         assert expire_logs(store, tmp_path, retention=2000.0, now=4000.0) == 0  # once
     finally:
         store.close()

@@ -49,45 +49,45 @@ def fill(store: Store) -> None:
 
 def test_pages_filters_and_sorts_in_sql(store: Store) -> None:
     fill(store)
-    everything = store.count_jobs()
+    everything = store.jobs.count()
     assert everything == N
 
-    page = store.list_jobs(limit=50, offset=100)
+    page = store.jobs.list(limit=50, offset=100)
     assert [j.id for j in page] == list(range(N - 100, N - 150, -1))  # newest first
 
-    ascending = store.list_jobs(limit=3, sort="id", order="asc")
+    ascending = store.jobs.list(limit=3, sort="id", order="asc")
     assert [j.id for j in ascending] == [1, 2, 3]
 
-    by_name = store.list_jobs(limit=2, sort="name", order="asc")
+    by_name = store.jobs.list(limit=2, sort="name", order="asc")
     assert [j.name for j in by_name] == ["Sweep-00000", "Sweep-00010"]
 
     # priority sorts by tier (urgent above high above normal above low), ties newest first
-    top = store.list_jobs(limit=3, sort="priority", order="desc")
+    top = store.jobs.list(limit=3, sort="priority", order="desc")
     assert [j.priority for j in top] == ["urgent"] * 3
     assert [j.id for j in top] == [N - 1, N - 5, N - 9]
-    bottom = store.list_jobs(limit=1, sort="priority", order="asc")
+    bottom = store.jobs.list(limit=1, sort="priority", order="asc")
     assert bottom[0].priority == "low" and bottom[0].id == 4
 
     # pages taken one after another never repeat or skip a job, whatever the sort
     for sort in ("state", "owner", "created_at"):
         seen = []
         for offset in range(0, N, 2500):
-            seen += [j.id for j in store.list_jobs(limit=2500, offset=offset, sort=sort)]
+            seen += [j.id for j in store.jobs.list(limit=2500, offset=offset, sort=sort)]
         assert sorted(seen) == list(range(1, N + 1)), sort
 
     # filters: owner exact, name a case-insensitive substring, states; count agrees
-    bobs = store.list_jobs(owner="bob", limit=N)
-    assert {j.owner for j in bobs} == {"bob"} and store.count_jobs(owner="bob") == len(bobs)
-    sweeps = store.count_jobs(name="sWEEP")
+    bobs = store.jobs.list(owner="bob", limit=N)
+    assert {j.owner for j in bobs} == {"bob"} and store.jobs.count(owner="bob") == len(bobs)
+    sweeps = store.jobs.count(name="sWEEP")
     assert sweeps == N // 10
-    queued = store.list_jobs(states=[JobState.QUEUED], owner="alice", name="sweep", limit=N)
+    queued = store.jobs.list(states=[JobState.QUEUED], owner="alice", name="sweep", limit=N)
     assert queued and all(j.state is JobState.QUEUED and j.owner == "alice" for j in queued)
-    assert store.count_jobs(states=[JobState.QUEUED], owner="alice", name="sweep") == len(queued)
-    assert store.count_jobs(name="%") == 0 and store.count_jobs(name="_") == 0  # not wildcards
-    assert store.count_jobs(owner="nobody") == 0
+    assert store.jobs.count(states=[JobState.QUEUED], owner="alice", name="sweep") == len(queued)
+    assert store.jobs.count(name="%") == 0 and store.jobs.count(name="_") == 0  # not wildcards
+    assert store.jobs.count(owner="nobody") == 0
 
     with pytest.raises(StoreError, match="sort by one of"):
-        store.list_jobs(sort="spec")  # type: ignore[arg-type]
+        store.jobs.list(sort="spec")  # type: ignore[arg-type]
 
 
 @pytest.fixture

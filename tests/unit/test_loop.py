@@ -86,7 +86,7 @@ def submit(sched: SchedulerLoop, max_restarts: int = 0) -> int:
         "max_restarts": max_restarts,
         "resources": {"nodes": 1, "procs_per_node": 1, "gpus_per_node": 0, "cpus_per_proc": 1},
     }
-    return sched.store.create_job(
+    return sched.store.jobs.create(
         name="j", owner="ann", priority="normal", spec=spec, archive_sha256=sched.digest
     ).id  # type: ignore[attr-defined]
 
@@ -99,7 +99,7 @@ def test_a_failure_while_recording_an_exit_does_not_strand_jobs(
     a, b = submit(sched), submit(sched)
     sched.tick()
     assert ex.running() == {a, b}
-    real = sched.store.update_attempt
+    real = sched.store.jobs.update_attempt
     calls = {"n": 0}
 
     def flaky(job_id: int, number: int, **fields: object) -> None:
@@ -108,17 +108,17 @@ def test_a_failure_while_recording_an_exit_does_not_strand_jobs(
             raise RuntimeError("database is locked")
         real(job_id, number, **fields)
 
-    monkeypatch.setattr(sched.store, "update_attempt", flaky)
+    monkeypatch.setattr(sched.store.jobs, "update_attempt", flaky)
     ex.end(a, 0)
     ex.end(b, 0)
     sched.tick()  # a's record fails; b's is still recorded
-    states = {j: sched.store.get_job(j).state for j in (a, b)}
+    states = {j: sched.store.jobs.get(j).state for j in (a, b)}
     assert JobState.COMPLETED in states.values()
     stranded = next(j for j, s in states.items() if s is not JobState.COMPLETED)
     sched.tick()  # the sweep finds the RUNNING job without a process and requeues it
-    job = sched.store.get_job(stranded)
+    job = sched.store.jobs.get(stranded)
     assert job.state in (JobState.QUEUED, JobState.RUNNING)
-    assert job.attempts == 2 or sched.store.attempts(stranded)[0].result == "lost"
+    assert job.attempts == 2 or sched.store.jobs.attempts(stranded)[0].result == "lost"
 
 
 def test_cancel_during_a_restart_ends_the_job(
@@ -128,20 +128,20 @@ def test_cancel_during_a_restart_ends_the_job(
     sched, ex = loop
     job_id = submit(sched, max_restarts=3)
     sched.tick()
-    real = sched.store.transition
+    real = sched.store.jobs.transition
 
     def cancel_midway(jid: int, new: JobState, **kw: object) -> object:
         job = real(jid, new, **kw)  # type: ignore[arg-type]
         if new is JobState.RESTARTING:  # the user's cancel arrives right now
-            sched.store.request_cancel(jid)
+            sched.store.jobs.request_cancel(jid)
         return job
 
-    monkeypatch.setattr(sched.store, "transition", cancel_midway)
+    monkeypatch.setattr(sched.store.jobs, "transition", cancel_midway)
     ex.end(job_id, 1)
     sched.tick()
-    job = sched.store.get_job(job_id)
+    job = sched.store.jobs.get(job_id)
     assert job.state is JobState.CANCELED
-    assert [e.to_state for e in sched.store.events(job_id)][-2:] == ["RESTARTING", "CANCELED"]
+    assert [e.to_state for e in sched.store.jobs.events(job_id)][-2:] == ["RESTARTING", "CANCELED"]
 
 
 def restarted(sched: SchedulerLoop) -> tuple[SchedulerLoop, FakeExecutor]:
@@ -160,15 +160,15 @@ def test_a_restarted_server_re_adopts_a_live_attempt(
     new, ex = restarted(sched)
     ex.alive_pids.add(1)  # the launcher outlived the old server
     new.reconcile()
-    job = sched.store.get_job(job_id)
+    job = sched.store.jobs.get(job_id)
     assert job.state is JobState.RUNNING and job.attempts == 1
-    assert "kept running" in (sched.store.events(job_id)[-1].reason or "")
+    assert "kept running" in (sched.store.jobs.events(job_id)[-1].reason or "")
     new.tick()  # the sweep does not take it for lost
-    assert sched.store.get_job(job_id).state is JobState.RUNNING
+    assert sched.store.jobs.get(job_id).state is JobState.RUNNING
     ex.end(job_id, 0)
     new.tick()
-    assert sched.store.get_job(job_id).state is JobState.COMPLETED
-    assert [a.result for a in sched.store.attempts(job_id)] == ["completed"]
+    assert sched.store.jobs.get(job_id).state is JobState.COMPLETED
+    assert [a.result for a in sched.store.jobs.attempts(job_id)] == ["completed"]
 
 
 def test_an_attempt_gone_with_the_server_restarts_as_an_infrastructure_failure(
@@ -179,10 +179,10 @@ def test_an_attempt_gone_with_the_server_restarts_as_an_infrastructure_failure(
     sched.tick()
     new, _ = restarted(sched)
     new.reconcile()
-    job = sched.store.get_job(job_id)
+    job = sched.store.jobs.get(job_id)
     assert job.state is JobState.QUEUED
     assert (job.restarts, job.infra_restarts) == (0, 1)
-    attempt = sched.store.attempts(job_id)[0]
+    attempt = sched.store.jobs.attempts(job_id)[0]
     assert (attempt.result, attempt.failure) == ("lost", "infra")
 
 
@@ -195,21 +195,21 @@ def test_killed_ranks_are_counted_apart_from_failures_of_the_code(
         sched.tick()
         ex.end(job_id, -9)
         sched.tick()
-        assert sched.store.get_job(job_id).state in (JobState.QUEUED, JobState.RUNNING)
-    job = sched.store.get_job(job_id)
+        assert sched.store.jobs.get(job_id).state in (JobState.QUEUED, JobState.RUNNING)
+    job = sched.store.jobs.get(job_id)
     assert (job.restarts, job.infra_restarts) == (0, 3)
-    assert {a.failure for a in sched.store.attempts(job_id) if a.ended_at} == {"infra"}
+    assert {a.failure for a in sched.store.jobs.attempts(job_id) if a.ended_at} == {"infra"}
     sched.tick()
     ex.end(job_id, 1)  # the code's own failure: restart 1 of 1
     sched.tick()
-    assert sched.store.get_job(job_id).restarts == 1
+    assert sched.store.jobs.get(job_id).restarts == 1
     sched.tick()
     ex.end(job_id, 1)
     sched.tick()
-    job = sched.store.get_job(job_id)
+    job = sched.store.jobs.get(job_id)
     assert job.state is JobState.FAILED
     assert "max_restarts (1) used up" in (job.reason or "")
-    assert [a.failure for a in sched.store.attempts(job_id)][-2:] == ["user", "user"]
+    assert [a.failure for a in sched.store.jobs.attempts(job_id)][-2:] == ["user", "user"]
 
 
 def test_infrastructure_restarts_are_bounded(
@@ -222,7 +222,7 @@ def test_infrastructure_restarts_are_bounded(
         sched.tick()
         ex.end(job_id, -9)
         sched.tick()
-    job = sched.store.get_job(job_id)
+    job = sched.store.jobs.get(job_id)
     assert job.state is JobState.FAILED
     assert "max_infra_restarts" in (job.reason or "")
 
@@ -251,10 +251,10 @@ def test_failures_that_cannot_fix_themselves_are_not_restarted(
     )
     ex.end(job_id, code)
     sched.tick()
-    job = sched.store.get_job(job_id)
+    job = sched.store.jobs.get(job_id)
     assert job.state is JobState.FAILED and job.restarts == 0
     assert why in (job.reason or "") and "not restarted" in (job.reason or "")
-    attempt = sched.store.attempts(job_id)[0]
+    attempt = sched.store.jobs.attempts(job_id)[0]
     assert attempt.failed_rank == 0 and attempt.failure == "user"
     assert log_line in (attempt.log_tail or "")
 
@@ -274,16 +274,16 @@ def test_the_patterns_only_look_at_the_failed_attempt(
     )
     ex.end(job_id, 1)  # attempt 1's own failure reads as permanent ...
     sched.tick()
-    assert sched.store.get_job(job_id).state is JobState.FAILED
+    assert sched.store.jobs.get(job_id).state is JobState.FAILED
     job2 = submit(sched, max_restarts=3)
     sched.tick()
-    sched.store.update_job(job2, attempts=2)
+    sched.store.jobs.update(job2, attempts=2)
     logs2 = JobLayout(sched.home, job2).logs
     logs2.mkdir(parents=True, exist_ok=True)
     (logs2 / "rank-0.log").write_text((logs / "rank-0.log").read_text())
     ex.exits.append(Exit(job2, 2, 1, {"0": 1}))
     sched.tick()  # ... attempt 2's is not
-    assert sched.store.get_job(job2).state in (JobState.QUEUED, JobState.RUNNING)
+    assert sched.store.jobs.get(job2).state in (JobState.QUEUED, JobState.RUNNING)
 
 
 def test_a_sigkilled_rank_is_the_cause_even_when_a_peer_was_recorded_first(
@@ -297,8 +297,8 @@ def test_a_sigkilled_rank_is_the_cause_even_when_a_peer_was_recorded_first(
     sched.tick()
     ex.exits.append(Exit(job_id, 1, 1, {"0": 1, "1": -9}, None, {"0": 10.0, "1": 10.2}))
     sched.tick()
-    job = sched.store.get_job(job_id)
+    job = sched.store.jobs.get(job_id)
     assert job.state in (JobState.QUEUED, JobState.RUNNING), job.reason
-    attempt = sched.store.attempts(job_id)[0]
+    attempt = sched.store.jobs.attempts(job_id)[0]
     assert (attempt.failure, attempt.failed_rank) == ("infra", 1)
     assert "rank 1 was killed by signal 9" in (attempt.reason or "")

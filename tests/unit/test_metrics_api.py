@@ -35,11 +35,15 @@ def api(tmp_path: Path) -> Iterator[TestClient]:
 def job(api: TestClient) -> int:
     """A job (ended, so the scheduler leaves it alone) whose credential is AUTH."""
     store = api.app.state.services.store  # type: ignore[attr-defined]
-    job_id: int = store.create_job(
-        name="j", owner="ann", priority="normal", spec={}, archive_sha256="0" * 64
+    job_id: int = store.jobs.create(
+        name="j",
+        owner="ann",
+        priority="normal",
+        spec={"entrypoint": "python train.py"},
+        archive_sha256="0" * 64,
     ).id
-    store.transition(job_id, JobState.CANCELED, reason="test")
-    store.update_job(job_id, token_hash=hash_token("known"))
+    store.jobs.transition(job_id, JobState.CANCELED, reason="test")
+    store.jobs.update(job_id, token_hash=hash_token("known"))
     return job_id
 
 

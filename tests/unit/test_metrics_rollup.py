@@ -13,16 +13,20 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
-from trainhouse.store import Store, rollup
+from trainhouse.store import Store, reports, rollup
 from trainhouse.store import metrics as m
-from trainhouse.store.metrics import Columns
+from trainhouse.store.reports import Columns
 
 INT64 = 2**63 - 1
 
 
 def new_job(store: Store) -> int:
-    return store.create_job(
-        name="j", owner="ann", priority="normal", spec={}, archive_sha256="0" * 64
+    return store.jobs.create(
+        name="j",
+        owner="ann",
+        priority="normal",
+        spec={"entrypoint": "python train.py"},
+        archive_sha256="0" * 64,
     ).id
 
 
@@ -130,7 +134,7 @@ def check(store: Store, job: int) -> None:
     assert stored_buckets(store, job) == reference_buckets(series)
     infos = {
         (i.name, -1 if i.rank is None else i.rank): i
-        for i in store.metric_series(job, all_ranks=True)
+        for i in store.metrics.series(job, all_ranks=True)
     }
     assert {k: (i.points, i.first_step, i.last_step) for k, i in infos.items()} == {
         k: (len(p), p[0][0], p[-1][0]) for k, p in series.items()
@@ -140,7 +144,7 @@ def check(store: Store, job: int) -> None:
         for max_points in (4, 9, 50, 300):
             if max_points >= info.points:
                 continue
-            got = store.metric_points(job, info, max_points=max_points)
+            got = store.metrics.series_points(job, info, max_points=max_points)
             assert got.downsampled and len(got.points) <= max_points
             want = reference_downsample(points, info.first_step, info.last_step, max_points)
             assert [(s, v) for s, v, _ in got.points] == want
@@ -148,9 +152,9 @@ def check(store: Store, job: int) -> None:
         if len(points) < 12:
             continue
         after = points[len(points) // 3][0]
-        (part,) = store.metric_series(job, name=key[0], rank=info.rank, after_step=after)
+        (part,) = store.metrics.series(job, name=key[0], rank=info.rank, after_step=after)
         if part.points > 10:
-            got = store.metric_points(job, part, max_points=10)
+            got = store.metrics.series_points(job, part, max_points=10)
             want = reference_downsample(points, part.first_step, part.last_step, 10)
             assert [(s, v) for s, v, _ in got.points] == want
 
@@ -188,8 +192,10 @@ def test_the_rollup_follows_random_ingests_replacements_and_resumes(store: Store
         if round_ == 5:  # a run of NaN longer than a bucket
             values[:200] = [None] * min(200, len(values))
         ranks: list[int | None] = [rng.choice([None, None, 0]) for _ in steps]
-        cols = m.check_columns(Columns(steps, names, values, ranks, [1.0] * len(steps), attempt))
-        store.add_metrics(
+        cols = reports.check_columns(
+            Columns(steps, names, values, ranks, [1.0] * len(steps), attempt)
+        )
+        store.metrics.add(
             job, cols, batch_id=f"b{round_}", resume=None if resume is None else (attempt, resume)
         )
         check(store, job)
@@ -235,8 +241,10 @@ def test_the_rollup_follows_wide_batches_of_many_series(
             nxt[(name, rank)] = max(nxt[(name, rank)], max(run) + 1)
         points.sort(key=lambda p: p[0])  # by step, as the SDK buffers them (stable)
         steps, names, values, ranks = (list(c) for c in zip(*points, strict=True))
-        cols = m.check_columns(Columns(steps, names, values, ranks, [1.0] * len(steps), attempt))
-        store.add_metrics(job, cols, batch_id=f"w{round_}", resume=resume)
+        cols = reports.check_columns(
+            Columns(steps, names, values, ranks, [1.0] * len(steps), attempt)
+        )
+        store.metrics.add(job, cols, batch_id=f"w{round_}", resume=resume)
         if round_ % 6 == 5:
             check(store, job)
         else:
@@ -281,17 +289,19 @@ def test_a_batch_costs_a_few_rollup_statements_whatever_its_series(
             for i in range(series)
         ]
         steps_, names, values, ranks = (list(c) for c in zip(*cols, strict=True))
-        store.add_metrics(
-            job, m.check_columns(Columns(steps_, names, values, ranks, [1.0] * len(cols), 1))
+        store.metrics.add(
+            job, reports.check_columns(Columns(steps_, names, values, ranks, [1.0] * len(cols), 1))
         )
         step += steps + 13
     lock = 0 if store.dialect == "sqlite" else 1  # PostgreSQL: the job's rollup lock first
     assert counts == [lock + 2] * 5  # the last buckets read, the new ones written
     # steps logged again and a resume: the points and the buckets around them read, the
     # buckets left empty deleted
-    store.add_metrics(
+    store.metrics.add(
         job,
-        m.check_columns(Columns([5, 3, 5], ["m000"] * 3, [1.0, 2.0, 3.0], [1] * 3, [1.0] * 3, 2)),
+        reports.check_columns(
+            Columns([5, 3, 5], ["m000"] * 3, [1.0, 2.0, 3.0], [1] * 3, [1.0] * 3, 2)
+        ),
         resume=(2, 40),
     )
     assert counts[-1] == lock + 4
@@ -309,18 +319,18 @@ def test_concurrent_batches_of_one_series_keep_the_rollup_exact(pg_url: str) -> 
 
         def cols(steps: range) -> Columns:
             n = len(steps)
-            return m.check_columns(
+            return reports.check_columns(
                 Columns(list(steps), ["x"] * n, [float(s) for s in steps], [0] * n, [1.0] * n, 1)
             )
 
-        store.add_metrics(job, cols(range(0, 10)))
+        store.metrics.add(job, cols(range(0, 10)))
         with store.engine.connect() as first:
             first.begin()
             m.add(first, "postgresql", job, cols(range(10, 20)), batch_id="a")
             done = threading.Event()
 
             def second() -> None:
-                store.add_metrics(job, cols(range(20, 30)), batch_id="b")
+                store.metrics.add(job, cols(range(20, 30)), batch_id="b")
                 done.set()
 
             thread = threading.Thread(target=second)
@@ -340,16 +350,16 @@ def test_concurrent_batches_of_one_series_keep_the_rollup_exact(pg_url: str) -> 
 def test_huge_steps_roll_up_without_overflow(store: Store) -> None:
     job = new_job(store)
     steps = [0, 1, INT64 - 70_000, INT64 - 1, INT64]
-    store.add_metrics(
+    store.metrics.add(
         job,
-        m.check_columns(
+        reports.check_columns(
             Columns(steps, ["x"] * 5, [1.0, None, 3.0, -2.0, 2.0], [None] * 5, [1.0] * 5, 1)
         ),
     )
     check(store, job)
-    store.add_metrics(
+    store.metrics.add(
         job,
-        m.check_columns(Columns([INT64], ["x"], [9.0], [None], [1.0], 2)),
+        reports.check_columns(Columns([INT64], ["x"], [9.0], [None], [1.0], 2)),
         resume=(2, INT64 - 2),
     )
     check(store, job)

@@ -13,8 +13,8 @@ import pytest
 from trainhouse.errors import InvalidMetrics
 from trainhouse.layout import AttemptLayout
 from trainhouse.store import MetricPoint, Store
-from trainhouse.store import metrics as m
-from trainhouse.store.metrics import Columns, parse_report
+from trainhouse.store import reports as m
+from trainhouse.store.reports import Columns, parse_report
 from trainhouse.store.series import SeriesInfo, SeriesPoints
 from trainhouse.store.spool import ingest_spool
 
@@ -22,8 +22,12 @@ INT64 = 2**63 - 1
 
 
 def new_job(store: Store) -> int:
-    return store.create_job(
-        name="j", owner="ann", priority="normal", spec={}, archive_sha256="0" * 64
+    return store.jobs.create(
+        name="j",
+        owner="ann",
+        priority="normal",
+        spec={"entrypoint": "python train.py"},
+        archive_sha256="0" * 64,
     ).id
 
 
@@ -41,17 +45,19 @@ def cols(
 
 
 def series(store: Store, job_id: int, name: str = "loss", rank: int | None = None) -> list:
-    return [(p.step, p.value, p.attempt) for p in store.metrics(job_id, name=name, rank=rank)]
+    return [
+        (p.step, p.value, p.attempt) for p in store.metrics.points(job_id, name=name, rank=rank)
+    ]
 
 
 # -- ingest semantics, both databases ---------------------------------------------------------
 def test_a_retried_batch_is_stored_once(store: Store) -> None:
     job = new_job(store)
     batch = cols(list(range(3000)))  # past PostgreSQL's COPY threshold
-    assert store.add_metrics(job, batch, batch_id="b1") == 3000
-    assert store.add_metrics(job, batch, batch_id="b1") == 0
-    assert store.add_metrics(job, cols([5], values=[99.0]), batch_id="b1") == 0  # still a retry
-    assert store.metric_count(job) == 3000
+    assert store.metrics.add(job, batch, batch_id="b1") == 3000
+    assert store.metrics.add(job, batch, batch_id="b1") == 0
+    assert store.metrics.add(job, cols([5], values=[99.0]), batch_id="b1") == 0  # still a retry
+    assert store.metrics.count(job) == 3000
     assert series(store, job)[5] == (5, 5.0, 1)
 
 
@@ -65,13 +71,13 @@ def test_the_last_value_of_a_key_wins_within_a_batch_and_across_batches(
     names = ["loss", "acc"] * size + ["loss"] * size
     batch_steps = [s for s in steps for _ in (0, 1)] + steps
     values = [float(i) for i in range(len(batch_steps))]
-    store.add_metrics(job, cols(batch_steps, names, values))
+    store.metrics.add(job, cols(batch_steps, names, values))
     loss = series(store, job)
     assert [p[0] for p in loss] == steps
     assert [p[1] for p in loss] == [float(2 * size + s) for s in steps]
     assert [p[1] for p in series(store, job, "acc")] == [float(2 * s + 1) for s in steps]
     # a later batch (a restart that logs steps again) replaces them
-    store.add_metrics(job, cols(steps[:3], values=[-1.0, -2.0, -3.0], attempt=2))
+    store.metrics.add(job, cols(steps[:3], values=[-1.0, -2.0, -3.0], attempt=2))
     loss = series(store, job)
     assert loss[:4] == [(0, -1.0, 2), (1, -2.0, 2), (2, -3.0, 2), (3, 2 * size + 3.0, 1)]
 
@@ -86,35 +92,35 @@ def test_a_shuffled_batch_of_many_series_and_ranks_is_stored_exactly(store: Stor
     values = [float(i) for i in range(len(keys))]
     expected = {k: v for k, v in zip(keys, values, strict=True)}
     batch = cols([k[2] for k in keys], [k[0] for k in keys], values, [k[1] for k in keys])
-    store.add_metrics(job, batch)
-    got = {(p.name, p.rank, p.step): p.value for p in store.metrics(job, all_ranks=True)}
+    store.metrics.add(job, batch)
+    got = {(p.name, p.rank, p.step): p.value for p in store.metrics.points(job, all_ranks=True)}
     assert got == expected
 
 
 def test_resume_drops_later_steps_of_earlier_attempts(store: Store) -> None:
     job = new_job(store)
-    store.add_metrics(job, cols(list(range(10)), attempt=1))
-    store.add_metrics(job, cols(list(range(10)), name="acc", attempt=1))
+    store.metrics.add(job, cols(list(range(10)), attempt=1))
+    store.metrics.add(job, cols(list(range(10)), name="acc", attempt=1))
     # attempt 2 resumed after step 4: 5..9 of attempt 1 are not the final lineage
-    store.add_metrics(job, cols([5, 6], values=[50.0, 60.0], attempt=2), resume=(2, 4))
+    store.metrics.add(job, cols([5, 6], values=[50.0, 60.0], attempt=2), resume=(2, 4))
     assert series(store, job) == [(s, float(s), 1) for s in range(5)] + [
         (5, 50.0, 2),
         (6, 60.0, 2),
     ]
     assert [p[0] for p in series(store, job, "acc")] == list(range(5))
     # a resume again (the same attempt's retried first batch) drops nothing of its own
-    store.add_metrics(job, cols([7], attempt=2), resume=(2, 4))
+    store.metrics.add(job, cols([7], attempt=2), resume=(2, 4))
     assert [p[0] for p in series(store, job)] == [0, 1, 2, 3, 4, 5, 6, 7]
 
 
 def test_non_finite_values_are_stored_as_null(store: Store) -> None:
     job = new_job(store)
     values: list[float | None] = [1.0, math.nan, math.inf, -math.inf, None, 2]
-    store.add_metrics(job, cols(list(range(6)), values=values))
+    store.metrics.add(job, cols(list(range(6)), values=values))
     assert [p[1] for p in series(store, job)] == [1.0, None, None, None, None, 2.0]
-    store.add_metrics(job, [MetricPoint(9, "loss", math.nan)])
+    store.metrics.add(job, [MetricPoint(9, "loss", math.nan)])
     assert series(store, job)[-1] == (9, None, 0)
-    assert store.get_job(job).latest_metrics == {"loss": None}
+    assert store.jobs.get(job).latest_metrics == {"loss": None}
 
 
 def test_ranks_and_the_jobs_progress(store: Store) -> None:
@@ -122,11 +128,11 @@ def test_ranks_and_the_jobs_progress(store: Store) -> None:
     steps = [0, 0, 0, 1, 1, 1, 2]
     names = ["loss", "loss", "loss", "loss", "loss", "acc", "loss"]
     ranks: list[int | None] = [None, 0, 1, None, 1, None, 1]  # step 2: a rank's value only
-    store.add_metrics(job, cols(steps, names, [float(i) for i in range(7)], ranks), total_steps=9)
-    got = store.get_job(job)
+    store.metrics.add(job, cols(steps, names, [float(i) for i in range(7)], ranks), total_steps=9)
+    got = store.jobs.get(job)
     assert (got.last_step, got.latest_metrics, got.total_steps) == (1, {"loss": 3.0, "acc": 5.0}, 9)
     assert series(store, job, rank=1) == [(0, 2.0, 1), (1, 4.0, 1), (2, 6.0, 1)]
-    infos = store.metric_series(job, all_ranks=True)
+    infos = store.metrics.series(job, all_ranks=True)
     assert [(i.name, i.rank, i.points, i.last_step) for i in infos] == [
         ("acc", None, 1, 1),
         ("loss", None, 2, 1),
@@ -134,17 +140,17 @@ def test_ranks_and_the_jobs_progress(store: Store) -> None:
         ("loss", 1, 3, 2),
     ]
     # the same step again merges the values; an earlier step (a restart) moves progress back
-    store.add_metrics(job, cols([1], "lr", [0.1]))
-    assert store.get_job(job).latest_metrics == {"loss": 3.0, "acc": 5.0, "lr": 0.1}
-    store.add_metrics(job, cols([0], "loss", [7.0], attempt=2))
-    assert (store.get_job(job).last_step, store.get_job(job).latest_metrics) == (0, {"loss": 7.0})
+    store.metrics.add(job, cols([1], "lr", [0.1]))
+    assert store.jobs.get(job).latest_metrics == {"loss": 3.0, "acc": 5.0, "lr": 0.1}
+    store.metrics.add(job, cols([0], "loss", [7.0], attempt=2))
+    assert (store.jobs.get(job).last_step, store.jobs.get(job).latest_metrics) == (0, {"loss": 7.0})
 
 
 def test_metric_points_with_per_point_attempts(store: Store) -> None:
     job = new_job(store)
     points = [MetricPoint(s, f"m{s % 3}", float(s), None, 1 + s % 2, 5.0) for s in range(600)]
-    assert store.add_metrics(job, points) == 600
-    got = store.metrics(job, name="m1")
+    assert store.metrics.add(job, points) == 600
+    got = store.metrics.points(job, name="m1")
     assert [(p.step, p.attempt, p.wall_time) for p in got[:2]] == [(1, 2, 5.0), (4, 1, 5.0)]
 
 
@@ -169,8 +175,8 @@ def test_spooled_batches_in_either_format_go_through_the_same_checks(
     bad = {"batch_id": "x", "attempt": 1, "points": [[-1, "loss", 1.0, None, 2.0]]}
     for i, payload in enumerate((rows, columns, bad)):
         (spool / f"{i}.json").write_text(json.dumps(payload))
-    assert ingest_spool(store, job, AttemptLayout(tmp_path)) == 2
-    assert [(p.step, p.value, p.wall_time) for p in store.metrics(job)] == [
+    assert ingest_spool(store.metrics, job, AttemptLayout(tmp_path)) == 2
+    assert [(p.step, p.value, p.wall_time) for p in store.metrics.points(job)] == [
         (0, 1.0, 2.0),
         (1, None, 3.0),
     ]
@@ -275,8 +281,8 @@ def test_report_size_and_column_length_limits() -> None:
 def fill(store: Store, job: int, steps: list[int], values: list[float | None]) -> SeriesInfo:
     for start in range(0, len(steps), 50_000):
         part = slice(start, start + 50_000)
-        store.add_metrics(job, cols(steps[part], values=values[part]))
-    (info,) = store.metric_series(job, name="loss")
+        store.metrics.add(job, cols(steps[part], values=values[part]))
+    (info,) = store.metrics.series(job, name="loss")
     return info
 
 
@@ -308,9 +314,9 @@ def test_downsampling_keeps_the_extremes_and_the_ends(store: Store) -> None:
     info = fill(store, job, steps, values)
     assert (info.points, info.first_step, info.last_step) == (len(steps), 0, steps[-1])
     for max_points in (4, 5, 100, 1000):
-        got = store.metric_points(job, info, max_points=max_points)
+        got = store.metrics.series_points(job, info, max_points=max_points)
         check_downsampled(got, steps, values, max_points)
-    got = store.metric_points(job, info, max_points=len(steps))  # enough: every point
+    got = store.metrics.series_points(job, info, max_points=len(steps))  # enough: every point
     assert not got.downsampled and len(got.points) == len(steps)
     assert got.points[777] == (steps[777], None, 1.0)
 
@@ -321,7 +327,7 @@ def test_downsampling_shows_a_stretch_of_nan(store: Store) -> None:
     values: list[float | None] = [float(s % 7) for s in steps]
     values[400:600] = [None] * 200  # diverged for a while
     info = fill(store, job, steps, values)
-    got = store.metric_points(job, info, max_points=50)
+    got = store.metrics.series_points(job, info, max_points=50)
     assert len(got.points) <= 50
     assert any(v is None and 400 <= s < 600 for s, v, _ in got.points)
 
@@ -333,7 +339,7 @@ def test_downsampling_constant_sparse_and_huge_steps(store: Store) -> None:
     steps.sort()
     values: list[float | None] = [1.0] * len(steps)  # ties everywhere: earliest wins
     info = fill(store, job, steps, values)
-    got = store.metric_points(job, info, max_points=10)
+    got = store.metrics.series_points(job, info, max_points=10)
     assert len(got.points) <= 10 and got.points[0][0] == 0 and got.points[-1][0] == INT64
 
 
@@ -341,15 +347,15 @@ def test_after_step_and_series_listing(store: Store) -> None:
     job = new_job(store)
     steps = list(range(100))
     fill(store, job, steps, [float(s) for s in steps])
-    store.add_metrics(job, cols([5, 6], "acc"))
-    (info,) = store.metric_series(job, name="loss", after_step=89)
+    store.metrics.add(job, cols([5, 6], "acc"))
+    (info,) = store.metrics.series(job, name="loss", after_step=89)
     assert (info.points, info.first_step, info.last_step) == (10, 90, 99)
-    got = store.metric_points(job, info)
+    got = store.metrics.series_points(job, info)
     assert [p[0] for p in got.points] == list(range(90, 100)) and not got.downsampled
-    down = store.metric_points(job, info, max_points=4)
+    down = store.metrics.series_points(job, info, max_points=4)
     assert down.points[0][0] == 90 and down.points[-1][0] == 99 and len(down.points) <= 4
-    assert store.metric_series(job, after_step=99) == []
-    assert [(i.name, i.points) for i in store.metric_series(job, after_step=5)] == [
+    assert store.metrics.series(job, after_step=99) == []
+    assert [(i.name, i.points) for i in store.metrics.series(job, after_step=5)] == [
         ("acc", 1),
         ("loss", 94),
     ]

@@ -19,12 +19,12 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from trainhouse.cluster import Node
 from trainhouse.executors.local import LocalExecutor, marked_pids
+from trainhouse.monitoring import names
+from trainhouse.monitoring.sampler import Nvml, Sampler
+from trainhouse.monitoring.telemetry import Telemetry
 from trainhouse.server import Settings, create_app
-from trainhouse.server.monitor import Nvml, Sampler
-from trainhouse.server.telemetry import Telemetry
 from trainhouse.store import Store
-from trainhouse.store import system as names
-from trainhouse.store.system import Sample, SystemMetrics
+from trainhouse.store.system import Sample
 from trainhouse.tokens import hash_token
 from trainhouse.workdir import pack
 
@@ -48,11 +48,11 @@ class FakeExecutor:
 
 
 # a job that never fits: a running scheduler leaves it queued
-NEVER_FITS = {"entrypoint": "python train.py", "resources": {"cpus_per_proc": 100_000}}
+NEVER_FITS = {"entrypoint": "python train.py", "resources": {"cpus_per_proc": 4096}}
 
 
 def new_job(store: Store, priority: str = "normal") -> int:
-    return store.create_job(
+    return store.jobs.create(
         name="j", owner="u", priority=priority, spec=NEVER_FITS, archive_sha256="0" * 64
     ).id
 
@@ -93,7 +93,7 @@ def test_sampler_stores_node_and_job_samples(tmp_path: Path, child: subprocess.P
     store = Store(f"sqlite:///{tmp_path / 'db.sqlite'}")
     try:
         job_id = new_job(store)
-        system = SystemMetrics(store)
+        system = store.system
         sampler = Sampler(system, FakeExecutor({job_id: [child.pid]}), node="n1")  # type: ignore[arg-type]
         first = sampler.tick()
         second = sampler.tick()
@@ -136,7 +136,7 @@ def test_a_job_without_live_processes_has_no_sample(tmp_path: Path) -> None:
         gone = subprocess.Popen([sys.executable, "-c", "pass"])
         gone.wait()
         executor = FakeExecutor({job_id: [gone.pid]})
-        samples = Sampler(SystemMetrics(store), executor, node="n").sample()  # type: ignore[arg-type]
+        samples = Sampler(store.system, executor, node="n").sample()  # type: ignore[arg-type]
         assert by_name(samples, job_id) == {}
     finally:
         store.close()
@@ -184,7 +184,7 @@ def test_gpu_samples_follow_dcgm_names_and_count_memory_by_pid(
     store = Store(f"sqlite:///{tmp_path / 'db.sqlite'}")
     try:
         job_id = new_job(store)
-        system = SystemMetrics(store)
+        system = store.system
         sampler = Sampler(system, FakeExecutor({job_id: [os.getpid()]}), node="g")  # type: ignore[arg-type]
         samples = sampler.tick()
         sampler.stop()
@@ -215,7 +215,7 @@ def test_no_driver_means_no_gpu_part(tmp_path: Path, monkeypatch: pytest.MonkeyP
     assert Nvml.open() is None
     store = Store(f"sqlite:///{tmp_path / 'db.sqlite'}")
     try:
-        samples = Sampler(SystemMetrics(store), FakeExecutor(), node="n").sample()  # type: ignore[arg-type]
+        samples = Sampler(store.system, FakeExecutor(), node="n").sample()  # type: ignore[arg-type]
         assert samples and all(s.gpu is None for s in samples)
     finally:
         store.close()
@@ -224,7 +224,7 @@ def test_no_driver_means_no_gpu_part(tmp_path: Path, monkeypatch: pytest.MonkeyP
 def test_sampler_thread_samples_until_stopped(tmp_path: Path) -> None:
     store = Store(f"sqlite:///{tmp_path / 'db.sqlite'}")
     try:
-        system = SystemMetrics(store)
+        system = store.system
         off = Sampler(system, FakeExecutor(), node="n", interval=0)  # type: ignore[arg-type]
         off.start()
         assert off._thread is None
@@ -247,7 +247,7 @@ def test_sampler_thread_samples_until_stopped(tmp_path: Path) -> None:
 def test_retention_deletes_old_samples_only(tmp_path: Path) -> None:
     store = Store(f"sqlite:///{tmp_path / 'db.sqlite'}")
     try:
-        system = SystemMetrics(store)
+        system = store.system
         now = time.time()
         for age in (10 * DAY, 8 * DAY):
             system.write("n", now - age, [Sample(names.CPU_PERCENT, 1.0)])
@@ -269,7 +269,7 @@ def test_retention_deletes_old_samples_only(tmp_path: Path) -> None:
 
 # -- the store, on SQLite and PostgreSQL -----------------------------------------------------
 def test_series_raw_and_downsampled(store: Store) -> None:
-    system = SystemMetrics(store)
+    system = store.system
     job_id = new_job(store)
     t0 = 1_000_000.0
     for i in range(100):
@@ -318,7 +318,7 @@ def test_series_raw_and_downsampled(store: Store) -> None:
 
 
 def test_purge_in_batches_and_job_counts(store: Store) -> None:
-    system = SystemMetrics(store)
+    system = store.system
     job_id = new_job(store, priority="high")
     new_job(store)
     for i in range(25):
@@ -417,7 +417,7 @@ def test_nodes_show_the_latest_sample(api: TestClient) -> None:
 
     # what a GPU node would show, stored as the sampler would
     services(api).monitor.stop()  # nothing newer from now on
-    services(api).system.write(
+    services(api).store.system.write(
         name,
         time.time(),
         [
@@ -444,7 +444,7 @@ def test_job_system_series(api: TestClient) -> None:
     job_id = new_job(svc.store)
     t0 = time.time() - 100
     for i in range(50):
-        svc.system.write("n", t0 + i, [Sample(names.RSS, float(i), job_id=job_id)])
+        svc.store.system.write("n", t0 + i, [Sample(names.RSS, float(i), job_id=job_id)])
     body = api.get(f"/api/v1/jobs/{job_id}/system").json()
     assert body == {
         "series": [
@@ -479,7 +479,7 @@ def test_prometheus_exposition(api: TestClient, tmp_path: Path) -> None:
         timeout=120,
     )
     svc = services(api)
-    svc.store.update_job(job["id"], token_hash=hash_token("known"))
+    svc.store.jobs.update(job["id"], token_hash=hash_token("known"))
     body = {
         "batch_id": "b",
         "attempt": 1,
@@ -532,7 +532,7 @@ def test_collector_counts_jobs_and_queue(tmp_path: Path) -> None:
             new_job(store, priority)
         telemetry = Telemetry()
         executor = FakeExecutor()
-        telemetry.watch(store, SystemMetrics(store), executor, stale_after=15)  # type: ignore[arg-type]
+        telemetry.watch(store, store.system, executor, stale_after=15)  # type: ignore[arg-type]
         families: dict[str, list[Any]] = {}
         for family in text_string_to_metric_families(telemetry.render().decode()):
             families[family.name] = family.samples

@@ -255,13 +255,13 @@ def test_an_unplaced_attempt_goes_back_to_the_queue_without_a_restart(tmp_path: 
         digest, _ = blobs.put(buf, 1 << 20)
         sched = SchedulerLoop(store, blobs, Unplaceable(), home=tmp_path, server_url="http://x")
         spec = {"entrypoint": "python train.py", "max_restarts": 0}
-        job_id = store.create_job(
+        job_id = store.jobs.create(
             name="j", owner="ann", priority="normal", spec=spec, archive_sha256=digest
         ).id
         sched.tick()  # started
         sched.tick()  # its exit says it never started: requeued, then started again
-        job = store.get_job(job_id)
-        first = store.attempts(job_id)[0]
+        job = store.jobs.get(job_id)
+        first = store.jobs.attempts(job_id)[0]
         assert (first.result, first.reason) == ("unplaced", "Ray could not place it in 60 s")
         assert job.state in (JobState.QUEUED, JobState.RUNNING)
         assert (job.restarts, job.infra_restarts) == (0, 0)

@@ -16,7 +16,7 @@ from trainhouse.layout import AttemptLayout
 from trainhouse.sdk.metrics import Reporter
 from trainhouse.sdk.transport import JobAPI
 from trainhouse.store import MetricPoint, Store
-from trainhouse.store.metrics import COLUMN_KEYS
+from trainhouse.store.reports import COLUMN_KEYS
 from trainhouse.store.spool import ingest_spool
 
 
@@ -205,25 +205,30 @@ def test_points_unsent_at_the_end_are_spooled_and_stored_once(tmp_path: Path) ->
 
     store = Store(f"sqlite:///{tmp_path / 'db.sqlite'}")
     try:
-        job = store.create_job(
-            name="j", owner="ann", priority="normal", spec={}, archive_sha256="0" * 64
+        job = store.jobs.create(
+            name="j",
+            owner="ann",
+            priority="normal",
+            spec={"entrypoint": "python train.py"},
+            archive_sha256="0" * 64,
         )
         sent = server.requests[0]
-        store.add_metrics(
+        store.metrics.add(
             job.id,
             [MetricPoint(s, n, v, r, 1, w) for s, n, v, r, w in sent["points"]],
             batch_id=sent["batch_id"],
         )
         # the first spooled batch had reached the server too, just before it went down
         first = report_body(files[0].read_bytes())
-        store.add_metrics(
+        store.metrics.add(
             job.id,
             [MetricPoint(s, n, v, r, 1, w) for s, n, v, r, w in first["points"]],
             batch_id=first["batch_id"],
         )
-        assert ingest_spool(store, job.id, AttemptLayout(spool.parent)) == 1  # only step 12 is new
+        # only step 12 is new
+        assert ingest_spool(store.metrics, job.id, AttemptLayout(spool.parent)) == 1
         assert not list(spool.glob("*.json"))
-        steps = [p.step for p in store.metrics(job.id, name="loss")]
+        steps = [p.step for p in store.metrics.points(job.id, name="loss")]
         assert steps == list(range(13))
     finally:
         store.close()

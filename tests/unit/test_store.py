@@ -14,7 +14,7 @@ from trainhouse.store.tables import metadata
 
 def new_job(store: Store, name: str = "j") -> int:
     spec = {"entrypoint": "python t.py", "max_restarts": 0}
-    return store.create_job(
+    return store.jobs.create(
         name=name, owner="alice", priority="normal", spec=spec, archive_sha256="0" * 64
     ).id
 
@@ -32,35 +32,35 @@ def test_upgrade_is_idempotent(store: Store) -> None:
 
 def test_create_and_get(store: Store) -> None:
     job_id = new_job(store)
-    job = store.get_job(job_id)
+    job = store.jobs.get(job_id)
     assert job.state is JobState.QUEUED
     assert job.owner == "alice"
-    assert [e.to_state for e in store.events(job_id)] == ["QUEUED"]
+    assert [e.to_state for e in store.jobs.events(job_id)] == ["QUEUED"]
     with pytest.raises(NotFound):
-        store.get_job(999)
+        store.jobs.get(999)
 
 
 def test_lifecycle_through_store(store: Store) -> None:
     job_id = new_job(store)
-    job, attempt = store.start_attempt(job_id, placement={"nodes": []}, token_hash="h")
+    job, attempt = store.jobs.start_attempt(job_id, placement=(), token_hash="h")
     assert job.state is JobState.RUNNING and job.attempts == 1 and attempt.number == 1
-    store.transition(job_id, JobState.RESTARTING, reason="boom", restarts=1)
-    store.transition(job_id, JobState.QUEUED)
-    _, attempt2 = store.start_attempt(job_id, placement={"nodes": []}, token_hash="h2")
+    store.jobs.transition(job_id, JobState.RESTARTING, reason="boom", restarts=1)
+    store.jobs.transition(job_id, JobState.QUEUED)
+    _, attempt2 = store.jobs.start_attempt(job_id, placement=(), token_hash="h2")
     assert attempt2.number == 2
-    done = store.transition(job_id, JobState.COMPLETED, reason="ok", exit_code=0)
+    done = store.jobs.transition(job_id, JobState.COMPLETED, reason="ok", exit_code=0)
     assert done.ended_at is not None and done.restarts == 1
     with pytest.raises(InvalidTransition):
-        store.transition(job_id, JobState.RUNNING)
-    states = [e.to_state for e in store.events(job_id)]
+        store.jobs.transition(job_id, JobState.RUNNING)
+    states = [e.to_state for e in store.jobs.events(job_id)]
     assert states == ["QUEUED", "RUNNING", "RESTARTING", "QUEUED", "RUNNING", "COMPLETED"]
-    assert [a.number for a in store.attempts(job_id)] == [1, 2]
+    assert [a.number for a in store.jobs.attempts(job_id)] == [1, 2]
 
 
 def test_update_job_refuses_state(store: Store) -> None:
     job_id = new_job(store)
-    with pytest.raises(StoreError, match=r"Store\.transition"):
-        store.update_job(job_id, state="RUNNING")
+    with pytest.raises(StoreError, match=r"store\.jobs\.transition"):
+        store.jobs.update(job_id, state="RUNNING")
 
 
 def test_concurrent_starts_only_one_wins(store: Store) -> None:
@@ -69,7 +69,7 @@ def test_concurrent_starts_only_one_wins(store: Store) -> None:
 
     def start() -> None:
         try:
-            store.start_attempt(job_id, placement={}, token_hash="x")
+            store.jobs.start_attempt(job_id, placement=(), token_hash="x")
             results.append("ok")
         except StoreError:
             results.append("lost")
@@ -80,33 +80,33 @@ def test_concurrent_starts_only_one_wins(store: Store) -> None:
     for t in threads:
         t.join()
     assert results.count("ok") == 1
-    assert len(store.attempts(job_id)) == 1
+    assert len(store.jobs.attempts(job_id)) == 1
 
 
 def test_metrics_upsert_replaces_redone_steps(store: Store) -> None:
     job_id = new_job(store)
-    store.add_metrics(job_id, [MetricPoint(s, "loss", 10.0 - s, attempt=1) for s in range(5)])
+    store.metrics.add(job_id, [MetricPoint(s, "loss", 10.0 - s, attempt=1) for s in range(5)])
     # a restart from the checkpoint at step 2 logs steps 3.. again
-    store.add_metrics(job_id, [MetricPoint(s, "loss", 100.0 + s, attempt=2) for s in (3, 4, 5)])
-    pts = store.metrics(job_id, name="loss")
+    store.metrics.add(job_id, [MetricPoint(s, "loss", 100.0 + s, attempt=2) for s in (3, 4, 5)])
+    pts = store.metrics.points(job_id, name="loss")
     assert [p.step for p in pts] == [0, 1, 2, 3, 4, 5]
     assert [p.value for p in pts][3:] == [103.0, 104.0, 105.0]
     assert [p.attempt for p in pts] == [1, 1, 1, 2, 2, 2]
-    job = store.get_job(job_id)
+    job = store.jobs.get(job_id)
     assert job.last_step == 5 and job.latest_metrics == {"loss": 105.0}
 
 
 def test_metric_batches_are_idempotent(store: Store) -> None:
     job_id = new_job(store)
     pts = [MetricPoint(1, "loss", 1.0)]
-    assert store.add_metrics(job_id, pts, batch_id="b1") == 1
-    assert store.add_metrics(job_id, pts, batch_id="b1") == 0
-    assert store.metric_count(job_id) == 1
+    assert store.metrics.add(job_id, pts, batch_id="b1") == 1
+    assert store.metrics.add(job_id, pts, batch_id="b1") == 0
+    assert store.metrics.count(job_id) == 1
 
 
 def test_rank_tagged_and_non_finite_metrics(store: Store) -> None:
     job_id = new_job(store)
-    store.add_metrics(
+    store.metrics.add(
         job_id,
         [
             MetricPoint(0, "loss", 1.0),
@@ -114,59 +114,59 @@ def test_rank_tagged_and_non_finite_metrics(store: Store) -> None:
             MetricPoint(1, "loss", None),
         ],
     )
-    assert [p.value for p in store.metrics(job_id)] == [1.0, None]
-    assert [p.value for p in store.metrics(job_id, rank=1)] == [2.0]
-    assert len(store.metrics(job_id, all_ranks=True)) == 3
+    assert [p.value for p in store.metrics.points(job_id)] == [1.0, None]
+    assert [p.value for p in store.metrics.points(job_id, rank=1)] == [2.0]
+    assert len(store.metrics.points(job_id, all_ranks=True)) == 3
 
 
 def test_progress_moves_back_after_restart(store: Store) -> None:
     job_id = new_job(store)
-    store.add_metrics(job_id, [MetricPoint(9, "loss", 1.0)], total_steps=20)
-    store.add_metrics(job_id, [MetricPoint(5, "loss", 2.0)])
-    job = store.get_job(job_id)
+    store.metrics.add(job_id, [MetricPoint(9, "loss", 1.0)], total_steps=20)
+    store.metrics.add(job_id, [MetricPoint(5, "loss", 2.0)])
+    job = store.jobs.get(job_id)
     assert job.last_step == 5 and job.total_steps == 20
 
 
 def test_checkpoints(store: Store) -> None:
     job_id = new_job(store)
-    a = store.add_checkpoint(
+    a = store.checkpoints.add(
         job_id, attempt=1, step=10, path="a.pt", size=3, sha256="a" * 64, metrics={"val_loss": 0.5}
     )
-    store.add_checkpoint(job_id, attempt=1, step=20, path="b.pt", size=3, sha256="b" * 64)
-    assert [c.step for c in store.checkpoints(job_id)] == [10, 20]
-    store.mark_checkpoints_deleted([a.id])
-    assert [c.step for c in store.checkpoints(job_id)] == [20]
-    assert len(store.checkpoints(job_id, include_deleted=True)) == 2
+    store.checkpoints.add(job_id, attempt=1, step=20, path="b.pt", size=3, sha256="b" * 64)
+    assert [c.step for c in store.checkpoints.list(job_id)] == [10, 20]
+    store.checkpoints.mark_deleted([a.id])
+    assert [c.step for c in store.checkpoints.list(job_id)] == [20]
+    assert len(store.checkpoints.list(job_id, include_deleted=True)) == 2
     assert a.metrics == {"val_loss": 0.5}
 
 
 def test_user_limits_and_usage(store: Store) -> None:
     from trainhouse.store import UserLimits
 
-    assert store.user_limits() == {}
-    store.set_user_limits(UserLimits("ann", share=2.0, max_gpus=4))
-    store.set_user_limits(UserLimits("ann", share=3.0, max_gpus=None, max_cpus=8))
-    assert store.user_limits() == {"ann": UserLimits("ann", 3.0, None, 8)}
-    assert store.delete_user_limits("ann") and not store.delete_user_limits("ann")
-    assert store.usage() == ({}, None)
-    store.save_usage({"ann": 1.5, "bob": 0.25}, 100.0)
-    store.save_usage({"ann": 2.5}, 200.0)
-    assert store.usage() == ({"ann": 2.5}, 200.0)
+    assert store.quotas.limits() == {}
+    store.quotas.set(UserLimits("ann", share=2.0, max_gpus=4))
+    store.quotas.set(UserLimits("ann", share=3.0, max_gpus=None, max_cpus=8))
+    assert store.quotas.limits() == {"ann": UserLimits("ann", 3.0, None, 8)}
+    assert store.quotas.delete("ann") and not store.quotas.delete("ann")
+    assert store.quotas.usage() == ({}, None)
+    store.quotas.save_usage({"ann": 1.5, "bob": 0.25}, 100.0)
+    store.quotas.save_usage({"ann": 2.5}, 200.0)
+    assert store.quotas.usage() == ({"ann": 2.5}, 200.0)
 
 
 def test_last_checkpoint_times(store: Store) -> None:
     a, b = new_job(store, "a"), new_job(store, "b")
-    store.add_checkpoint(a, attempt=1, step=1, path="x.pt", size=1, sha256="a" * 64)
-    times = store.last_checkpoint_times([a, b])
+    store.checkpoints.add(a, attempt=1, step=1, path="x.pt", size=1, sha256="a" * 64)
+    times = store.checkpoints.last_times([a, b])
     assert set(times) == {a} and times[a] > 0
-    assert store.last_checkpoint_times([]) == {}
+    assert store.checkpoints.last_times([]) == {}
 
 
 def test_preempt_flag_round_trips(store: Store) -> None:
     job_id = new_job(store)
-    assert store.get_job(job_id).preempt_requested is False
-    store.update_job(job_id, preempt_requested=True)
-    assert store.get_job(job_id).preempt_requested is True
+    assert store.jobs.get(job_id).preempt_requested is False
+    store.jobs.update(job_id, preempt_requested=True)
+    assert store.jobs.get(job_id).preempt_requested is True
 
 
 def test_upgrading_an_old_schema_keeps_every_row(tmp_path: pytest.TempPathFactory) -> None:
@@ -201,11 +201,11 @@ def test_upgrading_an_old_schema_keeps_every_row(tmp_path: pytest.TempPathFactor
     old.close()
     store = Store(url)
     try:
-        assert store.get_job(1).preempt_requested is False
-        assert len(store.attempts(1)) == 1
-        assert len(store.events(1)) == 1
-        assert store.metric_count(1) == 1
-        assert len(store.checkpoints(1)) == 1
+        assert store.jobs.get(1).preempt_requested is False
+        assert len(store.jobs.attempts(1)) == 1
+        assert len(store.jobs.events(1)) == 1
+        assert store.metrics.count(1) == 1
+        assert len(store.checkpoints.list(1)) == 1
         with store.engine.connect() as conn:  # foreign keys are back on afterwards
             assert conn.exec_driver_sql("PRAGMA foreign_keys").scalar() == 1
     finally:
@@ -215,43 +215,43 @@ def test_upgrading_an_old_schema_keeps_every_row(tmp_path: pytest.TempPathFactor
 def test_transition_expect_refuses_a_state_that_moved_on(store: Store) -> None:
     """Regression: a cancel decided on QUEUED must not cancel a job that just started."""
     job_id = new_job(store)
-    store.start_attempt(job_id, placement={}, token_hash="h")
+    store.jobs.start_attempt(job_id, placement=(), token_hash="h")
     with pytest.raises(InvalidTransition, match="is RUNNING now"):
-        store.transition(job_id, JobState.CANCELED, expect=[JobState.QUEUED])
-    assert store.get_job(job_id).state is JobState.RUNNING
+        store.jobs.transition(job_id, JobState.CANCELED, expect=[JobState.QUEUED])
+    assert store.jobs.get(job_id).state is JobState.RUNNING
 
 
 def test_set_priority_only_while_queued(store: Store) -> None:
     job_id = new_job(store)
-    assert store.set_priority(job_id, "high").spec["priority"] == "high"
-    store.start_attempt(job_id, placement={}, token_hash="h")
+    assert store.jobs.set_priority(job_id, "high").spec.priority == "high"
+    store.jobs.start_attempt(job_id, placement=(), token_hash="h")
     with pytest.raises(StoreError, match="only a queued job"):
-        store.set_priority(job_id, "low")
-    assert store.get_job(job_id).priority == "high"
+        store.jobs.set_priority(job_id, "low")
+    assert store.jobs.get(job_id).priority == "high"
 
 
 def test_a_new_attempt_clears_a_preemption_request(store: Store) -> None:
     """Regression: a flag left from before a server crash stopped the next attempt at once."""
     job_id = new_job(store)
-    store.start_attempt(job_id, placement={}, token_hash="h")
-    store.update_job(job_id, preempt_requested=True)
-    store.transition(job_id, JobState.RESTARTING)
-    store.transition(job_id, JobState.QUEUED)
-    job, _ = store.start_attempt(job_id, placement={}, token_hash="h2")
+    store.jobs.start_attempt(job_id, placement=(), token_hash="h")
+    store.jobs.update(job_id, preempt_requested=True)
+    store.jobs.transition(job_id, JobState.RESTARTING)
+    store.jobs.transition(job_id, JobState.QUEUED)
+    job, _ = store.jobs.start_attempt(job_id, placement=(), token_hash="h2")
     assert job.preempt_requested is False
 
 
 def test_resume_drops_steps_past_the_checkpoint_and_duplicates_in_a_batch(store: Store) -> None:
     job_id = new_job(store)
-    store.add_metrics(job_id, [MetricPoint(s, "loss", 1.0, attempt=1) for s in range(10)])
+    store.metrics.add(job_id, [MetricPoint(s, "loss", 1.0, attempt=1) for s in range(10)])
     # attempt 2 resumed after step 4 and then died at step 6: steps 7..9 of attempt 1 are
     # not part of the lineage that produces the final model
-    store.add_metrics(
+    store.metrics.add(
         job_id,
         [MetricPoint(5, "loss", 2.0, attempt=2), MetricPoint(5, "loss", 3.0, attempt=2)],
         resume=(2, 4),
     )
-    points = store.metrics(job_id)
+    points = store.metrics.points(job_id)
     assert [p.step for p in points] == [0, 1, 2, 3, 4, 5]
     assert points[-1].value == 3.0
 
@@ -363,7 +363,7 @@ def test_postgresql_is_never_migrated_by_the_server_only_by_db_upgrade(pg_url: s
 
     store = Store(pg_url, migrate="auto")  # what the server opens: accepted now
     try:
-        assert store.get_job(job_id).name == "j"
+        assert store.jobs.get(job_id).name == "j"
         assert store.schema_status().up_to_date
     finally:
         store.close()

@@ -87,7 +87,6 @@ def admin_init(
     """Make the first admin and their token, on the server's machine (no token needed)."""
     from trainhouse.server.settings import Settings, default_home
     from trainhouse.store import Store
-    from trainhouse.store.accounts import Accounts
     from trainhouse.tokens import issue
 
     settings = Settings(home=(home or default_home()).expanduser().resolve(), db_url=db)
@@ -95,7 +94,7 @@ def admin_init(
         settings.home.mkdir(parents=True, exist_ok=True)
         store = Store(settings.database_url, migrate="auto")  # PostgreSQL: db upgrade first
         try:
-            accounts = Accounts(store)
+            accounts = store.accounts
             if accounts.has_admin():
                 fail(
                     "this server already has an admin; an admin makes more users and tokens "

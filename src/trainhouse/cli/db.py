@@ -115,7 +115,7 @@ def current_cmd(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON")] = False,
 ) -> None:
     """The database's schema revision, this trainhouse's head, and whether to upgrade."""
-    from trainhouse.store.store import SchemaStatus
+    from trainhouse.store import SchemaStatus
 
     store = open_store(database_url(db_url, home))
     path = sqlite_file(store)

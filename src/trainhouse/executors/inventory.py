@@ -1,43 +1,15 @@
-"""What this machine offers: CPU cores, memory and GPUs (nvidia-ml-py when present)."""
+"""What this machine offers: CPU cores, memory and GPUs (NVML's, when present), or what the
+operator declares with ``--cpus`` and ``--gpus``."""
 
 from __future__ import annotations
 
-import contextlib
 import os
 import socket
 
 import psutil
 
 from trainhouse.cluster import Gpu, Node
-
-
-def detect_gpus() -> list[Gpu]:
-    """GPUs NVML can see; an empty list on a machine without NVIDIA's driver."""
-    try:
-        import pynvml
-    except ImportError:
-        return []
-    try:
-        pynvml.nvmlInit()
-    except Exception:  # no driver / no library: a CPU-only machine
-        return []
-    try:
-        gpus = []
-        for i in range(pynvml.nvmlDeviceGetCount()):
-            handle = pynvml.nvmlDeviceGetHandleByIndex(i)
-            name = pynvml.nvmlDeviceGetName(handle)
-            mem = pynvml.nvmlDeviceGetMemoryInfo(handle)
-            gpus.append(
-                Gpu(
-                    index=i,
-                    model=name if isinstance(name, str) else name.decode(),
-                    memory_bytes=int(mem.total),
-                )
-            )
-        return gpus
-    finally:
-        with contextlib.suppress(Exception):
-            pynvml.nvmlShutdown()
+from trainhouse.monitoring.nvml import detect_gpus
 
 
 def parse_gpus(value: str) -> list[Gpu]:

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from trainhouse.executors.base import Exit
 from trainhouse.joblogs import read_log
 from trainhouse.layout import JobLayout
+from trainhouse.lifecycle import FailureKind
 from trainhouse.spec import NoRestart
 
 # signals that come from outside the process: the infrastructure's doing, not the code's
@@ -32,16 +33,12 @@ SCAN_BYTES = 256 * 1024
 
 @dataclass(frozen=True)
 class Failure:
-    kind: str  # "user" | "infra"
+    kind: FailureKind
     rank: int | None  # the rank that failed first (None: the launcher, or no rank recorded)
     code: int  # its exit code; negative = killed by that signal
     summary: str  # "rank 1 was killed by signal 9 (SIGKILL)"
     log_tail: str  # the failing rank's last lines in this attempt
     permanent: str | None = None  # why restarting cannot help, if it cannot
-
-    @property
-    def label(self) -> str:
-        return "infrastructure failure" if self.kind == "infra" else "failure of the job's code"
 
 
 def describe(code: int) -> str:
@@ -74,23 +71,23 @@ def analyse(ended: Exit, files: JobLayout, ranks: int, policy: NoRestart) -> Fai
         code = ended.rank_exit_codes[str(rank)]
         summary = f"rank {rank} {describe(code)}"
         log_text = attempt_log(files, rank, ended.attempt)
-        kind = "infra" if code < 0 and -code in INFRA_SIGNALS else "user"
+        kind = FailureKind.INFRA if code < 0 and -code in INFRA_SIGNALS else FailureKind.USER
     elif missing and ended.exit_code != 0:
         # a rank's wrapper itself was killed: it could not record anything
         code = ended.exit_code if ended.exit_code < 0 else -int(signal.SIGKILL)
         rank = missing[0]
         summary = f"rank {rank} vanished without an exit code (killed from outside)"
         log_text = attempt_log(files, rank, ended.attempt)
-        kind = "infra"
+        kind = FailureKind.INFRA
     else:
         code = ended.exit_code
         summary = f"the launcher {describe(code)}"
         log_text = attempt_log(files, "launcher", ended.attempt)
-        kind = "infra" if code < 0 and -code in INFRA_SIGNALS else "user"
+        kind = FailureKind.INFRA if code < 0 and -code in INFRA_SIGNALS else FailureKind.USER
     lines = log_text.rstrip().splitlines()
     tail = "\n".join(lines[-TAIL_LINES:])
     permanent = None
-    if kind == "user":
+    if kind is FailureKind.USER:
         if code in policy.exit_codes:
             permanent = f"exit code {code} is in no_restart_on.exit_codes"
         else:

@@ -20,6 +20,8 @@ from trainhouse._version import __version__
 from trainhouse.errors import TrainhouseError
 from trainhouse.executors import registry
 from trainhouse.executors.base import Executor
+from trainhouse.monitoring.sampler import Sampler
+from trainhouse.monitoring.telemetry import Telemetry
 from trainhouse.scheduler.loop import SchedulerConfig, SchedulerLoop
 from trainhouse.scheduler.policy import Quota
 from trainhouse.server import limits
@@ -27,14 +29,10 @@ from trainhouse.server.auth import Authenticator
 from trainhouse.server.checkpoints import Checkpoints
 from trainhouse.server.deps import Services
 from trainhouse.server.housekeeping import Housekeeper
-from trainhouse.server.monitor import Sampler
 from trainhouse.server.routes import accounts, jobs, logs, queue, report, system, ui
 from trainhouse.server.schemas import NO_NUL
 from trainhouse.server.settings import Settings
-from trainhouse.server.telemetry import Telemetry
 from trainhouse.store import BlobStore, Store
-from trainhouse.store.accounts import Accounts
-from trainhouse.store.system import SystemMetrics
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +74,7 @@ def build_services(settings: Settings, executor: Executor | None = None) -> Serv
         server_url=settings.url,
         tick=settings.tick,
         cancel_grace=settings.cancel_grace,
+        shutdown_grace=settings.shutdown_grace,
         checkpoint_location=checkpoints.location,
         on_attempt_end=checkpoints.register_unlisted,
         config=SchedulerConfig(
@@ -84,9 +83,8 @@ def build_services(settings: Settings, executor: Executor | None = None) -> Serv
             default_quota=Quota(settings.quota_gpus, settings.quota_cpus),
         ),
     )
-    system_metrics = SystemMetrics(store)
     monitor = Sampler(
-        system_metrics,
+        store.system,
         executor,
         node=node,
         interval=settings.monitor_interval,
@@ -94,17 +92,16 @@ def build_services(settings: Settings, executor: Executor | None = None) -> Serv
     )
     telemetry = Telemetry()
     telemetry.watch(
-        store, system_metrics, executor, stale_after=max(3 * settings.monitor_interval, 15.0)
+        store, store.system, executor, stale_after=max(3 * settings.monitor_interval, 15.0)
     )
     loop.decision_observer = telemetry.decision_seconds.observe
-    accounts = Accounts(store)
     auth = Authenticator(
-        accounts,
+        store.accounts,
         enabled=settings.auth_enabled,
         limit=settings.auth_failures,
         window=settings.auth_window,
     )
-    if auth.enabled and not accounts.has_admin():
+    if auth.enabled and not store.accounts.has_admin():
         log.warning(
             "auth is on and there is no admin yet: run `trainhouse admin init` on this machine"
         )
@@ -114,10 +111,9 @@ def build_services(settings: Settings, executor: Executor | None = None) -> Serv
         blobs,
         loop,
         checkpoints,
-        system_metrics,
         monitor,
+        Housekeeper(store, settings.home, settings.log_retention),
         telemetry,
-        accounts,
         auth,
     )
 
@@ -129,19 +125,16 @@ def create_app(settings: Settings, *, executor: Executor | None = None) -> FastA
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         svc = build_services(settings, executor)
         app.state.services = svc
-        svc.scheduler.start()
-        svc.checkpoints.start()
-        svc.monitor.start()
-        housekeeper = Housekeeper(svc.store, settings.home, settings.log_retention)
-        housekeeper.start()
-        log.info("trainhouse %s serving %s (home %s)", __version__, settings.url, settings.home)
+        started = []
         try:
+            for service in svc.background:
+                service.start()
+                started.append(service)
+            log.info("trainhouse %s serving %s (home %s)", __version__, settings.url, settings.home)
             yield
         finally:
-            svc.monitor.stop()
-            svc.scheduler.stop(grace=settings.shutdown_grace)
-            housekeeper.stop()
-            svc.checkpoints.stop()
+            for service in reversed(started):
+                service.stop()
             svc.store.close()
 
     app = FastAPI(

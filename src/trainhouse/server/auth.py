@@ -228,7 +228,7 @@ def caller(
     job_id = job_of_token(token)
     if job_id is not None:
         try:
-            job = svc.store.get_job(job_id)
+            job = svc.store.jobs.get(job_id)
         except TrainhouseError:
             job = None
         if job is None or not job_credential(job, token):
@@ -260,7 +260,7 @@ def readable_job(
     job_id: RowId, p: Principal = Depends(caller), svc: Services = Depends(services)
 ) -> Job:
     """The job, if the caller may read it."""
-    job = svc.store.get_job(job_id)
+    job = svc.store.jobs.get(job_id)
     if not p.may_read(job, svc.settings.job_visibility):
         if p.is_job:
             raise Forbidden(f"a job's credential reaches only its own job (job {p.job_id})")
@@ -272,7 +272,7 @@ def writable_job(
     job_id: RowId, p: Principal = Depends(writer), svc: Services = Depends(services)
 ) -> Job:
     """The job, if the caller may act on it (its owner or an admin)."""
-    job = svc.store.get_job(job_id)
+    job = svc.store.jobs.get(job_id)
     if not p.may_write(job):
         raise Forbidden(f"job {job_id} belongs to another user; {p.name!r} may not change it")
     return job
@@ -288,7 +288,7 @@ def audit(
 ) -> None:
     """Record an action in the audit log (a failure to write it is logged, not raised)."""
     try:
-        svc.accounts.audit(
+        svc.store.accounts.audit(
             p.name, action, target, detail=dict(detail) or None, client=client_address(request)
         )
     except Exception:

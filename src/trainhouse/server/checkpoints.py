@@ -17,12 +17,12 @@ import logging
 import math
 import queue
 import re
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 from trainhouse.errors import CheckpointError, NotFound
 from trainhouse.layout import JobLayout
+from trainhouse.service import Service
 from trainhouse.spec import CheckpointPolicy
 from trainhouse.storage import Storage, confine, is_temp, open_storage, sidecar_name
 from trainhouse.store import Checkpoint, Job, Store
@@ -46,14 +46,21 @@ def retained(checkpoints: list[Checkpoint], policy: CheckpointPolicy) -> set[int
     return keep
 
 
-class Checkpoints:
+class Checkpoints(Service):
+    """Where checkpoints live, their registration, and retention as a background service
+    (woken by each registration; work queued before a stop is finished)."""
+
+    name = "trainhouse-checkpoint-gc"
+    join_timeout = 60.0
+    final_tick = True
+
     def __init__(self, store: Store, home: Path, base: str | None = None) -> None:
+        super().__init__(None)  # ticks when woken
         self.store = store
         self.home = home
         self.base = base.rstrip("/") if base else None
         self._verified: set[int] = set()
-        self._queue: queue.Queue[int | None] = queue.Queue()
-        self._thread: threading.Thread | None = None
+        self._queue: queue.Queue[int] = queue.Queue()
 
     # -- where -----------------------------------------------------------------------------
     def location(self, job_id: int) -> str:
@@ -90,10 +97,10 @@ class Checkpoints:
                 f"checkpoint {path!r} is {actual} bytes in storage, but {size} were reported"
             )
         # the same checkpoint written again (a step redone after a restart) replaces the record
-        self.store.mark_checkpoints_deleted(
-            [c.id for c in self.store.checkpoints(job.id) if c.path == name]
+        self.store.checkpoints.mark_deleted(
+            [c.id for c in self.store.checkpoints.list(job.id) if c.path == name]
         )
-        ckpt = self.store.add_checkpoint(
+        ckpt = self.store.checkpoints.add(
             job.id,
             attempt=attempt,
             step=step,
@@ -103,14 +110,14 @@ class Checkpoints:
             metrics=metrics,
             kind=kind,
         )
-        self._queue.put(job.id)
+        self._collect_later(job.id)
         return ckpt
 
     def register_unlisted(self, job_id: int, attempt: int) -> list[Checkpoint]:
         """Checkpoints an attempt wrote but could not register (the server was down as it
         ended): found by the record the SDK keeps next to each one, checked, registered."""
         storage = self.storage(job_id)
-        known = {c.path for c in self.store.checkpoints(job_id, include_deleted=True)}
+        known = {c.path for c in self.store.checkpoints.list(job_id, include_deleted=True)}
         added = []
         try:
             names = storage.list()
@@ -139,7 +146,7 @@ class Checkpoints:
             except (OSError, ValueError, KeyError, TypeError, AttributeError):
                 continue
             added.append(
-                self.store.add_checkpoint(
+                self.store.checkpoints.add(
                     job_id,
                     attempt=int(record.get("attempt") or attempt),
                     step=step,
@@ -152,24 +159,24 @@ class Checkpoints:
             )
         if added:
             log.info("job %s: registered %d checkpoints left unregistered", job_id, len(added))
-            self._queue.put(job_id)
+            self._collect_later(job_id)
         return added
 
     def mark_corrupt(self, job: Job, checkpoint_id: int, reason: str) -> Checkpoint:
-        ckpt = self.store.get_checkpoint(job.id, checkpoint_id)
-        self.store.mark_checkpoint_corrupt(ckpt.id, reason[:2000])
-        self.store.add_event(job.id, f"checkpoint of step {ckpt.step} is corrupt: {reason}")
+        ckpt = self.store.checkpoints.get(job.id, checkpoint_id)
+        self.store.checkpoints.mark_corrupt(ckpt.id, reason[:2000])
+        self.store.jobs.add_event(job.id, f"checkpoint of step {ckpt.step} is corrupt: {reason}")
         log.error(
             "job %s: checkpoint %s (step %s) is corrupt: %s", job.id, ckpt.path, ckpt.step, reason
         )
-        return self.store.get_checkpoint(job.id, checkpoint_id)
+        return self.store.checkpoints.get(job.id, checkpoint_id)
 
     # -- retention -------------------------------------------------------------------------
     def collect(self, job_id: int) -> list[Checkpoint]:
         """Delete what the job's policy does not keep; returns what was deleted."""
-        job = self.store.get_job(job_id)
-        policy = CheckpointPolicy.model_validate(job.spec.get("checkpoints") or {})
-        live = [c for c in self.store.checkpoints(job_id) if c.corrupt is None]
+        job = self.store.jobs.get(job_id)
+        policy = job.spec.checkpoints
+        live = [c for c in self.store.checkpoints.list(job_id) if c.corrupt is None]
         keep = retained(live, policy)
         drop = [c for c in live if c.id not in keep]
         if not drop:
@@ -193,34 +200,28 @@ class Checkpoints:
         for old in drop:
             storage.delete(old.path)
             storage.delete(sidecar_name(old.path))
-        self.store.mark_checkpoints_deleted([c.id for c in drop])
+        self.store.checkpoints.mark_deleted([c.id for c in drop])
         return drop
 
-    def start(self) -> None:
-        self._thread = threading.Thread(
-            target=self._run, name="trainhouse-checkpoint-gc", daemon=True
-        )
-        self._thread.start()
-
-    def stop(self) -> None:
-        if self._thread is not None:
-            self._queue.put(None)
-            self._thread.join(timeout=60)
+    def _collect_later(self, job_id: int) -> None:
+        self._queue.put(job_id)
+        self.wake()
 
     def drain(self) -> None:
         """Wait until every queued collection ran (tests)."""
         self._queue.join()
 
-    def _run(self) -> None:
+    def tick(self) -> None:
+        """Apply the retention of every job queued since the last tick."""
         while True:
-            job_id = self._queue.get()
             try:
-                if job_id is None:
-                    return
-                try:
-                    self.collect(job_id)
-                except Exception:  # keep collecting for other jobs; the error is in the log
-                    log.exception("job %s: checkpoint retention failed", job_id)
+                job_id = self._queue.get_nowait()
+            except queue.Empty:
+                return
+            try:
+                self.collect(job_id)
+            except Exception:  # keep collecting for other jobs; the error is in the log
+                log.exception("job %s: checkpoint retention failed", job_id)
             finally:
                 self._queue.task_done()
 

@@ -10,15 +10,15 @@ from fastapi import Depends, Header, Request
 
 from trainhouse.errors import Unauthorized
 from trainhouse.layout import JobLayout
+from trainhouse.monitoring.sampler import Sampler
+from trainhouse.monitoring.telemetry import Telemetry
 from trainhouse.scheduler.loop import SchedulerLoop
 from trainhouse.server.checkpoints import Checkpoints
-from trainhouse.server.monitor import Sampler
+from trainhouse.server.housekeeping import Housekeeper
 from trainhouse.server.schemas import RowId
 from trainhouse.server.settings import Settings
-from trainhouse.server.telemetry import Telemetry
+from trainhouse.service import Service
 from trainhouse.store import BlobStore, Job, Store
-from trainhouse.store.accounts import Accounts
-from trainhouse.store.system import SystemMetrics
 from trainhouse.tokens import hash_token
 
 if TYPE_CHECKING:
@@ -27,16 +27,23 @@ if TYPE_CHECKING:
 
 @dataclass
 class Services:
+    """What the app runs: the store, the background services, and what requests need."""
+
     settings: Settings
-    store: Store
+    store: Store  # jobs, checkpoints, metrics, quotas, accounts, resource samples
     blobs: BlobStore
     scheduler: SchedulerLoop
-    checkpoints: Checkpoints
-    system: SystemMetrics  # resource samples
-    monitor: Sampler
+    checkpoints: Checkpoints  # where checkpoints live; retention
+    monitor: Sampler  # resource samples
+    housekeeper: Housekeeper  # log retention
     telemetry: Telemetry  # /metrics
-    accounts: Accounts  # users, tokens, audit log
     auth: Authenticator  # tokens -> principals (trainhouse.server.auth)
+
+    @property
+    def background(self) -> list[Service]:
+        """The app's background services, in the order they start (they stop in reverse):
+        retention before the scheduler, whose last exits register checkpoints."""
+        return [self.checkpoints, self.scheduler, self.monitor, self.housekeeper]
 
     def files(self, job_id: int) -> JobLayout:
         return JobLayout(self.settings.home, job_id)
@@ -63,6 +70,6 @@ def reporting_job(
     job_id: RowId, authorization: str | None = AuthHeader, svc: Services = Depends(services)
 ) -> Job:
     """The job a request reports for, once its per-attempt credential checks out."""
-    job = svc.store.get_job(job_id)
+    job = svc.store.jobs.get(job_id)
     job_credential(job, authorization)
     return job

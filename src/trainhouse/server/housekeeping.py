@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import logging
 import shutil
-import threading
 import time
 from pathlib import Path
 
 from trainhouse.layout import JobLayout
 from trainhouse.lifecycle import JobState
+from trainhouse.service import Service
 from trainhouse.store import Store
 
 log = logging.getLogger(__name__)
@@ -28,7 +28,7 @@ def expire_logs(store: Store, home: Path, retention: float, *, now: float | None
     cutoff = (now if now is not None else time.time()) - retention
     ended = [s for s in JobState if s.terminal]
     removed = 0
-    for job in store.list_jobs(states=ended):
+    for job in store.jobs.list(states=ended):
         if job.ended_at is None or job.ended_at > cutoff:
             continue
         logs = JobLayout(home, job.id).logs
@@ -36,41 +36,28 @@ def expire_logs(store: Store, home: Path, retention: float, *, now: float | None
             continue
         shutil.rmtree(logs, ignore_errors=True)
         days = retention / 86400
-        store.add_event(job.id, f"{DELETED_NOTE} ({days:g} d after the job ended)")
+        store.jobs.add_event(job.id, f"{DELETED_NOTE} ({days:g} d after the job ended)")
         removed += 1
     if removed:
         log.info("deleted the logs of %d jobs older than the retention", removed)
     return removed
 
 
-class Housekeeper:
-    """A thread that applies the log retention now and then."""
+class Housekeeper(Service):
+    """Applies the log retention at start-up and every few minutes (when one is set)."""
+
+    name = "trainhouse-housekeeping"
 
     def __init__(self, store: Store, home: Path, log_retention: float | None) -> None:
+        super().__init__(CHECK_SECONDS)
         self.store = store
         self.home = home
         self.log_retention = log_retention
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
 
-    def start(self) -> None:
-        if not self.log_retention:
-            return
-        self._thread = threading.Thread(
-            target=self._run, name="trainhouse-housekeeping", daemon=True
-        )
-        self._thread.start()
+    @property
+    def enabled(self) -> bool:
+        return bool(self.log_retention)
 
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=30)
-
-    def _run(self) -> None:
-        assert self.log_retention is not None
-        while not self._stop.is_set():
-            try:
-                expire_logs(self.store, self.home, self.log_retention)
-            except Exception:  # keep going; the error is in the server log
-                log.exception("log retention failed")
-            self._stop.wait(CHECK_SECONDS)
+    def tick(self) -> None:
+        if self.log_retention:
+            expire_logs(self.store, self.home, self.log_retention)

@@ -7,6 +7,8 @@ from typing import Annotated, Any, Literal
 from fastapi import Path
 from pydantic import BaseModel, Field
 
+from trainhouse.lifecycle import AttemptResult, FailureKind, JobState
+
 INT64 = 2**63 - 1
 INT32 = 2**31 - 1  # an INTEGER column: an attempt number, a quota cap
 
@@ -35,13 +37,13 @@ class AttemptOut(BaseModel):
     number: int
     started_at: float
     ended_at: float | None
-    result: str | None
+    result: AttemptResult | None
     exit_code: int | None
     rank_exit_codes: dict[str, int] | None
     placement: dict[str, Any] | None
     pid: int | None
     reason: str | None
-    failure: str | None = Field(
+    failure: FailureKind | None = Field(
         None, description='"user" (the job\'s code failed) or "infra" (killed from outside, lost)'
     )
     failed_rank: int | None = Field(None, description="The rank that failed first")
@@ -50,8 +52,8 @@ class AttemptOut(BaseModel):
 
 class EventOut(BaseModel):
     at: float
-    from_state: str | None
-    to_state: str
+    from_state: JobState | None
+    to_state: JobState
     reason: str | None
 
 
@@ -59,7 +61,7 @@ class JobOut(BaseModel):
     id: int
     name: str
     owner: str
-    state: str
+    state: JobState
     priority: str
     created_at: float
     updated_at: float

@@ -1,8 +1,14 @@
-"""Persistent state: one Store over SQLAlchemy for SQLite and PostgreSQL, and the archive blobs."""
+"""Persistent state: one Store over SQLAlchemy for SQLite and PostgreSQL, and the archive blobs.
+
+``Store(url)`` opens the database (migrating the embedded SQLite) and offers one repository per
+concern (``store.jobs``, ``.checkpoints``, ``.metrics``, ``.quotas``, ``.accounts``, ``.system``)
+over a public transaction; see :mod:`trainhouse.store.store`.
+"""
 
 from trainhouse.store.blobs import BlobStore
+from trainhouse.store.database import SchemaStatus, default_db_url
 from trainhouse.store.records import Attempt, Checkpoint, Event, Job, MetricPoint, UserLimits
-from trainhouse.store.store import Store, default_db_url
+from trainhouse.store.store import Store
 
 __all__ = [
     "Attempt",
@@ -11,6 +17,7 @@ __all__ = [
     "Event",
     "Job",
     "MetricPoint",
+    "SchemaStatus",
     "Store",
     "UserLimits",
     "default_db_url",

@@ -1,4 +1,5 @@
-"""Accounts: users with a role, their API tokens (stored as hashes only) and the audit log.
+"""Accounts (``store.accounts``): users with a role, their API tokens (stored as hashes only)
+and the audit log.
 
 Tokens are made and hashed by :mod:`trainhouse.tokens`; this module records only a token's
 sha256 and its first characters. A job's ranks get a separate, per-attempt credential that is
@@ -11,7 +12,7 @@ import re
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, get_args
+from typing import TYPE_CHECKING, Any, Literal, get_args
 
 from sqlalchemy import Connection, func, insert, select, update
 from sqlalchemy.engine import RowMapping
@@ -20,8 +21,10 @@ from sqlalchemy.sql.elements import ColumnElement
 
 from trainhouse.errors import NotFound, SpecError, StoreError
 from trainhouse.store import tables as t
-from trainhouse.store.store import Store
 from trainhouse.tokens import hash_token
+
+if TYPE_CHECKING:
+    from trainhouse.store.database import Database
 
 Role = Literal["admin", "member", "viewer"]
 ROLES: tuple[str, ...] = get_args(Role)
@@ -119,35 +122,32 @@ def _clip(value: Any) -> Any:
 
 
 class Accounts:
-    """Users, tokens and the audit log, in the Store's database."""
+    """Users, tokens and the audit log."""
 
-    def __init__(self, store: Store) -> None:
-        self.store = store
+    def __init__(self, db: Database) -> None:
+        self.db = db
         self._last_used: dict[int, float] = {}
-
-    def _tx(self) -> Any:
-        return self.store._tx()
 
     # -- users ------------------------------------------------------------------------------
     def add_user(self, name: str, role: str = "member") -> User:
         check_name(name)
         role = check_role(role)
         try:
-            with self._tx() as conn:
+            with self.db.transaction() as conn:
                 conn.execute(insert(t.users).values(name=name, role=role, created_at=time.time()))
         except IntegrityError:
             raise StoreError(f"user {name!r} already exists") from None
         return self.get_user(name)
 
     def get_user(self, name: str) -> User:
-        with self._tx() as conn:
+        with self.db.transaction() as conn:
             row = conn.execute(select(t.users).where(t.users.c.name == name)).mappings().first()
         if row is None:
             raise NotFound(f"user {name!r} does not exist")
         return _user(row)
 
     def users(self) -> list[User]:
-        with self._tx() as conn:
+        with self.db.transaction() as conn:
             rows = conn.execute(select(t.users).order_by(t.users.c.name)).mappings().all()
         return [_user(r) for r in rows]
 
@@ -161,7 +161,7 @@ class Accounts:
         )
 
     def has_admin(self) -> bool:
-        with self._tx() as conn:
+        with self.db.transaction() as conn:
             return self._active_admins(conn) > 0
 
     def update_user(
@@ -170,7 +170,7 @@ class Accounts:
         """Change a user's role or disable/enable them; the last active admin stays one."""
         if role is not None:
             role = check_role(role)
-        with self._tx() as conn:
+        with self.db.transaction() as conn:
             row = conn.execute(select(t.users).where(t.users.c.name == name)).mappings().first()
             if row is None:
                 raise NotFound(f"user {name!r} does not exist")
@@ -210,7 +210,7 @@ class Accounts:
         owner = self.get_user(user)
         if not owner.active:
             raise StoreError(f"user {user!r} is disabled")
-        with self._tx() as conn:
+        with self.db.transaction() as conn:
             token_id = conn.execute(
                 insert(t.api_tokens)
                 .values(
@@ -226,7 +226,7 @@ class Accounts:
         return self.get_token(int(token_id))
 
     def get_token(self, token_id: int) -> Token:
-        with self._tx() as conn:
+        with self.db.transaction() as conn:
             row = (
                 conn.execute(_token_query().where(t.api_tokens.c.id == token_id)).mappings().first()
             )
@@ -238,13 +238,13 @@ class Accounts:
         query = _token_query().order_by(t.api_tokens.c.id)
         if user is not None:
             query = query.where(t.users.c.name == user)
-        with self._tx() as conn:
+        with self.db.transaction() as conn:
             return [_token(r) for r in conn.execute(query).mappings().all()]
 
     def revoke_token(self, token_id: int) -> Token:
         token = self.get_token(token_id)
         if token.revoked_at is None:
-            with self._tx() as conn:
+            with self.db.transaction() as conn:
                 conn.execute(
                     update(t.api_tokens)
                     .where(t.api_tokens.c.id == token_id)
@@ -254,7 +254,7 @@ class Accounts:
 
     def authenticate(self, secret: str) -> tuple[User, Token] | str:
         """The user and token a secret belongs to, or why it does not work."""
-        with self._tx() as conn:
+        with self.db.transaction() as conn:
             row = (
                 conn.execute(
                     select(
@@ -289,7 +289,7 @@ class Accounts:
             return f"user {user.name!r} is disabled"
         if now - self._last_used.get(token.id, 0.0) >= LAST_USED_EVERY:
             self._last_used[token.id] = now
-            with self._tx() as conn:
+            with self.db.transaction() as conn:
                 conn.execute(
                     update(t.api_tokens)
                     .where(t.api_tokens.c.id == token.id)
@@ -308,7 +308,7 @@ class Accounts:
         detail: dict[str, Any] | None = None,
         client: str | None = None,
     ) -> None:
-        with self._tx() as conn:
+        with self.db.transaction() as conn:
             conn.execute(
                 insert(t.audit_log).values(
                     at=time.time(),
@@ -338,7 +338,7 @@ class Accounts:
             where.append(t.audit_log.c.actor == actor)
         if since is not None:
             where.append(t.audit_log.c.at >= since)
-        with self._tx() as conn:
+        with self.db.transaction() as conn:
             rows = (
                 conn.execute(
                     select(t.audit_log)

@@ -1,11 +1,21 @@
-"""Plain records the store hands out: no SQLAlchemy objects leave the store."""
+"""Plain records the store hands out: no SQLAlchemy objects leave the store.
+
+A :class:`Job` carries its spec parsed (:attr:`Job.spec`, a :class:`~trainhouse.spec.JobSpec`,
+validated on first use: listing thousands of jobs parses none) and its placement typed; the API
+shows them as stored (:meth:`Job.public`).
+"""
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
+from functools import cached_property
 from typing import Any
 
-from trainhouse.lifecycle import JobState
+from trainhouse.cluster import Placements, placements_to_json
+from trainhouse.lifecycle import AttemptResult, FailureKind, JobState
+from trainhouse.spec import JobSpec
+
+__all__ = ["Attempt", "Checkpoint", "Event", "Job", "MetricPoint", "UserLimits"]
 
 
 @dataclass(frozen=True)
@@ -15,7 +25,7 @@ class Job:
     owner: str
     state: JobState
     priority: str
-    spec: dict[str, Any]
+    spec_data: dict[str, Any]  # the spec as stored (a JobSpec's JSON)
     archive_sha256: str
     created_at: float
     updated_at: float
@@ -29,15 +39,23 @@ class Job:
     cancel_requested: bool = False
     preempt_requested: bool = False
     token_hash: str | None = None
-    placement: dict[str, Any] | None = None
+    placement: Placements = ()  # where its latest attempt ran (none before its first)
     total_steps: int | None = None
     last_step: int | None = None
-    latest_metrics: dict[str, float] = field(default_factory=dict)
+    latest_metrics: dict[str, float | None] = field(default_factory=dict)
+
+    @cached_property
+    def spec(self) -> JobSpec:
+        """The job's spec, parsed."""
+        return JobSpec.model_validate(self.spec_data)
 
     def public(self) -> dict[str, Any]:
-        data = asdict(self)
-        data.pop("token_hash")
+        """The job as the API shows it: the spec as stored, the placement as
+        ``{"nodes": [...]}`` (None before its first attempt), no credential hash."""
+        data = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "token_hash"}
+        data["spec"] = data.pop("spec_data")
         data["state"] = str(self.state)
+        data["placement"] = placements_to_json(self.placement) if self.placement else None
         return data
 
 
@@ -47,16 +65,22 @@ class Attempt:
     number: int
     started_at: float
     ended_at: float | None = None
-    result: str | None = None
+    result: AttemptResult | None = None
     exit_code: int | None = None
     rank_exit_codes: dict[str, int] | None = None
-    placement: dict[str, Any] | None = None
+    placement: Placements = ()
     pid: int | None = None
     pid_create_time: float | None = None
     reason: str | None = None
-    failure: str | None = None  # "user" | "infra"
+    failure: FailureKind | None = None
     failed_rank: int | None = None
     log_tail: str | None = None
+
+    def public(self) -> dict[str, Any]:
+        """The attempt as the API shows it (the placement as ``{"nodes": [...]}``)."""
+        data = {f.name: getattr(self, f.name) for f in fields(self)}
+        data["placement"] = placements_to_json(self.placement) if self.placement else None
+        return data
 
 
 @dataclass(frozen=True)

@@ -11,13 +11,13 @@ import logging
 
 from trainhouse.errors import InvalidMetrics
 from trainhouse.layout import AttemptLayout
-from trainhouse.store.metrics import parse_report
-from trainhouse.store.store import Store
+from trainhouse.store.metrics import MetricRepo
+from trainhouse.store.reports import parse_report
 
 log = logging.getLogger(__name__)
 
 
-def ingest_spool(store: Store, job_id: int, attempt: AttemptLayout) -> int:
+def ingest_spool(metrics: MetricRepo, job_id: int, attempt: AttemptLayout) -> int:
     """Store every spooled batch of an attempt, oldest first; returns the points written."""
     spool = attempt.spool
     if not spool.is_dir():
@@ -27,7 +27,7 @@ def ingest_spool(store: Store, job_id: int, attempt: AttemptLayout) -> int:
         try:
             report = parse_report(path.read_bytes())  # the same checks as a live report
             resume = report.resume_step
-            written += store.add_metrics(
+            written += metrics.add(
                 job_id,
                 report.columns,
                 batch_id=report.batch_id,

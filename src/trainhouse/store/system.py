@@ -1,12 +1,10 @@
 """Resource samples of nodes and jobs (the ``system_metrics`` table).
 
-The sampler (:mod:`trainhouse.server.monitor`) writes one batch per interval: the node's own
-values (``job_id`` NULL) and each running job's processes' values on that node. They are read
-back as series, averaged into time buckets when there are more points than asked for, and
-deleted once older than the retention. Both SQLite and PostgreSQL.
-
-Names: the node's CPU and memory and each job's are trainhouse's (Prometheus-style, base
-units); a GPU's follow NVIDIA DCGM's field names and units (MiB, W, degrees C, percent).
+The sampler (:mod:`trainhouse.monitoring.sampler`) writes one batch per interval: the node's
+own values (``job_id`` NULL) and each running job's processes' values on that node. They are
+read back as series, averaged into time buckets when there are more points than asked for, and
+deleted once older than the retention. Both SQLite and PostgreSQL. The series' names and
+units are :mod:`trainhouse.monitoring.names`.
 """
 
 from __future__ import annotations
@@ -14,30 +12,16 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import ColumnElement, Integer, cast, delete, func, insert, select
 
 from trainhouse.lifecycle import JobState
+from trainhouse.monitoring.names import CPU_PERCENT, PROCESSES
 from trainhouse.store import tables as t
-from trainhouse.store.store import Store
 
-# a node's
-CPU_PERCENT = "cpu_percent"  # of all cores: 0..100 (a job's: of one core, so up to 100 x cores)
-MEMORY_USED = "memory_used_bytes"  # total - available
-MEMORY_TOTAL = "memory_total_bytes"
-GPU_UTIL = "DCGM_FI_DEV_GPU_UTIL"  # percent
-FB_USED = "DCGM_FI_DEV_FB_USED"  # framebuffer memory used, MiB
-FB_FREE = "DCGM_FI_DEV_FB_FREE"  # MiB
-POWER_USAGE = "DCGM_FI_DEV_POWER_USAGE"  # W
-GPU_TEMP = "DCGM_FI_DEV_GPU_TEMP"  # degrees C
-GPU_NAMES = (GPU_UTIL, FB_USED, FB_FREE, POWER_USAGE, GPU_TEMP)
-NODE_NAMES = (CPU_PERCENT, MEMORY_USED, MEMORY_TOTAL, *GPU_NAMES)
-# a job's (its processes on the node, summed)
-RSS = "rss_bytes"  # resident memory; pages shared between processes count in each
-PROCESSES = "processes"
-GPU_MEMORY = "gpu_memory_bytes"  # per GPU, of the job's PIDs (NVML)
-JOB_NAMES = (CPU_PERCENT, RSS, PROCESSES, GPU_MEMORY)
+if TYPE_CHECKING:
+    from trainhouse.store.database import Database
 
 DEFAULT_MAX_POINTS = 1000
 PURGE_BATCH = 10_000
@@ -81,9 +65,8 @@ class Latest:
 class SystemMetrics:
     """Reads and writes of ``system_metrics`` (and the job counts ``/metrics`` exposes)."""
 
-    def __init__(self, store: Store) -> None:
-        self.engine = store.engine
-        self.dialect = store.dialect
+    def __init__(self, db: Database) -> None:
+        self.db = db
 
     def write(self, node: str, at: float, samples: Iterable[Sample]) -> int:
         """Store one sample batch in one transaction; non-finite values are left out."""
@@ -100,7 +83,7 @@ class SystemMetrics:
             if math.isfinite(s.value)
         ]
         if rows:
-            with self.engine.begin() as conn:
+            with self.db.transaction() as conn:
                 conn.execute(insert(t.system_metrics), rows)
         return len(rows)
 
@@ -145,7 +128,7 @@ class SystemMetrics:
             raise ValueError(f"max_points must be >= 1, got {max_points}")
         c = t.system_metrics.c
         cond = self._where(node, job_id, names, since, until)
-        with self.engine.connect() as conn:
+        with self.db.connect() as conn:
             stats = conn.execute(
                 select(c.name, c.gpu, func.count(), func.min(c.at), func.max(c.at))
                 .where(*cond)
@@ -167,7 +150,7 @@ class SystemMetrics:
                 width = max((t1 - t0) / max_points, 1e-6) * (1 + 1e-9)
                 offset = (c.at - t0) / width
                 bucket = (
-                    func.floor(offset) if self.dialect == "postgresql" else cast(offset, Integer)
+                    func.floor(offset) if self.db.dialect == "postgresql" else cast(offset, Integer)
                 )
                 inner = select(c.name, c.gpu, c.at, c.value, bucket.label("b")).where(*cond)
                 sub = inner.subquery()
@@ -194,7 +177,7 @@ class SystemMetrics:
         cond = self._where(node, job_id, None, None, None)
         # the newest time of a name every sample has, found through an index
         key = CPU_PERCENT if job_id is None else PROCESSES
-        with self.engine.connect() as conn:
+        with self.db.connect() as conn:
             at = conn.execute(select(func.max(c.at)).where(*cond, c.name == key)).scalar()
             if at is None:
                 return None
@@ -208,7 +191,7 @@ class SystemMetrics:
         c = t.system_metrics.c
         deleted = 0
         while True:
-            with self.engine.begin() as conn:
+            with self.db.transaction() as conn:
                 ids = select(c.id).where(c.at < before).limit(batch)
                 n = conn.execute(delete(t.system_metrics).where(c.id.in_(ids))).rowcount
             deleted += n
@@ -218,7 +201,7 @@ class SystemMetrics:
     # -- counts for the Prometheus exposition ----------------------------------------------
     def jobs_by_state(self) -> dict[str, int]:
         j = t.jobs.c
-        with self.engine.connect() as conn:
+        with self.db.connect() as conn:
             rows = conn.execute(select(j.state, func.count()).group_by(j.state)).all()
         counts = {s.value: 0 for s in JobState}
         counts.update({state: int(n) for state, n in rows})
@@ -226,7 +209,7 @@ class SystemMetrics:
 
     def queued_by_priority(self) -> dict[str, int]:
         j = t.jobs.c
-        with self.engine.connect() as conn:
+        with self.db.connect() as conn:
             rows = conn.execute(
                 select(j.priority, func.count())
                 .where(j.state == JobState.QUEUED.value)

@@ -181,7 +181,7 @@ user_usage = Table(
     Column("updated_at", Float, nullable=False),
 )
 
-# resource samples (trainhouse.server.monitor): a node's (job_id NULL) or a job's processes' on
+# resource samples (trainhouse.monitoring.sampler): a node's (job_id NULL) or a job's processes' on
 # that node; gpu = the GPU index for per-GPU values. Names: trainhouse.store.system
 system_metrics = Table(
     "system_metrics",

@@ -167,7 +167,7 @@ def close_session(response: Response) -> None:
 # -- users ----------------------------------------------------------------------------------
 @router.get("/users", response_model=UsersOut)
 def list_users(_p: Principal = Depends(admin), svc: Services = Depends(services)) -> UsersOut:
-    return UsersOut(users=[user_out(u) for u in svc.accounts.users()])
+    return UsersOut(users=[user_out(u) for u in svc.store.accounts.users()])
 
 
 @router.post("/users", response_model=UserOut, status_code=201)
@@ -177,7 +177,7 @@ def add_user(
     p: Principal = Depends(admin),
     svc: Services = Depends(services),
 ) -> UserOut:
-    user = svc.accounts.add_user(body.name, body.role)
+    user = svc.store.accounts.add_user(body.name, body.role)
     audit(svc, request, p, "user.add", user.name, role=user.role)
     return user_out(user)
 
@@ -191,7 +191,7 @@ def update_user(
     svc: Services = Depends(services),
 ) -> UserOut:
     """Change a user's role, or disable (their tokens stop working) or enable them."""
-    user = svc.accounts.update_user(name, role=body.role, disabled=body.disabled)
+    user = svc.store.accounts.update_user(name, role=body.role, disabled=body.disabled)
     svc.auth.forget()
     audit(svc, request, p, "user.update", name, **body.model_dump(exclude_none=True))
     return user_out(user)
@@ -210,7 +210,7 @@ def list_tokens(
     if (all or (user is not None and user != p.name)) and not p.is_admin:
         raise Forbidden(f"only admins may list other users' tokens; user {p.name!r} is a {p.role}")
     whose = None if all else (user or p.name)
-    return TokensOut(tokens=[token_out(t) for t in svc.accounts.tokens(whose)])
+    return TokensOut(tokens=[token_out(t) for t in svc.store.accounts.tokens(whose)])
 
 
 @router.post("/tokens", response_model=NewTokenOut, status_code=201)
@@ -227,7 +227,7 @@ def create_token(
     if not p.authenticated and body.user is None:
         raise Unauthorized("auth is off here, so there is no 'me': name the token's user")
     expires_at = time.time() + body.expires_in if body.expires_in else None
-    token, secret = issue(svc.accounts, whose, body.name, expires_at=expires_at)
+    token, secret = issue(svc.store.accounts, whose, body.name, expires_at=expires_at)
     audit(
         svc,
         request,
@@ -248,10 +248,10 @@ def revoke_token(
     p: Principal = Depends(signed_in),
     svc: Services = Depends(services),
 ) -> TokenOut:
-    token = svc.accounts.get_token(token_id)
+    token = svc.store.accounts.get_token(token_id)
     if token.user != p.name and not p.is_admin:
         raise Forbidden(f"token {token_id} belongs to another user; {p.name!r} may not revoke it")
-    token = svc.accounts.revoke_token(token_id)
+    token = svc.store.accounts.revoke_token(token_id)
     svc.auth.forget()
     audit(svc, request, p, "token.revoke", token.user, token_id=token_id)
     return token_out(token)
@@ -269,7 +269,7 @@ def audit_log(
     svc: Services = Depends(services),
 ) -> AuditOut:
     """Admin actions, cancellations and failed token uses, newest first."""
-    entries, total = svc.accounts.audit_entries(
+    entries, total = svc.store.accounts.audit_entries(
         limit=limit, offset=offset, actions=action, actor=actor, since=since
     )
     return AuditOut(entries=[AuditEntryOut(**asdict(e)) for e in entries], total=total)

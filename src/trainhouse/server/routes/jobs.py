@@ -22,7 +22,7 @@ from trainhouse.errors import (
 )
 from trainhouse.joblogs import read_log
 from trainhouse.layout import LAUNCHER
-from trainhouse.lifecycle import JobState
+from trainhouse.lifecycle import JobState, StopReason
 from trainhouse.scheduler.resources import never_fits
 from trainhouse.server.auth import (
     Principal,
@@ -52,9 +52,9 @@ from trainhouse.server.schemas import (
 )
 from trainhouse.spec import PRIORITY_TIERS, JobSpec, parse_spec
 from trainhouse.store import Job
-from trainhouse.store.metrics import INT64, MAX_NAME, MAX_RANK
+from trainhouse.store.jobs import JobSort
+from trainhouse.store.reports import INT64, MAX_NAME, MAX_RANK
 from trainhouse.store.series import MIN_DOWNSAMPLED
-from trainhouse.store.store import JobSort
 from trainhouse.workdir import human_size, list_members
 
 router = APIRouter(tags=["jobs"])
@@ -67,7 +67,7 @@ def job_out(job: Job, svc: Services | None = None, *, summary_only: bool = False
     if svc is not None and job.state is JobState.QUEUED:
         data["reason"] = svc.scheduler.waiting.get(job.id, job.reason)  # the live reason
     if summary_only:
-        res = (job.spec or {}).get("resources")
+        res = job.spec_data.get("resources")
         data.update(spec={"resources": res} if res else {}, placement=None, latest_metrics={})
     return JobOut(**data)
 
@@ -76,10 +76,8 @@ def schedulable_spec(text: str, svc: Services) -> JobSpec:
     """Parse a submitted spec and refuse a job that could never run on this server."""
     job_spec = parse_spec(text, source="spec")
     executor = svc.scheduler.executor
-    # the Ray executor's inventory, busy or not (its nodes() is what is free right now)
-    nodes = getattr(executor, "capacity", executor.nodes)()
-    multi_node = bool(getattr(executor, "multi_node", False))
-    reason = never_fits(nodes, job_spec.resources, multi_node=multi_node)
+    # the inventory, busy or not (nodes() is what is free right now)
+    reason = never_fits(executor.capacity(), job_spec.resources, multi_node=executor.multi_node)
     if reason is None and job_spec.resources.nodes > 1 and not svc.settings.shared_checkpoints:
         reason = (
             f"resources.nodes is {job_spec.resources.nodes}, but checkpoints are stored on the "
@@ -143,11 +141,11 @@ def submit(
         raise UploadTooLarge(
             f"workdir archive is larger than {human_size(svc.settings.max_upload_bytes)}"
         ) from None
-    job = svc.store.create_job(
+    job = svc.store.jobs.create(
         name=job_spec.name,
         owner=owner_of(p, owner),
         priority=job_spec.priority,
-        spec=job_spec.model_dump(mode="json"),
+        spec=job_spec,
         archive_sha256=digest,
     )
     svc.scheduler.wake()
@@ -183,13 +181,13 @@ def list_jobs(
     states: list[JobState] | None = state
     if states is None and not all:
         states = [s for s in JobState if not s.terminal]
-    page = svc.store.list_jobs(
+    page = svc.store.jobs.list(
         states=states, limit=limit, offset=offset, owner=owner, name=name, sort=sort, order=order
     )
     total = (
         offset + len(page)
         if len(page) < limit and (page or offset == 0)
-        else svc.store.count_jobs(states=states, owner=owner, name=name)
+        else svc.store.jobs.count(states=states, owner=owner, name=name)
     )
     visibility = svc.settings.job_visibility
     return JobListOut(
@@ -205,11 +203,11 @@ def show(job: Job = Depends(readable_job), svc: Services = Depends(services)) ->
     return JobDetailOut(
         **job_out(job, svc).model_dump(),
         attempt_history=[
-            AttemptOut(**{k: v for k, v in asdict(a).items() if k in AttemptOut.model_fields})
-            for a in svc.store.attempts(job_id)
+            AttemptOut(**{k: v for k, v in a.public().items() if k in AttemptOut.model_fields})
+            for a in svc.store.jobs.attempts(job_id)
         ],
-        events=[EventOut(**asdict(e)) for e in svc.store.events(job_id)],
-        checkpoints=len(svc.store.checkpoints(job_id)),
+        events=[EventOut(**asdict(e)) for e in svc.store.jobs.events(job_id)],
+        checkpoints=len(svc.store.checkpoints.list(job_id)),
         log_ranks=files.ranks(),
         job_dir=str(files.root),
     )
@@ -225,16 +223,16 @@ def cancel(
     job_id = job.id
     if job.state.terminal:
         raise StoreError(f"job {job_id} has already ended ({job.state}); nothing to cancel")
-    svc.store.request_cancel(job_id)
+    svc.store.jobs.request_cancel(job_id)
     audit(svc, request, p, "job.cancel", f"job:{job_id}", owner=job.owner, name=job.name)
     # a queued job ends here; in any other state the scheduler loop ends it (and if it
     # started meanwhile, the compare-and-set refuses and the loop stops its processes)
     with contextlib.suppress(StoreError):
-        svc.store.transition(
-            job_id, JobState.CANCELED, reason="canceled by request", expect=[JobState.QUEUED]
+        svc.store.jobs.transition(
+            job_id, JobState.CANCELED, reason=StopReason.CANCEL.text, expect=[JobState.QUEUED]
         )
     svc.scheduler.wake()
-    return job_out(svc.store.get_job(job_id))
+    return job_out(svc.store.jobs.get(job_id))
 
 
 @router.get("/jobs/{job_id}/metrics", response_model=MetricsOut)
@@ -266,12 +264,12 @@ def metrics(
         raise InvalidMetrics(
             f"max_points must be 0 (every point) or at least {MIN_DOWNSAMPLED}, got {max_points}"
         )
-    found = svc.store.metric_series(
+    found = svc.store.metrics.series(
         job_id, name=name, rank=rank, all_ranks=all_ranks, after_step=after_step
     )
     series = []
     for info in found:
-        got = svc.store.metric_points(job_id, info, max_points=max_points)
+        got = svc.store.metrics.series_points(job_id, info, max_points=max_points)
         series.append(
             {
                 "name": got.name,
@@ -297,7 +295,7 @@ def metric_names(
         job_id=job.id,
         series=[
             SeriesInfoOut(name=i.name, rank=i.rank, points=i.points, last_step=i.last_step)
-            for i in svc.store.metric_series(job.id, all_ranks=all_ranks)
+            for i in svc.store.metrics.series(job.id, all_ranks=all_ranks)
         ],
     )
 
@@ -318,8 +316,7 @@ def logs(
 ) -> PlainTextResponse:
     """A rank's log as text; the ``X-Log-Offset`` header is where to continue reading."""
     job_id = job.id
-    res = job.spec.get("resources") or {}
-    world = int(res.get("nodes", 1)) * int(res.get("procs_per_node") or 1)
+    world = job.spec.resources.world_size
     if rank != "launcher" and int(rank) >= world:
         raise NotFound(f"job {job_id} has ranks 0..{world - 1}; there is no rank {rank}")
     files = svc.files(job_id)
@@ -338,7 +335,7 @@ def checkpoints(
 ) -> CheckpointListOut:
     """The job's checkpoints, oldest first; by default only those a restart may load."""
     job_id = job.id
-    found = svc.store.checkpoints(job_id, include_deleted=all)
+    found = svc.store.checkpoints.list(job_id, include_deleted=all)
     return CheckpointListOut(
         job_id=job_id,
         directory=svc.checkpoints.location(job_id),
@@ -352,7 +349,7 @@ def checkpoint_files(
 ) -> CheckpointFilesOut:
     """What a download fetches: one file (name "") or a sharded checkpoint's files."""
     job_id = job.id
-    ckpt = svc.store.get_checkpoint(job_id, checkpoint_id)
+    ckpt = svc.store.checkpoints.get(job_id, checkpoint_id)
     if ckpt.deleted:
         raise NotFound(f"checkpoint of step {ckpt.step} was deleted by the retention policy")
     return CheckpointFilesOut(
@@ -370,7 +367,7 @@ def checkpoint_content(
 ) -> StreamingResponse:
     """The bytes of a checkpoint file, streamed."""
     job_id = job.id
-    ckpt = svc.store.get_checkpoint(job_id, checkpoint_id)
+    ckpt = svc.store.checkpoints.get(job_id, checkpoint_id)
     if ckpt.deleted:
         raise NotFound(f"checkpoint of step {ckpt.step} was deleted by the retention policy")
     return StreamingResponse(

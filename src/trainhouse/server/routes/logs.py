@@ -101,8 +101,7 @@ async def stream_logs(
 ) -> StreamingResponse:
     """Follow a job's logs as Server-Sent Events (see the module docstring)."""
     job_id = job.id
-    res = job.spec.get("resources") or {}
-    world = int(res.get("nodes", 1)) * int(res.get("procs_per_node") or 1)
+    world = job.spec.resources.world_size
     for r in rank or []:
         if r != "launcher" and (not r.isdigit() or int(r) >= world):
             raise NotFound(f"job {job_id} has ranks 0..{world - 1}; there is no rank {r}")
@@ -141,7 +140,7 @@ async def stream_logs(
             if ended is not None:
                 yield _event("end", {"state": ended}, ids())
                 return
-            current = await run_in_threadpool(svc.store.get_job, job_id)
+            current = await run_in_threadpool(svc.store.jobs.get, job_id)
             if current.state.terminal:
                 ended = str(current.state)  # what the ranks wrote just before: one more pass
                 continue

@@ -57,7 +57,7 @@ def queue(p: Principal = Depends(signed_in), svc: Services = Depends(services)) 
     everyone = p.sees_every_job(svc.settings.job_visibility)
     jobs = {
         j.id: j
-        for j in svc.store.list_jobs(states=[JobState.QUEUED])
+        for j in svc.store.jobs.list(states=[JobState.QUEUED])
         if everyone or j.owner == p.name
     }
     entries = []
@@ -79,7 +79,7 @@ def queue(p: Principal = Depends(signed_in), svc: Services = Depends(services)) 
         )
     preempting = [
         {"id": j.id, "name": j.name, "owner": j.owner, "reason": j.reason}
-        for j in svc.store.list_jobs(states=[JobState.RUNNING])
+        for j in svc.store.jobs.list(states=[JobState.RUNNING])
         if j.preempt_requested and (everyone or j.owner == p.name)
     ]
     return QueueOut(jobs=entries, preempting=preempting)
@@ -151,7 +151,7 @@ def set_priority(
 ) -> JobOut:
     check_priority(p, body.priority)
     before = job.priority
-    job = svc.store.set_priority(job.id, body.priority)
+    job = svc.store.jobs.set_priority(job.id, body.priority)
     audit(svc, request, p, "job.priority", f"job:{job.id}", before=before, after=job.priority)
     svc.scheduler.wake()
     return job_out(job, svc)
@@ -182,7 +182,7 @@ class QuotasOut(BaseModel):
 
 @router.get("/quotas", response_model=QuotasOut)
 def quotas(_p: Principal = Depends(signed_in), svc: Services = Depends(services)) -> QuotasOut:
-    limits = svc.store.user_limits()
+    limits = svc.store.quotas.limits()
     usage = svc.scheduler.usage.snapshot()
     owners = sorted(set(limits) | set(usage))
     cfg = svc.scheduler.config
@@ -211,7 +211,7 @@ def set_quota(
     p: Principal = Depends(admin),
     svc: Services = Depends(services),
 ) -> LimitsOut:
-    current = svc.store.user_limits().get(owner, UserLimits(owner))
+    current = svc.store.quotas.limits().get(owner, UserLimits(owner))
     fields = body.model_dump(exclude_unset=True)
     limits = UserLimits(
         owner,
@@ -219,7 +219,7 @@ def set_quota(
         max_gpus=fields.get("max_gpus", current.max_gpus),
         max_cpus=fields.get("max_cpus", current.max_cpus),
     )
-    svc.store.set_user_limits(limits)
+    svc.store.quotas.set(limits)
     audit(svc, request, p, "quota.set", owner, **body.model_dump(exclude_unset=True))
     svc.scheduler.wake()
     return LimitsOut(**limits.__dict__, usage=svc.scheduler.usage.snapshot().get(owner, 0.0))
@@ -232,7 +232,7 @@ def clear_quota(
     p: Principal = Depends(admin),
     svc: Services = Depends(services),
 ) -> None:
-    if not svc.store.delete_user_limits(owner):
+    if not svc.store.quotas.delete(owner):
         raise NotFound(f"user {owner!r} has no limits set")
     audit(svc, request, p, "quota.clear", owner)
     svc.scheduler.wake()

@@ -11,6 +11,7 @@ from typing import Any
 
 from fastapi import APIRouter, Depends, Request
 
+from trainhouse.scheduler.outcome import stop_reason
 from trainhouse.server.deps import Services, reporting_job, services
 from trainhouse.server.schemas import (
     CheckpointIn,
@@ -21,7 +22,7 @@ from trainhouse.server.schemas import (
     RowId,
 )
 from trainhouse.store import Job
-from trainhouse.store.metrics import parse_report
+from trainhouse.store.reports import parse_report
 
 router = APIRouter(tags=["report"])
 
@@ -49,7 +50,7 @@ def report(
     the answer says whether the job should stop."""
     parsed = parse_report(body)
     resume = parsed.resume_step
-    accepted = svc.store.add_metrics(
+    accepted = svc.store.metrics.add(
         job.id,
         parsed.columns,
         batch_id=parsed.batch_id,
@@ -57,15 +58,15 @@ def report(
         resume=(parsed.attempt, resume) if resume is not None else None,
     )
     svc.telemetry.points.inc(accepted)
-    stop_reason = None
-    limit = job.spec.get("max_runtime")
-    if job.cancel_requested:
-        stop_reason = "canceled by request"
-    elif job.preempt_requested:
-        stop_reason = job.reason or "preempted"
-    elif limit and time.time() - svc.store.get_attempt(job.id, job.attempts).started_at > limit:
-        stop_reason = f"max_runtime exceeded: ran longer than {int(limit)} s"
-    return ReportOut(accepted=accepted, stop=stop_reason is not None, stop_reason=stop_reason)
+    started = (
+        svc.store.jobs.attempt(job.id, job.attempts).started_at if job.spec.max_runtime else None
+    )
+    stop = stop_reason(job, started, time.time())
+    return ReportOut(
+        accepted=accepted,
+        stop=stop is not None,
+        stop_reason=stop.message if stop is not None else None,
+    )
 
 
 @router.post("/jobs/{job_id}/checkpoints", response_model=CheckpointOut, status_code=201)

@@ -12,6 +12,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from trainhouse._version import __version__
 from trainhouse.errors import NotFound
+from trainhouse.monitoring import names
 from trainhouse.scheduler.policy import free_capacity
 from trainhouse.server.auth import Principal, readable_job, signed_in
 from trainhouse.server.deps import Services, services
@@ -26,7 +27,6 @@ from trainhouse.server.schemas import (
 )
 from trainhouse.spec import json_schema
 from trainhouse.store import Job
-from trainhouse.store import system as names
 from trainhouse.store.system import DEFAULT_MAX_POINTS, Latest, Series
 
 router = APIRouter(tags=["system"])
@@ -102,7 +102,7 @@ def nodes(_p: Principal = Depends(signed_in), svc: Services = Depends(services))
                 ],
                 free_cpus=free[n.name].cpus,
                 free_gpus=sorted(free[n.name].gpus),
-                **_live(svc.system.latest(node=n.name)),
+                **_live(svc.store.system.latest(node=n.name)),
             )
             for n in snap.nodes
         ],
@@ -128,7 +128,7 @@ def node_metrics(
     now = time.time()
     start = _when(since, now)
     return _series_out(
-        svc.system.series(
+        svc.store.system.series(
             node=node,
             names=name or None,
             since=now - NODE_DEFAULT_SPAN if start is None else start,
@@ -150,7 +150,7 @@ def job_system(
     core), rss_bytes, processes, and gpu_memory_bytes per GPU."""
     now = time.time()
     return _series_out(
-        svc.system.series(
+        svc.store.system.series(
             job_id=job.id,
             since=_when(since, now),
             until=_when(until, now),
@@ -166,5 +166,5 @@ def spec_schema() -> dict[str, Any]:
 
 @exposition.get("/metrics", include_in_schema=False)
 def prometheus(_p: Principal = Depends(signed_in), svc: Services = Depends(services)) -> Response:
-    """Prometheus' text exposition of the server's metrics (see trainhouse.server.telemetry)."""
+    """Prometheus' text exposition of the server's metrics (see trainhouse.monitoring.telemetry)."""
     return Response(svc.telemetry.render(), media_type=CONTENT_TYPE_LATEST)

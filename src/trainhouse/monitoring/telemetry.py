@@ -30,23 +30,18 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from trainhouse.cluster import Placement
 from trainhouse.executors.base import Executor
 from trainhouse.lifecycle import JobState
+from trainhouse.monitoring import names
+from trainhouse.monitoring.nvml import GPU_METRICS
 from trainhouse.spec import PRIORITY_TIERS
 from trainhouse.store import Store
-from trainhouse.store import system as names
 from trainhouse.store.system import SystemMetrics
 
 DECISION_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 
-GPU_HELP = {
-    names.GPU_UTIL: "GPU utilization (in %).",
-    names.FB_USED: "Framebuffer memory used (in MiB).",
-    names.FB_FREE: "Framebuffer memory free (in MiB).",
-    names.POWER_USAGE: "Power draw (in W).",
-    names.GPU_TEMP: "GPU temperature (in C).",
-}
+# one family per GPU metric the sampler takes (trainhouse.monitoring.nvml.GPU_METRICS)
+GPU_HELP = {metric.name: metric.help for metric in GPU_METRICS}
 
 
 class Telemetry:
@@ -105,13 +100,12 @@ class ServerCollector(Collector):
             queue.add_metric([tier], count)
         yield queue
 
-        running = self.store.list_jobs(states=[JobState.RUNNING])
+        running = self.store.jobs.list(states=[JobState.RUNNING])
         nodes = self.executor.nodes()
         used_cpus = {n.name: 0 for n in nodes}
         used_gpus: dict[str, set[int]] = {n.name: set() for n in nodes}
         for job in running:
-            for p in (job.placement or {}).get("nodes", []):
-                placement = Placement.from_dict(p)
+            for placement in job.placement:
                 if placement.node in used_cpus:
                     used_cpus[placement.node] += placement.cpus
                     used_gpus[placement.node].update(placement.gpus)

@@ -1,12 +1,13 @@
-"""The resource sampler: a thread that records what this node and each running job use.
+"""The resource sampler: a service that records what this node and each running job use.
 
 Every ``interval`` seconds (``trainhouse server --monitor-interval``, 5 s by default; 0 turns it
-off) one sample batch is stored in ``system_metrics`` (:mod:`trainhouse.store.system` has the
+off) one sample batch is stored in ``system_metrics`` (:mod:`trainhouse.monitoring.names` has the
 names and units):
 
 - the node: CPU percent of all cores, memory used (total - available) and total, and for each
-  GPU NVML sees, DCGM's ``DCGM_FI_DEV_GPU_UTIL``, ``_FB_USED``, ``_FB_FREE`` (MiB),
-  ``_POWER_USAGE`` (W) and ``_GPU_TEMP`` (C), labelled by the GPU's NVML index;
+  GPU NVML sees, every value of :data:`trainhouse.monitoring.nvml.GPU_METRICS` (DCGM's
+  ``DCGM_FI_DEV_GPU_UTIL``, ``_FB_USED``, ``_FB_FREE`` (MiB), ``_POWER_USAGE`` (W) and
+  ``_GPU_TEMP`` (C)), labelled by the GPU's NVML index;
 - each running job: its attempt's processes (the executor's :meth:`pids`), their summed CPU
   percent (of one core) and RSS, how many there are, and per GPU the memory NVML attributes to
   those PIDs.
@@ -17,92 +18,24 @@ Samples older than the retention are deleted every few minutes.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import math
-import threading
 import time
-from types import ModuleType
 from typing import Any
 
 import psutil
 
 from trainhouse.executors.base import Executor
-from trainhouse.store import system as names
+from trainhouse.monitoring import names
+from trainhouse.monitoring.nvml import Nvml
+from trainhouse.service import Service
 from trainhouse.store.system import Sample, SystemMetrics
+
+__all__ = ["Nvml", "Sampler"]
 
 log = logging.getLogger(__name__)
 
 RETENTION_EVERY = 300.0  # seconds between two deletions of samples past the retention
-MIB = 1 << 20
-
-
-class Nvml:
-    """NVIDIA's management library (nvidia-ml-py's ``pynvml``), opened once per sampler."""
-
-    def __init__(self, nv: ModuleType, handles: list[tuple[int, Any]]) -> None:
-        self.nv = nv
-        self.handles = handles
-
-    @classmethod
-    def open(cls) -> Nvml | None:
-        """None where there is no usable NVIDIA driver or no GPU."""
-        try:
-            import pynvml
-        except ImportError:
-            return None
-        try:
-            pynvml.nvmlInit()
-        except Exception:  # NVMLError (no driver, no library), OSError
-            return None
-        try:
-            handles = [
-                (i, pynvml.nvmlDeviceGetHandleByIndex(i))
-                for i in range(pynvml.nvmlDeviceGetCount())
-            ]
-        except Exception:
-            handles = []
-        if not handles:
-            with contextlib.suppress(Exception):
-                pynvml.nvmlShutdown()
-            return None
-        return cls(pynvml, handles)
-
-    def close(self) -> None:
-        with contextlib.suppress(Exception):
-            self.nv.nvmlShutdown()
-
-    def _get(self, function: str, *args: Any) -> Any:
-        """One NVML query; None where this GPU does not support it (or it failed)."""
-        try:
-            return getattr(self.nv, function)(*args)
-        except self.nv.NVMLError:
-            return None
-
-    def sample(self) -> tuple[list[Sample], dict[int, dict[int, int]]]:
-        """Each GPU's values under DCGM's names, and PID -> {GPU index: bytes it uses}."""
-        out: list[Sample] = []
-        by_pid: dict[int, dict[int, int]] = {}
-        for index, h in self.handles:
-            util = self._get("nvmlDeviceGetUtilizationRates", h)
-            if util is not None:
-                out.append(Sample(names.GPU_UTIL, float(util.gpu), index))
-            mem = self._get("nvmlDeviceGetMemoryInfo", h)
-            if mem is not None:
-                out.append(Sample(names.FB_USED, mem.used / MIB, index))
-                out.append(Sample(names.FB_FREE, mem.free / MIB, index))
-            power = self._get("nvmlDeviceGetPowerUsage", h)  # milliwatts
-            if power is not None:
-                out.append(Sample(names.POWER_USAGE, power / 1000.0, index))
-            temp = self._get("nvmlDeviceGetTemperature", h, self.nv.NVML_TEMPERATURE_GPU)
-            if temp is not None:
-                out.append(Sample(names.GPU_TEMP, float(temp), index))
-            for p in self._get("nvmlDeviceGetComputeRunningProcesses", h) or []:
-                used = getattr(p, "usedGpuMemory", None)
-                if used is not None:  # None: not available (e.g. WDDM)
-                    gpus = by_pid.setdefault(int(p.pid), {})
-                    gpus[index] = gpus.get(index, 0) + int(used)
-        return out, by_pid
 
 
 def _busy_idle(times: Any) -> tuple[float, float]:
@@ -114,8 +47,10 @@ def _busy_idle(times: Any) -> tuple[float, float]:
 _UNOPENED = object()
 
 
-class Sampler:
+class Sampler(Service):
     """Samples this node and its running jobs every ``interval`` seconds, in a thread."""
+
+    name = "trainhouse-monitor"
 
     def __init__(
         self,
@@ -127,48 +62,29 @@ class Sampler:
         retention: float = 7 * 86400.0,
         retention_every: float = RETENTION_EVERY,
     ) -> None:
+        super().__init__(interval)
         self.system = system
         self.executor = executor
         self.node = node
-        self.interval = interval
         self.retention = retention  # seconds; <= 0 keeps samples forever
         self.retention_every = retention_every
         self._nvml: Any = _UNOPENED
         self._cpu_times: tuple[float, float] | None = None
         self._proc_cpu: dict[int, tuple[float, float, float]] = {}  # pid -> (created, cpu s, t)
         self._purged_at = -math.inf
-        self._stopping = threading.Event()
-        self._thread: threading.Thread | None = None
 
     @property
     def enabled(self) -> bool:
-        return self.interval > 0
+        return bool(self.interval and self.interval > 0)
 
     # -- life ------------------------------------------------------------------------------
-    def start(self) -> None:
-        if not self.enabled or self._thread is not None:
-            return
-        self._stopping.clear()
-        self._thread = threading.Thread(target=self._run, name="trainhouse-monitor", daemon=True)
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stopping.set()
-        if self._thread is not None:
-            self._thread.join(timeout=30)
-            self._thread = None
+    def on_stop(self) -> None:
         if isinstance(self._nvml, Nvml):
             self._nvml.close()
         self._nvml = _UNOPENED
 
-    def _run(self) -> None:
-        while not self._stopping.is_set():
-            began = time.monotonic()
-            try:
-                self.tick()
-            except Exception:  # keep sampling; the error is in the server log
-                log.exception("resource sampling failed")
-            self._stopping.wait(max(self.interval - (time.monotonic() - began), 0.05))
+    def next_wait(self, elapsed: float) -> float:
+        return (self.interval or 0.0) - elapsed  # a sample every interval, however long it took
 
     def tick(self) -> list[Sample]:
         """Take one sample, store it, and delete samples past the retention when it is time."""
@@ -195,8 +111,8 @@ class Sampler:
         by_pid: dict[int, dict[int, int]] = {}
         nvml = self.gpus()
         if nvml is not None:
-            gpu_samples, by_pid = nvml.sample()
-            out.extend(gpu_samples)
+            gpu_values, by_pid = nvml.sample()
+            out.extend(Sample(name, value, gpu) for name, value, gpu in gpu_values)
         seen: set[int] = set()
         for job_id in sorted(self.executor.running()):
             pids = self.executor.pids(job_id)

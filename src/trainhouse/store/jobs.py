@@ -1,0 +1,385 @@
+"""Jobs, their attempts and their events (``store.jobs``).
+
+State changes go through :meth:`JobRepo.transition` (and :meth:`JobRepo.start_attempt`), which
+check the lifecycle table (:func:`trainhouse.lifecycle.check_transition`) and write the new
+state with a compare-and-set UPDATE in the same transaction as the event, so two threads (or two
+servers on one PostgreSQL) can never both move a job out of the same state.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING, Any, Literal, get_args
+
+from sqlalchemy import case, func, insert, select, update
+from sqlalchemy.engine import RowMapping
+from sqlalchemy.sql.elements import ColumnElement
+
+from trainhouse.cluster import Placements, placements_from_json, placements_to_json
+from trainhouse.errors import InvalidTransition, NotFound, StoreError
+from trainhouse.lifecycle import AttemptResult, FailureKind, JobState, check_transition
+from trainhouse.spec import PRIORITY_TIERS, JobSpec
+from trainhouse.store import tables as t
+from trainhouse.store.records import Attempt, Event, Job
+
+if TYPE_CHECKING:
+    from trainhouse.store.database import Database
+
+__all__ = ["JOB_SORT_KEYS", "JobRepo", "JobSort"]
+
+# names for annotations inside JobRepo, whose ``list`` method shadows the builtin there
+JobList = list[Job]
+AttemptList = list[Attempt]
+EventList = list[Event]
+
+JobSort = Literal["id", "created_at", "name", "owner", "state", "priority"]
+JOB_SORT_KEYS: tuple[str, ...] = get_args(JobSort)
+
+
+def _job(row: RowMapping) -> Job:
+    return Job(
+        id=row["id"],
+        name=row["name"],
+        owner=row["owner"],
+        state=JobState(row["state"]),
+        priority=row["priority"],
+        spec_data=row["spec"],
+        archive_sha256=row["archive_sha256"],
+        created_at=row["created_at"],
+        updated_at=row["updated_at"],
+        started_at=row["started_at"],
+        ended_at=row["ended_at"],
+        attempts=row["attempts"],
+        restarts=row["restarts"],
+        infra_restarts=row["infra_restarts"],
+        exit_code=row["exit_code"],
+        reason=row["reason"],
+        cancel_requested=bool(row["cancel_requested"]),
+        preempt_requested=bool(row["preempt_requested"]),
+        token_hash=row["token_hash"],
+        placement=placements_from_json(row["placement"]),
+        total_steps=row["total_steps"],
+        last_step=row["last_step"],
+        latest_metrics=row["latest_metrics"] or {},
+    )
+
+
+def _attempt(row: RowMapping) -> Attempt:
+    return Attempt(
+        job_id=row["job_id"],
+        number=row["number"],
+        started_at=row["started_at"],
+        ended_at=row["ended_at"],
+        result=AttemptResult(row["result"]) if row["result"] else None,
+        exit_code=row["exit_code"],
+        rank_exit_codes=row["rank_exit_codes"],
+        placement=placements_from_json(row["placement"]),
+        pid=row["pid"],
+        pid_create_time=row["pid_create_time"],
+        reason=row["reason"],
+        failure=FailureKind(row["failure"]) if row["failure"] else None,
+        failed_rank=row["failed_rank"],
+        log_tail=row["log_tail"],
+    )
+
+
+def _filters(
+    states: Iterable[JobState] | None, owner: str | None, name: str | None
+) -> list[ColumnElement[bool]]:
+    where: list[ColumnElement[bool]] = []
+    if states is not None:
+        where.append(t.jobs.c.state.in_([str(s) for s in states]))
+    if owner:
+        where.append(t.jobs.c.owner == owner)
+    if name:
+        escaped = name.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+        where.append(func.lower(t.jobs.c.name).like(f"%{escaped.lower()}%", escape="\\"))
+    return where
+
+
+class JobRepo:
+    """Every read and write of jobs, attempts and events."""
+
+    def __init__(self, db: Database) -> None:
+        self.db = db
+
+    # -- jobs ------------------------------------------------------------------------------
+    def create(
+        self,
+        *,
+        name: str,
+        owner: str,
+        priority: str,
+        spec: JobSpec | Mapping[str, Any],
+        archive_sha256: str,
+    ) -> Job:
+        """A new QUEUED job; ``spec`` is validated (a mapping is parsed) and stored as JSON."""
+        parsed = spec if isinstance(spec, JobSpec) else JobSpec.model_validate(spec)
+        now = time.time()
+        with self.db.transaction() as conn:
+            job_id = conn.execute(
+                insert(t.jobs)
+                .values(
+                    name=name,
+                    owner=owner,
+                    state=JobState.QUEUED,
+                    priority=priority,
+                    spec=parsed.model_dump(mode="json"),
+                    archive_sha256=archive_sha256,
+                    created_at=now,
+                    updated_at=now,
+                    attempts=0,
+                    restarts=0,
+                    cancel_requested=False,
+                    reason="waiting for the scheduler",
+                )
+                .returning(t.jobs.c.id)
+            ).scalar_one()
+            conn.execute(
+                insert(t.events).values(
+                    job_id=job_id,
+                    at=now,
+                    from_state=None,
+                    to_state=JobState.QUEUED,
+                    reason="submitted",
+                )
+            )
+        return self.get(job_id)
+
+    def get(self, job_id: int) -> Job:
+        with self.db.connect() as conn:
+            row = conn.execute(select(t.jobs).where(t.jobs.c.id == job_id)).mappings().first()
+        if row is None:
+            raise NotFound(f"job {job_id} does not exist")
+        return _job(row)
+
+    def list(
+        self,
+        *,
+        states: Iterable[JobState] | None = None,
+        limit: int | None = None,
+        offset: int = 0,
+        owner: str | None = None,
+        name: str | None = None,
+        sort: JobSort = "id",
+        order: Literal["asc", "desc"] = "desc",
+    ) -> JobList:
+        """A page of jobs, newest first by default.
+
+        ``owner`` matches exactly, ``name`` is a case-insensitive substring; ``sort`` orders by
+        a column (``priority`` by tier, low to urgent), ties broken by id in the same direction,
+        so that pages taken with ``offset`` never repeat or skip a job.
+        """
+        if sort not in JOB_SORT_KEYS:
+            raise StoreError(f"jobs sort by one of {', '.join(JOB_SORT_KEYS)}, not {sort!r}")
+        key: ColumnElement[Any] = (
+            case(
+                {tier: rank for rank, tier in enumerate(PRIORITY_TIERS)},
+                value=t.jobs.c.priority,
+                else_=-1,
+            )
+            if sort == "priority"
+            else t.jobs.c[sort]
+        )
+        keys = [key, t.jobs.c.id] if sort != "id" else [key]
+        query = (
+            select(t.jobs)
+            .where(*_filters(states, owner, name))
+            .order_by(*(k.desc() if order == "desc" else k.asc() for k in keys))
+        )
+        if offset:
+            query = query.offset(offset)
+        if limit is not None:
+            query = query.limit(limit)
+        with self.db.connect() as conn:
+            return [_job(r) for r in conn.execute(query).mappings()]
+
+    def count(
+        self,
+        *,
+        states: Iterable[JobState] | None = None,
+        owner: str | None = None,
+        name: str | None = None,
+    ) -> int:
+        """How many jobs :meth:`list` would return with these filters and no limit."""
+        query = select(func.count()).select_from(t.jobs).where(*_filters(states, owner, name))
+        with self.db.connect() as conn:
+            return int(conn.execute(query).scalar_one())
+
+    def update(self, job_id: int, **fields: Any) -> None:
+        """Update non-state fields (reason, requests, the credential's hash, progress)."""
+        if "state" in fields:
+            raise StoreError("state changes go through store.jobs.transition")
+        fields.setdefault("updated_at", time.time())
+        with self.db.transaction() as conn:
+            result = conn.execute(update(t.jobs).where(t.jobs.c.id == job_id).values(**fields))
+        if result.rowcount == 0:
+            raise NotFound(f"job {job_id} does not exist")
+
+    def transition(
+        self,
+        job_id: int,
+        new: JobState,
+        *,
+        reason: str | None = None,
+        expect: Iterable[JobState] | None = None,
+        **fields: Any,
+    ) -> Job:
+        """Move a job to ``new`` if the lifecycle table allows it; record the event.
+
+        ``expect``: only from these states (checked in the same compare-and-set), for callers
+        that decided on a state they read earlier.
+        """
+        now = time.time()
+        with self.db.transaction() as conn:
+            row = conn.execute(select(t.jobs.c.state).where(t.jobs.c.id == job_id)).first()
+            if row is None:
+                raise NotFound(f"job {job_id} does not exist")
+            current = JobState(row[0])
+            if expect is not None and current not in set(expect):
+                raise InvalidTransition(f"job {job_id} is {current} now; not moved to {new}")
+            check_transition(job_id, current, new)
+            values: dict[str, Any] = {"state": new, "updated_at": now, **fields}
+            if reason is not None:
+                values["reason"] = reason
+            if new.terminal:
+                values.setdefault("ended_at", now)
+            if current is JobState.RUNNING:
+                # the attempt's credential dies with the attempt (a new one comes with the next)
+                values.setdefault("token_hash", None)
+            result = conn.execute(
+                update(t.jobs)
+                .where(t.jobs.c.id == job_id, t.jobs.c.state == current)
+                .values(**values)
+            )
+            if result.rowcount != 1:
+                raise StoreError(f"job {job_id} changed state concurrently; try again")
+            conn.execute(
+                insert(t.events).values(
+                    job_id=job_id, at=now, from_state=current, to_state=new, reason=reason
+                )
+            )
+        return self.get(job_id)
+
+    def set_priority(self, job_id: int, priority: str) -> Job:
+        """Change a queued job's tier (and its spec's), only while it is still queued."""
+        job = self.get(job_id)
+        with self.db.transaction() as conn:
+            result = conn.execute(
+                update(t.jobs)
+                .where(t.jobs.c.id == job_id, t.jobs.c.state == JobState.QUEUED)
+                .values(
+                    priority=priority,
+                    spec={**job.spec_data, "priority": priority},
+                    updated_at=time.time(),
+                )
+            )
+        if result.rowcount != 1:
+            raise StoreError(
+                f"job {job_id} is {self.get(job_id).state}; only a queued job's priority can change"
+            )
+        return self.get(job_id)
+
+    def request_cancel(self, job_id: int) -> Job:
+        self.update(job_id, cancel_requested=True)
+        return self.get(job_id)
+
+    # -- events ----------------------------------------------------------------------------
+    def events(self, job_id: int) -> EventList:
+        with self.db.connect() as conn:
+            rows = conn.execute(
+                select(t.events).where(t.events.c.job_id == job_id).order_by(t.events.c.id)
+            ).mappings()
+            return [Event(r["at"], r["from_state"], r["to_state"], r["reason"]) for r in rows]
+
+    def add_event(self, job_id: int, reason: str) -> None:
+        """Note something that happened to a job without changing its state."""
+        with self.db.transaction() as conn:
+            state = conn.execute(select(t.jobs.c.state).where(t.jobs.c.id == job_id)).scalar_one()
+            conn.execute(
+                insert(t.events).values(
+                    job_id=job_id, at=time.time(), from_state=state, to_state=state, reason=reason
+                )
+            )
+
+    # -- attempts --------------------------------------------------------------------------
+    def start_attempt(
+        self, job_id: int, *, placement: Placements, token_hash: str
+    ) -> tuple[Job, Attempt]:
+        """QUEUED -> RUNNING with a new attempt row, in one transaction."""
+        now = time.time()
+        placed = placements_to_json(placement)
+        with self.db.transaction() as conn:
+            row = conn.execute(
+                select(t.jobs.c.state, t.jobs.c.attempts, t.jobs.c.started_at).where(
+                    t.jobs.c.id == job_id
+                )
+            ).first()
+            if row is None:
+                raise NotFound(f"job {job_id} does not exist")
+            check_transition(job_id, row[0], JobState.RUNNING)
+            number = row[1] + 1
+            result = conn.execute(
+                update(t.jobs)
+                .where(t.jobs.c.id == job_id, t.jobs.c.state == row[0])
+                .values(
+                    state=JobState.RUNNING,
+                    attempts=number,
+                    placement=placed,
+                    token_hash=token_hash,
+                    preempt_requested=False,
+                    started_at=row[2] or now,
+                    updated_at=now,
+                    reason=None,
+                )
+            )
+            if result.rowcount != 1:
+                raise StoreError(f"job {job_id} changed state concurrently; try again")
+            conn.execute(
+                insert(t.attempts).values(
+                    job_id=job_id, number=number, started_at=now, placement=placed
+                )
+            )
+            conn.execute(
+                insert(t.events).values(
+                    job_id=job_id,
+                    at=now,
+                    from_state=row[0],
+                    to_state=JobState.RUNNING,
+                    reason=f"attempt {number} started",
+                )
+            )
+        return self.get(job_id), self.attempt(job_id, number)
+
+    def attempt(self, job_id: int, number: int) -> Attempt:
+        with self.db.connect() as conn:
+            row = (
+                conn.execute(
+                    select(t.attempts).where(
+                        t.attempts.c.job_id == job_id, t.attempts.c.number == number
+                    )
+                )
+                .mappings()
+                .first()
+            )
+        if row is None:
+            raise NotFound(f"job {job_id} has no attempt {number}")
+        return _attempt(row)
+
+    def attempts(self, job_id: int) -> AttemptList:
+        with self.db.connect() as conn:
+            rows = conn.execute(
+                select(t.attempts)
+                .where(t.attempts.c.job_id == job_id)
+                .order_by(t.attempts.c.number)
+            ).mappings()
+            return [_attempt(r) for r in rows]
+
+    def update_attempt(self, job_id: int, number: int, **fields: Any) -> None:
+        with self.db.transaction() as conn:
+            conn.execute(
+                update(t.attempts)
+                .where(t.attempts.c.job_id == job_id, t.attempts.c.number == number)
+                .values(**fields)
+            )
