@@ -1,56 +1,16 @@
-"""The REST API in process (starlette TestClient runs the real app and its scheduler loop)."""
+"""The REST API in process (starlette TestClient runs the real app and its scheduler loop),
+over the suite's fake executor; the tests about what real ranks do run the local executor."""
 
 from __future__ import annotations
 
-import time
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
 
+from tests.support.api import error_of, submit, wait_state, workdir
 from trainhouse.server import Settings, create_app
 from trainhouse.tokens import hash_token
-from trainhouse.workdir import pack
-
-
-@pytest.fixture
-def api(tmp_path: Path) -> Iterator[TestClient]:
-    settings = Settings(home=tmp_path / "home", port=1, cpus=2, gpus="0", tick=0.1)
-    with TestClient(create_app(settings)) as client:
-        yield client
-
-
-def workdir(tmp_path: Path, script: str = "print('hello from rank')\n") -> bytes:
-    src = tmp_path / "wd"
-    src.mkdir(exist_ok=True)
-    (src / "train.py").write_text(script)
-    return pack(src).data
-
-
-def submit(api: TestClient, spec: str, archive: bytes) -> Any:
-    return api.post(
-        "/api/v1/jobs",
-        data={"spec": spec, "owner": "tester"},
-        files={"workdir": ("w.tar.gz", archive, "application/gzip")},
-    )
-
-
-def error_of(resp: Any) -> dict[str, str]:
-    body = resp.json()
-    assert set(body) == {"error"}, body
-    return body["error"]  # type: ignore[no-any-return]
-
-
-def wait_state(api: TestClient, job_id: int, states: set[str], timeout: float = 60) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        job = api.get(f"/api/v1/jobs/{job_id}").json()
-        if job["state"] in states:
-            return job
-        time.sleep(0.1)
-    raise AssertionError(f"job {job_id} stuck in {job['state']}")
 
 
 def test_health_and_nodes(api: TestClient) -> None:
@@ -73,7 +33,8 @@ def test_openapi_lists_contract(api: TestClient) -> None:
         assert path in paths
 
 
-def test_job_runs_to_completion(api: TestClient, tmp_path: Path) -> None:
+def test_job_runs_to_completion(real_api: TestClient, tmp_path: Path) -> None:
+    api = real_api
     resp = submit(api, "name: hello\nentrypoint: python train.py", workdir(tmp_path))
     assert resp.status_code == 201, resp.text
     job = wait_state(api, resp.json()["id"], {"COMPLETED", "FAILED"})
@@ -88,7 +49,8 @@ def test_job_runs_to_completion(api: TestClient, tmp_path: Path) -> None:
     assert api.get("/api/v1/jobs").json()["jobs"] == []  # ended jobs hidden by default
 
 
-def test_failing_job_reports_rank_and_log_tail(api: TestClient, tmp_path: Path) -> None:
+def test_failing_job_reports_rank_and_log_tail(real_api: TestClient, tmp_path: Path) -> None:
+    api = real_api
     script = "import sys\nprint('about to fail')\nsys.exit(3)\n"
     resp = submit(api, "entrypoint: python train.py", workdir(tmp_path, script))
     job = wait_state(api, resp.json()["id"], {"COMPLETED", "FAILED"})
@@ -237,7 +199,7 @@ def test_declared_gpus_are_placed_concretely(tmp_path: Path) -> None:
         "time.sleep(1.5)\n"
     )
     spec = "entrypoint: python train.py\nresources: {gpus_per_node: 1}"
-    with TestClient(create_app(settings)) as api:
+    with TestClient(create_app(settings)) as api:  # the real executor: real ranks
         ids = [submit(api, spec, workdir(tmp_path, script)).json()["id"] for _ in range(3)]
         jobs = [wait_state(api, i, {"COMPLETED", "FAILED"}) for i in ids]
         assert [j["state"] for j in jobs] == ["COMPLETED"] * 3

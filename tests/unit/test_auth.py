@@ -8,79 +8,18 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import pytest
-from fastapi.testclient import TestClient
 
-from trainhouse.server import Settings, create_app
-from trainhouse.server.deps import Services
-from trainhouse.tokens import hash_token, issue, job_token
-from trainhouse.workdir import pack
-
-SPEC = "name: {name}\nentrypoint: python train.py\nresources: {{procs_per_node: 1}}\n"
-
-
-@dataclass
-class Team:
-    api: TestClient
-    svc: Services
-    tokens: dict[str, str]  # user -> secret
-
-    def h(self, user: str) -> dict[str, str]:
-        return {"Authorization": f"Bearer {self.tokens[user]}"}
-
-    def get(self, user: str, path: str, **kw: Any) -> Any:
-        return self.api.get(f"/api/v1{path}", headers=self.h(user), **kw)
-
-    def post(self, user: str, path: str, **kw: Any) -> Any:
-        return self.api.post(f"/api/v1{path}", headers=self.h(user), **kw)
-
-    def submit(self, user: str, name: str = "job", extra: str = "") -> Any:
-        return self.post(
-            user,
-            "/jobs",
-            data={"spec": SPEC.format(name=name) + extra, "owner": "someone-else"},
-            files={"workdir": ("w.tar.gz", self.archive, "application/gzip")},
-        )
-
-    archive: bytes = b""
-
-
-def make_team(tmp_path: Path, **settings: Any) -> Iterator[Team]:
-    cfg = Settings(home=tmp_path / "home", port=1, cpus=2, gpus="0", tick=0.1, auth=True)
-    for key, value in settings.items():
-        setattr(cfg, key, value)
-    src = tmp_path / "wd"
-    src.mkdir(parents=True)
-    (src / "train.py").write_text("print('hi')\n")
-    with TestClient(create_app(cfg)) as api:
-        svc: Services = api.app.state.services  # type: ignore[attr-defined]
-        tokens = {}
-        for name, role in (("root", "admin"), ("alice", "member"), ("bob", "member")):
-            svc.store.accounts.add_user(name, role)
-            tokens[name] = issue(svc.store.accounts, name)[1]
-        svc.store.accounts.add_user("vera", "viewer")
-        tokens["vera"] = issue(svc.store.accounts, "vera")[1]
-        team = Team(api, svc, tokens, archive=pack(src).data)
-        for user in ("alice", "bob", "root"):
-            resp = api.put(f"/api/v1/quotas/{user}", json={"max_cpus": 0}, headers=team.h("root"))
-            assert resp.status_code == 200, resp.text
-        yield team
+from tests.support.team import SPEC, Team, make_team, refused
+from trainhouse.server import Settings
+from trainhouse.tokens import hash_token, job_token
 
 
 @pytest.fixture
 def team(tmp_path: Path) -> Iterator[Team]:
     yield from make_team(tmp_path)
-
-
-def refused(resp: Any, status: int = 403) -> str:
-    assert resp.status_code == status, (resp.status_code, resp.text)
-    body = resp.json()
-    assert set(body) == {"error"}, body
-    return str(body["error"]["message"])
 
 
 def job_paths(job_id: int) -> list[str]:

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from tests.unit.test_api import api, submit, wait_state, workdir  # noqa: F401  (fixture)
+from tests.support.api import submit, wait_state, workdir
 from trainhouse.client import Client
 from trainhouse.errors import CheckpointError, ClientError
 from trainhouse.storage import tree_digest
@@ -22,7 +22,7 @@ AUTH = {"Authorization": "Bearer known"}
 
 
 @pytest.fixture
-def job(api: TestClient, tmp_path: Path) -> Iterator[dict[str, Any]]:  # noqa: F811
+def job(api: TestClient, tmp_path: Path) -> Iterator[dict[str, Any]]:
     spec = "entrypoint: python train.py\ncheckpoints: {keep_last: 2}\n"
     created = submit(api, spec, workdir(tmp_path)).json()
     wait_state(api, created["id"], {"COMPLETED"})
@@ -33,7 +33,7 @@ def job(api: TestClient, tmp_path: Path) -> Iterator[dict[str, Any]]:  # noqa: F
     yield {"id": created["id"], "url": url, "dir": directory, "services": services}
 
 
-def put(api: TestClient, job: dict[str, Any], step: int, data: bytes, **kw: Any) -> Any:  # noqa: F811
+def put(api: TestClient, job: dict[str, Any], step: int, data: bytes, **kw: Any) -> Any:
     name = f"step-{step:09d}.pt"
     (job["dir"] / name).write_bytes(data)
     (job["dir"] / f"{name}.json").write_text("{}")
@@ -51,7 +51,7 @@ def put(api: TestClient, job: dict[str, Any], step: int, data: bytes, **kw: Any)
     return resp.json()
 
 
-def listed(api: TestClient, job: dict[str, Any], **params: str) -> list[dict[str, Any]]:  # noqa: F811
+def listed(api: TestClient, job: dict[str, Any], **params: str) -> list[dict[str, Any]]:
     result: list[dict[str, Any]] = api.get(f"{job['url']}/checkpoints", params=params).json()[
         "checkpoints"
     ]
@@ -59,7 +59,7 @@ def listed(api: TestClient, job: dict[str, Any], **params: str) -> list[dict[str
 
 
 def test_retention_keeps_the_newest_and_deletes_files(
-    api: TestClient,  # noqa: F811
+    api: TestClient,
     job: dict[str, Any],
 ) -> None:
     for step in range(1, 5):
@@ -75,7 +75,7 @@ def test_retention_keeps_the_newest_and_deletes_files(
 
 
 def test_a_corrupt_newest_checkpoint_stops_retention(
-    api: TestClient,  # noqa: F811
+    api: TestClient,
     job: dict[str, Any],
 ) -> None:
     """Retention reads back the checkpoint a restart would load before deleting older ones."""
@@ -95,7 +95,7 @@ def test_a_corrupt_newest_checkpoint_stops_retention(
 
 
 def test_the_sdk_reports_a_corrupt_checkpoint(
-    api: TestClient,  # noqa: F811
+    api: TestClient,
     job: dict[str, Any],
 ) -> None:
     first = put(api, job, 1, b"one")
@@ -110,7 +110,7 @@ def test_the_sdk_reports_a_corrupt_checkpoint(
 
 
 def test_registration_checks_what_is_in_storage(
-    api: TestClient,  # noqa: F811
+    api: TestClient,
     job: dict[str, Any],
 ) -> None:
     (job["dir"] / "a.pt").write_bytes(b"abc")
@@ -128,7 +128,7 @@ def test_registration_checks_what_is_in_storage(
         assert message in resp.json()["error"]["message"], resp.json()
 
 
-def client_for(api: TestClient) -> Client:  # noqa: F811
+def client_for(api: TestClient) -> Client:
     client = Client("http://testserver")
     client._http = api
     api.base_url = "http://testserver/api/v1"  # type: ignore[assignment]
@@ -136,7 +136,7 @@ def client_for(api: TestClient) -> Client:  # noqa: F811
 
 
 def test_download_verifies_file_and_sharded_checkpoints(
-    api: TestClient,  # noqa: F811
+    api: TestClient,
     job: dict[str, Any],
     tmp_path: Path,
 ) -> None:
@@ -182,7 +182,7 @@ def test_download_verifies_file_and_sharded_checkpoints(
 
 
 def test_checkpoints_left_unregistered_are_registered_at_the_attempts_end(
-    api: TestClient,  # noqa: F811
+    api: TestClient,
     job: dict[str, Any],
 ) -> None:
     """The server was down as the run ended: the SDK's records next to the files remain."""

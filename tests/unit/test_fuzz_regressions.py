@@ -16,7 +16,8 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy.exc import DataError
 
-from tests.unit.test_auth import Team, make_team, refused
+from tests.support.api import fake_executor
+from tests.support.team import Team, make_team, refused
 from trainhouse.errors import InvalidMetrics, StoreError
 from trainhouse.server import Settings, create_app
 from trainhouse.store import Store
@@ -126,7 +127,8 @@ def test_a_report_batch_id_holds_no_nul() -> None:
 
 @pytest.fixture
 def bare_app(tmp_path: Path) -> Iterator[TestClient]:
-    app = create_app(Settings(home=tmp_path / "home", port=1, cpus=1, gpus="0", tick=0.1))
+    settings = Settings(home=tmp_path / "home", port=1, cpus=1, gpus="0", tick=0.1)
+    app = create_app(settings, executor=fake_executor(settings))
 
     @app.get("/boom/sql")
     def _sql() -> None:

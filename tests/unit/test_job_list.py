@@ -11,9 +11,9 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import insert
 
+from tests.support.api import app_client
 from trainhouse.errors import StoreError
 from trainhouse.lifecycle import JobState
-from trainhouse.server import Settings, create_app
 from trainhouse.store import Store
 from trainhouse.store import tables as t
 
@@ -93,8 +93,7 @@ def test_pages_filters_and_sorts_in_sql(store: Store) -> None:
 @pytest.fixture
 def api(tmp_path: Path) -> Iterator[TestClient]:
     # no user may use a CPU: the queued jobs of this test wait, nothing is started
-    settings = Settings(home=tmp_path / "home", port=1, cpus=2, gpus="0", tick=0.5, quota_cpus=0)
-    with TestClient(create_app(settings)) as client:
+    with app_client(tmp_path, tick=0.5, quota_cpus=0) as client:
         fill(client.app.state.services.store)  # type: ignore[attr-defined]
         yield client
 

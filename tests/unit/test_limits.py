@@ -20,6 +20,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
+from tests.support.api import fake_executor
 from trainhouse.errors import BodyTooLarge
 from trainhouse.server import Settings, create_app
 from trainhouse.server.limits import BodyLimit, MiB, describe, install
@@ -235,7 +236,7 @@ def app_client(tmp_path: Path) -> Iterator[TestClient]:
     settings = Settings(
         home=tmp_path / "home", port=1, cpus=2, gpus="0", tick=0.1, max_upload_bytes=UPLOAD
     )
-    app = create_app(settings)
+    app = create_app(settings, executor=fake_executor(settings))
     install(app, settings.max_upload_bytes)
     install(app, settings.max_upload_bytes)  # installing twice keeps one layer
     assert sum(m.cls is BodyLimit for m in app.user_middleware) == 1

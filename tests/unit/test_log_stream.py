@@ -8,7 +8,7 @@ from typing import Any
 
 from fastapi.testclient import TestClient
 
-from tests.unit.test_api import api, error_of, submit, wait_state, workdir  # noqa: F401
+from tests.support.api import error_of, submit, wait_state, workdir
 from trainhouse.client import _sse
 
 SCRIPT = r"""
@@ -19,14 +19,15 @@ sys.stdout.write("no newline at the end")
 """
 
 
-def events(api: TestClient, job_id: int, **params: Any) -> list[tuple[str, Any]]:  # noqa: F811
+def events(api: TestClient, job_id: int, **params: Any) -> list[tuple[str, Any]]:
     with api.stream("GET", f"/api/v1/jobs/{job_id}/logs/stream", params=params) as resp:
         assert resp.status_code == 200
         assert resp.headers["content-type"].startswith("text/event-stream")
         return list(_sse(resp.iter_lines()))
 
 
-def test_the_stream_sends_every_byte_once_then_ends(api: TestClient, tmp_path: Path) -> None:  # noqa: F811
+def test_the_stream_sends_every_byte_once_then_ends(real_api: TestClient, tmp_path: Path) -> None:
+    api = real_api  # the stream of a real rank's log
     job = submit(api, "entrypoint: python train.py", workdir(tmp_path, SCRIPT)).json()
     wait_state(api, job["id"], {"COMPLETED"})
     log = Path(api.get(f"/api/v1/jobs/{job['id']}").json()["job_dir"]) / "logs" / "rank-0.log"
@@ -53,7 +54,8 @@ def test_the_stream_sends_every_byte_once_then_ends(api: TestClient, tmp_path: P
     ]
 
 
-def test_the_stream_refuses_bad_input(api: TestClient, tmp_path: Path) -> None:  # noqa: F811
+def test_the_stream_refuses_bad_input(real_api: TestClient, tmp_path: Path) -> None:
+    api = real_api  # the stream of a real rank's log
     job = submit(api, "entrypoint: python train.py", workdir(tmp_path)).json()
     wait_state(api, job["id"], {"COMPLETED"})
     url = f"/api/v1/jobs/{job['id']}/logs/stream"

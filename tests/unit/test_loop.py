@@ -8,58 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from trainhouse.cluster import Node
-from trainhouse.executors.base import Exit, Launch, ProcessInfo
+from tests.support.fakes import FakeExecutor
+from trainhouse.executors.base import Exit
 from trainhouse.layout import JobLayout
-from trainhouse.lifecycle import JobState, StopReason
+from trainhouse.lifecycle import JobState
 from trainhouse.scheduler.loop import SchedulerConfig, SchedulerLoop
 from trainhouse.store import BlobStore, Store
-
-
-class FakeExecutor:
-    def __init__(self) -> None:
-        self.live: dict[int, int] = {}  # job id -> attempt
-        self.exits: list[Exit] = []
-        self.alive_pids: set[int] = set()  # launchers that survive a server restart
-
-    def nodes(self) -> list[Node]:
-        return [Node("fake", 4, 1 << 30)]
-
-    def launch(self, launch: Launch) -> ProcessInfo:
-        self.live[launch.job_id] = launch.attempt
-        return ProcessInfo(pid=1, create_time=0.0)
-
-    def adopt(self, job_id: int, attempt: int, info: ProcessInfo) -> bool:
-        if info.pid in self.alive_pids:
-            self.live[job_id] = attempt
-            return True
-        return False
-
-    def poll(self) -> list[Exit]:
-        out, self.exits = self.exits, []
-        for e in out:
-            self.live.pop(e.job_id, None)
-        return out
-
-    def stop(
-        self, job_id: int, *, grace: float, reason: StopReason, terminate: bool = True
-    ) -> None:
-        pass
-
-    def running(self) -> set[int]:
-        return set(self.live)
-
-    def pids(self, job_id: int) -> list[int]:
-        return []
-
-    def kill_orphans(self, job_id: int, attempt: int) -> int:
-        return 0
-
-    def shutdown(self, *, grace: float) -> list[Exit]:
-        return []
-
-    def end(self, job_id: int, code: int) -> None:
-        self.exits.append(Exit(job_id, self.live[job_id], code, {"0": code}))
 
 
 @pytest.fixture

@@ -4,8 +4,6 @@ query with server-side downsampling and after_step, the series names, Client and
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -18,17 +16,9 @@ from trainhouse.cli import app as cli
 from trainhouse.client import Client
 from trainhouse.lifecycle import JobState
 from trainhouse.sdk.metrics import as_columns
-from trainhouse.server import Settings, create_app
 from trainhouse.tokens import hash_token
 
 AUTH = {"Authorization": "Bearer known"}
-
-
-@pytest.fixture
-def api(tmp_path: Path) -> Iterator[TestClient]:
-    settings = Settings(home=tmp_path / "home", port=1, cpus=2, gpus="0", tick=0.1)
-    with TestClient(create_app(settings)) as client:
-        yield client
 
 
 @pytest.fixture

@@ -17,6 +17,7 @@ import pytest
 from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.support.fakes import FakeExecutor
 from trainhouse.cluster import Node
 from trainhouse.executors.local import LocalExecutor, marked_pids
 from trainhouse.monitoring import names
@@ -29,22 +30,6 @@ from trainhouse.tokens import hash_token
 from trainhouse.workdir import pack
 
 DAY = 86400.0
-
-
-class FakeExecutor:
-    """Runs nothing; reports the given PIDs as job 1's processes."""
-
-    def __init__(self, pids: dict[int, list[int]] | None = None) -> None:
-        self.job_pids = pids or {}
-
-    def nodes(self) -> list[Node]:
-        return [Node("fake", 4, 1 << 30)]
-
-    def running(self) -> set[int]:
-        return set(self.job_pids)
-
-    def pids(self, job_id: int) -> list[int]:
-        return list(self.job_pids.get(job_id, []))
 
 
 # a job that never fits: a running scheduler leaves it queued
@@ -94,7 +79,7 @@ def test_sampler_stores_node_and_job_samples(tmp_path: Path, child: subprocess.P
     try:
         job_id = new_job(store)
         system = store.system
-        sampler = Sampler(system, FakeExecutor({job_id: [child.pid]}), node="n1")  # type: ignore[arg-type]
+        sampler = Sampler(system, FakeExecutor(job_pids={job_id: [child.pid]}), node="n1")
         first = sampler.tick()
         second = sampler.tick()
         for samples in (first, second):
@@ -135,8 +120,8 @@ def test_a_job_without_live_processes_has_no_sample(tmp_path: Path) -> None:
         job_id = new_job(store)
         gone = subprocess.Popen([sys.executable, "-c", "pass"])
         gone.wait()
-        executor = FakeExecutor({job_id: [gone.pid]})
-        samples = Sampler(store.system, executor, node="n").sample()  # type: ignore[arg-type]
+        executor = FakeExecutor(job_pids={job_id: [gone.pid]})
+        samples = Sampler(store.system, executor, node="n").sample()
         assert by_name(samples, job_id) == {}
     finally:
         store.close()
@@ -185,7 +170,7 @@ def test_gpu_samples_follow_dcgm_names_and_count_memory_by_pid(
     try:
         job_id = new_job(store)
         system = store.system
-        sampler = Sampler(system, FakeExecutor({job_id: [os.getpid()]}), node="g")  # type: ignore[arg-type]
+        sampler = Sampler(system, FakeExecutor(job_pids={job_id: [os.getpid()]}), node="g")
         samples = sampler.tick()
         sampler.stop()
         node = by_name(samples)
@@ -215,7 +200,7 @@ def test_no_driver_means_no_gpu_part(tmp_path: Path, monkeypatch: pytest.MonkeyP
     assert Nvml.open() is None
     store = Store(f"sqlite:///{tmp_path / 'db.sqlite'}")
     try:
-        samples = Sampler(store.system, FakeExecutor(), node="n").sample()  # type: ignore[arg-type]
+        samples = Sampler(store.system, FakeExecutor(), node="n").sample()
         assert samples and all(s.gpu is None for s in samples)
     finally:
         store.close()
@@ -225,11 +210,11 @@ def test_sampler_thread_samples_until_stopped(tmp_path: Path) -> None:
     store = Store(f"sqlite:///{tmp_path / 'db.sqlite'}")
     try:
         system = store.system
-        off = Sampler(system, FakeExecutor(), node="n", interval=0)  # type: ignore[arg-type]
+        off = Sampler(system, FakeExecutor(), node="n", interval=0)
         off.start()
         assert off._thread is None
         off.stop()
-        sampler = Sampler(system, FakeExecutor(), node="n", interval=0.05)  # type: ignore[arg-type]
+        sampler = Sampler(system, FakeExecutor(), node="n", interval=0.05)
         sampler.start()
         wait_for(
             lambda: (
@@ -252,7 +237,7 @@ def test_retention_deletes_old_samples_only(tmp_path: Path) -> None:
         for age in (10 * DAY, 8 * DAY):
             system.write("n", now - age, [Sample(names.CPU_PERCENT, 1.0)])
         system.write("n", now - DAY, [Sample(names.CPU_PERCENT, 2.0)])
-        sampler = Sampler(system, FakeExecutor(), node="n", retention=7 * DAY)  # type: ignore[arg-type]
+        sampler = Sampler(system, FakeExecutor(), node="n", retention=7 * DAY)
         sampler.tick()
         points = system.series(node="n", names=[names.CPU_PERCENT], since=0)[0].points
         assert len(points) == 2 and points[0] == (pytest.approx(now - DAY), 2.0)
@@ -532,7 +517,7 @@ def test_collector_counts_jobs_and_queue(tmp_path: Path) -> None:
             new_job(store, priority)
         telemetry = Telemetry()
         executor = FakeExecutor()
-        telemetry.watch(store, store.system, executor, stale_after=15)  # type: ignore[arg-type]
+        telemetry.watch(store, store.system, executor, stale_after=15)
         families: dict[str, list[Any]] = {}
         for family in text_string_to_metric_families(telemetry.render().decode()):
             families[family.name] = family.samples

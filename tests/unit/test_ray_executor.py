@@ -18,7 +18,7 @@ from typing import Any
 import psutil
 import pytest
 
-from tests.unit.test_loop import FakeExecutor
+from tests.support.fakes import FakeExecutor
 from trainhouse.cluster import Node
 from trainhouse.errors import ResourceError
 from trainhouse.executors.base import Exit, Launch, ProcessInfo

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
+from tests.support.api import app_client
 from trainhouse.lifecycle import TERMINAL, JobState
-from trainhouse.server import Settings, create_app
 from trainhouse.server.routes.ui import GENERATED_FILES, PLOTLY_PATH, STATIC_FILES
 
 WEB = resources.files("trainhouse.server") / "web"
@@ -22,8 +22,7 @@ WEB = resources.files("trainhouse.server") / "web"
 
 @pytest.fixture
 def api(tmp_path: Path) -> Iterator[TestClient]:
-    settings = Settings(home=tmp_path / "home", port=1, cpus=2, gpus="0", tick=0.5)
-    with TestClient(create_app(settings)) as client:
+    with app_client(tmp_path, tick=0.5) as client:
         yield client
 
 

@@ -1,7 +1,8 @@
 """Crafted workdir uploads posted to the API: each is refused with a 4xx JSON error that names
 the rule and the member, no job is created, and nothing lands outside the server's home.
 
-The archives are the ones tests/unit/test_workdir.py feeds to list_members and extract.
+The archives are tests/support/archives.py's, which tests/unit/test_workdir.py feeds to
+list_members and extract.
 """
 
 from __future__ import annotations
@@ -14,8 +15,8 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
-from tests.unit.test_api import api, error_of, submit  # noqa: F401  (api: the app fixture)
-from tests.unit.test_workdir import CRAFTED, Crafted, _zeros
+from tests.support.api import error_of, submit
+from tests.support.archives import CRAFTED, Crafted, zeros_member
 from trainhouse import workdir
 
 SPEC = "name: crafted\nentrypoint: python train.py\n"
@@ -44,7 +45,7 @@ def stored_blobs(tmp_path: Path) -> list[Path]:
 
 
 def test_an_upload_without_its_entrypoint_is_not_kept(
-    api: TestClient,  # noqa: F811
+    api: TestClient,
     tmp_path: Path,
 ) -> None:
     src = tmp_path / "wd"
@@ -57,7 +58,7 @@ def test_an_upload_without_its_entrypoint_is_not_kept(
 
 @pytest.mark.parametrize("case", CRAFTED, ids=[c.id for c in CRAFTED])
 def test_crafted_upload_is_refused(
-    api: TestClient,  # noqa: F811
+    api: TestClient,
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
     case: Crafted,
@@ -73,7 +74,7 @@ def test_crafted_upload_is_refused(
 
 
 def test_gzip_bomb_at_the_default_limits(
-    api: TestClient,  # noqa: F811
+    api: TestClient,
     tmp_path: Path,
 ) -> None:
     """~70 KiB that inflates to 80 MiB of zeros: past the 64 MiB floor, over 200 times its
@@ -83,10 +84,10 @@ def test_gzip_bomb_at_the_default_limits(
         train = tarfile.TarInfo("train.py")
         train.size = 3
         tar.addfile(train, io.BytesIO(b"x=1"))
-        _zeros(tar, "zeros.bin", 80 << 20)
+        zeros_member(tar, "zeros.bin", 80 << 20)
     assert len(buf.getvalue()) < 200_000
     _refused(api, tmp_path, buf.getvalue(), "inflates more than 200 times its compressed size")
 
 
-def test_not_an_archive(api: TestClient, tmp_path: Path) -> None:  # noqa: F811
+def test_not_an_archive(api: TestClient, tmp_path: Path) -> None:
     _refused(api, tmp_path, b"\x1f\x8b not really gzip", r"not a valid \.tar\.gz archive")

@@ -1,0 +1,82 @@
+"""The real app in process (starlette's TestClient runs its lifespan: scheduler, services).
+
+:func:`app_client` runs it over the suite's :class:`~tests.support.fakes.FakeExecutor` (a
+launched job "runs" and ends at the next scheduler tick, with exit code 0 unless told
+otherwise), or with ``real=True`` over the local executor (torchrun and real ranks). The
+helpers submit a workdir, wait for a state and read an error body as every API test does.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from fastapi.testclient import TestClient
+
+from tests.support.fakes import FakeExecutor
+from trainhouse.executors.inventory import local_node
+from trainhouse.server import Settings, create_app
+from trainhouse.server.deps import Services
+from trainhouse.workdir import pack
+
+DEFAULTS: dict[str, Any] = {"port": 1, "cpus": 2, "gpus": "0", "tick": 0.1}
+
+
+def settings_for(tmp_path: Path, **overrides: Any) -> Settings:
+    return Settings(home=tmp_path / "home", **{**DEFAULTS, **overrides})
+
+
+def fake_executor(settings: Settings, *, exit_code: int | None = 0) -> FakeExecutor:
+    """A fake with the inventory ``settings`` declares (``--cpus``, ``--gpus``)."""
+    return FakeExecutor(local_node(settings.cpus, settings.gpus), exit_code=exit_code)
+
+
+@contextmanager
+def app_client(
+    tmp_path: Path, *, real: bool = False, exit_code: int | None = 0, **settings: Any
+) -> Iterator[TestClient]:
+    """The app over ``Settings(home=tmp_path / "home", ...)``; a fake executor unless
+    ``real``."""
+    cfg = settings_for(tmp_path, **settings)
+    executor = None if real else fake_executor(cfg, exit_code=exit_code)
+    with TestClient(create_app(cfg, executor=executor)) as client:
+        yield client
+
+
+def services(api: TestClient) -> Services:
+    svc: Services = api.app.state.services  # type: ignore[attr-defined]
+    return svc
+
+
+def workdir(tmp_path: Path, script: str = "print('hello from rank')\n") -> bytes:
+    src = tmp_path / "wd"
+    src.mkdir(exist_ok=True)
+    (src / "train.py").write_text(script)
+    return pack(src).data
+
+
+def submit(api: TestClient, spec: str, archive: bytes) -> Any:
+    return api.post(
+        "/api/v1/jobs",
+        data={"spec": spec, "owner": "tester"},
+        files={"workdir": ("w.tar.gz", archive, "application/gzip")},
+    )
+
+
+def error_of(resp: Any) -> dict[str, str]:
+    body = resp.json()
+    assert set(body) == {"error"}, body
+    return body["error"]  # type: ignore[no-any-return]
+
+
+def wait_state(api: TestClient, job_id: int, states: set[str], timeout: float = 60) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        job = api.get(f"/api/v1/jobs/{job_id}").json()
+        if job["state"] in states:
+            return job
+        time.sleep(0.1)
+    raise AssertionError(f"job {job_id} stuck in {job['state']}")
