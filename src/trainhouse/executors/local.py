@@ -35,13 +35,17 @@ from trainhouse.cluster import Node
 from trainhouse.executors import torchrun
 from trainhouse.executors.base import Exit, Launch, ProcessInfo
 from trainhouse.executors.markers import find_marked, kill_marked, marked_pids, signal_all
+from trainhouse.executors.stopping import StopTimer
 from trainhouse.executors.supervise import read_record
 from trainhouse.layout import LAUNCHER, MARKER_ENV, AttemptLayout, JobLayout
 from trainhouse.lifecycle import StopReason
 
 log = logging.getLogger(__name__)
 
-KILL_AFTER_TERM = 5.0  # seconds between SIGTERM and SIGKILL
+_OVERDUE = {
+    signal.SIGTERM: "did not stop within its grace period: SIGTERM",
+    signal.SIGKILL: "is still running after SIGTERM: SIGKILL",
+}
 PID_SCAN_TTL = 0.5  # seconds one scan of every process's marker serves pids() calls
 
 
@@ -99,10 +103,7 @@ class _Attempt:
     handle: _Handle
     marker: str
     log_file: IO[bytes] | None
-    stop_reason: StopReason | None = None
-    term_at: float | None = None  # when SIGTERM is (or was) due
-    term_sent: bool = False
-    kill_at: float | None = None
+    stopping: StopTimer = field(default_factory=StopTimer)
     started: float = field(default_factory=time.monotonic)
 
 
@@ -225,20 +226,13 @@ class LocalExecutor:
         job is expected to notice (its ``should_stop()`` turns true) and exit by itself within
         ``grace``; then SIGTERM, and SIGKILL a few seconds later."""
         now = time.monotonic()
-        term_at = now if terminate else now + grace
-        kill_at = now + grace if terminate else now + grace + KILL_AFTER_TERM
         with self._lock:
             att = self._attempts.get(job_id)
             if att is None:
                 return
-            if att.term_at is not None and att.kill_at is not None:
-                if term_at >= att.term_at and kill_at >= att.kill_at:
-                    return  # already stopping at least this fast
-                term_at, kill_at = min(term_at, att.term_at), min(kill_at, att.kill_at)
-            att.stop_reason = att.stop_reason or reason
-            att.term_at, att.kill_at = term_at, kill_at
-            send_now = term_at <= now and not att.term_sent
-            att.term_sent = att.term_sent or send_now
+            if not att.stopping.request(now, grace=grace, reason=reason, terminate=terminate):
+                return
+            send_now = att.stopping.term_due(now)
         log.info("stopping job %s (%s) within %.0f s", job_id, reason.text, grace)
         if send_now:
             self._signal(att, signal.SIGTERM)
@@ -266,7 +260,7 @@ class LocalExecutor:
                 if recorded[1] is not None:
                     times[rank] = recorded[1]
         shutil.rmtree(att.layout.tmp, ignore_errors=True)
-        return Exit(att.job_id, att.number, code, codes, att.stop_reason, times)
+        return Exit(att.job_id, att.number, code, codes, att.stopping.reason, times)
 
     def poll(self) -> list[Exit]:
         exits = []
@@ -276,14 +270,9 @@ class LocalExecutor:
         for job_id, att in items:
             code = att.handle.poll()
             if code is None:
-                if att.term_at is not None and not att.term_sent and now >= att.term_at:
-                    log.warning("job %s did not stop within its grace period: SIGTERM", job_id)
-                    att.term_sent = True
-                    self._signal(att, signal.SIGTERM)
-                if att.kill_at is not None and now >= att.kill_at:
-                    log.warning("job %s is still running after SIGTERM: SIGKILL", job_id)
-                    self._signal(att, signal.SIGKILL)
-                    att.kill_at = now + KILL_AFTER_TERM
+                for sig in att.stopping.due(now):
+                    log.warning("job %s: %s", job_id, _OVERDUE[sig])
+                    self._signal(att, sig)
                 continue
             with self._lock:
                 self._attempts.pop(job_id, None)

@@ -61,7 +61,6 @@ from trainhouse.lifecycle import StopReason
 log = logging.getLogger(__name__)
 
 NAMESPACE = "trainhouse"
-KILL_AFTER_TERM = 5.0  # seconds between SIGTERM and SIGKILL
 NODES_TTL = 1.0  # seconds one read of Ray's nodes serves nodes() calls
 PIDS_EVERY = 2.0  # seconds between two process lists of a node (for the resource monitor)
 START_TIMEOUT = 120.0  # seconds the actors get to unpack the code and start torchrun
@@ -365,20 +364,15 @@ class RayExecutor:
         """As the local executor's: SIGTERM now and SIGKILL after ``grace``, or (not
         ``terminate``) SIGTERM after ``grace`` and SIGKILL 5 s later, on every node."""
         now = time.monotonic()
-        term_at = now if terminate else now + grace
-        kill_at = now + grace if terminate else now + grace + KILL_AFTER_TERM
         with self._lock:
             att = self._attempts.get(job_id)
             if att is None:
                 return
-            att.stop_reason = att.stop_reason or reason
+            att.stopping.reason = att.stopping.reason or reason
             if att.phase == "starting":
                 att.abort.set()  # it has not started training: nothing to wait for
-            if att.term_at is not None and att.kill_at is not None:
-                if term_at >= att.term_at and kill_at >= att.kill_at:
-                    return
-                term_at, kill_at = min(term_at, att.term_at), min(kill_at, att.kill_at)
-            att.term_at, att.kill_at = term_at, kill_at
+            if not att.stopping.request(now, grace=grace, reason=reason, terminate=terminate):
+                return
         log.info("stopping job %s (%s) within %.0f s", job_id, reason.text, grace)
 
     def _signal(self, att: Attempt, sig: int) -> None:
@@ -406,13 +400,10 @@ class RayExecutor:
             if all(m.done for m in att.members):
                 exits.append(self._finish(att))
                 continue
-            if att.term_at is not None and not att.term_sent and now >= att.term_at:
-                att.term_sent = True
-                self._signal(att, signal.SIGTERM)
-            if att.kill_at is not None and now >= att.kill_at:
-                log.warning("job %s is still running after SIGTERM: SIGKILL", att.job_id)
-                self._signal(att, signal.SIGKILL)
-                att.kill_at = now + KILL_AFTER_TERM
+            for sig in att.stopping.due(now):
+                if sig == signal.SIGKILL:
+                    log.warning("job %s is still running after SIGTERM: SIGKILL", att.job_id)
+                self._signal(att, sig)
         return exits
 
     def _consume(self, refs: list[Any]) -> None:
@@ -451,8 +442,8 @@ class RayExecutor:
                 m.asked_at = now
             elif (
                 m.pending is not None
-                and att.kill_at is not None
-                and now - max(att.kill_at, m.asked_at) > UNRESPONSIVE
+                and att.stopping.kill_at is not None
+                and now - max(att.stopping.kill_at, m.asked_at) > UNRESPONSIVE
             ):  # killed, and silent since: a node cut off without Ray noticing
                 m.pending = None
                 self._lose(att, m, TimeoutError(f"no answer for {UNRESPONSIVE:g} s after SIGKILL"))
@@ -477,14 +468,8 @@ class RayExecutor:
         if all(m.done or m.ended is not None for m in att.members):
             return
         log.info("job %s: %s; stopping the other nodes", att.job_id, why)
-        now = time.monotonic()
         with self._lock:
-            if att.term_at is None or att.term_at > now:
-                att.term_at = now
-            att.kill_at = min(
-                att.kill_at if att.kill_at is not None else now + KILL_AFTER_TERM,
-                now + KILL_AFTER_TERM,
-            )
+            att.stopping.hasten(time.monotonic())
 
     # -- ends ------------------------------------------------------------------------------
     def _finish(self, att: Attempt) -> Exit:
@@ -500,11 +485,13 @@ class RayExecutor:
         self._teardown(att)
         if att.phase == "unplaced":
             log.info("job %s: %s", att.job_id, att.problem)
-            return Exit(att.job_id, att.number, 1, stop_reason=att.stop_reason, requeue=att.problem)
+            return Exit(
+                att.job_id, att.number, 1, stop_reason=att.stopping.reason, requeue=att.problem
+            )
         if att.problem:
             with (att.logs / LAUNCHER_LOG).open("ab") as fh:
                 fh.write(f"trainhouse: {att.problem}\n".encode())
-        return Exit(att.job_id, att.number, -int(signal.SIGKILL), {}, att.stop_reason)
+        return Exit(att.job_id, att.number, -int(signal.SIGKILL), {}, att.stopping.reason)
 
     def _forget(self, att: Attempt) -> None:
         with self._lock:

@@ -18,8 +18,8 @@ from typing import Any
 from trainhouse.cluster import Gpu, Node, Placement
 from trainhouse.errors import RayUnavailable
 from trainhouse.executors.base import Exit
+from trainhouse.executors.stopping import StopTimer
 from trainhouse.layout import LAUNCHER_LOG, AttemptLayout, JobLayout, log_name
-from trainhouse.lifecycle import StopReason
 
 STANDARD = {"CPU", "GPU", "memory", "object_store_memory"}
 RECORD = "ray.json"  # in the attempt's directory: what a restarted server re-attaches to
@@ -59,10 +59,7 @@ class Attempt:
     pg: Any = None
     phase: str = "starting"  # starting | running | unplaced | broken | aborted
     problem: str | None = None  # why it is unplaced or could not start
-    stop_reason: StopReason | None = None
-    term_at: float | None = None
-    term_sent: bool = False
-    kill_at: float | None = None
+    stopping: StopTimer = field(default_factory=StopTimer)
     signals: list[Any] = field(default_factory=list)  # fire-and-forget calls to consume
     starter: threading.Thread | None = None
     abort: threading.Event = field(default_factory=threading.Event)
@@ -151,7 +148,7 @@ class Attempt:
         else:
             failed = sorted((at, code) for code, at in ended if code != 0)
             exit_code = failed[0][1] if failed else 0
-        return Exit(self.job_id, self.number, exit_code, codes, self.stop_reason, times)
+        return Exit(self.job_id, self.number, exit_code, codes, self.stopping.reason, times)
 
     # -- what a restarted server needs -------------------------------------------------------
     def save_record(self) -> None:
