@@ -24,11 +24,11 @@ import torch
 
 import trainhouse
 from trainhouse.errors import CheckpointError, ClientError
+from trainhouse.sdk import Run
+from trainhouse.sdk._transport import JobAPI
 from trainhouse.sdk.checkpoint import RESERVED, SaveHandle, load_checkpoint
-from trainhouse.sdk.checkpoint.safety import check_dcp_metadata
-from trainhouse.sdk.checkpoint.support import is_disk_full
-from trainhouse.sdk.run import Run
-from trainhouse.sdk.transport import JobAPI
+from trainhouse.sdk.checkpoint._safety import check_dcp_metadata
+from trainhouse.sdk.checkpoint._support import is_disk_full
 from trainhouse.storage import FsspecStorage, LocalStorage
 
 DISK_FULL = "the disk is full (No space left on device)"
@@ -202,7 +202,7 @@ def test_reserved_key_is_refused(standalone: Path) -> None:
 
 
 def test_rng_of_a_missing_rank_is_left_alone(caplog: pytest.LogCaptureFixture) -> None:
-    from trainhouse.sdk.checkpoint import rng
+    from trainhouse.sdk.checkpoint import _rng as rng
 
     torch.manual_seed(1)
     saved = [rng.capture(), rng.capture()]

@@ -148,7 +148,7 @@ EXAMPLE_DRIVER = textwrap.dedent(
     import importlib.util, json, os, sys
     import torch
     from trainhouse.sdk.checkpoint import load_checkpoint
-    from trainhouse.sdk.run import Run
+    from trainhouse.sdk import Run
 
     spec = importlib.util.spec_from_file_location("digits_train", sys.argv[1])
     train = importlib.util.module_from_spec(spec)

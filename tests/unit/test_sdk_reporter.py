@@ -13,8 +13,8 @@ import pytest
 
 from trainhouse.errors import ClientError
 from trainhouse.layout import AttemptLayout
-from trainhouse.sdk.metrics import Reporter
-from trainhouse.sdk.transport import JobAPI
+from trainhouse.sdk._metrics import Reporter
+from trainhouse.sdk._transport import JobAPI
 from trainhouse.store import MetricPoint, Store
 from trainhouse.store.metrics import COLUMN_KEYS
 from trainhouse.store.spool import ingest_spool

@@ -13,7 +13,7 @@ from typing import IO, TYPE_CHECKING, Any
 from trainhouse.errors import CheckpointError
 
 if TYPE_CHECKING:
-    from trainhouse.sdk.run import Run
+    from trainhouse.sdk._run import Run
 
 DISK_FULL = "the disk is full (No space left on device)"
 

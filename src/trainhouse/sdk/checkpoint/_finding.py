@@ -19,7 +19,7 @@ from trainhouse.errors import ClientError
 from trainhouse.storage import Storage, is_temp, temp_pid
 
 if TYPE_CHECKING:
-    from trainhouse.sdk.run import Run
+    from trainhouse.sdk._run import Run
 
 log = logging.getLogger("trainhouse")
 

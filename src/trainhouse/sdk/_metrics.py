@@ -23,7 +23,7 @@ from typing import Any
 from trainhouse._http import encode_json
 from trainhouse.errors import ClientError, ServerUnreachable
 from trainhouse.layout import JobEnv
-from trainhouse.sdk.transport import JobAPI
+from trainhouse.sdk._transport import JobAPI
 
 log = logging.getLogger("trainhouse")
 

@@ -17,12 +17,12 @@ import os
 from typing import TYPE_CHECKING, Any, Literal, overload
 
 from trainhouse.errors import CheckpointError, ClientError, ServerUnreachable
-from trainhouse.sdk.checkpoint import rng as rng_mod
-from trainhouse.sdk.checkpoint import sharded as shards
-from trainhouse.sdk.checkpoint.finding import DIR, FILE, Finder, dir_name, file_name
-from trainhouse.sdk.checkpoint.handle import SaveHandle, message_of
-from trainhouse.sdk.checkpoint.safety import refuse_unloadable, safe_load
-from trainhouse.sdk.checkpoint.support import (
+from trainhouse.sdk.checkpoint import _rng as rng_mod
+from trainhouse.sdk.checkpoint import _sharded as shards
+from trainhouse.sdk.checkpoint._finding import DIR, FILE, Finder, dir_name, file_name
+from trainhouse.sdk.checkpoint._handle import SaveHandle, message_of
+from trainhouse.sdk.checkpoint._safety import refuse_unloadable, safe_load
+from trainhouse.sdk.checkpoint._support import (
     Comm,
     HashingWriter,
     Stager,
@@ -35,7 +35,7 @@ from trainhouse.storage import Storage, open_storage, sidecar_name
 if TYPE_CHECKING:
     from pathlib import Path
 
-    from trainhouse.sdk.run import Run
+    from trainhouse.sdk._run import Run
 
 log = logging.getLogger("trainhouse")
 

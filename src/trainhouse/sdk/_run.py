@@ -18,9 +18,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trainhouse.layout import CHECKPOINT_URL_ENV, JobEnv
+from trainhouse.sdk._metrics import Point, Reporter, finite_or_none
+from trainhouse.sdk._transport import JobAPI
 from trainhouse.sdk.checkpoint import Checkpointer
-from trainhouse.sdk.metrics import Point, Reporter, finite_or_none
-from trainhouse.sdk.transport import JobAPI
 
 if TYPE_CHECKING:
     import torch
