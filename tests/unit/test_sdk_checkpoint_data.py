@@ -158,13 +158,20 @@ EXAMPLE_DRIVER = textwrap.dedent(
     def run_in(directory, stop_at=None):
         os.makedirs(directory, exist_ok=True)
         os.chdir(directory)
-        original = Run.should_stop
+        original_log, original_stop = Run.log, Run.should_stop
+        logged = [-1]  # the last step logged
+
+        def log(self, metrics, step=None, **kwargs):
+            logged[0] = max(logged[0], step)  # the example always gives the step
+            original_log(self, metrics, step, **kwargs)
+
         if stop_at is not None:
-            Run.should_stop = lambda self: self._step >= stop_at
+            Run.log = log
+            Run.should_stop = lambda self: logged[0] >= stop_at
         try:
             train.main()
         finally:
-            Run.should_stop = original
+            Run.log, Run.should_stop = original_log, original_stop
         os.chdir("..")
 
     run_in("straight")
