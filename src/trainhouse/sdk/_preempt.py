@@ -49,16 +49,21 @@ class Preemption:
     through one small all-reduce about every ``STOP_SYNC_SECONDS`` of training, not at every call:
     the main rank measures how often it is called and picks the number of calls until the next
     agreement. Once the answer is True it stays True.
+
+    ``since`` is when the run started (``time.monotonic()``): the first agreement, at the first
+    call, measures the rate of calls from there.
     """
 
-    def __init__(self, signal: StopSignal, distributed: DistributedContext) -> None:
+    def __init__(
+        self, signal: StopSignal, distributed: DistributedContext, *, since: float
+    ) -> None:
         self.signal = signal
         self.distributed = distributed
         self._agreed = False
         self._calls = 0
         self._next_sync = 1
         self._synced_at = 0
-        self._last_sync = time.monotonic()
+        self._last_sync = since
 
     def should_stop(self) -> bool:
         """True once a stop was requested, on every rank at the same call."""

@@ -23,6 +23,7 @@ import atexit
 import logging
 import os
 import sys
+import time
 import types
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -103,10 +104,11 @@ class Run:
             self.hparams.update(job.hparams)
         self._step = -1
         self._closed = False
+        started = time.monotonic()  # should_stop's first agreement counts calls from here
         self._dist = connect(backend)
         parts = _server_parts(job, self._dist) if job is not None else _standalone_parts(self._dist)
         self._metrics = parts.metrics
-        self._preemption = Preemption(parts.stop, self._dist)
+        self._preemption = Preemption(parts.stop, self._dist, since=started)
         self.checkpoint = Checkpointer(
             parts.location, distributed=self._dist, registry=parts.registry
         )
