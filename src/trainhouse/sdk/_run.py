@@ -86,7 +86,8 @@ def _standalone_parts(distributed: DistributedContext) -> _Parts:
 
 
 class Run:
-    """One attempt of a training job as seen from one rank."""
+    """One attempt of a training job as seen from one rank (see the module's docstring for the
+    parts it is made of)."""
 
     def __init__(
         self,
@@ -119,22 +120,27 @@ class Run:
     # -- where this rank stands ------------------------------------------------------------
     @property
     def rank(self) -> int:
+        """This process's rank among the run's processes (``RANK``; 0 alone)."""
         return self._dist.rank
 
     @property
     def local_rank(self) -> int:
+        """This process's rank on its node (``LOCAL_RANK``), which picks its GPU."""
         return self._dist.local_rank
 
     @property
     def world_size(self) -> int:
+        """How many processes the run has (``WORLD_SIZE``; 1 alone)."""
         return self._dist.world_size
 
     @property
     def is_main(self) -> bool:
+        """Whether this is rank 0, which speaks for the job."""
         return self._dist.is_main
 
     @property
     def device(self) -> torch.device:
+        """This rank's device: its GPU where CUDA is usable, else the CPU."""
         return self._dist.device
 
     # -- metrics ---------------------------------------------------------------------------
