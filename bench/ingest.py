@@ -85,8 +85,10 @@ with trainhouse.init() as run:
     for step in range(steps):
         x = step * 1e-4
         run.log({{n: x + i for i, n in enumerate(names)}}, step=step, all_ranks=all_ranks)
-        if step == 0 and run._reporter is not None:  # the benchmark's --batch
-            run._reporter.max_batch = batch
+        if step == 0:  # the benchmark's --batch, set on the rank's reporter (the run's server link)
+            reporter = run._metrics.link.reporter
+            if reporter is not None:
+                reporter.max_batch = batch
     points = steps * series * (2 if all_ranks and run.is_main else 1)
 t1 = time.time()  # the SDK's last flush returned: everything is stored
 print("{RESULT_TAG}", json.dumps({{"rank": run.rank, "t0": t0, "t1": t1, "points": points}}),

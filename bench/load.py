@@ -30,7 +30,7 @@ Clients
     ``POST /api/v1/jobs/{id}/report`` with ``Authorization: Bearer <token>``, one after the
     other for ``--duration`` seconds (60; 10 with ``--quick``): ``--series`` (10) series x
     ``--steps`` (10) consecutive steps per request, the job's own values (rank null), a fresh
-    ``batch_id`` per request, encoded by the SDK's own code (``sdk.metrics.as_columns``,
+    ``batch_id`` per request, encoded by the SDK's own code (``sdk._metrics.as_columns``,
     ``trainhouse._http.encode_json``). A request that fails with a transport error or a 5xx is
     retried with the same body (the same batch id, as the SDK does) until it is acknowledged
     or ``--retry-for`` seconds (30) past the end; a 4xx is not retried. Latency is per HTTP
@@ -84,7 +84,7 @@ from _machine import BUSY_PERCENT, log, wait_quiet
 from trainhouse._http import JSON_HEADERS, encode_json, error_from
 from trainhouse.client import Client
 from trainhouse.errors import ServerStartError
-from trainhouse.sdk.metrics import Point, as_columns
+from trainhouse.sdk._metrics import Point, as_columns
 from trainhouse.server.process import ServerProcess, free_port
 from trainhouse.spec import load_spec
 from trainhouse.workdir import pack

@@ -15,7 +15,7 @@ from trainhouse._http import encode_json
 from trainhouse.cli import app as cli
 from trainhouse.client import Client
 from trainhouse.lifecycle import JobState
-from trainhouse.sdk.metrics import as_columns
+from trainhouse.sdk._metrics import as_columns
 from trainhouse.tokens import hash_token
 
 AUTH = {"Authorization": "Bearer known"}

@@ -24,11 +24,12 @@ import torch
 
 import trainhouse
 from trainhouse.errors import CheckpointError, ClientError
-from trainhouse.sdk.checkpoint import RESERVED, SaveHandle, load_checkpoint
-from trainhouse.sdk.checkpoint.safety import check_dcp_metadata
-from trainhouse.sdk.checkpoint.support import is_disk_full
-from trainhouse.sdk.run import Run
-from trainhouse.sdk.transport import JobAPI
+from trainhouse.sdk._server import ServerLink
+from trainhouse.sdk._transport import JobAPI
+from trainhouse.sdk.checkpoint import RESERVED, Checkpointer, SaveHandle, load_checkpoint
+from trainhouse.sdk.checkpoint._registry import ServerRegistry
+from trainhouse.sdk.checkpoint._safety import check_dcp_metadata
+from trainhouse.sdk.checkpoint._support import is_disk_full
 from trainhouse.storage import FsspecStorage, LocalStorage
 
 DISK_FULL = "the disk is full (No space left on device)"
@@ -134,7 +135,9 @@ class FakeAPI:
     def checkpoints(self) -> list[dict[str, Any]]:
         return [dict(c) for c in self.listed]
 
-    def register_checkpoint(self, record: dict[str, Any]) -> dict[str, Any]:
+    def register_checkpoint(
+        self, record: dict[str, Any], *, retry_for: float = 60.0
+    ) -> dict[str, Any]:
         self.registered.append(record)
         out = {**record, "id": 100 + len(self.registered)}
         self.listed.append(out)
@@ -150,8 +153,11 @@ class FakeAPI:
         pass
 
 
-def with_api(run: Run, api: FakeAPI) -> None:
-    run._api = api  # type: ignore[assignment]
+def with_server(directory: Path, api: FakeAPI) -> Checkpointer:
+    """A checkpointer of ``directory`` whose registry is the fake server (for a rank that sends
+    no metrics)."""
+    link = ServerLink(api, attempt=1, spool=None, report=False)  # type: ignore[arg-type]
+    return Checkpointer(directory, registry=ServerRegistry(link))
 
 
 # -- RNG states --------------------------------------------------------------------------
@@ -202,7 +208,7 @@ def test_reserved_key_is_refused(standalone: Path) -> None:
 
 
 def test_rng_of_a_missing_rank_is_left_alone(caplog: pytest.LogCaptureFixture) -> None:
-    from trainhouse.sdk.checkpoint import rng
+    from trainhouse.sdk.checkpoint import _rng as rng
 
     torch.manual_seed(1)
     saved = [rng.capture(), rng.capture()]
@@ -290,21 +296,20 @@ def test_corrupt_and_missing_checkpoints_are_reported(standalone: Path) -> None:
     with trainhouse.init() as run:
         recs = [run.checkpoint.save({"s": torch.tensor(s)}, step=s) for s in (1, 2, 3)]
         api = FakeAPI([{**r, "id": i + 1} for i, r in enumerate(recs) if r])
-        with_api(run, api)
+        ckpt = with_server(ckpts, api)
         (ckpts / "step-000000003.pt").unlink()
         with (ckpts / "step-000000002.pt").open("r+b") as fh:
             fh.seek(-20, io.SEEK_END)
             fh.write(b"\0" * 20)
-        loaded = run.checkpoint.load()
+        loaded = ckpt.load()
         assert loaded is not None and int(loaded["s"]) == 1
         assert [i for i, _ in api.corrupt] == [3, 2]
         assert api.corrupt[0][1].startswith("missing")
         assert "sha256" in api.corrupt[1][1]
         # an old server without the endpoint: logged, the load goes on
         api.corrupt_status = 404
-        loaded = run.checkpoint.load()
+        loaded = ckpt.load()
         assert loaded is not None and int(loaded["s"]) == 1
-        run._api = None
 
 
 def test_report_corrupt_posts_to_the_checkpoint() -> None:
@@ -314,10 +319,7 @@ def test_report_corrupt_posts_to_the_checkpoint() -> None:
         seen.append((request.method, request.url.path, json.loads(request.content)))
         return httpx.Response(200, json={"ok": True})
 
-    api = JobAPI("http://server", 7, "tok")
-    api._http = httpx.Client(
-        base_url="http://server/api/v1/jobs/7", transport=httpx.MockTransport(handler)
-    )
+    api = JobAPI("http://server", 7, "tok", transport=httpx.MockTransport(handler))
     api.report_corrupt(3, "sha256 mismatch")
     api.close()
     assert seen == [("POST", "/api/v1/jobs/7/checkpoints/3/corrupt", {"reason": "sha256 mismatch"})]
@@ -329,14 +331,13 @@ def test_unregistered_sidecar_checkpoints_are_candidates(standalone: Path) -> No
         run.checkpoint.save({"s": torch.tensor(2)}, step=2)  # the server was unreachable
         assert first is not None
         api = FakeAPI([{**first, "id": 1}])
-        with_api(run, api)
-        loaded = run.checkpoint.load()
+        ckpt = with_server(standalone / "checkpoints", api)
+        loaded = ckpt.load()
         assert loaded is not None and int(loaded["s"]) == 2
         assert [r["step"] for r in api.registered] == [2]  # registered now
         assert api.registered[0]["kind"] == "file" and "_sidecar" not in api.registered[0]
-        loaded = run.checkpoint.load()  # now listed by the server: not registered twice
+        loaded = ckpt.load()  # now listed by the server: not registered twice
         assert loaded is not None and int(loaded["s"]) == 2 and len(api.registered) == 1
-        run._api = None
 
 
 def test_a_corrupt_unregistered_checkpoint_is_skipped(standalone: Path) -> None:
@@ -347,11 +348,9 @@ def test_a_corrupt_unregistered_checkpoint_is_skipped(standalone: Path) -> None:
         (ckpts / "step-000000002.pt").write_bytes(b"garbage")
         assert first is not None
         api = FakeAPI([{**first, "id": 1}])
-        with_api(run, api)
-        loaded = run.checkpoint.load()
+        loaded = with_server(ckpts, api).load()
         assert loaded is not None and int(loaded["s"]) == 1
         assert api.registered == [] and api.corrupt == []  # no id to report
-        run._api = None
 
 
 def test_records_carry_their_kind(standalone: Path) -> None:

@@ -148,7 +148,7 @@ EXAMPLE_DRIVER = textwrap.dedent(
     import importlib.util, json, os, sys
     import torch
     from trainhouse.sdk.checkpoint import load_checkpoint
-    from trainhouse.sdk.run import Run
+    from trainhouse.sdk import Run
 
     spec = importlib.util.spec_from_file_location("digits_train", sys.argv[1])
     train = importlib.util.module_from_spec(spec)
@@ -158,13 +158,20 @@ EXAMPLE_DRIVER = textwrap.dedent(
     def run_in(directory, stop_at=None):
         os.makedirs(directory, exist_ok=True)
         os.chdir(directory)
-        original = Run.should_stop
+        original_log, original_stop = Run.log, Run.should_stop
+        logged = [-1]  # the last step logged
+
+        def log(self, metrics, step=None, **kwargs):
+            logged[0] = max(logged[0], step)  # the example always gives the step
+            original_log(self, metrics, step, **kwargs)
+
         if stop_at is not None:
-            Run.should_stop = lambda self: self._step >= stop_at
+            Run.log = log
+            Run.should_stop = lambda self: logged[0] >= stop_at
         try:
             train.main()
         finally:
-            Run.should_stop = original
+            Run.log, Run.should_stop = original_log, original_stop
         os.chdir("..")
 
     run_in("straight")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import threading
@@ -13,8 +14,9 @@ import pytest
 
 from trainhouse.errors import ClientError
 from trainhouse.layout import AttemptLayout
-from trainhouse.sdk.metrics import Reporter
-from trainhouse.sdk.transport import JobAPI
+from trainhouse.sdk import _run as sdk_run
+from trainhouse.sdk._metrics import Reporter
+from trainhouse.sdk._transport import JobAPI
 from trainhouse.store import MetricPoint, Store
 from trainhouse.store.reports import COLUMN_KEYS
 from trainhouse.store.spool import ingest_spool
@@ -57,12 +59,7 @@ class FakeServer:
 
 
 def reporter(server: FakeServer, **kw: Any) -> Reporter:
-    api = JobAPI("http://server", 7, "tok")
-    api._http = httpx.Client(
-        base_url="http://server/api/v1/jobs/7",
-        headers={"Authorization": "Bearer tok"},
-        transport=httpx.MockTransport(server),
-    )
+    api = JobAPI("http://server", 7, "tok", transport=httpx.MockTransport(server))
     return Reporter(api, attempt=1, **kw)
 
 
@@ -131,10 +128,7 @@ def test_a_batch_the_server_always_fails_on_is_dropped(caplog: pytest.LogCapture
             return httpx.Response(500, json={"error": {"code": "internal", "message": "boom"}})
         return httpx.Response(200, json={"accepted": len(body["points"]), "stop": True})
 
-    api = JobAPI("http://server", 7, "tok")
-    api._http = httpx.Client(
-        base_url="http://server/api/v1/jobs/7", transport=httpx.MockTransport(broken)
-    )
+    api = JobAPI("http://server", 7, "tok", transport=httpx.MockTransport(broken))
     rep = Reporter(api, attempt=1, interval=0.01)
     rep.add([(0, "poison", 1.0, None, 0.0)])
     with caplog.at_level(logging.ERROR, logger="trainhouse"):
@@ -174,12 +168,11 @@ def test_checkpoint_is_registered_only_after_the_metrics_before_it(
         "TRAINHOUSE_CHECKPOINT_DIR": str(tmp_path),
     }.items():
         monkeypatch.setenv(key, value)
-    run = trainhouse.init()
-    assert run._api is not None
-    run._api._http = httpx.Client(
-        base_url="http://server/api/v1/jobs/7", transport=httpx.MockTransport(server)
-    )
-    with run:
+    # the run's connection to the server goes to the fake one
+    mock = httpx.MockTransport(server)
+    monkeypatch.setattr(sdk_run, "JobAPI", functools.partial(JobAPI, transport=mock))
+    with trainhouse.init() as run:
+        assert not run.standalone
         for step in range(5):
             run.log({"loss": 1.0}, step=step)
         run.checkpoint.save({"w": torch.ones(1)}, step=4)
@@ -248,10 +241,7 @@ def test_a_checkpoint_saved_while_the_server_is_down_is_registered_after_its_met
         calls.append(("points", [p[0] for p in body["points"]]))
         return httpx.Response(200, json={"accepted": len(body["points"]), "stop": False})
 
-    api = JobAPI("http://server", 7, "tok")
-    api._http = httpx.Client(
-        base_url="http://server/api/v1/jobs/7", transport=httpx.MockTransport(handler)
-    )
+    api = JobAPI("http://server", 7, "tok", transport=httpx.MockTransport(handler))
     rep = Reporter(api, attempt=1, interval=3600)
     rep.add([(s, "loss", 1.0, None, 0.0) for s in range(4)])
     rep.defer_checkpoint({"step": 3, "path": "step-000000003.pt"})

@@ -111,11 +111,10 @@ def test_negative_step_refused(standalone: Path) -> None:
 
 def test_auto_step_and_non_finite(standalone: Path, capsys: pytest.CaptureFixture[str]) -> None:
     with trainhouse.init() as run:
-        run.log({"loss": float("nan")})
-        assert run._step == 0
-        run.log({"loss": 1.0})
-        assert run._step == 1
-    assert "loss=nan" in capsys.readouterr().out
+        run.log({"loss": float("nan")})  # step 0 (printed at once)
+        assert "[trainhouse] step 0: loss=nan\n" in capsys.readouterr().out
+        run.log({"loss": 1.0})  # step 1 (the final values: printed by the end)
+    assert "[trainhouse] step 1: loss=1\n" in capsys.readouterr().out
 
 
 def test_numpy_state_loads_but_object_arrays_do_not(standalone: Path) -> None:

@@ -1,9 +1,11 @@
 """The SDK a training script uses: ``trainhouse.init()`` returns a :class:`Run`.
 
-Imports the standard library, httpx and torch only (never the server's dependencies).
+Imports the standard library, httpx, orjson, numpy (optional) and torch only, never the server's
+dependencies. The public modules are this one, :mod:`trainhouse.sdk.checkpoint` and
+:mod:`trainhouse.sdk.data`; modules whose names start with an underscore are internal.
 """
 
-from trainhouse.sdk.checkpoint import Checkpointer, load_checkpoint
-from trainhouse.sdk.run import Run, init
+from trainhouse.sdk._run import Run, init
+from trainhouse.sdk.checkpoint import Checkpointer, SaveHandle, load_checkpoint
 
-__all__ = ["Checkpointer", "Run", "init", "load_checkpoint"]
+__all__ = ["Checkpointer", "Run", "SaveHandle", "init", "load_checkpoint"]

@@ -35,6 +35,8 @@ from typing import Any
 import torch
 from torch.utils.data import Sampler
 
+__all__ = ["ResumableSampler"]
+
 
 def _dist_default(value: int | None, what: str) -> int:
     if value is not None:

@@ -9,11 +9,11 @@ in the background. Where checkpoints go is a :class:`trainhouse.storage.Storage`
 directory or an fsspec URL).
 """
 
-from trainhouse.sdk.checkpoint.checkpointer import RESERVED, Checkpointer
-from trainhouse.sdk.checkpoint.finding import dir_name, file_name
-from trainhouse.sdk.checkpoint.handle import SaveHandle
-from trainhouse.sdk.checkpoint.safety import load_checkpoint, refuse_unloadable, safe_load
-from trainhouse.sdk.checkpoint.support import DISK_FULL
+from trainhouse.sdk.checkpoint._checkpointer import RESERVED, Checkpointer
+from trainhouse.sdk.checkpoint._finding import dir_name, file_name
+from trainhouse.sdk.checkpoint._handle import SaveHandle
+from trainhouse.sdk.checkpoint._safety import load_checkpoint, refuse_unloadable, safe_load
+from trainhouse.sdk.checkpoint._support import DISK_FULL
 
 __all__ = [
     "DISK_FULL",

@@ -8,44 +8,37 @@ import hashlib
 import re
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from typing import IO, TYPE_CHECKING, Any
+from typing import IO, Any
 
 from trainhouse.errors import CheckpointError
-
-if TYPE_CHECKING:
-    from trainhouse.sdk.run import Run
+from trainhouse.sdk._distributed import DistributedContext
 
 DISK_FULL = "the disk is full (No space left on device)"
 
 
 class Comm:
-    """Object collectives over one process group (None: the default one); no-ops alone."""
+    """A checkpoint operation's object collectives: over one process group (None: the default
+    one) of ``distributed``, no-ops alone. Whether the ranks are connected is decided once, when
+    the operation starts."""
 
-    def __init__(self, run: Run, group: Any = None) -> None:
-        self.active = run._distributed()
+    def __init__(self, distributed: DistributedContext, group: Any = None) -> None:
+        self.distributed = distributed
+        self.active = distributed.active
         self.group = group
-        self.rank = run.rank
-        self.world_size = run.world_size
+        self.rank = distributed.rank
+        self.world_size = distributed.world_size
 
     def broadcast(self, obj: Any) -> Any:
         """The main rank's ``obj`` on every rank."""
         if not self.active:
             return obj
-        import torch.distributed as dist
-
-        box = [obj]
-        dist.broadcast_object_list(box, src=0, group=self.group)
-        return box[0]
+        return self.distributed.broadcast(obj, group=self.group)
 
     def all_gather(self, obj: Any) -> list[Any]:
         """Every rank's ``obj``, in rank order, on every rank."""
         if not self.active:
             return [obj]
-        import torch.distributed as dist
-
-        out: list[Any] = [None] * self.world_size
-        dist.all_gather_object(out, obj, group=self.group)
-        return out
+        return self.distributed.all_gather(obj, group=self.group)
 
     def agree(self, error: str | None) -> str | None:
         """The first rank's error among all ranks' (None when every rank succeeded)."""

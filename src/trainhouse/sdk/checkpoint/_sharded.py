@@ -14,7 +14,7 @@ import warnings
 from collections.abc import Iterator
 from typing import Any
 
-from trainhouse.sdk.checkpoint.safety import check_dcp_metadata, safe_load
+from trainhouse.sdk.checkpoint._safety import check_dcp_metadata, safe_load
 from trainhouse.storage import Storage
 
 RNG_FILE = "trainhouse-rng.pt"

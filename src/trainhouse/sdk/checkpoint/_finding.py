@@ -13,13 +13,11 @@ import logging
 import math
 import os
 import re
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from trainhouse.errors import ClientError
+from trainhouse.sdk.checkpoint._registry import CheckpointRegistry
 from trainhouse.storage import Storage, is_temp, temp_pid
-
-if TYPE_CHECKING:
-    from trainhouse.sdk.run import Run
 
 log = logging.getLogger("trainhouse")
 
@@ -37,9 +35,10 @@ def dir_name(step: int) -> str:
 
 
 class Finder:
-    """The load side of :class:`~trainhouse.sdk.checkpoint.Checkpointer` (a mixin)."""
+    """The load side of :class:`~trainhouse.sdk.checkpoint.Checkpointer` (a mixin): the storage's
+    records, checked against the registry's list."""
 
-    _run: Run
+    _registry: CheckpointRegistry
     storage: Storage
 
     def _local_records(self) -> list[dict[str, Any]]:
@@ -68,34 +67,32 @@ class Finder:
     def _candidates(self) -> list[dict[str, Any]]:
         """Known checkpoints, newest first: the server's, plus local ones it never heard of."""
         local = self._local_records()
-        api = self._run._api
-        if api is not None:
-            try:
-                found = api.checkpoints()
-            except ClientError as exc:
-                log.warning(
-                    "trainhouse: cannot list checkpoints (%s); reading %s", exc, self.storage.url
-                )
-            else:
-                newest = max((int(c["step"]) for c in found), default=-1)
-                extra = [
-                    dict(r, _unregistered=True)
-                    for r in local
-                    if r.get("_sidecar") and r.get("sha256") and int(r["step"]) > newest
-                ]
-                return sorted(
-                    [*found, *extra],
-                    key=lambda c: (int(c["step"]), c.get("id", math.inf)),
-                    reverse=True,
-                )
+        try:
+            found = self._registry.listed()
+        except ClientError as exc:
+            log.warning(
+                "trainhouse: cannot list checkpoints (%s); reading %s", exc, self.storage.url
+            )
+            found = None
+        if found is not None:
+            newest = max((int(c["step"]) for c in found), default=-1)
+            extra = [
+                dict(r, _unregistered=True)
+                for r in local
+                if r.get("_sidecar") and r.get("sha256") and int(r["step"]) > newest
+            ]
+            return sorted(
+                [*found, *extra],
+                key=lambda c: (int(c["step"]), c.get("id", math.inf)),
+                reverse=True,
+            )
         return sorted(local, key=lambda c: int(c["step"]), reverse=True)
 
     def _report_corrupt(self, cand: dict[str, Any], reason: str) -> None:
-        api = self._run._api
-        if api is None or cand.get("id") is None:
+        if cand.get("id") is None:
             return
         try:
-            api.report_corrupt(int(cand["id"]), reason)
+            self._registry.report_corrupt(cand["id"], reason)
         except ClientError as exc:
             if exc.status == 404:
                 log.info("trainhouse: the server cannot take corrupt-checkpoint reports (%s)", exc)
@@ -156,11 +153,10 @@ class Finder:
         return None
 
     def _chosen(self, cand: dict[str, Any]) -> dict[str, Any]:
-        api = self._run._api
-        if cand.pop("_unregistered", False) and api is not None:
+        if cand.pop("_unregistered", False):  # only where the registry listed checkpoints
             record = {k: v for k, v in cand.items() if not k.startswith("_")}
             try:
-                cand = {**api.register_checkpoint(record), "kind": record["kind"]}
+                cand = {**self._registry.register(record), "kind": record["kind"]}
                 log.warning("trainhouse: registered checkpoint %s, found on disk", record["path"])
             except ClientError as exc:
                 log.warning("trainhouse: could not register %s: %s", record["path"], exc)

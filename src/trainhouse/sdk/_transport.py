@@ -14,13 +14,23 @@ from trainhouse.errors import ClientError, ServerUnreachable
 class JobAPI:
     """The endpoints a running job reports to."""
 
-    def __init__(self, url: str, job_id: int, token: str, *, timeout: float = 10.0) -> None:
+    def __init__(
+        self,
+        url: str,
+        job_id: int,
+        token: str,
+        *,
+        timeout: float = 10.0,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
+        """``transport`` replaces httpx's own (a test's ``httpx.MockTransport``, say)."""
         self.url = url.rstrip("/")
         self.job_id = job_id
         self._http = httpx.Client(
             base_url=f"{self.url}/api/v1/jobs/{job_id}",
             headers={"Authorization": f"Bearer {token}"},
             timeout=timeout,
+            transport=transport,
         )
 
     def close(self) -> None:

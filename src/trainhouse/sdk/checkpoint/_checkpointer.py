@@ -17,12 +17,14 @@ import os
 from typing import TYPE_CHECKING, Any, Literal, overload
 
 from trainhouse.errors import CheckpointError, ClientError, ServerUnreachable
-from trainhouse.sdk.checkpoint import rng as rng_mod
-from trainhouse.sdk.checkpoint import sharded as shards
-from trainhouse.sdk.checkpoint.finding import DIR, FILE, Finder, dir_name, file_name
-from trainhouse.sdk.checkpoint.handle import SaveHandle, message_of
-from trainhouse.sdk.checkpoint.safety import refuse_unloadable, safe_load
-from trainhouse.sdk.checkpoint.support import (
+from trainhouse.sdk._distributed import DistributedContext, SingleProcess
+from trainhouse.sdk.checkpoint import _rng as rng_mod
+from trainhouse.sdk.checkpoint import _sharded as shards
+from trainhouse.sdk.checkpoint._finding import DIR, FILE, Finder, dir_name, file_name
+from trainhouse.sdk.checkpoint._handle import SaveHandle, message_of
+from trainhouse.sdk.checkpoint._registry import CheckpointRegistry, LocalRegistry
+from trainhouse.sdk.checkpoint._safety import refuse_unloadable, safe_load
+from trainhouse.sdk.checkpoint._support import (
     Comm,
     HashingWriter,
     Stager,
@@ -34,8 +36,6 @@ from trainhouse.storage import Storage, open_storage, sidecar_name
 
 if TYPE_CHECKING:
     from pathlib import Path
-
-    from trainhouse.sdk.run import Run
 
 log = logging.getLogger("trainhouse")
 
@@ -50,10 +50,20 @@ class Checkpointer(Finder):
 
     ``location`` is a local directory, a ``file://`` URL or any fsspec URL (see
     :mod:`trainhouse.storage`). ``directory`` is the local directory, or None for a remote one.
+    ``distributed`` is this rank's place among the ranks and their collectives (default: one
+    process alone); ``registry`` is the server's side of checkpoints (default: no server, the
+    records next to the checkpoints only).
     """
 
-    def __init__(self, run: Run, location: str | os.PathLike[str] | Storage) -> None:
-        self._run = run
+    def __init__(
+        self,
+        location: str | os.PathLike[str] | Storage,
+        *,
+        distributed: DistributedContext | None = None,
+        registry: CheckpointRegistry | None = None,
+    ) -> None:
+        self._dist = distributed if distributed is not None else SingleProcess()
+        self._registry = registry if registry is not None else LocalRegistry()
         self.storage = open_storage(location)
         self.directory: Path | None = self.storage.local_root
         self._pending: SaveHandle | None = None
@@ -112,8 +122,7 @@ class Checkpointer(Finder):
         A failed write raises CheckpointError on every rank and leaves earlier checkpoints as
         they were.
         """
-        run = self._run
-        comm = Comm(run)
+        comm = Comm(self._dist)
         # one collective: the previous background save's outcome and every rank's RNG state
         rng_states: list[Any] | None = None
         if rng or self._outstanding:
@@ -145,11 +154,10 @@ class Checkpointer(Finder):
         blocking: bool,
         comm: Comm,
     ) -> dict[str, Any] | SaveHandle | None:
-        run = self._run
         error: BaseException | None = None
         record: dict[str, Any] | None = None
         handle: SaveHandle | None = None
-        if run.is_main:
+        if self._dist.is_main:
             try:
                 if blocking:
                     record = self._write_file(payload, step, metrics)
@@ -161,7 +169,8 @@ class Checkpointer(Finder):
         elif blocking:
             self._flush_other_rank()
         else:
-            handle = SaveHandle(step, self._flush_other_rank if run._reporter else None)
+            flush = self._flush_other_rank if self._registry.sends_metrics else None
+            handle = SaveHandle(step, flush)
         if handle is not None:
             self._pending = handle
         self._outstanding = self._outstanding or not blocking
@@ -176,7 +185,7 @@ class Checkpointer(Finder):
 
     def _flush_other_rank(self) -> None:
         with contextlib.suppress(ClientError):
-            self._run._flush_metrics()  # values other ranks logged with all_ranks=True
+            self._registry.flush_metrics()  # values other ranks logged with all_ranks=True
         return None
 
     def _write_file(
@@ -246,7 +255,7 @@ class Checkpointer(Finder):
         kind: str,
     ) -> dict[str, Any]:
         return {
-            "attempt": self._run.attempt,
+            "attempt": self._registry.attempt,
             "step": step,
             "path": path,
             "size": size,
@@ -261,32 +270,28 @@ class Checkpointer(Finder):
             self.storage.write_text(sidecar_name(record["path"]), json.dumps(record))
         except OSError as exc:
             log.error("trainhouse: checkpoint %s kept without its record: %s", record["path"], exc)
-        api, reporter = self._run._api, self._run._reporter
-        if api is not None:
-            try:
-                # every metric up to this step is stored before the server knows the checkpoint:
-                # a run resumed from it never misses a step it logged before
-                self._run._flush_metrics(retry_for=REGISTER_WAIT)
-                return api.register_checkpoint(record, retry_for=REGISTER_WAIT)
-            except ClientError as exc:
-                if reporter is not None and (
-                    isinstance(exc, ServerUnreachable) or exc.status >= 500
-                ):
-                    # training goes on; the metric thread registers it once the server is back
-                    # (a restart finds it by its record next to it meanwhile)
-                    reporter.defer_checkpoint(record)
-                    log.warning(
-                        "trainhouse: checkpoint %s is written; it is registered once the "
-                        "server answers again (%s)",
-                        record["path"],
-                        exc,
-                    )
-                else:
-                    log.error(
-                        "trainhouse: checkpoint %s written but not registered: %s",
-                        record["path"],
-                        exc,
-                    )
+        registry = self._registry
+        try:
+            # every metric up to this step is stored before the server knows the checkpoint:
+            # a run resumed from it never misses a step it logged before
+            registry.flush_metrics(retry_for=REGISTER_WAIT)
+            return registry.register(record, retry_for=REGISTER_WAIT)
+        except ClientError as exc:
+            retryable = isinstance(exc, ServerUnreachable) or exc.status >= 500
+            if retryable and registry.defer(record):
+                # training goes on; it is registered once the server is back
+                log.warning(
+                    "trainhouse: checkpoint %s is written; it is registered once the "
+                    "server answers again (%s)",
+                    record["path"],
+                    exc,
+                )
+            else:
+                log.error(
+                    "trainhouse: checkpoint %s written but not registered: %s",
+                    record["path"],
+                    exc,
+                )
         return record
 
     # -- sharded ---------------------------------------------------------------------------
@@ -299,8 +304,8 @@ class Checkpointer(Finder):
         blocking: bool,
         comm: Comm,
     ) -> dict[str, Any] | SaveHandle | None:
-        run = self._run
-        tmp = comm.broadcast(self.storage.temp_name(dir_name(step)) if run.is_main else None)
+        main = self._dist.is_main
+        tmp = comm.broadcast(self.storage.temp_name(dir_name(step)) if main else None)
         if blocking:
             return self._write_sharded(state, step, metrics, rng_states, tmp, comm, None)
         group = self._background_group() if comm.active else None
@@ -315,7 +320,7 @@ class Checkpointer(Finder):
             raise error
         if message is not None:
             raise CheckpointError(message)
-        background = Comm(run, group)
+        background = Comm(self._dist, group)
         handle = SaveHandle(
             step,
             lambda: self._write_sharded(staged, step, metrics, rng_states, tmp, background, group),
@@ -343,7 +348,6 @@ class Checkpointer(Finder):
         comm: Comm,
         group: Any,
     ) -> dict[str, Any] | None:
-        run = self._run
         storage = self.storage
         name = dir_name(step)
         needed = estimate_bytes(state)
@@ -357,7 +361,7 @@ class Checkpointer(Finder):
         total = needed * comm.world_size
         record: dict[str, Any] | None = None
         final: str | None = None
-        if run.is_main:
+        if self._dist.is_main:
             try:
                 failed = [(r, o) for r, o in enumerate(outcomes) if o is not None]
                 if failed:
@@ -402,7 +406,7 @@ class Checkpointer(Finder):
         Returns the record of the save waited for on the main rank, else None.
         """
         handle = self._pending
-        self._settle(Comm(self._run))
+        self._settle(Comm(self._dist))
         return handle.record if handle is not None else None
 
     def _settle(self, comm: Comm) -> None:
@@ -424,7 +428,7 @@ class Checkpointer(Finder):
         failure = self._take_failure()
         if collective and self._outstanding:
             self._outstanding = False
-            comm = Comm(self._run)
+            comm = Comm(self._dist)
             try:
                 failures = comm.all_gather(failure)
             except RuntimeError as exc:  # a rank is gone: report our own outcome only
@@ -450,11 +454,10 @@ class Checkpointer(Finder):
         saved (e.g. ``{"model": model.state_dict(), "optim": ...}``), which is returned.
         ``restore_rng=True`` restores every rank's RNG states saved with the checkpoint.
         """
-        run = self._run
-        comm = Comm(run)
+        comm = Comm(self._dist)
         self._settle(comm)
         chosen: dict[str, Any] | None = None
-        if run.is_main:
+        if self._dist.is_main:
             try:
                 chosen = self.latest()
             except Exception as exc:  # tell the other ranks, which wait in the broadcast
@@ -462,9 +465,8 @@ class Checkpointer(Finder):
         chosen = comm.broadcast(chosen)
         if chosen is not None and "error" in chosen:
             raise CheckpointError(chosen["error"])
-        if run._reporter is not None and run.attempt > 1:
-            # the run goes on from here: steps logged after it by earlier attempts are dropped
-            run._reporter.resume_step = int(chosen["step"]) if chosen else -1
+        # the run goes on from here: steps logged after it by earlier attempts are dropped
+        self._registry.resume_from(chosen)
         if chosen is None:
             return None
         path = chosen["path"]
@@ -476,7 +478,7 @@ class Checkpointer(Finder):
             loaded = self._load_file(path, where)
             states = (loaded.pop(RESERVED, None) or {}).get("rng")
         if restore_rng and states is not None:
-            rng_mod.restore_rank(states, run.rank, run.world_size)
+            rng_mod.restore_rank(states, self._dist.rank, self._dist.world_size)
         log.info("trainhouse: resumed from %s (step %s)", path, chosen["step"])
         return loaded
 

@@ -22,20 +22,12 @@ from typing import Any
 
 from trainhouse._http import encode_json
 from trainhouse.errors import ClientError, ServerUnreachable
-from trainhouse.layout import JobEnv
-from trainhouse.sdk.transport import JobAPI
+from trainhouse.sdk._transport import JobAPI
 
 log = logging.getLogger("trainhouse")
 
 Point = tuple[int, str, float | None, int | None, float]
 MAX_SERVER_ERRORS = 10  # a batch the server fails on this many times in a row is dropped
-
-
-def default_spool() -> Path | None:
-    """The attempt's spool directory (``$TRAINHOUSE_ATTEMPT_DIR/metrics-spool``), if any."""
-    job = JobEnv.from_env()
-    layout = job.attempt_layout if job is not None else None
-    return layout.spool if layout is not None else None
 
 
 def finite_or_none(value: float) -> float | None:
@@ -53,6 +45,13 @@ def as_columns(points: list[Point]) -> dict[str, Any]:
 
 
 class Reporter:
+    """A rank's metric buffer and the thread that sends it (see the module's docstring).
+
+    ``spool`` is the directory for the points the server could not take by the end (the
+    attempt's ``metrics-spool``), or None to log them as lost. ``stop_requested`` is set once the
+    server answers a report with a stop request.
+    """
+
     def __init__(
         self,
         api: JobAPI,
@@ -68,7 +67,7 @@ class Reporter:
         self.interval = interval
         self.heartbeat = heartbeat
         self.max_batch = max_batch
-        self.spool = spool if spool is not None else default_spool()
+        self.spool = spool
         self.total_steps: int | None = None
         # set on resume: the server drops steps after it that earlier attempts logged
         self.resume_step: int | None = None

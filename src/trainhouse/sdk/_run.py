@@ -1,0 +1,229 @@
+"""``trainhouse.init()`` and the Run a training script talks to.
+
+Under the server (``TRAINHOUSE_JOB_ID`` set by the executor) metrics go to the server and
+checkpoints to the job's directory. Anywhere else (``python train.py`` or bare ``torchrun``) the
+run is standalone: metrics print to the console and checkpoints go to ``./checkpoints`` (or to
+``TRAINHOUSE_CHECKPOINT_URL``).
+
+A Run is composed of parts chosen once, when it starts, each handed what it needs:
+
+- a :class:`~trainhouse.sdk._distributed.DistributedContext`: rank, device and collectives;
+- a :class:`~trainhouse.sdk._sinks.MetricsSink`: where ``log`` sends values;
+- a :class:`~trainhouse.sdk._preempt.Preemption` over a stop signal: ``should_stop``;
+- ``checkpoint``, a :class:`~trainhouse.sdk.checkpoint.Checkpointer` with a
+  :class:`~trainhouse.sdk.checkpoint._registry.CheckpointRegistry`.
+
+Under the server the sink, the stop signal and the registry share one
+:class:`~trainhouse.sdk._server.ServerLink`.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import sys
+import time
+import types
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+from trainhouse.layout import CHECKPOINT_URL_ENV, JobEnv
+from trainhouse.sdk._distributed import DistributedContext, connect
+from trainhouse.sdk._metrics import finite_or_none
+from trainhouse.sdk._preempt import NeverStop, Preemption, ServerStop, StopSignal
+from trainhouse.sdk._server import ServerLink
+from trainhouse.sdk._sinks import ConsoleSink, MetricsSink, ServerSink
+from trainhouse.sdk._transport import JobAPI
+from trainhouse.sdk.checkpoint import Checkpointer
+from trainhouse.sdk.checkpoint._registry import CheckpointRegistry, LocalRegistry, ServerRegistry
+
+if TYPE_CHECKING:
+    import torch
+
+log = logging.getLogger("trainhouse")
+
+
+def _number(name: object, value: Any) -> float:
+    """A metric value as a float: numbers, numpy scalars and one-element tensors."""
+    if hasattr(value, "item") and callable(value.item):
+        value = value.detach().item() if hasattr(value, "detach") else value.item()
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        try:
+            return float(value)
+        except (TypeError, ValueError):
+            raise TypeError(
+                f"metric {name!r} must be a number, got {type(value).__name__} {value!r}"
+            ) from None
+    return float(value)
+
+
+class _Parts(NamedTuple):
+    """What differs between a run under the server and a standalone one."""
+
+    metrics: MetricsSink
+    stop: StopSignal
+    registry: CheckpointRegistry
+    location: str | Path  # where checkpoints go: a directory or a URL (any fsspec one)
+
+
+def _server_parts(job: JobEnv, distributed: DistributedContext) -> _Parts:
+    layout = job.attempt_layout
+    link = ServerLink(
+        JobAPI(job.url, job.job_id, job.token),
+        job.attempt,
+        spool=layout.spool if layout is not None else None,
+        report=distributed.is_main,
+    )
+    sink = ServerSink(link, rank=distributed.rank, is_main=distributed.is_main)
+    return _Parts(sink, ServerStop(link), ServerRegistry(link), job.checkpoints)
+
+
+def _standalone_parts(distributed: DistributedContext) -> _Parts:
+    # a URL given by hand (any fsspec one) replaces ./checkpoints
+    location = os.environ.get(CHECKPOINT_URL_ENV) or Path("checkpoints").resolve()
+    return _Parts(ConsoleSink(is_main=distributed.is_main), NeverStop(), LocalRegistry(), location)
+
+
+class Run:
+    """One attempt of a training job as seen from one rank (see the module's docstring for the
+    parts it is made of)."""
+
+    def __init__(
+        self,
+        *,
+        hparams: dict[str, Any] | None = None,
+        total_steps: int | None = None,
+        backend: str | None = None,
+    ) -> None:
+        job = JobEnv.from_env()
+        self.job_id: int | None = job.job_id if job is not None else None
+        self.attempt = job.attempt if job is not None else 1
+        self.standalone = job is None
+        self.hparams: dict[str, Any] = dict(hparams or {})
+        if job is not None:
+            self.hparams.update(job.hparams)
+        self._step = -1
+        self._closed = False
+        started = time.monotonic()  # should_stop's first agreement counts calls from here
+        self._dist = connect(backend)
+        parts = _server_parts(job, self._dist) if job is not None else _standalone_parts(self._dist)
+        self._metrics = parts.metrics
+        self._preemption = Preemption(parts.stop, self._dist, since=started)
+        self.checkpoint = Checkpointer(
+            parts.location, distributed=self._dist, registry=parts.registry
+        )
+        if total_steps is not None:
+            self.set_total_steps(total_steps)
+        atexit.register(self._finish_at_exit)
+
+    # -- where this rank stands ------------------------------------------------------------
+    @property
+    def rank(self) -> int:
+        """This process's rank among the run's processes (``RANK``; 0 alone)."""
+        return self._dist.rank
+
+    @property
+    def local_rank(self) -> int:
+        """This process's rank on its node (``LOCAL_RANK``), which picks its GPU."""
+        return self._dist.local_rank
+
+    @property
+    def world_size(self) -> int:
+        """How many processes the run has (``WORLD_SIZE``; 1 alone)."""
+        return self._dist.world_size
+
+    @property
+    def is_main(self) -> bool:
+        """Whether this is rank 0, which speaks for the job."""
+        return self._dist.is_main
+
+    @property
+    def device(self) -> torch.device:
+        """This rank's device: its GPU where CUDA is usable, else the CPU."""
+        return self._dist.device
+
+    # -- metrics ---------------------------------------------------------------------------
+    def set_total_steps(self, total: int) -> None:
+        """Tell the server how many steps the run has, for progress bars."""
+        self._metrics.set_total_steps(total)
+
+    def log(
+        self, metrics: dict[str, Any], step: int | None = None, *, all_ranks: bool = False
+    ) -> None:
+        """Record metric values at ``step`` (default: the last step + 1).
+
+        The main rank speaks for the job: on other ranks this records nothing unless
+        ``all_ranks=True``, which keeps every rank's values tagged with its rank.
+        Buffered; sent in the background; never blocks on the network.
+        """
+        if step is None:
+            step = self._step + 1
+        step = int(step)
+        if step > self._step:
+            self._step = step
+        if not self.is_main and not all_ranks:
+            return
+        values = [(str(k), finite_or_none(_number(k, v))) for k, v in metrics.items()]
+        self._metrics.log(step, values, all_ranks=all_ranks)
+
+    # -- stopping --------------------------------------------------------------------------
+    def should_stop(self) -> bool:
+        """True once the server asks this job to stop (cancel, preemption, time limit).
+
+        Collective: every rank must call it the same number of times, and every rank gets the
+        same answer at the same call. Ranks agree through one small all-reduce about every
+        half second of training, not at every call.
+        """
+        return self._preemption.should_stop()
+
+    # -- end -------------------------------------------------------------------------------
+    def _finish_at_exit(self) -> None:
+        # without a `with` block we cannot tell a crash from a normal end: no barrier, which
+        # would hang a crashed rank while the others wait in another collective
+        self.finish(failed=True)
+
+    def finish(self, *, failed: bool = False) -> None:
+        """Flush metrics and leave torch.distributed cleanly (idempotent)."""
+        if self._closed:
+            return
+        self._closed = True
+        atexit.unregister(self._finish_at_exit)
+        # a checkpoint still being written in the background is waited for (and registered)
+        ckpt_error = self.checkpoint._close(collective=not failed)
+        if ckpt_error is not None and failed:
+            log.error("trainhouse: %s", ckpt_error)
+        self._metrics.close()
+        self._dist.close(failed=failed)
+        if ckpt_error is not None and not failed:
+            raise ckpt_error
+
+    def __enter__(self) -> Run:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: types.TracebackType | None,
+    ) -> None:
+        self.finish(failed=exc_type is not None)
+        sys.stdout.flush()
+
+    def __repr__(self) -> str:
+        mode = "standalone" if self.standalone else f"job {self.job_id} attempt {self.attempt}"
+        return f"<Run {mode} rank {self.rank}/{self.world_size} on {self.device}>"
+
+
+def init(
+    *,
+    hparams: dict[str, Any] | None = None,
+    total_steps: int | None = None,
+    backend: str | None = None,
+) -> Run:
+    """Start a run: sets up torch.distributed when WORLD_SIZE > 1 and connects to the server.
+
+    ``hparams`` are defaults; the job spec's ``hparams`` override them. ``total_steps`` lets the
+    CLI show a progress bar.
+    """
+    return Run(hparams=hparams, total_steps=total_steps, backend=backend)

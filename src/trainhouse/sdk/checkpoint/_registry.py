@@ -1,0 +1,124 @@
+"""The server's side of checkpoints, as the checkpointer sees it.
+
+Under the server every checkpoint is registered (step, size, sha256), a restart asks the server
+which checkpoints exist, and a checkpoint that fails verification is reported. A standalone run
+has no server: :class:`LocalRegistry` answers for it, and the records written next to the
+checkpoints are all there is.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Any
+
+from trainhouse.sdk._server import ServerLink
+
+
+class CheckpointRegistry(ABC):
+    """Where checkpoints are registered and listed. ``attempt`` is the attempt whose saves these
+    are (it goes in every record). Methods that talk to the server raise ClientError when it
+    cannot be reached or refuses."""
+
+    attempt: int
+
+    @abstractmethod
+    def listed(self) -> list[dict[str, Any]] | None:
+        """The server's records of the job's checkpoints, or None where there is no server."""
+
+    @abstractmethod
+    def register(self, record: dict[str, Any], *, retry_for: float = 60.0) -> dict[str, Any]:
+        """Register a checkpoint that is fully written; the record as registered (the server adds
+        its id). Retries an unreachable server for up to ``retry_for`` seconds."""
+
+    @abstractmethod
+    def report_corrupt(self, checkpoint_id: int, reason: str) -> None:
+        """Tell the server that checkpoint ``checkpoint_id`` failed verification."""
+
+    @abstractmethod
+    def defer(self, record: dict[str, Any]) -> bool:
+        """Register ``record`` in the background once the server answers again, after the metrics
+        logged before it. False where nothing can do that (then it is not registered)."""
+
+    @abstractmethod
+    def flush_metrics(self, retry_for: float = 60.0) -> None:
+        """Send this rank's metrics logged so far, now (before a registration: a run resumed from
+        the checkpoint must not miss a step logged before it)."""
+
+    @property
+    @abstractmethod
+    def sends_metrics(self) -> bool:
+        """Whether this rank has metrics to send (whether ``flush_metrics`` does anything)."""
+
+    @abstractmethod
+    def resume_from(self, record: dict[str, Any] | None) -> None:
+        """The run goes on from the checkpoint ``record`` (None: from the start): the server drops
+        the steps after it that earlier attempts logged."""
+
+
+class LocalRegistry(CheckpointRegistry):
+    """No server (a standalone run): nothing to register, list or report."""
+
+    def __init__(self, attempt: int = 1) -> None:
+        self.attempt = attempt
+
+    def listed(self) -> list[dict[str, Any]] | None:
+        return None
+
+    def register(self, record: dict[str, Any], *, retry_for: float = 60.0) -> dict[str, Any]:
+        return record
+
+    def report_corrupt(self, checkpoint_id: int, reason: str) -> None:
+        return None
+
+    def defer(self, record: dict[str, Any]) -> bool:
+        return False
+
+    def flush_metrics(self, retry_for: float = 60.0) -> None:
+        return None
+
+    @property
+    def sends_metrics(self) -> bool:
+        return False
+
+    def resume_from(self, record: dict[str, Any] | None) -> None:
+        return None
+
+
+class ServerRegistry(CheckpointRegistry):
+    """The job's checkpoints on the server, through the rank's :class:`ServerLink`: its API for
+    the calls, its reporter (where this rank has one) for metrics and deferred registrations."""
+
+    def __init__(self, link: ServerLink) -> None:
+        self.link = link
+        self.attempt = link.attempt
+
+    def listed(self) -> list[dict[str, Any]] | None:
+        return self.link.api.checkpoints()
+
+    def register(self, record: dict[str, Any], *, retry_for: float = 60.0) -> dict[str, Any]:
+        return self.link.api.register_checkpoint(record, retry_for=retry_for)
+
+    def report_corrupt(self, checkpoint_id: int, reason: str) -> None:
+        self.link.api.report_corrupt(checkpoint_id, reason)
+
+    def defer(self, record: dict[str, Any]) -> bool:
+        reporter = self.link.reporter
+        if reporter is None:
+            return False
+        # the metric thread registers it once the server is back (a restart meanwhile finds it
+        # by its record next to it)
+        reporter.defer_checkpoint(record)
+        return True
+
+    def flush_metrics(self, retry_for: float = 60.0) -> None:
+        if self.link.reporter is not None:
+            self.link.reporter.flush(retry_for=retry_for)
+
+    @property
+    def sends_metrics(self) -> bool:
+        return self.link.reporter is not None
+
+    def resume_from(self, record: dict[str, Any] | None) -> None:
+        reporter = self.link.reporter
+        if reporter is not None and self.attempt > 1:
+            reporter.resume_step = int(record["step"]) if record else -1
