@@ -13,8 +13,8 @@ import typer
 from trainhouse.cli import render
 from trainhouse.cli.render import console, errors
 from trainhouse.errors import ServerUnreachable
-from trainhouse.server.process import ServerProcess, free_port
 from trainhouse.server.settings import DEFAULT_PORT, Settings, default_home
+from trainhouse.serverprocess import ServerProcess, free_port
 from trainhouse.spec import parse_duration
 
 
