@@ -1,0 +1,56 @@
+"""The options many commands share, each declared once: ``--url`` (and the client it names),
+``--json``, ``--home`` and ``--db``.
+
+Each shared option is a function returning the ``typer.Option`` (so a command may word its help
+its own way) and, for the common wording, a ready ``Annotated`` type: ``url: Url = None``.
+Nothing here imports the client, the server or the store: every command module imports this
+one, and ``trainhouse --help`` must stay fast.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+
+if TYPE_CHECKING:
+    from trainhouse.client import Client
+
+HOME_DEFAULT = "~/.trainhouse"  # what --help says; the default itself is Settings' default_home()
+
+
+def url_option(help: str = "Server URL") -> Any:
+    """``--url`` (``TRAINHOUSE_URL``): the server a command talks to."""
+    return typer.Option("--url", envvar="TRAINHOUSE_URL", help=help, show_default=False)
+
+
+def json_option(help: str = "Print JSON instead of a table") -> Any:
+    """``--json``: machine-readable output."""
+    return typer.Option("--json", help=help)
+
+
+def home_option(
+    help: str = "Server state directory", *, show_default: bool | str = HOME_DEFAULT
+) -> Any:
+    """``--home`` (``TRAINHOUSE_HOME``): the server's state directory, for the commands that
+    run the server or open its database on this machine."""
+    return typer.Option("--home", envvar="TRAINHOUSE_HOME", help=help, show_default=show_default)
+
+
+def db_option(help: str, *, show_default: bool | str = False) -> Any:
+    """``--db`` (``TRAINHOUSE_DB``): the server's database URL (default: SQLite under --home)."""
+    return typer.Option("--db", envvar="TRAINHOUSE_DB", help=help, show_default=show_default)
+
+
+Url = Annotated[str | None, url_option()]
+Json = Annotated[bool, json_option()]
+Home = Annotated[Path | None, home_option()]
+
+
+def client(url: str | None) -> Client:
+    """The client a command reaches the server at ``url`` with (None: TRAINHOUSE_URL or the
+    default); imported here, on first use, so that ``--help`` never loads httpx."""
+    from trainhouse.client import Client
+
+    return Client(url)
