@@ -1,5 +1,6 @@
 """The options many commands share, each declared once: ``--url`` (and the client it names),
-``--json``, ``--home`` and ``--db``.
+``--json``, ``--home`` and ``--db``; and :func:`settings_default`, for options whose default
+belongs to the server's ``Settings``.
 
 Each shared option is a function returning the ``typer.Option`` (so a command may word its help
 its own way) and, for the common wording, a ready ``Annotated`` type: ``url: Url = None``.
@@ -46,6 +47,36 @@ def db_option(help: str, *, show_default: bool | str = False) -> Any:
 Url = Annotated[str | None, url_option()]
 Json = Annotated[bool, json_option()]
 Home = Annotated[Path | None, home_option()]
+
+
+class _SettingsDefault:
+    """See :func:`settings_default`. Click calls a callable default to get the value (None
+    here); typer's help prints a default that is not a plain function with ``str()``, and a
+    flag pair (``--x/--no-x``) shows the side its truth value picks."""
+
+    def __init__(self, shown: object) -> None:
+        self.shown = shown
+
+    def __call__(self) -> None:
+        return None
+
+    def __str__(self) -> str:
+        return str(self.shown)
+
+    def __bool__(self) -> bool:
+        return bool(self.shown)
+
+    def __repr__(self) -> str:
+        return f"settings_default({self.shown!r})"
+
+
+def settings_default(shown: object) -> Any:
+    """The default of an option whose real default is the server's ``Settings``': the option's
+    value is None unless the user gives it (the command then leaves it out of ``Settings(...)``),
+    and ``--help`` shows ``[default: SHOWN]`` as it would for a plain default (typer would put a
+    ``show_default`` text in parentheses). ``tests/unit/test_cli.py`` checks every shown value
+    against ``Settings``."""
+    return _SettingsDefault(shown)
 
 
 def client(url: str | None) -> Client:

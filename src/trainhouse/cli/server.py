@@ -1,8 +1,9 @@
 """``trainhouse server`` (run the server) and ``trainhouse demo`` (the embedded quick start).
 
-``server`` builds the server's :class:`~trainhouse.server.settings.Settings` from its options
-and has ``Settings.validate`` check them. The server (FastAPI, the store, the executors) is
-imported when ``server`` runs, never when the CLI starts; ``demo`` starts one in a child process
+``server`` builds the server's :class:`~trainhouse.server.settings.Settings` from the options the
+user gave, and only those: every default, and every rule ``Settings.validate`` enforces, lives
+there. The server (FastAPI, the store, the executors) is imported when ``server`` runs, never
+when the CLI starts; ``demo`` starts one in a child process
 (:class:`~trainhouse.serverprocess.ServerProcess`).
 """
 
@@ -12,12 +13,12 @@ import logging
 import socket
 from importlib import resources
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from trainhouse.cli import render
-from trainhouse.cli.options import Home, db_option, home_option, url_option
+from trainhouse.cli.options import Home, db_option, home_option, settings_default, url_option
 from trainhouse.cli.render import console, errors
 
 if TYPE_CHECKING:
@@ -71,8 +72,10 @@ def serve(settings: Settings, *, log_level: str = "info") -> None:
 
 @app.command()
 def server(
-    host: Annotated[str, typer.Option(help="Address to listen on")] = "127.0.0.1",
-    port: Annotated[int, typer.Option(help="Port to listen on")] = 8470,
+    host: Annotated[str | None, typer.Option(help="Address to listen on")] = settings_default(
+        "127.0.0.1"
+    ),
+    port: Annotated[int | None, typer.Option(help="Port to listen on")] = settings_default(8470),
     db: Annotated[
         str | None,
         db_option(
@@ -86,20 +89,20 @@ def server(
     ] = None,
     cpus: Annotated[int | None, typer.Option(help="CPU cores to offer")] = None,
     executor: Annotated[
-        str, typer.Option(help="Executor: local (this machine) or ray (a Ray cluster)")
-    ] = "local",
+        str | None, typer.Option(help="Executor: local (this machine) or ray (a Ray cluster)")
+    ] = settings_default("local"),
     ray_address: Annotated[
         str | None,
         typer.Option(help="The Ray cluster's address (HOST:PORT of its GCS), for ray"),
     ] = None,
     ray_placement_timeout: Annotated[
-        float,
+        float | None,
         typer.Option(
             min=1.0,
             help="Seconds Ray gets to place a job's placement group before the job goes "
             "back to the queue",
         ),
-    ] = 60.0,
+    ] = settings_default(60.0),
     ray_node_dir: Annotated[
         str | None,
         typer.Option(
@@ -108,12 +111,12 @@ def server(
         ),
     ] = None,
     shared_home: Annotated[
-        bool,
+        bool | None,
         typer.Option(
             help="Every Ray node mounts --home at the same path (so checkpoints under it "
             "are shared; multi-node jobs need shared checkpoint storage)"
         ),
-    ] = False,
+    ] = settings_default(False),
     advertise_url: Annotated[
         str | None,
         typer.Option(
@@ -129,19 +132,19 @@ def server(
         int | None, typer.Option(help="Default cap on each user's concurrent CPU cores")
     ] = None,
     cancel_grace: Annotated[
-        float, typer.Option(help="Seconds a canceled job gets to stop before SIGTERM")
-    ] = 10.0,
+        float | None, typer.Option(help="Seconds a canceled job gets to stop before SIGTERM")
+    ] = settings_default(10.0),
     fairshare_half_life: Annotated[
-        str, typer.Option(help="Half-life of fair-share usage (e.g. 7d, 12h)")
-    ] = "7d",
+        str | None, typer.Option(help="Half-life of fair-share usage (e.g. 7d, 12h)")
+    ] = settings_default("7d"),
     max_infra_restarts: Annotated[
-        int,
+        int | None,
         typer.Option(
             min=0,
             help="Restarts per job after infrastructure failures (a killed rank, a lost "
             "node); failures of the job's code are bounded by its max_restarts",
         ),
-    ] = 20,
+    ] = settings_default(20),
     checkpoint_url: Annotated[
         str | None,
         typer.Option(
@@ -158,15 +161,15 @@ def server(
         ),
     ] = None,
     monitor_interval: Annotated[
-        float,
+        float | None,
         typer.Option(
             min=0.0,
             help="Seconds between resource samples of the node and its jobs; 0 turns sampling off",
         ),
-    ] = 5.0,
+    ] = settings_default(5.0),
     monitor_retention: Annotated[
-        str, typer.Option(help="How long resource samples are kept (e.g. 7d, 12h)")
-    ] = "7d",
+        str | None, typer.Option(help="How long resource samples are kept (e.g. 7d, 12h)")
+    ] = settings_default("7d"),
     auth: Annotated[
         bool,
         typer.Option(
@@ -183,76 +186,77 @@ def server(
         ),
     ] = False,
     job_visibility: Annotated[
-        str,
+        str | None,
         typer.Option(
             help="What non-admins see of others' jobs: own (nothing), list (the job list "
             "and queue), all (everything, read-only)"
         ),
-    ] = "own",
+    ] = settings_default("own"),
     log_level: Annotated[str, typer.Option(help="debug, info, warning")] = "info",
 ) -> None:
     """Run the trainhouse server in the foreground."""
     from trainhouse.server.settings import Settings, default_home
-    from trainhouse.spec import parse_duration
 
-    try:
-        half_life = float(parse_duration(fairshare_half_life))
-    except ValueError as exc:
-        render.fail(f"--fairshare-half-life {exc}", render.EXIT_BAD_INPUT)
-    retention = None
-    if log_retention is not None:
-        try:
-            retention = float(parse_duration(log_retention))
-        except ValueError as exc:
-            render.fail(f"--log-retention {exc}", render.EXIT_BAD_INPUT)
-    try:
-        samples_kept = float(parse_duration(monitor_retention))
-    except ValueError as exc:
-        render.fail(f"--monitor-retention {exc}", render.EXIT_BAD_INPUT)
+    given: dict[str, Any] = {
+        "host": host,
+        "port": port,
+        "db_url": db,
+        "cpus": cpus,
+        "gpus": gpus,
+        "executor": executor,
+        "ray_address": ray_address,
+        "ray_placement_timeout": ray_placement_timeout,
+        "ray_node_dir": ray_node_dir,
+        "shared_home": shared_home,
+        "advertise_url": advertise_url,
+        "quota_gpus": quota_gpus,
+        "quota_cpus": quota_cpus,
+        "cancel_grace": cancel_grace,
+        "fairshare_half_life": _seconds("--fairshare-half-life", fairshare_half_life),
+        "max_infra_restarts": max_infra_restarts,
+        "checkpoint_url": checkpoint_url,
+        "log_retention": _seconds("--log-retention", log_retention),
+        "monitor_interval": monitor_interval,
+        "monitor_retention": _seconds("--monitor-retention", monitor_retention),
+        "auth": True if auth else None,  # None: on unless the server listens on loopback only
+        "insecure_no_auth": insecure_no_auth or None,
+        "job_visibility": job_visibility,
+    }
     settings = Settings(
-        monitor_interval=monitor_interval,
-        monitor_retention=samples_kept,
-        cancel_grace=cancel_grace,
-        max_infra_restarts=max_infra_restarts,
-        checkpoint_url=checkpoint_url,
-        log_retention=retention,
-        quota_gpus=quota_gpus,
-        quota_cpus=quota_cpus,
-        fairshare_half_life=half_life,
         home=(home or default_home()).expanduser().resolve(),
-        db_url=db,
-        host=host,
-        port=port,
-        cpus=cpus,
-        gpus=gpus,
-        executor=executor,
-        ray_address=ray_address,
-        ray_placement_timeout=ray_placement_timeout,
-        ray_node_dir=ray_node_dir,
-        shared_home=shared_home,
-        advertise_url=advertise_url,
-        auth=True if auth else None,
-        insecure_no_auth=insecure_no_auth,
-        job_visibility=job_visibility,  # type: ignore[arg-type]
+        **{name: value for name, value in given.items() if value is not None},
     )
     try:
         settings.validate()
     except ValueError as exc:
         render.fail(str(exc), render.EXIT_BAD_INPUT)
-    if not port_free(host, port):
+    if not port_free(settings.host, settings.port):
         render.fail(
-            f"cannot listen on {host}:{port}: the port is in use "
+            f"cannot listen on {settings.host}:{settings.port}: the port is in use "
             "(is another trainhouse server running? pick one with --port)",
             render.EXIT_BAD_INPUT,
         )
-    if insecure_no_auth:
+    if settings.insecure_no_auth:
         render.err_console.print(
-            f"[bold yellow]warning:[/] auth is off on {host}: anyone who reaches "
+            f"[bold yellow]warning:[/] auth is off on {settings.host}: anyone who reaches "
             f"{settings.url} can run code on this machine",
             highlight=False,
         )
     with errors():
         serve(settings, log_level=log_level)
+
+
+def _seconds(option: str, duration: str | None) -> float | None:
+    """A duration option (7d, 12h) in seconds; None if not given. A bad one ends the command
+    with exit code 2, naming the option."""
+    if duration is None:
+        return None
+    from trainhouse.spec import parse_duration
+
+    try:
+        return float(parse_duration(duration))
+    except ValueError as exc:
+        render.fail(f"{option} {exc}", render.EXIT_BAD_INPUT)
 
 
 @app.command()
