@@ -18,6 +18,7 @@ import hashlib
 import json
 import os
 import shutil
+import ssl
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -64,6 +65,16 @@ def _discard(path: Path) -> None:
         path.unlink(missing_ok=True)
 
 
+def _plain_http_transport(url: str) -> httpx.HTTPTransport | None:
+    """For an ``http://`` server, a transport whose TLS context trusts no certificate at all:
+    it never speaks TLS (every request goes to ``url``), and building it skips loading the CA
+    bundle, about 30 ms of every command's start. An ``https://`` server gets httpx's default
+    (None); proxies from the environment keep theirs either way."""
+    if not url.startswith("http://"):
+        return None
+    return httpx.HTTPTransport(verify=ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT))
+
+
 def current_user() -> str:
     try:
         return getpass.getuser()
@@ -78,7 +89,12 @@ class Client:
         self.url = (url or default_url()).rstrip("/")
         self.token = token or find_token(self.url)
         headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
-        self._http = httpx.Client(base_url=f"{self.url}/api/v1", timeout=timeout, headers=headers)
+        self._http = httpx.Client(
+            base_url=f"{self.url}/api/v1",
+            timeout=timeout,
+            headers=headers,
+            transport=_plain_http_transport(self.url),
+        )
 
     def close(self) -> None:
         self._http.close()
