@@ -1,17 +1,15 @@
 """``trainhouse server`` (run the server) and ``trainhouse demo`` (the embedded quick start).
 
 ``server`` builds the server's :class:`~trainhouse.server.settings.Settings` from the options the
-user gave, and only those: every default, and every rule ``Settings.validate`` enforces, lives
-there. The server (FastAPI, the store, the executors) is imported when ``server`` runs, never
-when the CLI starts; ``demo`` starts one in a child process
-(:class:`~trainhouse.serverprocess.ServerProcess`).
+user gave, and only those: the defaults are Settings' (``--help`` shows them through
+:func:`~trainhouse.cli.options.settings_default`), and ``Settings.validate`` checks the values
+(the three range checks ``--help`` shows as ``x>=...`` stay on their options too). The server
+(FastAPI, the store, the executors) is imported when ``server`` runs, never when the CLI
+starts; ``demo`` starts one in a child process (:class:`~trainhouse.serverprocess.ServerProcess`).
 """
 
 from __future__ import annotations
 
-import logging
-import socket
-from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -20,6 +18,7 @@ import typer
 from trainhouse.cli import render
 from trainhouse.cli.options import Home, db_option, home_option, settings_default, url_option
 from trainhouse.cli.render import console, errors
+from trainhouse.errors import ServerUnreachable
 
 if TYPE_CHECKING:
     from trainhouse.server.settings import Settings
@@ -29,6 +28,8 @@ app = typer.Typer()  # merged into the root: its commands are top-level
 
 
 def port_free(host: str, port: int) -> bool:
+    import socket
+
     with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as sock:
         # as uvicorn does: a port whose last server left only TIME-WAIT sockets is free
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -50,6 +51,8 @@ def check_database(settings: Settings) -> None:
 
 
 def serve(settings: Settings, *, log_level: str = "info") -> None:
+    import logging
+
     import uvicorn
 
     from trainhouse.server import create_app
@@ -273,6 +276,8 @@ def demo(
 
 
 def example_dir() -> Path:
+    from importlib import resources
+
     packaged = Path(str(resources.files("trainhouse") / "examples" / "digits"))
     if (packaged / "trainhouse.yaml").is_file():
         return packaged
@@ -288,7 +293,6 @@ def run_demo(
     from trainhouse.cli.follow import Follower
     from trainhouse.cli.jobs import result_code, summary
     from trainhouse.client import DEFAULT_URL, Client
-    from trainhouse.errors import ServerUnreachable
     from trainhouse.server.settings import DEFAULT_PORT, default_home
     from trainhouse.serverprocess import ServerProcess, free_port
 
