@@ -85,7 +85,7 @@ from trainhouse._http import JSON_HEADERS, encode_json, error_from
 from trainhouse.client import Client
 from trainhouse.errors import ServerStartError
 from trainhouse.sdk._metrics import Point, as_columns
-from trainhouse.server.process import ServerProcess, free_port
+from trainhouse.serverprocess import ServerProcess, free_port
 from trainhouse.spec import load_spec
 from trainhouse.workdir import pack
 

@@ -12,7 +12,7 @@ Then, ``--repeats`` times each (15; 5 with ``--quick``), median and best:
 - **direct**: ``Store.metric_series(job, name="loss")`` + ``Store.metric_points(...,
   max_points=--max-points)`` (1000), what the route does, without HTTP;
 - **HTTP**: ``GET /api/v1/jobs/{id}/metrics?name=loss&max_points=1000`` against a real server
-  process (``trainhouse.server.process.ServerProcess`` on the same home), through httpx;
+  process (``trainhouse.serverprocess.ServerProcess`` on the same home), through httpx;
 - for context: every series of the job downsampled (``max_points`` only), the series list
   (``GET .../metrics/names``) and, once, the whole ``loss`` series without downsampling.
 
@@ -45,7 +45,7 @@ import httpx
 from _machine import log, wait_quiet
 
 from trainhouse.lifecycle import JobState
-from trainhouse.server.process import ServerProcess, free_port
+from trainhouse.serverprocess import ServerProcess, free_port
 from trainhouse.store import Store, default_db_url
 from trainhouse.store.reports import Columns
 

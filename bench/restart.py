@@ -1,6 +1,6 @@
 """How long from a killed rank to the next training step, compared with a cold start?
 
-A real server (``trainhouse.server.process.ServerProcess``: a temporary home, a free port,
+A real server (``trainhouse.serverprocess.ServerProcess``: a temporary home, a free port,
 ``--cpus 2``, no GPUs) runs a small job of 2 DDP ranks over gloo (``OMP_NUM_THREADS=1``): a
 linear model trained for a step about every 0.1 s, logging ``loss`` and ``attempt`` (its
 ``run.attempt``) at every step, checkpointing model and optimizer every ``--every`` steps
@@ -402,7 +402,7 @@ def write_job(workdir: Path) -> Path:
 
 def bench(args: argparse.Namespace) -> dict[str, Any]:
     from trainhouse.client import Client
-    from trainhouse.server.process import ServerProcess, free_port
+    from trainhouse.serverprocess import ServerProcess, free_port
 
     busy = wait_quiet(args.quiet_wait)
     tmp = Path(tempfile.mkdtemp(prefix="trainhouse-bench-restart-"))

@@ -28,7 +28,7 @@ import pytest
 
 from tests.conftest import PG_ADMIN
 from trainhouse.client import Client
-from trainhouse.server.process import ServerProcess, free_port
+from trainhouse.serverprocess import ServerProcess, free_port
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "digits" / "trainhouse.yaml"

@@ -24,7 +24,7 @@ from tests.integration.conftest import (
 from trainhouse.client import Client
 from trainhouse.errors import ClientError, InvalidTransition, ServerStartError
 from trainhouse.lifecycle import TERMINAL, JobState, check_transition
-from trainhouse.server.process import ServerProcess, free_port
+from trainhouse.serverprocess import ServerProcess, free_port
 from trainhouse.store.store import Store
 
 pytestmark = pytest.mark.integration

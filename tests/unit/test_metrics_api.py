@@ -12,7 +12,8 @@ from fastapi.testclient import TestClient
 from typer.testing import CliRunner
 
 from trainhouse._http import encode_json
-from trainhouse.cli import app as cli
+from trainhouse.cli import options as cli_options
+from trainhouse.cli.app import app as cli_app
 from trainhouse.client import Client
 from trainhouse.lifecycle import JobState
 from trainhouse.sdk._metrics import as_columns
@@ -183,11 +184,11 @@ def test_client_and_cli_take_max_points(
         {"name": "loss", "rank": None, "points": 5_000, "last_step": 4_999}
     ]
     client.close()
-    monkeypatch.setattr(cli, "client", in_process)
+    monkeypatch.setattr(cli_options, "client", in_process)
     runner = CliRunner()
-    out = runner.invoke(cli.app, ["metrics", str(job), "--json", "--max-points", "50"])
+    out = runner.invoke(cli_app, ["metrics", str(job), "--json", "--max-points", "50"])
     assert out.exit_code == 0, out.output
     (series,) = json.loads(out.output)["series"]
     assert len(series["points"]) <= 50 and series["total_points"] == 5_000
-    table = runner.invoke(cli.app, ["metrics", str(job)])  # the summary: 1000 points read
+    table = runner.invoke(cli_app, ["metrics", str(job)])  # the summary: 1000 points read
     assert table.exit_code == 0 and "5000" in table.output and "0..4999" in table.output

@@ -3,6 +3,9 @@
 The embedded SQLite database upgrades itself when the server starts; any other database
 (PostgreSQL in production) is upgraded only by an operator running ``trainhouse db upgrade``,
 and a server refuses to start on a schema older or newer than its own.
+
+These commands open the database directly; the store and the server's settings load when one
+runs, not when the CLI starts.
 """
 
 from __future__ import annotations
@@ -15,41 +18,31 @@ import typer
 from rich.markup import escape
 
 from trainhouse.cli import render
+from trainhouse.cli.options import Home, db_option, json_option
 from trainhouse.cli.render import console, print_json
 from trainhouse.errors import StoreError
-from trainhouse.server.settings import Settings, default_home
 
 if TYPE_CHECKING:
     from trainhouse.store.store import Store
 
-db = typer.Typer(
+app = typer.Typer(
     help="The server's database: its schema revision, and upgrades to this trainhouse's.",
     no_args_is_help=True,
 )
 
 DbOpt = Annotated[
     str | None,
-    typer.Option(
-        "--db",
-        envvar="TRAINHOUSE_DB",
-        help="Database URL, e.g. postgresql+psycopg://user@host:5432/trainhouse",
+    db_option(
+        "Database URL, e.g. postgresql+psycopg://user@host:5432/trainhouse",
         show_default="SQLite under --home",
     ),
 ]
-HomeOpt = Annotated[
-    Path | None,
-    typer.Option(
-        envvar="TRAINHOUSE_HOME", help="Server state directory", show_default="~/.trainhouse"
-    ),
-]
-
-
-def register(app: typer.Typer) -> None:
-    app.add_typer(db, name="db")
 
 
 def database_url(url: str | None, home: Path | None) -> str:
     """The URL the server would use with the same ``--db`` and ``--home``."""
+    from trainhouse.server.settings import Settings, default_home
+
     return Settings(home=(home or default_home()).expanduser().resolve(), db_url=url).database_url
 
 
@@ -78,8 +71,8 @@ def head_revision(store: Store) -> str:
     return ",".join(ScriptDirectory.from_config(store.alembic_config()).get_heads())
 
 
-@db.command("upgrade")
-def upgrade_cmd(db_url: DbOpt = None, home: HomeOpt = None) -> None:
+@app.command("upgrade")
+def upgrade_cmd(db_url: DbOpt = None, home: Home = None) -> None:
     """Apply the migrations the database lacks, up to this trainhouse's schema."""
     store = open_store(database_url(db_url, home))
     path = sqlite_file(store)
@@ -108,11 +101,11 @@ def upgrade_cmd(db_url: DbOpt = None, home: HomeOpt = None) -> None:
     )
 
 
-@db.command("current")
+@app.command("current")
 def current_cmd(
     db_url: DbOpt = None,
-    home: HomeOpt = None,
-    as_json: Annotated[bool, typer.Option("--json", help="Print JSON")] = False,
+    home: Home = None,
+    as_json: Annotated[bool, json_option("Print JSON")] = False,
 ) -> None:
     """The database's schema revision, this trainhouse's head, and whether to upgrade."""
     from trainhouse.store import SchemaStatus

@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any, NoReturn, TypeVar
+from typing import Any, NoReturn
 
 import typer
 from rich.console import Console
@@ -21,8 +21,6 @@ err_console = Console(stderr=True)
 EXIT_BAD_INPUT = 2
 EXIT_UNREACHABLE = 3
 EXIT_CANCELED = 4
-
-T = TypeVar("T")
 
 
 def fail(message: str, code: int = 1) -> NoReturn:
@@ -81,9 +79,3 @@ def state(s: str) -> str:
 
 def fmt_value(v: float | None) -> str:
     return "nan" if v is None else f"{v:.4g}"
-
-
-def call(fn: Callable[[], T]) -> T:
-    with errors():
-        return fn()
-    raise AssertionError("unreachable")  # pragma: no cover

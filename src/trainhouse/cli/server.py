@@ -1,24 +1,35 @@
-"""``trainhouse server`` (run the server) and ``trainhouse demo`` (the embedded quick start)."""
+"""``trainhouse server`` (run the server) and ``trainhouse demo`` (the embedded quick start).
+
+``server`` builds the server's :class:`~trainhouse.server.settings.Settings` from the options the
+user gave, and only those: the defaults are Settings' (``--help`` shows them through
+:func:`~trainhouse.cli.options.settings_default`), and ``Settings.validate`` checks the values
+(the three range checks ``--help`` shows as ``x>=...`` stay on their options too). The server
+(FastAPI, the store, the executors) is imported when ``server`` runs, never when the CLI
+starts; ``demo`` starts one in a child process (:class:`~trainhouse.serverprocess.ServerProcess`).
+"""
 
 from __future__ import annotations
 
-import logging
-import socket
-from importlib import resources
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from trainhouse.cli import render
+from trainhouse.cli.options import Home, db_option, home_option, settings_default, url_option
 from trainhouse.cli.render import console, errors
 from trainhouse.errors import ServerUnreachable
-from trainhouse.server.process import ServerProcess, free_port
-from trainhouse.server.settings import DEFAULT_PORT, Settings, default_home
-from trainhouse.spec import parse_duration
+
+if TYPE_CHECKING:
+    from trainhouse.server.settings import Settings
+    from trainhouse.serverprocess import ServerProcess
+
+app = typer.Typer()  # merged into the root: its commands are top-level
 
 
 def port_free(host: str, port: int) -> bool:
+    import socket
+
     with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as sock:
         # as uvicorn does: a port whose last server left only TIME-WAIT sockets is free
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -40,6 +51,8 @@ def check_database(settings: Settings) -> None:
 
 
 def serve(settings: Settings, *, log_level: str = "info") -> None:
+    import logging
+
     import uvicorn
 
     from trainhouse.server import create_app
@@ -60,216 +73,211 @@ def serve(settings: Settings, *, log_level: str = "info") -> None:
     )
 
 
-def register(app: typer.Typer) -> None:
-    @app.command()
-    def server(
-        host: Annotated[str, typer.Option(help="Address to listen on")] = "127.0.0.1",
-        port: Annotated[int, typer.Option(help="Port to listen on")] = DEFAULT_PORT,
-        db: Annotated[
-            str | None,
-            typer.Option(
-                envvar="TRAINHOUSE_DB",
-                help="Database URL (default: SQLite under --home); TRAINHOUSE_DB keeps a "
-                "password off the command line, and jobs never see TRAINHOUSE_* variables",
-            ),
-        ] = None,
-        home: Annotated[
-            Path | None,
-            typer.Option(
-                envvar="TRAINHOUSE_HOME",
-                help="Server state directory",
-                show_default="~/.trainhouse",
-            ),
-        ] = None,
-        gpus: Annotated[
-            str | None, typer.Option(help="GPUs to offer: a count or indices (0,1); 0 for none")
-        ] = None,
-        cpus: Annotated[int | None, typer.Option(help="CPU cores to offer")] = None,
-        executor: Annotated[
-            str, typer.Option(help="Executor: local (this machine) or ray (a Ray cluster)")
-        ] = "local",
-        ray_address: Annotated[
-            str | None,
-            typer.Option(help="The Ray cluster's address (HOST:PORT of its GCS), for ray"),
-        ] = None,
-        ray_placement_timeout: Annotated[
-            float,
-            typer.Option(
-                min=1.0,
-                help="Seconds Ray gets to place a job's placement group before the job goes "
-                "back to the queue",
-            ),
-        ] = 60.0,
-        ray_node_dir: Annotated[
-            str | None,
-            typer.Option(
-                help="Directory on each Ray node for the jobs' code, logs and temp files",
-                show_default="$TMPDIR/trainhouse-ray",
-            ),
-        ] = None,
-        shared_home: Annotated[
-            bool,
-            typer.Option(
-                help="Every Ray node mounts --home at the same path (so checkpoints under it "
-                "are shared; multi-node jobs need shared checkpoint storage)"
-            ),
-        ] = False,
-        advertise_url: Annotated[
-            str | None,
-            typer.Option(
-                help="The URL ranks on other machines reach this server at "
-                "(e.g. http://head-node:8470)",
-                show_default="http://--host:--port",
-            ),
-        ] = None,
-        quota_gpus: Annotated[
-            int | None, typer.Option(help="Default cap on each user's concurrent GPUs")
-        ] = None,
-        quota_cpus: Annotated[
-            int | None, typer.Option(help="Default cap on each user's concurrent CPU cores")
-        ] = None,
-        cancel_grace: Annotated[
-            float, typer.Option(help="Seconds a canceled job gets to stop before SIGTERM")
-        ] = 10.0,
-        fairshare_half_life: Annotated[
-            str, typer.Option(help="Half-life of fair-share usage (e.g. 7d, 12h)")
-        ] = "7d",
-        max_infra_restarts: Annotated[
-            int,
-            typer.Option(
-                min=0,
-                help="Restarts per job after infrastructure failures (a killed rank, a lost "
-                "node); failures of the job's code are bounded by its max_restarts",
-            ),
-        ] = 20,
-        checkpoint_url: Annotated[
-            str | None,
-            typer.Option(
-                help="Where jobs write checkpoints: a shared directory or an fsspec URL "
-                "(s3://bucket/prefix); each job gets a folder under it",
-                show_default="HOME/jobs/<id>/checkpoints",
-            ),
-        ] = None,
-        log_retention: Annotated[
-            str | None,
-            typer.Option(
-                help="Delete a job's logs this long after it ended (e.g. 30d)",
-                show_default="keep them",
-            ),
-        ] = None,
-        monitor_interval: Annotated[
-            float,
-            typer.Option(
-                min=0.0,
-                help="Seconds between resource samples of the node and its jobs; 0 turns "
-                "sampling off",
-            ),
-        ] = 5.0,
-        monitor_retention: Annotated[
-            str, typer.Option(help="How long resource samples are kept (e.g. 7d, 12h)")
-        ] = "7d",
-        auth: Annotated[
-            bool,
-            typer.Option(
-                "--auth",
-                help="Check tokens even on 127.0.0.1 (on any other address they always are)",
-            ),
-        ] = False,
-        insecure_no_auth: Annotated[
-            bool,
-            typer.Option(
-                "--insecure-no-auth",
-                help="Check no tokens on a non-loopback address: only behind something else "
-                "that authenticates every request",
-            ),
-        ] = False,
-        job_visibility: Annotated[
-            str,
-            typer.Option(
-                help="What non-admins see of others' jobs: own (nothing), list (the job list "
-                "and queue), all (everything, read-only)"
-            ),
-        ] = "own",
-        log_level: Annotated[str, typer.Option(help="debug, info, warning")] = "info",
-    ) -> None:
-        """Run the trainhouse server in the foreground."""
-        try:
-            half_life = float(parse_duration(fairshare_half_life))
-        except ValueError as exc:
-            render.fail(f"--fairshare-half-life {exc}", render.EXIT_BAD_INPUT)
-        retention = None
-        if log_retention is not None:
-            try:
-                retention = float(parse_duration(log_retention))
-            except ValueError as exc:
-                render.fail(f"--log-retention {exc}", render.EXIT_BAD_INPUT)
-        try:
-            samples_kept = float(parse_duration(monitor_retention))
-        except ValueError as exc:
-            render.fail(f"--monitor-retention {exc}", render.EXIT_BAD_INPUT)
-        settings = Settings(
-            monitor_interval=monitor_interval,
-            monitor_retention=samples_kept,
-            cancel_grace=cancel_grace,
-            max_infra_restarts=max_infra_restarts,
-            checkpoint_url=checkpoint_url,
-            log_retention=retention,
-            quota_gpus=quota_gpus,
-            quota_cpus=quota_cpus,
-            fairshare_half_life=half_life,
-            home=(home or default_home()).expanduser().resolve(),
-            db_url=db,
-            host=host,
-            port=port,
-            cpus=cpus,
-            gpus=gpus,
-            executor=executor,
-            ray_address=ray_address,
-            ray_placement_timeout=ray_placement_timeout,
-            ray_node_dir=ray_node_dir,
-            shared_home=shared_home,
-            advertise_url=advertise_url,
-            auth=True if auth else None,
-            insecure_no_auth=insecure_no_auth,
-            job_visibility=job_visibility,  # type: ignore[arg-type]
-        )
-        try:
-            settings.validate()
-        except ValueError as exc:
-            render.fail(str(exc), render.EXIT_BAD_INPUT)
-        if not port_free(host, port):
-            render.fail(
-                f"cannot listen on {host}:{port}: the port is in use "
-                "(is another trainhouse server running? pick one with --port)",
-                render.EXIT_BAD_INPUT,
-            )
-        if insecure_no_auth:
-            render.err_console.print(
-                f"[bold yellow]warning:[/] auth is off on {host}: anyone who reaches "
-                f"{settings.url} can run code on this machine",
-                highlight=False,
-            )
-        with errors():
-            serve(settings, log_level=log_level)
+@app.command()
+def server(
+    host: Annotated[str | None, typer.Option(help="Address to listen on")] = settings_default(
+        "127.0.0.1"
+    ),
+    port: Annotated[int | None, typer.Option(help="Port to listen on")] = settings_default(8470),
+    db: Annotated[
+        str | None,
+        db_option(
+            "Database URL (default: SQLite under --home); TRAINHOUSE_DB keeps a password off the "
+            "command line, and jobs never see TRAINHOUSE_* variables"
+        ),
+    ] = None,
+    home: Home = None,
+    gpus: Annotated[
+        str | None, typer.Option(help="GPUs to offer: a count or indices (0,1); 0 for none")
+    ] = None,
+    cpus: Annotated[int | None, typer.Option(help="CPU cores to offer")] = None,
+    executor: Annotated[
+        str | None, typer.Option(help="Executor: local (this machine) or ray (a Ray cluster)")
+    ] = settings_default("local"),
+    ray_address: Annotated[
+        str | None,
+        typer.Option(help="The Ray cluster's address (HOST:PORT of its GCS), for ray"),
+    ] = None,
+    ray_placement_timeout: Annotated[
+        float | None,
+        typer.Option(
+            min=1.0,
+            help="Seconds Ray gets to place a job's placement group before the job goes "
+            "back to the queue",
+        ),
+    ] = settings_default(60.0),
+    ray_node_dir: Annotated[
+        str | None,
+        typer.Option(
+            help="Directory on each Ray node for the jobs' code, logs and temp files",
+            show_default="$TMPDIR/trainhouse-ray",
+        ),
+    ] = None,
+    shared_home: Annotated[
+        bool | None,
+        typer.Option(
+            help="Every Ray node mounts --home at the same path (so checkpoints under it "
+            "are shared; multi-node jobs need shared checkpoint storage)"
+        ),
+    ] = settings_default(False),
+    advertise_url: Annotated[
+        str | None,
+        typer.Option(
+            help="The URL ranks on other machines reach this server at "
+            "(e.g. http://head-node:8470)",
+            show_default="http://--host:--port",
+        ),
+    ] = None,
+    quota_gpus: Annotated[
+        int | None, typer.Option(help="Default cap on each user's concurrent GPUs")
+    ] = None,
+    quota_cpus: Annotated[
+        int | None, typer.Option(help="Default cap on each user's concurrent CPU cores")
+    ] = None,
+    cancel_grace: Annotated[
+        float | None, typer.Option(help="Seconds a canceled job gets to stop before SIGTERM")
+    ] = settings_default(10.0),
+    fairshare_half_life: Annotated[
+        str | None, typer.Option(help="Half-life of fair-share usage (e.g. 7d, 12h)")
+    ] = settings_default("7d"),
+    max_infra_restarts: Annotated[
+        int | None,
+        typer.Option(
+            min=0,
+            help="Restarts per job after infrastructure failures (a killed rank, a lost "
+            "node); failures of the job's code are bounded by its max_restarts",
+        ),
+    ] = settings_default(20),
+    checkpoint_url: Annotated[
+        str | None,
+        typer.Option(
+            help="Where jobs write checkpoints: a shared directory or an fsspec URL "
+            "(s3://bucket/prefix); each job gets a folder under it",
+            show_default="HOME/jobs/<id>/checkpoints",
+        ),
+    ] = None,
+    log_retention: Annotated[
+        str | None,
+        typer.Option(
+            help="Delete a job's logs this long after it ended (e.g. 30d)",
+            show_default="keep them",
+        ),
+    ] = None,
+    monitor_interval: Annotated[
+        float | None,
+        typer.Option(
+            min=0.0,
+            help="Seconds between resource samples of the node and its jobs; 0 turns sampling off",
+        ),
+    ] = settings_default(5.0),
+    monitor_retention: Annotated[
+        str | None, typer.Option(help="How long resource samples are kept (e.g. 7d, 12h)")
+    ] = settings_default("7d"),
+    auth: Annotated[
+        bool,
+        typer.Option(
+            "--auth",
+            help="Check tokens even on 127.0.0.1 (on any other address they always are)",
+        ),
+    ] = False,
+    insecure_no_auth: Annotated[
+        bool,
+        typer.Option(
+            "--insecure-no-auth",
+            help="Check no tokens on a non-loopback address: only behind something else "
+            "that authenticates every request",
+        ),
+    ] = False,
+    job_visibility: Annotated[
+        str | None,
+        typer.Option(
+            help="What non-admins see of others' jobs: own (nothing), list (the job list "
+            "and queue), all (everything, read-only)"
+        ),
+    ] = settings_default("own"),
+    log_level: Annotated[str, typer.Option(help="debug, info, warning")] = "info",
+) -> None:
+    """Run the trainhouse server in the foreground."""
+    from trainhouse.server.settings import Settings, default_home
 
-    @app.command()
-    def demo(
-        example: Annotated[
-            Path | None, typer.Option(help="Example directory with a trainhouse.yaml")
-        ] = None,
-        home: Annotated[
-            Path | None, typer.Option(envvar="TRAINHOUSE_HOME", help="Server state directory")
-        ] = None,
-        set_: Annotated[list[str] | None, typer.Option("--set", help="Override key=value")] = None,
-        url: Annotated[
-            str | None, typer.Option(envvar="TRAINHOUSE_URL", help="Use this running server")
-        ] = None,
-    ) -> None:
-        """The quick start: start a server, train the digits example, show the results."""
-        run_demo(example, home, set_ or [], url)
+    given: dict[str, Any] = {
+        "host": host,
+        "port": port,
+        "db_url": db,
+        "cpus": cpus,
+        "gpus": gpus,
+        "executor": executor,
+        "ray_address": ray_address,
+        "ray_placement_timeout": ray_placement_timeout,
+        "ray_node_dir": ray_node_dir,
+        "shared_home": shared_home,
+        "advertise_url": advertise_url,
+        "quota_gpus": quota_gpus,
+        "quota_cpus": quota_cpus,
+        "cancel_grace": cancel_grace,
+        "fairshare_half_life": _seconds("--fairshare-half-life", fairshare_half_life),
+        "max_infra_restarts": max_infra_restarts,
+        "checkpoint_url": checkpoint_url,
+        "log_retention": _seconds("--log-retention", log_retention),
+        "monitor_interval": monitor_interval,
+        "monitor_retention": _seconds("--monitor-retention", monitor_retention),
+        "auth": True if auth else None,  # None: on unless the server listens on loopback only
+        "insecure_no_auth": insecure_no_auth or None,
+        "job_visibility": job_visibility,
+    }
+    settings = Settings(
+        home=(home or default_home()).expanduser().resolve(),
+        **{name: value for name, value in given.items() if value is not None},
+    )
+    try:
+        settings.validate()
+    except ValueError as exc:
+        render.fail(str(exc), render.EXIT_BAD_INPUT)
+    if not port_free(settings.host, settings.port):
+        render.fail(
+            f"cannot listen on {settings.host}:{settings.port}: the port is in use "
+            "(is another trainhouse server running? pick one with --port)",
+            render.EXIT_BAD_INPUT,
+        )
+    if settings.insecure_no_auth:
+        render.err_console.print(
+            f"[bold yellow]warning:[/] auth is off on {settings.host}: anyone who reaches "
+            f"{settings.url} can run code on this machine",
+            highlight=False,
+        )
+    with errors():
+        serve(settings, log_level=log_level)
+
+
+def _seconds(option: str, duration: str | None) -> float | None:
+    """A duration option (7d, 12h) in seconds; None if not given. A bad one ends the command
+    with exit code 2, naming the option."""
+    if duration is None:
+        return None
+    from trainhouse.spec import parse_duration
+
+    try:
+        return float(parse_duration(duration))
+    except ValueError as exc:
+        render.fail(f"{option} {exc}", render.EXIT_BAD_INPUT)
+
+
+@app.command()
+def demo(
+    example: Annotated[
+        Path | None, typer.Option(help="Example directory with a trainhouse.yaml")
+    ] = None,
+    home: Annotated[Path | None, home_option(show_default=False)] = None,
+    set_: Annotated[list[str] | None, typer.Option("--set", help="Override key=value")] = None,
+    url: Annotated[str | None, url_option("Use this running server")] = None,
+) -> None:
+    """The quick start: start a server, train the digits example, show the results."""
+    run_demo(example, home, set_ or [], url)
 
 
 def example_dir() -> Path:
+    from importlib import resources
+
     packaged = Path(str(resources.files("trainhouse") / "examples" / "digits"))
     if (packaged / "trainhouse.yaml").is_file():
         return packaged
@@ -282,9 +290,11 @@ def example_dir() -> Path:
 def run_demo(
     example: Path | None, home: Path | None, overrides: list[str], url: str | None
 ) -> None:
-    from trainhouse.cli.app import _summary, result_code
     from trainhouse.cli.follow import Follower
+    from trainhouse.cli.jobs import result_code, summary
     from trainhouse.client import DEFAULT_URL, Client
+    from trainhouse.server.settings import DEFAULT_PORT, default_home
+    from trainhouse.serverprocess import ServerProcess, free_port
 
     spec_file = (example or example_dir()) / "trainhouse.yaml"
     home = (home or default_home()).expanduser().resolve()
@@ -315,7 +325,7 @@ def run_demo(
                 highlight=False,
             )
             final = Follower(c, job["id"]).run()
-            _summary(c, final)
+            summary(final)
             acc = (final.get("latest_metrics") or {}).get("val_acc")
             if acc is not None:
                 console.print(f"[bold]validation accuracy: {acc:.3f}[/]")

@@ -1,24 +1,25 @@
-"""``trainhouse top``: what each node and each running job uses, live."""
+"""``trainhouse top``: what each node and each running job uses, live (from the server's
+resource samples, through the client)."""
 
 from __future__ import annotations
 
 import time
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Group
-from rich.live import Live
 from rich.table import Table
 
+from trainhouse.cli import options
+from trainhouse.cli.options import Url, json_option
 from trainhouse.cli.render import ago, console, errors, print_json, state
-from trainhouse.client import Client
+
+if TYPE_CHECKING:
+    from trainhouse.client import Client
 
 JOB_WINDOW = 60.0  # seconds of a job's samples to take its latest from
 
-UrlOpt = Annotated[
-    str | None,
-    typer.Option("--url", envvar="TRAINHOUSE_URL", help="Server URL", show_default=False),
-]
+app = typer.Typer()  # merged into the root: its command is top-level
 
 
 def _size(n: float | None) -> str:
@@ -124,30 +125,29 @@ def render(data: dict[str, Any]) -> Group:
     return Group(nodes, "", jobs)
 
 
-def register(app: typer.Typer) -> None:
-    @app.command("top")
-    def top_cmd(
-        once: Annotated[bool, typer.Option("--once", help="Print one frame and exit")] = False,
-        as_json: Annotated[
-            bool, typer.Option("--json", help="Print the data once as JSON")
-        ] = False,
-        interval: Annotated[float, typer.Option(min=0.1, help="Seconds between refreshes")] = 2.0,
-        url: UrlOpt = None,
-    ) -> None:
-        """Live resource use: each node's CPU, memory and GPUs, each running job's processes'
-        CPU, RSS and GPU memory (Ctrl-C quits)."""
-        with errors(), Client(url) as c:
-            data = gather(c)
-            if as_json:
-                print_json(data)
-                return
-            if once:
-                console.print(render(data), highlight=False)
-                return
-            try:
-                with Live(render(data), console=console, auto_refresh=False) as live:
-                    while True:
-                        time.sleep(interval)
-                        live.update(render(gather(c)), refresh=True)
-            except KeyboardInterrupt:
-                pass
+@app.command("top")
+def top_cmd(
+    once: Annotated[bool, typer.Option("--once", help="Print one frame and exit")] = False,
+    as_json: Annotated[bool, json_option("Print the data once as JSON")] = False,
+    interval: Annotated[float, typer.Option(min=0.1, help="Seconds between refreshes")] = 2.0,
+    url: Url = None,
+) -> None:
+    """Live resource use: each node's CPU, memory and GPUs, each running job's processes'
+    CPU, RSS and GPU memory (Ctrl-C quits)."""
+    with errors(), options.client(url) as c:
+        data = gather(c)
+        if as_json:
+            print_json(data)
+            return
+        if once:
+            console.print(render(data), highlight=False)
+            return
+        from rich.live import Live
+
+        try:
+            with Live(render(data), console=console, auto_refresh=False) as live:
+                while True:
+                    time.sleep(interval)
+                    live.update(render(gather(c)), refresh=True)
+        except KeyboardInterrupt:
+            pass

@@ -1,4 +1,6 @@
-"""A ``trainhouse server`` in a child process: what ``trainhouse demo`` and the tests start."""
+"""A ``trainhouse server`` in a child process, started and watched from the client side: what
+``trainhouse demo``, the tests and the benchmarks start. It talks to the server only over HTTP
+(:class:`~trainhouse.client.Client`) and imports nothing of the server itself."""
 
 from __future__ import annotations
 

@@ -1,7 +1,9 @@
-"""``trainhouse login/logout/whoami`` and ``admin init/user/token/audit``: people and tokens.
+"""``trainhouse admin``: the first admin (``init``), users, API tokens, the audit log and
+per-user quotas.
 
 ``admin init`` works on the server's database directly (it makes the first admin, before any
-token exists); everything else goes through the REST API with the caller's token.
+token exists) and so imports the store; every other command goes through the REST API with the
+caller's token.
 """
 
 from __future__ import annotations
@@ -15,25 +17,35 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
+from trainhouse.cli import options
+from trainhouse.cli.options import Json, Url, db_option, home_option, json_option
 from trainhouse.cli.render import ago, console, err_console, errors, fail, print_json
-from trainhouse.cli.scheduler import admin
-from trainhouse.client import Client, default_url
-from trainhouse.credentials import forget_token, save_token
-from trainhouse.spec import parse_duration
 
+app = typer.Typer(
+    help="Administration: the first admin (init), users, API tokens, the audit log, and "
+    "per-user quotas and fair-share weights.",
+    no_args_is_help=True,
+)
+quota_app = typer.Typer(
+    help="Per-user caps on concurrent GPUs and CPU cores, and fair-share weights.",
+    no_args_is_help=True,
+)
 user_app = typer.Typer(help="Users and their roles (admin, member, viewer).", no_args_is_help=True)
 token_app = typer.Typer(
     help="API tokens: made, listed, revoked. The secret is shown once.", no_args_is_help=True
 )
-admin.add_typer(user_app, name="user")
-admin.add_typer(token_app, name="token")
+app.add_typer(quota_app, name="quota")
+app.add_typer(user_app, name="user")
+app.add_typer(token_app, name="token")
 
-UrlOpt = Annotated[
-    str | None,
-    typer.Option("--url", envvar="TRAINHOUSE_URL", help="Server URL", show_default=False),
-]
-JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table")]
 RoleOpt = Annotated[str, typer.Option("--role", help="admin | member | viewer")]
+
+
+def _seconds(duration: str) -> float:
+    """A duration option (30d, 12h) in seconds; the spec module loads only when one is given."""
+    from trainhouse.spec import parse_duration
+
+    return float(parse_duration(duration))
 
 
 def _when(ts: float | None, never: str = "never") -> str:
@@ -59,32 +71,22 @@ def _print_secret(secret: str, owner: str, url: str) -> None:
     )
 
 
-@admin.command("init")
+@app.command("init")
 def admin_init(
     name: Annotated[str, typer.Option("--name", help="The first admin's user name")] = "admin",
-    home: Annotated[
-        Path | None,
-        typer.Option(
-            envvar="TRAINHOUSE_HOME",
-            help="The server's state directory",
-            show_default="~/.trainhouse",
-        ),
-    ] = None,
+    home: Annotated[Path | None, home_option("The server's state directory")] = None,
     db: Annotated[
-        str | None,
-        typer.Option(
-            envvar="TRAINHOUSE_DB",
-            help="The server's database URL (default: SQLite under --home)",
-            show_default=False,
-        ),
+        str | None, db_option("The server's database URL (default: SQLite under --home)")
     ] = None,
     login: Annotated[
         bool, typer.Option("--login", help="Also store the token for --url (this user only)")
     ] = False,
-    url: UrlOpt = None,
-    as_json: Annotated[bool, typer.Option("--json", help="Print JSON")] = False,
+    url: Url = None,
+    as_json: Annotated[bool, json_option("Print JSON")] = False,
 ) -> None:
     """Make the first admin and their token, on the server's machine (no token needed)."""
+    from trainhouse.client import default_url
+    from trainhouse.credentials import save_token
     from trainhouse.server.settings import Settings, default_home
     from trainhouse.store import Store
     from trainhouse.tokens import issue
@@ -122,11 +124,11 @@ def user_add(
     token: Annotated[
         bool, typer.Option("--token/--no-token", help="Also make their first token")
     ] = True,
-    url: UrlOpt = None,
-    as_json: JsonOpt = False,
+    url: Url = None,
+    as_json: Json = False,
 ) -> None:
     """Add a user (admins); prints their first token unless --no-token."""
-    with errors(), Client(url) as c:
+    with errors(), options.client(url) as c:
         user = c.add_user(name, role)
         made = c.create_token("default", user=name) if token else None
     if as_json:
@@ -138,9 +140,9 @@ def user_add(
 
 
 @user_app.command("list")
-def user_list(url: UrlOpt = None, as_json: JsonOpt = False) -> None:
+def user_list(url: Url = None, as_json: Json = False) -> None:
     """Every user with their role (admins)."""
-    with errors(), Client(url) as c:
+    with errors(), options.client(url) as c:
         users = c.users()
     if as_json:
         print_json(users)
@@ -158,11 +160,11 @@ def user_list(url: UrlOpt = None, as_json: JsonOpt = False) -> None:
 def user_set_role(
     name: Annotated[str, typer.Argument()],
     role: Annotated[str, typer.Argument(help="admin | member | viewer")],
-    url: UrlOpt = None,
-    as_json: JsonOpt = False,
+    url: Url = None,
+    as_json: Json = False,
 ) -> None:
     """Change a user's role (admins)."""
-    with errors(), Client(url) as c:
+    with errors(), options.client(url) as c:
         user = c.update_user(name, role=role)
     if as_json:
         print_json(user)
@@ -174,11 +176,11 @@ def user_set_role(
 def user_disable(
     name: Annotated[str, typer.Argument()],
     enable: Annotated[bool, typer.Option("--enable", help="Enable them again instead")] = False,
-    url: UrlOpt = None,
-    as_json: JsonOpt = False,
+    url: Url = None,
+    as_json: Json = False,
 ) -> None:
     """Disable a user: every token of theirs stops working at once (admins)."""
-    with errors(), Client(url) as c:
+    with errors(), options.client(url) as c:
         user = c.update_user(name, disabled=not enable)
     if as_json:
         print_json(user)
@@ -195,13 +197,13 @@ def token_create(
     expires: Annotated[
         str | None, typer.Option("--expires", help="Lifetime such as 30d, 12h; default never")
     ] = None,
-    url: UrlOpt = None,
-    as_json: JsonOpt = False,
+    url: Url = None,
+    as_json: Json = False,
 ) -> None:
     """Make an API token; its secret is printed once and never stored by the server."""
     with errors():
-        expires_in = float(parse_duration(expires)) if expires else None
-        with Client(url) as c:
+        expires_in = _seconds(expires) if expires else None
+        with options.client(url) as c:
             made = c.create_token(name, user=user, expires_in=expires_in)
     if as_json:
         print_json(made)
@@ -213,11 +215,11 @@ def token_create(
 def token_list(
     user: Annotated[str | None, typer.Option("--user", help="Whose (admins)")] = None,
     all_: Annotated[bool, typer.Option("--all", help="Every user's (admins)")] = False,
-    url: UrlOpt = None,
-    as_json: JsonOpt = False,
+    url: Url = None,
+    as_json: Json = False,
 ) -> None:
     """Tokens (mine by default) without their secrets."""
-    with errors(), Client(url) as c:
+    with errors(), options.client(url) as c:
         tokens = c.tokens(user=user, all=all_)
     if as_json:
         print_json(tokens)
@@ -243,11 +245,11 @@ def token_list(
 @token_app.command("revoke")
 def token_revoke(
     token_id: Annotated[int, typer.Argument(help="The token's ID (admin token list)")],
-    url: UrlOpt = None,
-    as_json: JsonOpt = False,
+    url: Url = None,
+    as_json: Json = False,
 ) -> None:
     """Revoke a token: it stops working at once."""
-    with errors(), Client(url) as c:
+    with errors(), options.client(url) as c:
         token = c.revoke_token(token_id)
     if as_json:
         print_json(token)
@@ -255,7 +257,7 @@ def token_revoke(
     console.print(f"token {token['id']} ({token['user']}, {token['name']}) is revoked")
 
 
-@admin.command("audit")
+@app.command("audit")
 def audit_cmd(
     limit: Annotated[int, typer.Option("--limit", help="At most this many entries")] = 50,
     action: Annotated[
@@ -266,13 +268,13 @@ def audit_cmd(
     since: Annotated[
         str | None, typer.Option("--since", help="Only the last span, e.g. 1d, 6h")
     ] = None,
-    url: UrlOpt = None,
-    as_json: JsonOpt = False,
+    url: Url = None,
+    as_json: Json = False,
 ) -> None:
     """The audit log, newest first: admin actions, cancellations, failed token uses."""
     with errors():
-        start = time.time() - parse_duration(since) if since else None
-        with Client(url) as c:
+        start = time.time() - _seconds(since) if since else None
+        with options.client(url) as c:
             data = c.audit(limit=limit, actions=action, actor=actor, since=start)
     if as_json:
         print_json(data)
@@ -295,56 +297,70 @@ def audit_cmd(
     console.print(f"{len(data['entries'])} of {data['total']} entries", highlight=False)
 
 
-def _whoami_line(me: dict[str, Any]) -> str:
-    if not me["auth"]:
-        return "this server has auth off: everyone acts as an admin"
-    if me["role"] == "job":
-        return f"job {me['job_id']}'s credential"
-    return f"{me['name']} ({me['role']})"
+# -- quotas ----------------------------------------------------------------------------------
+def _limits_table(data: dict[str, Any]) -> Table:
+    table = Table(box=None, header_style="bold")
+    for col in ("USER", "SHARE", "MAX GPUS", "MAX CPUS", "USAGE (cluster-hours, decayed)"):
+        table.add_column(col)
+
+    def cap(value: int | None, default: int | None) -> str:
+        if value is not None:
+            return str(value)
+        return f"{default} (default)" if default is not None else "-"
+
+    for u in data["users"]:
+        table.add_row(
+            u["owner"],
+            f"{u['share']:g}",
+            cap(u["max_gpus"], data["default_max_gpus"]),
+            cap(u["max_cpus"], data["default_max_cpus"]),
+            f"{u['usage'] / 3600:.3f}",
+        )
+    return table
 
 
-def register(app: typer.Typer) -> None:
-    @app.command()
-    def login(
-        url: UrlOpt = None,
-        token: Annotated[
-            str | None,
-            typer.Option(
-                "--token", help="The token (default: asked for, or read from piped stdin)"
-            ),
-        ] = None,
-    ) -> None:
-        """Check a token against the server and store it for it (0600, this user only)."""
-        target = (url or default_url()).rstrip("/")
-        if token is None:
-            token = (
-                sys.stdin.readline() if not sys.stdin.isatty() else getpass.getpass("token: ")
-            ).strip()
-        if not token:
-            fail("no token given", 2)
-        with errors(), Client(target, token=token) as c:
-            me = c.whoami()
-        if me["role"] == "job":
-            fail("that is a job's credential, not a person's token", 2)
-        path = save_token(target, token)
-        console.print(f"signed in to {target} as {_whoami_line(me)}", highlight=False)
-        err_console.print(f"token stored in {path}", highlight=False)
+@quota_app.command("list")
+def quota_list(as_json: Json = False, url: Url = None) -> None:
+    """Every user's caps, fair-share weight and decayed usage."""
+    with errors(), options.client(url) as c:
+        data = c.quotas()
+    if as_json:
+        print_json(data)
+        return
+    if not data["users"]:
+        console.print("no user has limits or usage yet")
+        return
+    console.print(_limits_table(data))
 
-    @app.command()
-    def logout(url: UrlOpt = None) -> None:
-        """Forget the stored token for the server (it stays valid: revoke it to end it)."""
-        target = (url or default_url()).rstrip("/")
-        if forget_token(target):
-            console.print(f"forgot the token for {target}", highlight=False)
-        else:
-            console.print(f"no token was stored for {target}", highlight=False)
 
-    @app.command()
-    def whoami(url: UrlOpt = None, as_json: JsonOpt = False) -> None:
-        """Who the server takes you for."""
-        with errors(), Client(url) as c:
-            me = c.whoami()
-        if as_json:
-            print_json(me)
-            return
-        console.print(_whoami_line(me), highlight=False)
+@quota_app.command("set")
+def quota_set(
+    user: Annotated[str, typer.Argument(help="The job owner's name")],
+    gpus: Annotated[int | None, typer.Option("--gpus", help="Max concurrent GPUs")] = None,
+    cpus: Annotated[int | None, typer.Option("--cpus", help="Max concurrent CPU cores")] = None,
+    share: Annotated[float | None, typer.Option("--share", help="Fair-share weight")] = None,
+    url: Url = None,
+) -> None:
+    """Set a user's caps and fair-share weight (options not given keep their value)."""
+    body: dict[str, Any] = {}
+    if gpus is not None:
+        body["max_gpus"] = gpus
+    if cpus is not None:
+        body["max_cpus"] = cpus
+    if share is not None:
+        body["share"] = share
+    with errors(), options.client(url) as c:
+        limits = c.set_quota(user, body)
+    console.print(
+        f"{user}: share {limits['share']:g}, max GPUs {limits['max_gpus']}, "
+        f"max CPU cores {limits['max_cpus']}",
+        highlight=False,
+    )
+
+
+@quota_app.command("clear")
+def quota_clear(user: Annotated[str, typer.Argument()], url: Url = None) -> None:
+    """Remove a user's limits (the server's defaults apply again)."""
+    with errors(), options.client(url) as c:
+        c.clear_quota(user)
+    console.print(f"{user}: limits cleared")

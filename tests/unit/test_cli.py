@@ -1,0 +1,206 @@
+"""The CLI's shape: what starting it imports, the commands it has, and ``trainhouse server``
+taking its defaults from ``Settings`` (what ``--help`` shows included)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import typer.main
+from typer.testing import CliRunner
+
+import trainhouse
+from trainhouse.cli import server as server_cli
+from trainhouse.cli.app import app
+from trainhouse.executors.registry import EXECUTORS
+from trainhouse.server.settings import Settings
+from trainhouse.spec import parse_duration
+
+SRC = Path(trainhouse.__file__).resolve().parents[1]
+
+# what neither the CLI nor the client may import to start: the server side and torch
+SERVER_SIDE = (
+    "torch",
+    "fastapi",
+    "sqlalchemy",
+    "uvicorn",
+    "trainhouse.server",
+    "trainhouse.store",
+    "trainhouse.scheduler",
+    "trainhouse.executors",
+    "trainhouse.sdk",
+)
+# nor, for --help, the client's HTTP stack or the spec's validation
+CLIENT_SIDE = ("httpx", "pydantic", "yaml", "trainhouse.spec", "trainhouse.workdir")
+
+
+def modules_after(code: str) -> set[str]:
+    """``sys.modules`` of a fresh interpreter (this checkout's source first) after ``code``."""
+    path = [str(SRC), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(path)}
+    out = subprocess.run(
+        [sys.executable, "-c", f"{code}\nimport json, sys\nprint(json.dumps(sorted(sys.modules)))"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+        check=True,
+    ).stdout
+    return set(json.loads(out.splitlines()[-1]))
+
+
+def loaded(modules: set[str], names: tuple[str, ...]) -> list[str]:
+    return sorted(m for m in modules if any(m == n or m.startswith(n + ".") for n in names))
+
+
+def test_the_cli_imports_neither_the_server_nor_the_client_to_start() -> None:
+    modules = modules_after("import trainhouse.cli.app")
+    assert loaded(modules, SERVER_SIDE + CLIENT_SIDE) == []
+
+
+def test_the_client_imports_no_server_module_and_no_spec() -> None:
+    modules = modules_after("import trainhouse.client")
+    assert loaded(modules, (*SERVER_SIDE, "pydantic", "yaml", "trainhouse.spec")) == []
+
+
+def test_a_client_command_imports_no_server_module() -> None:
+    """``trainhouse ps`` against a port nothing listens on: it runs, fails to connect (exit 3)
+    and loads nothing of the server side on the way."""
+    modules = modules_after(
+        "from trainhouse.cli.app import app\n"
+        "try:\n"
+        "    app(['ps', '--url', 'http://127.0.0.1:9'], prog_name='trainhouse')\n"
+        "except SystemExit as exc:\n"
+        "    assert exc.code == 3, exc.code"
+    )
+    assert "trainhouse.client" in modules
+    assert loaded(modules, (*SERVER_SIDE, "trainhouse.spec", "trainhouse.workdir")) == []
+
+
+def test_the_commands_and_their_order() -> None:
+    root = typer.main.get_command(app)
+    assert list(root.commands) == [  # type: ignore[attr-defined]
+        *("server", "demo", "queue", "set-priority", "login", "logout", "whoami", "spec"),
+        *("submit", "ps", "show", "cancel", "logs", "metrics", "checkpoints", "top"),
+        *("admin", "db"),
+    ]
+    admin = root.commands["admin"]  # type: ignore[attr-defined]
+    assert list(admin.commands) == ["init", "audit", "quota", "user", "token"]
+    assert list(root.commands["db"].commands) == ["upgrade", "current"]  # type: ignore[attr-defined]
+
+
+def server_options() -> dict[str, Any]:
+    """``trainhouse server``'s click options by name."""
+    root = typer.main.get_command(app)
+    command = root.commands["server"]  # type: ignore[attr-defined]
+    return {p.name: p for p in command.params}
+
+
+def test_server_help_shows_the_defaults_of_settings(tmp_path: Path) -> None:
+    """The defaults ``--help`` shows are Settings' (the CLI has none of its own to drift)."""
+    defaults = Settings(home=tmp_path)
+    durations = {"fairshare_half_life", "monitor_retention"}
+    shown = {
+        name: param.default
+        for name, param in server_options().items()
+        if type(param.default).__name__ == "_SettingsDefault"
+    }
+    assert set(shown) == {
+        *("host", "port", "executor", "ray_placement_timeout", "shared_home", "cancel_grace"),
+        *("fairshare_half_life", "max_infra_restarts", "monitor_interval", "monitor_retention"),
+        "job_visibility",
+    }
+    for name, default in shown.items():
+        expected = getattr(defaults, name)
+        value = parse_duration(default.shown) if name in durations else default.shown
+        assert value == expected, (
+            f"--{name.replace('_', '-')} shows {default}, Settings has {expected!r}"
+        )
+        assert default() is None  # the value when the option is not given
+    executors = " or ".join(f"{name} ({entry.summary})" for name, entry in EXECUTORS.items())
+    assert server_options()["executor"].help == f"Executor: {executors}"
+
+
+@pytest.fixture
+def started(monkeypatch: pytest.MonkeyPatch) -> list[Settings]:
+    """The Settings ``trainhouse server`` would serve with (nothing is started)."""
+    served: list[Settings] = []
+    monkeypatch.setattr(server_cli, "serve", lambda settings, **_: served.append(settings))
+    monkeypatch.setattr(server_cli, "port_free", lambda host, port: True)
+    for var in ("TRAINHOUSE_DB", "TRAINHOUSE_HOME"):
+        monkeypatch.delenv(var, raising=False)
+    return served
+
+
+def test_server_passes_settings_only_what_was_given(
+    tmp_path: Path, started: list[Settings]
+) -> None:
+    result = CliRunner().invoke(app, ["server", "--home", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    assert started == [Settings(home=tmp_path.resolve())]
+
+    started.clear()
+    args = {
+        "--host": "127.0.0.2",
+        "--port": "9999",
+        "--db": "sqlite:///x.db",
+        "--cpus": "3",
+        "--gpus": "0",
+        "--ray-placement-timeout": "5",
+        "--advertise-url": "http://h:1",
+        "--quota-gpus": "2",
+        "--quota-cpus": "4",
+        "--cancel-grace": "3",
+        "--fairshare-half-life": "12h",
+        "--max-infra-restarts": "0",
+        "--checkpoint-url": "/shared",
+        "--log-retention": "30d",
+        "--monitor-interval": "0",
+        "--monitor-retention": "1d",
+        "--job-visibility": "all",
+    }
+    argv = ["server", "--home", str(tmp_path), "--shared-home", "--auth"]
+    argv += [item for pair in args.items() for item in pair]
+    result = CliRunner().invoke(app, argv)
+    assert result.exit_code == 0, result.output
+    (settings,) = started
+    assert settings == Settings(
+        home=tmp_path.resolve(),
+        host="127.0.0.2",
+        port=9999,
+        db_url="sqlite:///x.db",
+        cpus=3,
+        gpus="0",
+        ray_placement_timeout=5.0,
+        shared_home=True,
+        advertise_url="http://h:1",
+        quota_gpus=2,
+        quota_cpus=4,
+        cancel_grace=3.0,
+        fairshare_half_life=12 * 3600.0,
+        max_infra_restarts=0,
+        checkpoint_url="/shared",
+        log_retention=30 * 86400.0,
+        monitor_interval=0.0,
+        monitor_retention=86400.0,
+        auth=True,
+        job_visibility="all",
+    )
+
+
+def test_server_refuses_what_settings_refuses(tmp_path: Path, started: list[Settings]) -> None:
+    for argv, message in (
+        (["--job-visibility", "some"], "--job-visibility must be own, list or all"),
+        (["--executor", "nope"], "--executor must be 'local' or 'ray'"),
+        (["--cancel-grace", "-1"], "--cancel-grace must be >= 0"),
+        (["--fairshare-half-life", "soon"], "--fairshare-half-life must be a duration"),
+    ):
+        result = CliRunner().invoke(app, ["server", "--home", str(tmp_path), *argv])
+        assert result.exit_code == 2, result.output
+        assert message in result.output
+    assert started == []
