@@ -20,6 +20,10 @@ import psutil
 import psycopg
 import pytest
 
+from tests.support.postgres import PG_ADMIN
+from tests.support.processes import marked_processes
+from tests.support.servers import Server, assert_clean_stop, start_server
+
 _LEAK_TMP = Path(tempfile.mkdtemp(prefix="trainhouse-tests-"))
 os.environ["TMPDIR"] = str(_LEAK_TMP)
 # clients in tests never pick up the developer's own stored tokens or TRAINHOUSE_TOKEN
@@ -28,23 +32,6 @@ os.environ.pop("TRAINHOUSE_TOKEN", None)
 tempfile.tempdir = str(_LEAK_TMP)
 # pytest's own tmp_path directories live here too; they are not leaks
 _PYTEST_TMP_PREFIX = "pytest-of-"
-
-
-def marked_processes() -> list[psutil.Process]:
-    """Processes a trainhouse executor started for this test session's servers.
-
-    They carry TRAINHOUSE_RUN_MARKER, and their job directory lies under the session's temp
-    directory (so jobs of other trainhouse servers on the machine are not counted).
-    """
-    found = []
-    for proc in psutil.process_iter(["pid"]):
-        with contextlib.suppress(psutil.Error, OSError):
-            env = proc.environ()
-            if "TRAINHOUSE_RUN_MARKER" in env and env.get("TRAINHOUSE_LOG_DIR", "").startswith(
-                str(_LEAK_TMP)
-            ):
-                found.append(proc)
-    return found
 
 
 def _live_children() -> list[psutil.Process]:
@@ -103,9 +90,6 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     shutil.rmtree(_LEAK_TMP, ignore_errors=True)
 
 
-PG_ADMIN = os.environ.get("TRAINHOUSE_TEST_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
-
-
 @pytest.fixture(scope="session")
 def pg_server() -> str:
     try:
@@ -128,3 +112,14 @@ def pg_url(pg_server: str) -> Iterator[str]:
     finally:
         with psycopg.connect(pg_server, autocommit=True) as conn:
             conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[Server]:
+    """A real ``trainhouse server`` (4 CPU cores offered) in the test's temp home, stopped
+    cleanly afterwards; on the running test's database backend."""
+    srv = start_server(tmp_path / "home", "--cpus", "4")
+    try:
+        yield srv
+    finally:
+        assert_clean_stop(srv)

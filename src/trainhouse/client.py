@@ -26,10 +26,17 @@ from typing import TYPE_CHECKING, Any
 
 import httpx
 
+from trainhouse._credentials import find_token
 from trainhouse._http import error_from, send
-from trainhouse.credentials import find_token
 from trainhouse.errors import CheckpointError, ClientError, ServerUnreachable
 from trainhouse.lifecycle import TERMINAL
+
+__all__ = [
+    "DEFAULT_URL",
+    "Client",
+    "current_user",
+    "default_url",
+]
 
 if TYPE_CHECKING:
     from trainhouse.spec import JobSpec

@@ -25,6 +25,35 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from trainhouse.errors import SpecError
 
+__all__ = [
+    "DEFAULT_NO_RESTART_EXIT_CODES",
+    "DEFAULT_NO_RESTART_PATTERNS",
+    "MAX_ENTRYPOINT",
+    "MAX_ENV_NAME",
+    "MAX_ENV_VALUE",
+    "MAX_ENV_VARS",
+    "MAX_HPARAMS_BYTES",
+    "MAX_METRIC_NAME",
+    "MAX_RUNTIME",
+    "MAX_SPEC_BYTES",
+    "MAX_SPEC_DEPTH",
+    "MAX_WORKDIR",
+    "PRIORITY_TIERS",
+    "RESERVED_ENV",
+    "CheckpointPolicy",
+    "JobSpec",
+    "NoRestart",
+    "Priority",
+    "Resources",
+    "apply_overrides",
+    "json_schema",
+    "load_spec",
+    "parse_duration",
+    "parse_override",
+    "parse_spec",
+    "tier_rank",
+]
+
 PRIORITY_TIERS: tuple[str, ...] = ("low", "normal", "high", "urgent")
 Priority = Literal["low", "normal", "high", "urgent"]
 _TIER_RANK = {tier: rank for rank, tier in enumerate(PRIORITY_TIERS)}

@@ -24,8 +24,22 @@ from pathlib import Path
 from typing import Any, BinaryIO, cast
 from urllib.parse import unquote, urlsplit
 
-from trainhouse.durable import fsync_dir, fsync_file, fsync_tree
+from trainhouse._durable import fsync_dir, fsync_file, fsync_tree
 from trainhouse.errors import CheckpointError
+
+__all__ = [
+    "CHUNK",
+    "FsspecStorage",
+    "LocalStorage",
+    "Storage",
+    "confine",
+    "is_temp",
+    "open_storage",
+    "sidecar_name",
+    "temp_name",
+    "temp_pid",
+    "tree_digest",
+]
 
 CHUNK = 1 << 20
 _TEMP = re.compile(r"^\..+\.tmp-[0-9]+-[0-9a-f]+$")

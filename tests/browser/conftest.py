@@ -16,8 +16,6 @@ from pathlib import Path
 import pytest
 from playwright.sync_api import Browser, ConsoleMessage, Error, Page, expect, sync_playwright
 
-from tests.integration.conftest import server  # noqa: F401  (a real server, the fixture)
-
 REPO = Path(__file__).resolve().parents[2]
 CHROMIUM = Path(os.environ.get("TRAINHOUSE_CHROMIUM", "/usr/bin/chromium"))
 ARTIFACTS = REPO / "test-artifacts" / "browser"

@@ -14,8 +14,8 @@ import httpx
 import pytest
 from playwright.sync_api import Page, expect
 
-from tests.integration.conftest import Server, assert_clean_stop, start_server
-from tests.integration.test_training import write_job
+from tests.support.jobs import write_job
+from tests.support.servers import Server, assert_clean_stop, start_server
 from trainhouse.spec import parse_spec
 from trainhouse.workdir import pack
 

@@ -10,7 +10,7 @@ import httpx
 import pytest
 from playwright.sync_api import Page, expect
 
-from tests.integration.conftest import Server, assert_clean_stop, start_server
+from tests.support.servers import Server, assert_clean_stop, start_server
 
 pytestmark = pytest.mark.browser
 

@@ -14,10 +14,9 @@ import psutil
 import pytest
 import torch
 
-from tests.conftest import marked_processes
-from tests.integration.conftest import Server, assert_clean_stop, start_server
-from tests.integration.test_faults import RANDOM_SCRIPT, rank_process
-from tests.integration.test_training import write_job
+from tests.support.jobs import RANDOM_SCRIPT, rank_process, write_job
+from tests.support.processes import marked_processes
+from tests.support.servers import Server, assert_clean_stop, start_server
 from trainhouse.sdk.checkpoint import load_checkpoint
 
 pytestmark = pytest.mark.integration

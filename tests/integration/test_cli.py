@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.conftest import EXAMPLE, REPO, Server, free_port
-from tests.integration.test_training import LONG_SCRIPT, write_job
+from tests.support.jobs import LONG_SCRIPT, write_job
+from tests.support.servers import EXAMPLE, REPO, Server, free_port
 
 pytestmark = pytest.mark.integration
 
@@ -167,7 +167,7 @@ def test_a_url_that_is_not_trainhouse() -> None:
 
 def test_server_restarts_on_the_same_port_at_once(tmp_path: Path) -> None:
     """Regression: a port left with TIME-WAIT connections was reported as in use."""
-    from tests.integration.conftest import Server, assert_clean_stop
+    from tests.support.servers import Server, assert_clean_stop
 
     port = free_port()
     first = Server(tmp_path / "home", port, log=tmp_path / "first.log").start(timeout=60)

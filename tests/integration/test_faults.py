@@ -3,16 +3,13 @@ must resume as if nothing had happened."""
 
 from __future__ import annotations
 
-import contextlib
 from pathlib import Path
 
-import psutil
 import pytest
 import torch
 
-from tests.conftest import marked_processes
-from tests.integration.conftest import EXAMPLE, Server
-from tests.integration.test_training import write_job
+from tests.support.jobs import RANDOM_SCRIPT, rank_process, write_job
+from tests.support.servers import EXAMPLE, Server
 from trainhouse.sdk.checkpoint import load_checkpoint
 
 pytestmark = pytest.mark.integration
@@ -36,66 +33,6 @@ def test_a_missing_module_fails_at_once_and_show_says_why(server: Server, tmp_pa
     shown = server.cli("show", str(job["id"])).stdout
     assert "FAILED RANK" in shown and "(code)" in shown
     assert "last lines of rank" in shown and "ModuleNotFoundError" in shown
-
-
-def rank_process(job_id: int, rank: int) -> psutil.Process | None:
-    """The training script's own process of one rank (not its wrapper, not torchrun)."""
-    for proc in marked_processes():
-        with contextlib.suppress(psutil.Error):
-            env = proc.environ()
-            cmd = proc.cmdline()
-            if (
-                env.get("TRAINHOUSE_JOB_ID") == str(job_id)
-                and env.get("RANK") == str(rank)
-                and "train.py" in " ".join(cmd)
-                and "trainhouse.executors.rank" not in cmd
-            ):
-                return proc
-    return None
-
-
-# randomness from every generator a script may use: dropout and data from torch's global RNG,
-# numpy's and python's, each seeded per rank; nothing but the checkpoint carries their states
-RANDOM_SCRIPT = """
-import random
-import time
-
-import numpy as np
-import torch
-import trainhouse
-from torch.nn.parallel import DistributedDataParallel as DDP
-
-with trainhouse.init(hparams={"steps": 40, "seed": 0}) as run:
-    steps = int(run.hparams["steps"])
-    run.set_total_steps(steps)
-    seed = int(run.hparams["seed"]) + run.rank
-    torch.manual_seed(seed)
-    np.random.seed(seed)
-    random.seed(seed)
-    model = torch.nn.Sequential(
-        torch.nn.Linear(8, 32), torch.nn.ReLU(), torch.nn.Dropout(0.3), torch.nn.Linear(32, 1)
-    )
-    ddp = DDP(model)
-    opt = torch.optim.Adam(ddp.parameters(), lr=0.01)
-    state = run.checkpoint.load()
-    start = 0
-    if state is not None:
-        model.load_state_dict(state["model"])
-        opt.load_state_dict(state["optim"])
-        start = state["step"] + 1
-    for step in range(start, steps):
-        x = torch.randn(16, 8) * float(np.random.uniform(0.5, 1.5)) + random.random()
-        loss = torch.nn.functional.mse_loss(ddp(x), x.sum(1, keepdim=True))
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        run.log({"loss": loss.item()}, step=step)
-        if step % 5 == 4 or step == steps - 1:
-            run.checkpoint.save(
-                {"model": model.state_dict(), "optim": opt.state_dict(), "step": step}, step=step
-            )
-        time.sleep(0.05)
-"""
 
 
 @pytest.mark.parametrize("job", ["digits-example", "random-generators"])

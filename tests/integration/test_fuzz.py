@@ -59,7 +59,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.integration.conftest import EXAMPLE, Server, assert_clean_stop, start_server
+from tests.support.servers import EXAMPLE, Server, assert_clean_stop, start_server
 from trainhouse.client import Client
 from trainhouse.store import Store
 from trainhouse.tokens import issue

@@ -10,8 +10,8 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.integration.conftest import Server, assert_clean_stop, start_server
-from tests.integration.test_training import LONG_SCRIPT, write_job
+from tests.support.jobs import LONG_SCRIPT, write_job
+from tests.support.servers import Server, assert_clean_stop, start_server
 
 pytestmark = pytest.mark.integration
 

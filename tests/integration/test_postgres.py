@@ -14,13 +14,7 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
-from tests.integration.conftest import (
-    Server,
-    assert_clean_stop,
-    database_of,
-    db_upgrade,
-    start_server,
-)
+from tests.support.servers import Server, assert_clean_stop, database_of, db_upgrade, start_server
 from trainhouse.client import Client
 from trainhouse.errors import ClientError, InvalidTransition, ServerStartError
 from trainhouse.lifecycle import TERMINAL, JobState, check_transition

@@ -22,9 +22,9 @@ from typing import Any
 import psutil
 import pytest
 
-from tests.conftest import marked_processes
-from tests.integration.conftest import Server, assert_clean_stop, start_server
-from tests.integration.test_training import write_job
+from tests.support.jobs import write_job
+from tests.support.processes import marked_processes
+from tests.support.servers import Server, assert_clean_stop, start_server
 
 pytestmark = pytest.mark.ray
 

@@ -12,14 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import marked_processes
-from tests.integration.conftest import REPO, Server, assert_clean_stop, free_port, start_server
-from tests.integration.test_training import (
-    LONG_SCRIPT,
-    RESUMABLE,
-    STUBBORN_SCRIPT,
-    write_job,
-)
+from tests.support.jobs import LONG_SCRIPT, RESUMABLE, STUBBORN_SCRIPT, write_job
+from tests.support.processes import marked_processes
+from tests.support.servers import REPO, Server, assert_clean_stop, free_port, start_server
 
 pytestmark = pytest.mark.integration
 

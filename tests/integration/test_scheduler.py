@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.conftest import Server, assert_clean_stop, start_server
-from tests.integration.test_training import RESUMABLE, write_job
+from tests.support.jobs import RESUMABLE, write_job
+from tests.support.servers import Server, assert_clean_stop, start_server
 
 pytestmark = pytest.mark.integration
 

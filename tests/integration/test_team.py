@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from tests.integration.conftest import REPO, Server, assert_clean_stop, start_server
+from tests.support.servers import REPO, Server, assert_clean_stop, start_server
 from trainhouse.client import Client
 
 PROBE = """\

@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import hashlib
 import json
-import textwrap
 from pathlib import Path
 
 import psutil
 import pytest
 import torch
 
-from tests.conftest import marked_processes
-from tests.integration.conftest import EXAMPLE, Server
+from tests.support.jobs import LONG_SCRIPT, write_job
+from tests.support.processes import marked_processes
+from tests.support.servers import EXAMPLE, Server
 
 pytestmark = pytest.mark.integration
 
@@ -52,64 +52,6 @@ def test_example_trains_end_to_end(server: Server) -> None:
     assert "[rank 0]" in both.stdout and "[rank 1]" in both.stdout
     listing = server.cli("ps", "--all")
     assert "digits-cnn" in listing.stdout and "COMPLETED" in listing.stdout
-
-
-LONG_SCRIPT = """
-import time
-import trainhouse
-
-with trainhouse.init() as run:
-    step = 0
-    while not run.should_stop():
-        run.log({"loss": 1.0 / (step + 1)}, step=step)
-        print(f"rank {run.rank} step {step}", flush=True)
-        step += 1
-        time.sleep(0.05)
-    print(f"rank {run.rank} stopping at step {step} as asked", flush=True)
-"""
-
-# trains hparams.steps steps (default 40), a checkpoint every 5; yields when asked to stop
-RESUMABLE = """
-import time
-import trainhouse
-
-with trainhouse.init(hparams={"steps": 40}) as run:
-    steps = int(run.hparams["steps"])
-    run.set_total_steps(steps)
-    state = run.checkpoint.load()
-    start = state["step"] + 1 if state else 0
-    print(f"rank {run.rank} attempt {run.attempt} starts at step {start}", flush=True)
-    for step in range(start, steps):
-        time.sleep(0.1)
-        run.log({"loss": 1.0 / (step + 1)}, step=step)
-        stop = run.should_stop()
-        if stop or step % 5 == 0:
-            run.checkpoint.save({"step": step}, step=step)
-        if stop:
-            print(f"rank {run.rank} yields at step {step}", flush=True)
-            break
-"""
-
-# a script that never asks whether to stop: trainhouse must end it all the same
-STUBBORN_SCRIPT = """
-import time
-import trainhouse
-
-with trainhouse.init() as run:
-    step = 0
-    while True:
-        run.log({"loss": 1.0 / (step + 1)}, step=step)
-        step += 1
-        time.sleep(0.05)
-"""
-
-
-def write_job(tmp_path: Path, script: str, spec: str) -> Path:
-    wd = tmp_path / "job"
-    wd.mkdir(parents=True, exist_ok=True)
-    (wd / "train.py").write_text(textwrap.dedent(script))
-    (wd / "job.yaml").write_text(textwrap.dedent(spec))
-    return wd / "job.yaml"
 
 
 def test_cancel_leaves_no_process(server: Server, tmp_path: Path) -> None:
@@ -221,7 +163,7 @@ def test_failed_rank_restarts_from_checkpoint_and_resumes_exactly(
 
 
 def test_postgres_backed_server(tmp_path: Path, pg_url: str) -> None:
-    from tests.integration.conftest import assert_clean_stop, start_server
+    from tests.support.servers import assert_clean_stop, start_server
 
     srv = start_server(tmp_path / "pghome", "--db", pg_url, "--cpus", "2")
     try:

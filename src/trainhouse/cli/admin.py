@@ -85,8 +85,8 @@ def admin_init(
     as_json: Annotated[bool, json_option("Print JSON")] = False,
 ) -> None:
     """Make the first admin and their token, on the server's machine (no token needed)."""
+    from trainhouse._credentials import save_token
     from trainhouse.client import default_url
-    from trainhouse.credentials import save_token
     from trainhouse.server.settings import Settings, default_home
     from trainhouse.store import Store
     from trainhouse.tokens import issue

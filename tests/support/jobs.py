@@ -1,0 +1,132 @@
+"""Job scripts and workdirs the integration tests submit, and how to find a rank's process.
+
+Each script is a real training script using the SDK; :func:`write_job` lays one out as a workdir
+with its spec, ready for ``trainhouse submit``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import textwrap
+from pathlib import Path
+
+import psutil
+
+from tests.support.processes import marked_processes
+
+LONG_SCRIPT = """
+import time
+import trainhouse
+
+with trainhouse.init() as run:
+    step = 0
+    while not run.should_stop():
+        run.log({"loss": 1.0 / (step + 1)}, step=step)
+        print(f"rank {run.rank} step {step}", flush=True)
+        step += 1
+        time.sleep(0.05)
+    print(f"rank {run.rank} stopping at step {step} as asked", flush=True)
+"""
+
+# trains hparams.steps steps (default 40), a checkpoint every 5; yields when asked to stop
+RESUMABLE = """
+import time
+import trainhouse
+
+with trainhouse.init(hparams={"steps": 40}) as run:
+    steps = int(run.hparams["steps"])
+    run.set_total_steps(steps)
+    state = run.checkpoint.load()
+    start = state["step"] + 1 if state else 0
+    print(f"rank {run.rank} attempt {run.attempt} starts at step {start}", flush=True)
+    for step in range(start, steps):
+        time.sleep(0.1)
+        run.log({"loss": 1.0 / (step + 1)}, step=step)
+        stop = run.should_stop()
+        if stop or step % 5 == 0:
+            run.checkpoint.save({"step": step}, step=step)
+        if stop:
+            print(f"rank {run.rank} yields at step {step}", flush=True)
+            break
+"""
+
+# a script that never asks whether to stop: trainhouse must end it all the same
+STUBBORN_SCRIPT = """
+import time
+import trainhouse
+
+with trainhouse.init() as run:
+    step = 0
+    while True:
+        run.log({"loss": 1.0 / (step + 1)}, step=step)
+        step += 1
+        time.sleep(0.05)
+"""
+
+
+def write_job(tmp_path: Path, script: str, spec: str) -> Path:
+    wd = tmp_path / "job"
+    wd.mkdir(parents=True, exist_ok=True)
+    (wd / "train.py").write_text(textwrap.dedent(script))
+    (wd / "job.yaml").write_text(textwrap.dedent(spec))
+    return wd / "job.yaml"
+
+
+def rank_process(job_id: int, rank: int) -> psutil.Process | None:
+    """The training script's own process of one rank (not its wrapper, not torchrun)."""
+    for proc in marked_processes():
+        with contextlib.suppress(psutil.Error):
+            env = proc.environ()
+            cmd = proc.cmdline()
+            if (
+                env.get("TRAINHOUSE_JOB_ID") == str(job_id)
+                and env.get("RANK") == str(rank)
+                and "train.py" in " ".join(cmd)
+                and "trainhouse.executors.rank" not in cmd
+            ):
+                return proc
+    return None
+
+
+# randomness from every generator a script may use: dropout and data from torch's global RNG,
+# numpy's and python's, each seeded per rank; nothing but the checkpoint carries their states
+RANDOM_SCRIPT = """
+import random
+import time
+
+import numpy as np
+import torch
+import trainhouse
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+with trainhouse.init(hparams={"steps": 40, "seed": 0}) as run:
+    steps = int(run.hparams["steps"])
+    run.set_total_steps(steps)
+    seed = int(run.hparams["seed"]) + run.rank
+    torch.manual_seed(seed)
+    np.random.seed(seed)
+    random.seed(seed)
+    model = torch.nn.Sequential(
+        torch.nn.Linear(8, 32), torch.nn.ReLU(), torch.nn.Dropout(0.3), torch.nn.Linear(32, 1)
+    )
+    ddp = DDP(model)
+    opt = torch.optim.Adam(ddp.parameters(), lr=0.01)
+    state = run.checkpoint.load()
+    start = 0
+    if state is not None:
+        model.load_state_dict(state["model"])
+        opt.load_state_dict(state["optim"])
+        start = state["step"] + 1
+    for step in range(start, steps):
+        x = torch.randn(16, 8) * float(np.random.uniform(0.5, 1.5)) + random.random()
+        loss = torch.nn.functional.mse_loss(ddp(x), x.sum(1, keepdim=True))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        run.log({"loss": loss.item()}, step=step)
+        if step % 5 == 4 or step == steps - 1:
+            run.checkpoint.save(
+                {"model": model.state_dict(), "optim": opt.state_dict(), "step": step}, step=step
+            )
+        time.sleep(0.05)
+"""
