@@ -23,7 +23,8 @@ from trainhouse.spec import parse_duration
 
 SRC = Path(trainhouse.__file__).resolve().parents[1]
 
-# what neither the CLI nor the client may import to start: the server side and torch
+# what neither the CLI nor the client may import to start: the server side and torch (of the
+# executors, only their table is read, for `server --help`: it imports none of them)
 SERVER_SIDE = (
     "torch",
     "fastapi",
@@ -32,8 +33,15 @@ SERVER_SIDE = (
     "trainhouse.server",
     "trainhouse.store",
     "trainhouse.scheduler",
-    "trainhouse.executors",
+    "trainhouse.executors.base",
+    "trainhouse.executors.local",
+    "trainhouse.executors.ray",
+    "trainhouse.executors.torchrun",
+    "trainhouse.executors.inventory",
+    "trainhouse.monitoring",
     "trainhouse.sdk",
+    "ray",
+    "psutil",
 )
 # nor, for --help, the client's HTTP stack or the spec's validation
 CLIENT_SIDE = ("httpx", "pydantic", "yaml", "trainhouse.spec", "trainhouse.workdir")

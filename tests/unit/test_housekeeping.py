@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from tests.support.records import new_job
 from trainhouse.layout import JobLayout
 from trainhouse.lifecycle import JobState
 from trainhouse.server.housekeeping import DELETED_NOTE, expire_logs
@@ -15,17 +16,11 @@ def test_logs_expire_after_the_retention(tmp_path: Path) -> None:
     try:
         ids = []
         for _ in range(3):
-            job = store.jobs.create(
-                name="j",
-                owner="ann",
-                priority="normal",
-                spec={"entrypoint": "python train.py"},
-                archive_sha256="0" * 64,
-            )
-            logs = JobLayout(tmp_path, job.id).logs
+            job_id = new_job(store)
+            logs = JobLayout(tmp_path, job_id).logs
             logs.mkdir(parents=True)
             (logs / "rank-0.log").write_text("hello\n")
-            ids.append(job.id)
+            ids.append(job_id)
         old, recent, running = ids
         store.jobs.transition(old, JobState.CANCELED, ended_at=1000.0)
         store.jobs.transition(recent, JobState.CANCELED, ended_at=5000.0)

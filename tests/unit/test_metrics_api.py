@@ -11,6 +11,7 @@ import pytest
 from fastapi.testclient import TestClient
 from typer.testing import CliRunner
 
+from tests.support.records import new_job
 from trainhouse._http import encode_json
 from trainhouse.cli import options as cli_options
 from trainhouse.cli.app import app as cli_app
@@ -26,13 +27,7 @@ AUTH = {"Authorization": "Bearer known"}
 def job(api: TestClient) -> int:
     """A job (ended, so the scheduler leaves it alone) whose credential is AUTH."""
     store = api.app.state.services.store  # type: ignore[attr-defined]
-    job_id: int = store.jobs.create(
-        name="j",
-        owner="ann",
-        priority="normal",
-        spec={"entrypoint": "python train.py"},
-        archive_sha256="0" * 64,
-    ).id
+    job_id = new_job(store)
     store.jobs.transition(job_id, JobState.CANCELED, reason="test")
     store.jobs.update(job_id, token_hash=hash_token("known"))
     return job_id

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
+from tests.support.records import new_job as make_job
 from trainhouse.store import Store, reports, rollup
 from trainhouse.store import metrics as m
 from trainhouse.store.reports import Columns
@@ -21,13 +22,7 @@ INT64 = 2**63 - 1
 
 
 def new_job(store: Store) -> int:
-    return store.jobs.create(
-        name="j",
-        owner="ann",
-        priority="normal",
-        spec={"entrypoint": "python train.py"},
-        archive_sha256="0" * 64,
-    ).id
+    return make_job(store)
 
 
 def raw(store: Store, job: int) -> dict[tuple[str, int], list[tuple[int, float | None]]]:

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.records import new_job as make_job
 from trainhouse.errors import InvalidMetrics
 from trainhouse.layout import AttemptLayout
 from trainhouse.store import MetricPoint, Store
@@ -22,13 +23,7 @@ INT64 = 2**63 - 1
 
 
 def new_job(store: Store) -> int:
-    return store.jobs.create(
-        name="j",
-        owner="ann",
-        priority="normal",
-        spec={"entrypoint": "python train.py"},
-        archive_sha256="0" * 64,
-    ).id
+    return make_job(store)
 
 
 def cols(

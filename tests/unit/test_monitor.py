@@ -18,6 +18,7 @@ from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.support.fakes import FakeExecutor
+from tests.support.records import new_job as make_job
 from trainhouse.cluster import Node
 from trainhouse.executors.local import LocalExecutor, marked_pids
 from trainhouse.monitoring import names
@@ -37,9 +38,7 @@ NEVER_FITS = {"entrypoint": "python train.py", "resources": {"cpus_per_proc": 40
 
 
 def new_job(store: Store, priority: str = "normal") -> int:
-    return store.jobs.create(
-        name="j", owner="u", priority=priority, spec=NEVER_FITS, archive_sha256="0" * 64
-    ).id
+    return make_job(store, owner="u", priority=priority, spec=NEVER_FITS)
 
 
 @pytest.fixture

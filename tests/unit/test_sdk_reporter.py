@@ -12,6 +12,7 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.support.records import new_job
 from trainhouse.errors import ClientError
 from trainhouse.layout import AttemptLayout
 from trainhouse.sdk import _run as sdk_run
@@ -198,13 +199,7 @@ def test_points_unsent_at_the_end_are_spooled_and_stored_once(tmp_path: Path) ->
 
     store = Store(f"sqlite:///{tmp_path / 'db.sqlite'}")
     try:
-        job = store.jobs.create(
-            name="j",
-            owner="ann",
-            priority="normal",
-            spec={"entrypoint": "python train.py"},
-            archive_sha256="0" * 64,
-        )
+        job = store.jobs.get(new_job(store))
         sent = server.requests[0]
         store.metrics.add(
             job.id,

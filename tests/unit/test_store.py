@@ -6,6 +6,7 @@ import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 
+from tests.support.records import new_job as make_job
 from trainhouse.errors import InvalidTransition, NotFound, StoreError
 from trainhouse.lifecycle import JobState
 from trainhouse.store import MetricPoint, Store
@@ -14,9 +15,7 @@ from trainhouse.store.tables import metadata
 
 def new_job(store: Store, name: str = "j") -> int:
     spec = {"entrypoint": "python t.py", "max_restarts": 0}
-    return store.jobs.create(
-        name=name, owner="alice", priority="normal", spec=spec, archive_sha256="0" * 64
-    ).id
+    return make_job(store, name=name, owner="alice", spec=spec)
 
 
 def test_migrated_schema_matches_tables(store: Store) -> None:

@@ -19,12 +19,15 @@ from trainhouse.cli import render
 from trainhouse.cli.options import Home, db_option, home_option, settings_default, url_option
 from trainhouse.cli.render import console, errors
 from trainhouse.errors import ServerUnreachable
+from trainhouse.executors.registry import EXECUTORS
 
 if TYPE_CHECKING:
     from trainhouse.server.settings import Settings
     from trainhouse.serverprocess import ServerProcess
 
 app = typer.Typer()  # merged into the root: its commands are top-level
+
+EXECUTOR_CHOICES = " or ".join(f"{name} ({entry.summary})" for name, entry in EXECUTORS.items())
 
 
 def port_free(host: str, port: int) -> bool:
@@ -92,7 +95,7 @@ def server(
     ] = None,
     cpus: Annotated[int | None, typer.Option(help="CPU cores to offer")] = None,
     executor: Annotated[
-        str | None, typer.Option(help="Executor: local (this machine) or ray (a Ray cluster)")
+        str | None, typer.Option(help=f"Executor: {EXECUTOR_CHOICES}")
     ] = settings_default("local"),
     ray_address: Annotated[
         str | None,

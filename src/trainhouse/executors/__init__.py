@@ -1,5 +1,4 @@
-"""Executors turn placements into processes: ``local`` (torchrun on this machine)."""
-
-from trainhouse.executors.base import Executor, Exit, Launch
-
-__all__ = ["Executor", "Exit", "Launch"]
+"""Executors turn placements into processes: ``local`` (torchrun on this machine) and ``ray``
+(placement groups on a Ray cluster), named in :mod:`trainhouse.executors.registry`; the protocol
+they implement is :mod:`trainhouse.executors.base`. Nothing is imported here, so that naming the
+executors (``trainhouse server --help``) loads none of them."""

@@ -142,7 +142,8 @@ class LocalExecutor:
     def environment(self, launch: Launch, marker: str) -> dict[str, str]:
         return torchrun.rank_environment(
             os.environ,
-            torchrun.job_environment(launch.spec, launch.env),
+            torchrun.spec_environment(launch.spec),
+            launch.env,
             marker=marker,
             gpus=[str(g) for g in launch.placements[0].gpus],
             log_dir=launch.layout.logs,

@@ -54,7 +54,7 @@ from trainhouse.executors.ray_attempt import (
     to_node,
 )
 from trainhouse.executors.ray_node import NodeAgent, boot_id
-from trainhouse.executors.torchrun import job_environment
+from trainhouse.executors.torchrun import spec_environment
 from trainhouse.layout import LAUNCHER_LOG, JobLayout
 from trainhouse.lifecycle import StopReason
 
@@ -278,13 +278,14 @@ class RayExecutor:
             for m, info in zip(att.members, infos, strict=True):
                 m.boot_id = info["boot_id"]
             master = (str(infos[0]["ip"]), int(infos[0]["port"]))
-            env = job_environment(launch.spec, launch.env)
+            env = spec_environment(launch.spec)
             calls = []
             for m, info in zip(att.members, infos, strict=True):
                 calls.append(
                     m.actor.start.remote(
                         launch.spec.argv,
                         env,
+                        launch.env,
                         info["gpus"],
                         procs=att.procs,
                         nodes=len(att.members),

@@ -39,7 +39,7 @@ import psutil
 from trainhouse.executors import torchrun
 from trainhouse.executors.markers import kill_marked
 from trainhouse.executors.supervise import read_record
-from trainhouse.layout import LAUNCHER_LOG, MARKER_ENV, AttemptLayout
+from trainhouse.layout import LAUNCHER_LOG, MARKER_ENV, AttemptLayout, JobEnv
 
 CHUNK = 1 << 20  # bytes of one log returned by one status call at most
 
@@ -122,7 +122,8 @@ class NodeAgent:
     def start(
         self,
         argv: list[str],
-        env: dict[str, str],
+        spec_env: dict[str, str],
+        job: JobEnv,
         gpus: list[str],
         *,
         procs: int,
@@ -132,7 +133,8 @@ class NodeAgent:
     ) -> int:
         """Start the guard, then the supervisor of torchrun for node ``node_rank`` of
         ``nodes`` (rendezvous at ``master``) running ``argv`` in each of ``procs`` ranks, with
-        the job's environment ``env``; returns the supervisor's PID."""
+        the spec's environment ``spec_env`` and trainhouse's ``job``; returns the supervisor's
+        PID."""
         if self.proc is not None:
             return self.proc.pid
         read_end, write_end = os.pipe()  # not inheritable: only the guard gets the read end
@@ -161,7 +163,8 @@ class NodeAgent:
         self.guard_fd = write_end
         full = torchrun.rank_environment(
             os.environ,
-            env,
+            spec_env,
+            job,
             marker=self.marker,
             gpus=gpus,
             log_dir=self.logs,

@@ -2,7 +2,9 @@
 
 Adding an executor is a module implementing :class:`~trainhouse.executors.base.Executor` and one
 entry here; the server's settings (:class:`ExecutorOptions`) carry its options, checked by the
-entry's ``check`` before the server starts and used by its ``build`` when it does.
+entry's ``check`` before the server starts and used by its ``build`` when it does. Standard
+library only at import: the CLI lists the entries in ``trainhouse server --help`` without
+loading an executor.
 """
 
 from __future__ import annotations
@@ -12,9 +14,10 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
-from trainhouse.executors.base import Executor
+if TYPE_CHECKING:
+    from trainhouse.executors.base import Executor
 
 __all__ = ["EXECUTORS", "ExecutorEntry", "ExecutorOptions", "build", "check"]
 

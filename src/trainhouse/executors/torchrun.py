@@ -8,9 +8,10 @@
           ARGV (the job's entrypoint)
 
 :func:`command` builds that command line (a standalone rendezvous for one node, a static one at
-node 0's address for several); :func:`job_environment` the variables every rank of the job gets
-on every node, and :func:`rank_environment` completes them with a node's own (its marker, GPUs,
-directories) on top of the environment the node's agent runs in. The local executor and the Ray
+node 0's address for several); :func:`spec_environment` the variables the spec gives every rank,
+and :func:`rank_environment` the whole environment of a node's processes: the agent's own, the
+spec's, trainhouse's (:class:`~trainhouse.layout.JobEnv`, with the node's directories) and the
+node's marker and GPUs. The local executor and the Ray
 node agent both start attempts through this module.
 """
 
@@ -20,17 +21,10 @@ import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from trainhouse.layout import (
-    ATTEMPT_DIR_ENV,
-    LOG_DIR_ENV,
-    MARKER_ENV,
-    AttemptLayout,
-    JobEnv,
-    is_job_variable,
-)
+from trainhouse.layout import MARKER_ENV, AttemptLayout, JobEnv, is_job_variable
 from trainhouse.spec import JobSpec
 
-__all__ = ["command", "job_environment", "rank_environment"]
+__all__ = ["command", "rank_environment", "spec_environment"]
 
 MONITOR_INTERVAL = "0.2"  # seconds between torchrun's checks of its ranks
 
@@ -80,20 +74,20 @@ def command(
     ]
 
 
-def job_environment(spec: JobSpec, job: JobEnv) -> dict[str, str]:
-    """What every rank of the job gets on every node: thread and output settings, the spec's
-    ``env``, then trainhouse's variables (which a spec can never override)."""
+def spec_environment(spec: JobSpec) -> dict[str, str]:
+    """What the spec gives every rank on every node: thread and output settings, then its own
+    ``env``."""
     return {
         "OMP_NUM_THREADS": str(spec.resources.cpus_per_proc),
         "PYTHONUNBUFFERED": "1",
         **spec.env,
-        **job.to_env(),
     }
 
 
 def rank_environment(
     base: Mapping[str, str],
-    job: Mapping[str, str],
+    spec_env: Mapping[str, str],
+    job: JobEnv,
     *,
     marker: str,
     gpus: Sequence[str],
@@ -103,21 +97,21 @@ def rank_environment(
 ) -> dict[str, str]:
     """The environment of a node's processes: ``base`` (the environment of whoever starts
     them) without variables trainhouse or torchrun set for ranks (nor those starting with
-    ``drop_prefixes``), then the job's (:func:`job_environment`), then the node's own: the
-    attempt's marker, its GPUs, where logs and exit records go, and a TMPDIR of the
-    attempt's, removed when it ends."""
+    ``drop_prefixes``), then the spec's (:func:`spec_environment`), then trainhouse's with this
+    node's log and attempt directories (which a spec can never override), then the node's
+    own: the attempt's marker, its GPUs, and a TMPDIR of the attempt's, removed when it
+    ends."""
     env = {
         k: v
         for k, v in base.items()
         if not is_job_variable(k) and not (drop_prefixes and k.startswith(drop_prefixes))
     }
-    env.update(job)
+    env.update(spec_env)
+    env.update(job.on_node(log_dir, attempt.dir).to_env())
     env.update(
         {
             MARKER_ENV: marker,
             "CUDA_VISIBLE_DEVICES": ",".join(gpus),
-            LOG_DIR_ENV: str(log_dir),
-            ATTEMPT_DIR_ENV: str(attempt.dir),
             "TMPDIR": str(attempt.tmp),
         }
     )

@@ -1,0 +1,90 @@
+"""The process tree and the environment of one node, as both executors build them
+(trainhouse.executors.torchrun), read back by the SDK's side (trainhouse.layout.JobEnv)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from trainhouse.executors import torchrun
+from trainhouse.layout import MARKER_ENV, AttemptLayout, JobEnv
+from trainhouse.spec import parse_spec
+
+JOB = JobEnv(
+    url="http://head:8470",
+    job_id=12,
+    job_name="digits",
+    attempt=3,
+    token="thj_12_secret",
+    checkpoints="/srv/ckpt/12",
+    hparams={"lr": 0.1},
+)
+
+
+def test_one_node_rendezvous_standalone_several_at_node_0() -> None:
+    one = torchrun.command(Path("/a/exit-launcher"), ["python", "train.py"], procs=2)
+    assert one[:4] == [sys.executable, "-m", "trainhouse.executors.supervise", "/a/exit-launcher"]
+    assert one[4:7] == [sys.executable, "-m", "torch.distributed.run"]
+    assert "--standalone" in one and "--nproc-per-node=2" in one and "--max-restarts=0" in one
+    assert one[-4:] == ["-m", "trainhouse.executors.rank", "python", "train.py"]
+    many = torchrun.command(
+        Path("/a/x"), ["python", "t.py"], procs=4, nodes=3, node_rank=2, master=("10.0.0.1", 29500)
+    )
+    assert "--standalone" not in many
+    for arg in ("--nnodes=3", "--node-rank=2", "--master-addr=10.0.0.1", "--master-port=29500"):
+        assert arg in many
+    with pytest.raises(ValueError, match="node 0's address"):
+        torchrun.command(Path("/a/x"), ["t"], procs=1, nodes=2)
+
+
+def test_a_rank_gets_the_spec_then_trainhouse_then_its_node() -> None:
+    spec = parse_spec(
+        "entrypoint: python train.py\nresources: {cpus_per_proc: 3}\nenv: {MY_FLAG: 'on'}\n"
+    )
+    base = {
+        "PATH": "/usr/bin",
+        "TRAINHOUSE_DB": "postgresql://secret@db/th",  # the server's: never a job's
+        "RANK": "7",
+        "RAY_ADDRESS": "10.0.0.1:6379",
+        "CUDA_VISIBLE_DEVICES": "0,1,2,3",
+    }
+    attempt = AttemptLayout(Path("/node/attempt"))
+    env = torchrun.rank_environment(
+        base,
+        torchrun.spec_environment(spec),
+        JOB,
+        marker="home:12:3:1",
+        gpus=["1", "3"],
+        log_dir=Path("/node/logs"),
+        attempt=attempt,
+        drop_prefixes=("RAY_",),
+    )
+    assert env["PATH"] == "/usr/bin" and "RANK" not in env and "RAY_ADDRESS" not in env
+    assert "TRAINHOUSE_DB" not in env
+    assert (env["OMP_NUM_THREADS"], env["PYTHONUNBUFFERED"], env["MY_FLAG"]) == ("3", "1", "on")
+    assert env[MARKER_ENV] == "home:12:3:1" and env["CUDA_VISIBLE_DEVICES"] == "1,3"
+    assert env["TMPDIR"] == "/node/attempt/tmp"
+    # the SDK and the rank wrapper read the same values back
+    assert JobEnv.from_env(env) == JOB.on_node("/node/logs", "/node/attempt")
+    assert env["TRAINHOUSE_TOKEN"] == env["TRAINHOUSE_JOB_TOKEN"] == "thj_12_secret"
+    local = torchrun.rank_environment(
+        base,
+        {},
+        JOB,
+        marker="m",
+        gpus=[],
+        log_dir=Path("/l"),
+        attempt=attempt,
+    )
+    assert local["RAY_ADDRESS"] == "10.0.0.1:6379" and local["CUDA_VISIBLE_DEVICES"] == ""
+
+
+def test_a_checkpoint_url_and_a_standalone_process() -> None:
+    remote = JobEnv(**{**JOB.__dict__, "checkpoints": "s3://bucket/12"})
+    env = remote.to_env()
+    assert env["TRAINHOUSE_CHECKPOINT_URL"] == "s3://bucket/12"
+    assert "TRAINHOUSE_CHECKPOINT_DIR" not in env
+    assert JobEnv.from_env(env) == remote
+    assert JobEnv.from_env({"PATH": "/usr/bin"}) is None  # not under the server: standalone
