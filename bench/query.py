@@ -4,12 +4,12 @@ A fresh SQLite store (a temporary home, the store's own migrations and pragmas) 
 (ended, so the server's scheduler leaves it alone) with a ``loss`` series of ``--points``
 points (1,000,000: steps 0.., Gaussian noise on a decaying curve, with a few spikes) and
 ``--others`` more series (3) of ``--other-points`` points each (100,000), logged every
-``points / other-points`` steps, all stored through ``Store.add_metrics`` in batches of 50,000
+``points / other-points`` steps, all stored through ``store.metrics.add`` in batches of 50,000
 as a running job would report them (so the series interleave on disk).
 
 Then, ``--repeats`` times each (15; 5 with ``--quick``), median and best:
 
-- **direct**: ``Store.metric_series(job, name="loss")`` + ``Store.metric_points(...,
+- **direct**: ``store.metrics.series(job, name="loss")`` + ``store.metrics.series_points(...,
   max_points=--max-points)`` (1000), what the route does, without HTTP;
 - **HTTP**: ``GET /api/v1/jobs/{id}/metrics?name=loss&max_points=1000`` against a real server
   process (``trainhouse.serverprocess.ServerProcess`` on the same home), through httpx;
@@ -138,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
         total = args.points + args.others * min(args.other_points, args.points)
         log(f"storing {args.points:,} {NAME} points and {args.others} other series ...")
         fill_s = fill(store, job, args.points, args.others, args.other_points)
-        log(f"  {fill_s:.1f} s ({total / fill_s:,.0f} points/s through Store.add_metrics)")
+        log(f"  {fill_s:.1f} s ({total / fill_s:,.0f} points/s through store.metrics.add)")
         with store.engine.connect() as conn:
             low, high = conn.exec_driver_sql(
                 f"SELECT min(value), max(value) FROM metrics WHERE name = '{NAME}'"

@@ -1,9 +1,9 @@
 """Rollup maintenance in metric ingestion: store-only time per batch, before and after.
 
-``Store.add_metrics`` stores a batch and, in the same transaction, maintains the rollup
+``store.metrics.add`` stores a batch and, in the same transaction, maintains the rollup
 (``metric_buckets``, :mod:`trainhouse.store.rollup`). The SDK sends whatever it buffered in the
 last second, so a running job's batches are small and wide: a few steps of many series. This
-times ``Store.add_metrics`` (one transaction, commit included; no HTTP, no parsing) for three
+times ``store.metrics.add`` (one transaction, commit included; no HTTP, no parsing) for three
 shapes of 100 points each, every batch appending the next steps of every series:
 
 - 1 series x 100 steps, 10 series x 10 steps, 100 series x 1 step (``--shapes`` to change),
