@@ -38,8 +38,16 @@ SINGLE_BACKEND = {
 }
 
 
+# keys of SINGLE_BACKEND to run on both backends all the same, e.g. the chaos test over many
+# seeds: TRAINHOUSE_TEST_BOTH_BACKENDS=test_chaos.py TRAINHOUSE_CHAOS_SEEDS=1,2,3 pytest ...
+BOTH_ANYWAY = tuple(k for k in os.environ.get("TRAINHOUSE_TEST_BOTH_BACKENDS", "").split(",") if k)
+
+
 def _single_backend(nodeid: str) -> bool:
-    return any(nodeid.split("/")[-1].startswith(key) for key in SINGLE_BACKEND)
+    name = nodeid.split("/")[-1]
+    if any(name.startswith(key) for key in BOTH_ANYWAY):
+        return False
+    return any(name.startswith(key) for key in SINGLE_BACKEND)
 
 
 def _starts_a_server(metafunc: pytest.Metafunc) -> bool:

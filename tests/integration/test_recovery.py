@@ -12,7 +12,14 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.jobs import LONG_SCRIPT, RESUMABLE, STUBBORN_SCRIPT, write_job
+from tests.support.jobs import (
+    HOLDING,
+    LONG_SCRIPT,
+    RESUMABLE,
+    STUBBORN_SCRIPT,
+    rank_process,
+    write_job,
+)
 from tests.support.processes import marked_processes
 from tests.support.servers import REPO, Server, assert_clean_stop, free_port, start_server
 
@@ -130,6 +137,43 @@ def test_ranks_killed_while_the_server_is_down_restart_from_the_checkpoint(
         start_line = [ln for ln in log.splitlines() if "attempt 2 starts at step" in ln]
         assert start_line and not start_line[0].endswith("step 0")
         assert steps_of(srv, job["id"]) == list(range(40))
+    finally:
+        assert_clean_stop(srv)
+
+
+def test_a_rank_killed_after_a_save_the_server_never_heard_of_loses_no_step(
+    tmp_path: Path,
+) -> None:
+    """The race chaos found (issue 13): the server is down, rank 0 buffers its steps and saves
+    a checkpoint the server cannot hear of, and is killed before its next flush. The record a
+    resume finds the checkpoint by appears only once the steps before it are spooled, so the
+    next attempt resumes after it and every step is stored, each once."""
+    home = tmp_path / "home"
+    srv = start_server(home, "--cpus", "2")
+    spec = write_job(tmp_path, HOLDING, "name: held\nentrypoint: python train.py\n")
+    job = srv.cli_json("submit", str(spec), "--detach")
+    srv.wait_step(job["id"], 2)
+    kill(srv)  # from here on rank 0 can only buffer (and spool) its steps
+    job_dir = home / "jobs" / str(job["id"])
+    log = job_dir / "logs" / "rank-0.log"
+    deadline = time.monotonic() + 120
+    while "holding after the checkpoint of step 10" not in (
+        log.read_text() if log.exists() else ""
+    ):
+        assert time.monotonic() < deadline, "the job never reached its hold"
+        time.sleep(0.2)
+    assert (job_dir / "checkpoints" / "step-000000010.pt.json").is_file()  # a resume finds it
+    rank = rank_process(job["id"], 0)
+    assert rank is not None
+    rank.kill()  # before any flush could reach a server
+    srv = start_server(home, "--cpus", "2", port=srv.port)
+    try:
+        final = srv.wait(job["id"], {"COMPLETED", "FAILED"}, timeout=180)
+        assert final["state"] == "COMPLETED", final
+        assert final["attempts"] == 2 and final["infra_restarts"] == 1
+        out = srv.cli("logs", str(job["id"])).stdout
+        assert "attempt 2 starts at step 11" in out  # from the checkpoint of step 10
+        assert steps_of(srv, job["id"]) == list(range(30))  # steps 3-10 came from the spool
     finally:
         assert_clean_stop(srv)
 

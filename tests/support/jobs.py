@@ -50,6 +50,28 @@ with trainhouse.init(hparams={"steps": 40}) as run:
             break
 """
 
+# RESUMABLE's loop, but its first attempt holds right after the checkpoint of step hparams.hold
+# (a checkpoint every 5 steps): a test kills it there, between that save and its next flush
+HOLDING = """
+import time
+import trainhouse
+
+with trainhouse.init(hparams={"steps": 30, "hold": 10}) as run:
+    steps, hold = int(run.hparams["steps"]), int(run.hparams["hold"])
+    run.set_total_steps(steps)
+    state = run.checkpoint.load()
+    start = state["step"] + 1 if state else 0
+    print(f"rank {run.rank} attempt {run.attempt} starts at step {start}", flush=True)
+    for step in range(start, steps):
+        time.sleep(0.1)
+        run.log({"loss": 1.0 / (step + 1)}, step=step)
+        if step % 5 == 0:
+            run.checkpoint.save({"step": step}, step=step)
+        if step == hold and run.attempt == 1:
+            print(f"holding after the checkpoint of step {step}", flush=True)
+            time.sleep(300)
+"""
+
 # a script that never asks whether to stop: trainhouse must end it all the same
 STUBBORN_SCRIPT = """
 import time

@@ -249,3 +249,104 @@ def test_a_checkpoint_saved_while_the_server_is_down_is_registered_after_its_met
     assert calls == [("points", [0, 1, 2, 3, 4]), ("checkpoint", 3)]
     assert not rep.deferred_checkpoints
     rep.close()
+
+
+def test_persist_spools_every_point_logged_and_sends_it_first_under_its_id(tmp_path: Path) -> None:
+    server = FakeServer()
+    spool = tmp_path / "metrics-spool"
+    rep = reporter(server, interval=3600, spool=spool, max_batch=3)
+    server.down = True
+    rep.add([(s, "loss", float(s), None, 0.0) for s in range(4)])
+    with pytest.raises(ClientError):
+        rep.flush()  # steps 0-2 are in line under one id; step 3 is buffered
+    assert rep.persist()
+    files = sorted(spool.glob("*.json"))
+    spooled = [report_body(f.read_bytes()) for f in files]
+    assert [[p[0] for p in b["points"]] for b in spooled] == [[0, 1, 2], [3]]
+    assert spooled[0]["batch_id"] == server.refused[-1]  # the id the server may have seen
+    assert rep.persist()  # nothing new: the same files
+    assert sorted(spool.glob("*.json")) == files
+    rep.add([(4, "loss", 4.0, None, 0.0)])
+    server.down = False
+    rep.flush()
+    sent = [(r["batch_id"], [p[0] for p in r["points"]]) for r in server.requests]
+    assert sent == [(b["batch_id"], [p[0] for p in b["points"]]) for b in spooled] + [
+        (sent[2][0], [4])
+    ]
+    assert not list(spool.glob("*.json"))  # stored: the spool is empty again
+    rep.close()
+    rep.api.close()
+
+
+def test_persist_without_a_spool_says_so() -> None:
+    server = FakeServer()
+    rep = reporter(server, interval=3600)
+    server.down = True
+    rep.add([(0, "loss", 1.0, None, 0.0)])
+    assert not rep.persist()
+    server.down = False
+    rep.close()
+    assert [p[0] for r in server.requests for p in r["points"]] == [0]
+    rep.api.close()
+
+
+def _run_under_a_dead_server(tmp_path: Path, spool: Path | None) -> tuple[Any, Path, Reporter]:
+    """A checkpointer whose server refuses connections, its checkpoint directory, its reporter."""
+    from trainhouse.sdk._server import ServerLink
+    from trainhouse.sdk.checkpoint import Checkpointer
+    from trainhouse.sdk.checkpoint._registry import ServerRegistry
+
+    server = FakeServer()
+    server.down = True
+    api = JobAPI("http://server", 7, "tok", transport=httpx.MockTransport(server))
+    link = ServerLink(api, attempt=1, spool=spool, report=True)
+    directory = tmp_path / "checkpoints"
+    ckpt = Checkpointer(directory, registry=ServerRegistry(link))
+    assert link.reporter is not None
+    return ckpt, directory, link.reporter
+
+
+def test_a_checkpoint_is_recorded_only_once_the_metrics_before_it_are_durable(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 13's race: saved while the server is down, the checkpoint's record (which a restart
+    finds) appears only after every point logged before it is spooled and fsynced, so a rank
+    killed before its next flush loses no step a resume from that checkpoint skips."""
+    from trainhouse.sdk.checkpoint import _checkpointer
+
+    monkeypatch.setattr(_checkpointer, "REGISTER_WAIT", 0.1)
+    spool = tmp_path / "attempt" / "metrics-spool"
+    ckpt, directory, rep = _run_under_a_dead_server(tmp_path, spool)
+    rep.add([(s, "loss", float(s), None, 0.0) for s in range(11)])
+    seen: list[list[int]] = []
+    real = ckpt.storage.write_text
+
+    def write_text(rel: str, text: str) -> None:
+        if rel.endswith(".json"):  # the sidecar: what is durable at this moment?
+            points = [report_body(f.read_bytes())["points"] for f in sorted(spool.glob("*.json"))]
+            seen.append([p[0] for batch in points for p in batch])
+        real(rel, text)
+
+    monkeypatch.setattr(ckpt.storage, "write_text", write_text)
+    ckpt.save({"w": 1}, step=10, rng=False)
+    assert seen == [list(range(11))]
+    assert (directory / "step-000000010.pt.json").is_file()
+    assert rep.deferred_checkpoints  # registered once the server answers, after the points
+    rep.close(timeout=0.1)
+    rep.api.close()
+
+
+def test_no_record_when_the_metrics_before_it_cannot_be_kept(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from trainhouse.sdk.checkpoint import _checkpointer
+
+    monkeypatch.setattr(_checkpointer, "REGISTER_WAIT", 0.1)
+    ckpt, directory, rep = _run_under_a_dead_server(tmp_path, spool=None)
+    rep.add([(0, "loss", 1.0, None, 0.0)])
+    ckpt.save({"w": 1}, step=0, rng=False)
+    assert (directory / "step-000000000.pt").is_file()
+    assert not (directory / "step-000000000.pt.json").exists()  # invisible to a resume
+    assert rep.deferred_checkpoints  # registered after its metrics, if the server returns
+    rep.close(timeout=0.1)
+    rep.api.close()

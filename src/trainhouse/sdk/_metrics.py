@@ -6,10 +6,17 @@ stores a full batch in one transaction (``trainhouse.store.metrics``). A batch k
 until the server accepts it, so a retried batch is stored once.
 Points the server could not take by the end of the run (it was down) are spooled to the attempt's
 directory; the server stores them when it records the attempt's end, under the same batch ids.
+
+A checkpoint must never become visible to a resume before every point logged before it is
+durable: the checkpointer flushes, and where the server cannot take the points now it asks
+:meth:`Reporter.persist` to spool them (fsynced) first. Spooled batches stay first in line and
+are sent under their own ids once the server answers (their files removed once stored); a rank
+killed before that leaves them for the server to store when it records the attempt's end.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import operator
@@ -17,6 +24,8 @@ import os
 import threading
 import time
 import uuid
+from collections import deque
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +44,15 @@ def finite_or_none(value: float) -> float | None:
 
 
 _FIELDS = [operator.itemgetter(i) for i in range(5)]
+
+
+@dataclass
+class _Batch:
+    """Points sent as one report, under one id until the server stores them."""
+
+    id: str
+    points: list[Point]
+    spooled: Path | None = None  # its spool file, once it has one
 
 
 def as_columns(points: list[Point]) -> dict[str, Any]:
@@ -76,7 +94,9 @@ class Reporter:
         self.stop_reason: str | None = None
         self.sent_points = 0
         self._buffer: list[Point] = []
-        self._pending: tuple[str, list[Point]] | None = None
+        # batches formed and not stored yet, in the order they are sent (the first may be in
+        # flight); only the flush lock's holder takes from it
+        self._batches: deque[_Batch] = deque()
         self._lock = threading.Lock()
         self._flush_lock = threading.Lock()
         self._kick = threading.Event()
@@ -146,28 +166,45 @@ class Reporter:
                 with self._lock:
                     self._deferred.pop(0)
 
+    def _take_buffer(self) -> list[Point]:
+        """At most ``max_batch`` of the buffered points, taken out of the buffer."""
+        with self._lock:
+            if len(self._buffer) <= self.max_batch:  # the usual case: no copying
+                points, self._buffer = self._buffer, []
+            else:
+                points = self._buffer[: self.max_batch]
+                del self._buffer[: self.max_batch]
+        return points
+
+    def _payload(self, batch: _Batch) -> dict[str, Any]:
+        return {
+            "batch_id": batch.id,
+            "attempt": self.attempt,
+            "columns": as_columns(batch.points),
+            "total_steps": self.total_steps,
+            "resume_step": self.resume_step,
+        }
+
+    def _stored(self, batch: _Batch) -> None:
+        """The server stored ``batch``: it leaves the line (and the spool)."""
+        self._batches.popleft()
+        if batch.spooled is not None:
+            with contextlib.suppress(OSError):
+                batch.spooled.unlink()
+
     def _send_points(self, retry_for: float) -> None:
-        """Send the buffered points in batches of at most ``max_batch`` (and a heartbeat)."""
+        """Send the batches in line, then the buffered points in batches of at most
+        ``max_batch`` (and a heartbeat when one is due)."""
         while True:
-            if self._pending is None:
-                with self._lock:
-                    if len(self._buffer) <= self.max_batch:  # the usual case: no copying
-                        points, self._buffer = self._buffer, []
-                    else:
-                        points = self._buffer[: self.max_batch]
-                        del self._buffer[: self.max_batch]
+            if not self._batches:
+                points = self._take_buffer()
                 due = time.monotonic() - self._last_sent >= self.heartbeat
                 if not points and not due and self.total_steps == self._total_sent:
                     return
-                self._pending = (uuid.uuid4().hex, points)
-            batch_id, points = self._pending
-            payload: dict[str, Any] = {
-                "batch_id": batch_id,
-                "attempt": self.attempt,
-                "columns": as_columns(points),
-                "total_steps": self.total_steps,
-                "resume_step": self.resume_step,
-            }
+                self._batches.append(_Batch(uuid.uuid4().hex, points))
+            batch = self._batches[0]
+            points = batch.points
+            payload = self._payload(batch)
             try:
                 answer = self.api.report(payload, retry_for=retry_for)
             except ClientError as exc:
@@ -176,24 +213,63 @@ class Reporter:
                     exc.status >= 500 and self._failures >= MAX_SERVER_ERRORS
                 ):  # retrying cannot help: drop it, or nothing after it gets through
                     log.error("trainhouse: server refused %d metric points: %s", len(points), exc)
-                    self._pending = None
+                    self._stored(batch)
                     self._failures = 0
                     return
                 raise
             self._failures = 0
             if self.resume_step == payload["resume_step"]:
                 self.resume_step = None  # applied
-            self._pending = None
+            self._stored(batch)
             self._last_sent = time.monotonic()
             self._total_sent = payload["total_steps"]
             self.sent_points += len(points)
             if answer.get("stop"):
                 self.stop_reason = answer.get("stop_reason")
                 self.stop_requested.set()
-            with self._lock:
-                more = bool(self._buffer)
-            if not more:
-                return
+            if not self._batches:
+                with self._lock:
+                    more = bool(self._buffer)
+                if not more:
+                    return
+
+    def persist(self) -> bool:
+        """Make every point logged so far durable now, without the server: the batches in line
+        and the buffer are written to the spool (fsynced) and stay first in line, to be sent
+        under their ids once the server answers. False when there is no spool or it cannot be
+        written (then nothing logged since the last report is durable)."""
+        with self._flush_lock:  # the metric thread sends nothing meanwhile
+            while points := self._take_buffer():
+                self._batches.append(_Batch(uuid.uuid4().hex, points))
+            return self._spool_batches()
+
+    def _spool_batches(self) -> bool:
+        """Write each batch in line that has no spool file yet (fsynced, renamed into place)."""
+        unwritten = [b for b in self._batches if b.spooled is None and b.points]
+        if not unwritten:
+            return True
+        if self.spool is None:
+            return False
+        try:
+            self.spool.mkdir(parents=True, exist_ok=True)
+            for batch in unwritten:
+                final = self.spool / f"{time.time_ns():020d}-{batch.id}.json"
+                tmp = final.with_name(f".{final.name}.tmp")
+                with tmp.open("wb") as fh:
+                    fh.write(encode_json(self._payload(batch)))
+                    fh.flush()
+                    os.fsync(fh.fileno())
+                os.replace(tmp, final)
+                batch.spooled = final
+            fd = os.open(self.spool, os.O_RDONLY)  # the renames are durable too
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        except OSError as exc:
+            log.error("trainhouse: cannot spool metrics to %s: %s", self.spool, exc)
+            return False
+        return True
 
     def close(self, timeout: float = 15.0) -> None:
         self._closed.set()
@@ -202,12 +278,12 @@ class Reporter:
         try:
             self.flush(retry_for=timeout)
         except ClientError as exc:
-            with self._lock:
-                batches = [self._pending] if self._pending else []
-                batches.append((uuid.uuid4().hex, self._buffer))
-                self._pending, self._buffer = None, []
-            lost = sum(len(points) for _, points in batches)
-            if self.spool is not None and self._write_spool(batches):
+            with self._flush_lock:
+                while points := self._take_buffer():
+                    self._batches.append(_Batch(uuid.uuid4().hex, points))
+                kept = self._spool_batches()
+                lost = sum(len(b.points) for b in self._batches)
+            if kept and lost:
                 log.warning(
                     "trainhouse: the server is unreachable (%s); %d metric points are kept in %s "
                     "and stored when the server records the end of this attempt",
@@ -215,30 +291,5 @@ class Reporter:
                     lost,
                     self.spool,
                 )
-            else:
+            elif lost:
                 log.error("trainhouse: could not send %d metric points: %s", lost, exc)
-
-    def _write_spool(self, batches: list[tuple[str, list[Point]]]) -> bool:
-        """Write unsent batches as report payloads (fsync'd, renamed into place)."""
-        assert self.spool is not None
-        try:
-            self.spool.mkdir(parents=True, exist_ok=True)
-            for batch_id, points in batches:
-                payload = {
-                    "batch_id": batch_id,
-                    "attempt": self.attempt,
-                    "columns": as_columns(points),
-                    "total_steps": self.total_steps,
-                    "resume_step": self.resume_step,
-                }
-                final = self.spool / f"{time.time_ns():020d}-{batch_id}.json"
-                tmp = final.with_name(f".{final.name}.tmp")
-                with tmp.open("wb") as fh:
-                    fh.write(encode_json(payload))
-                    fh.flush()
-                    os.fsync(fh.fileno())
-                os.replace(tmp, final)
-        except OSError as exc:
-            log.error("trainhouse: cannot spool metrics to %s: %s", self.spool, exc)
-            return False
-        return True

@@ -265,34 +265,57 @@ class Checkpointer(Finder):
         }
 
     def _commit(self, record: dict[str, Any]) -> dict[str, Any]:
-        """Sidecar, metrics, then the server: only for a checkpoint that is fully on disk."""
+        """Metrics, sidecar, then the server: only for a checkpoint that is fully on disk.
+
+        A checkpoint becomes visible to a resume (its sidecar record, which a restart finds, or
+        its registration) only once every metric point logged before it is durable: stored by
+        the server, or, while the server cannot take them, spooled and fsynced. A run resumed
+        from it then never misses a step it logged before, whatever is killed when.
+        """
+        registry = self._registry
+        try:
+            registry.flush_metrics(retry_for=REGISTER_WAIT)
+        except ClientError as exc:
+            if registry.persist_metrics():  # spooled: durable without the server
+                self._write_sidecar(record)
+            else:
+                log.error(
+                    "trainhouse: checkpoint %s gets no record until the metrics logged before it "
+                    "are sent: they can be neither sent nor spooled now (%s)",
+                    record["path"],
+                    exc,
+                )
+            self._register_later(record, exc)
+            return record
+        self._write_sidecar(record)
+        try:
+            return registry.register(record, retry_for=REGISTER_WAIT)
+        except ClientError as exc:
+            self._register_later(record, exc)
+        return record
+
+    def _register_later(self, record: dict[str, Any], exc: ClientError) -> None:
+        """The server could not register ``record`` now: the metric thread does it once the
+        server answers, after the metrics logged before it (or it cannot be registered)."""
+        retryable = isinstance(exc, ServerUnreachable) or exc.status >= 500
+        if retryable and self._registry.defer(record):
+            # training goes on; it is registered once the server is back
+            log.warning(
+                "trainhouse: checkpoint %s is written; it is registered once the "
+                "server answers again (%s)",
+                record["path"],
+                exc,
+            )
+        else:
+            log.error(
+                "trainhouse: checkpoint %s written but not registered: %s", record["path"], exc
+            )
+
+    def _write_sidecar(self, record: dict[str, Any]) -> None:
         try:
             self.storage.write_text(sidecar_name(record["path"]), json.dumps(record))
         except OSError as exc:
             log.error("trainhouse: checkpoint %s kept without its record: %s", record["path"], exc)
-        registry = self._registry
-        try:
-            # every metric up to this step is stored before the server knows the checkpoint:
-            # a run resumed from it never misses a step it logged before
-            registry.flush_metrics(retry_for=REGISTER_WAIT)
-            return registry.register(record, retry_for=REGISTER_WAIT)
-        except ClientError as exc:
-            retryable = isinstance(exc, ServerUnreachable) or exc.status >= 500
-            if retryable and registry.defer(record):
-                # training goes on; it is registered once the server is back
-                log.warning(
-                    "trainhouse: checkpoint %s is written; it is registered once the "
-                    "server answers again (%s)",
-                    record["path"],
-                    exc,
-                )
-            else:
-                log.error(
-                    "trainhouse: checkpoint %s written but not registered: %s",
-                    record["path"],
-                    exc,
-                )
-        return record
 
     # -- sharded ---------------------------------------------------------------------------
     def _save_sharded(

@@ -44,6 +44,11 @@ class CheckpointRegistry(ABC):
         """Send this rank's metrics logged so far, now (before a registration: a run resumed from
         the checkpoint must not miss a step logged before it)."""
 
+    @abstractmethod
+    def persist_metrics(self) -> bool:
+        """Make this rank's metrics logged so far durable without the server (spooled and
+        fsynced, sent once it answers); False when they cannot be."""
+
     @property
     @abstractmethod
     def sends_metrics(self) -> bool:
@@ -75,6 +80,9 @@ class LocalRegistry(CheckpointRegistry):
 
     def flush_metrics(self, retry_for: float = 60.0) -> None:
         return None
+
+    def persist_metrics(self) -> bool:
+        return True  # nothing to send: the console has it all
 
     @property
     def sends_metrics(self) -> bool:
@@ -113,6 +121,9 @@ class ServerRegistry(CheckpointRegistry):
     def flush_metrics(self, retry_for: float = 60.0) -> None:
         if self.link.reporter is not None:
             self.link.reporter.flush(retry_for=retry_for)
+
+    def persist_metrics(self) -> bool:
+        return self.link.reporter is None or self.link.reporter.persist()
 
     @property
     def sends_metrics(self) -> bool:
