@@ -163,16 +163,25 @@ class ProcessGroup(DistributedContext):
         return [float(v) for v in flags.tolist()]
 
     def close(self, *, failed: bool) -> None:
+        """After a failure an NCCL group is aborted, not destroyed: since torch 2.6 destroying
+        it flushes NCCL's work and waits for peers that may sit in a collective for good (the
+        rank would hang until NCCL's watchdog killed the job, its own failure unreported)."""
         if not self._owns_group:
             return
         self._owns_group = False
         import torch.distributed as dist
 
-        if dist.is_initialized():
-            if not failed:
-                with contextlib.suppress(RuntimeError):
-                    dist.barrier()
-            dist.destroy_process_group()
+        if not dist.is_initialized():
+            return
+        if failed and "nccl" in str(dist.get_backend()):
+            from torch.distributed import distributed_c10d
+
+            distributed_c10d._abort_process_group()
+            return
+        if not failed:
+            with contextlib.suppress(RuntimeError):
+                dist.barrier()
+        dist.destroy_process_group()
 
 
 def _env_int(name: str, default: int) -> int:

@@ -24,6 +24,7 @@ import logging
 import os
 import sys
 import time
+import traceback
 import types
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -56,6 +57,20 @@ def _number(name: object, value: Any) -> float:
                 f"metric {name!r} must be a number, got {type(value).__name__} {value!r}"
             ) from None
     return float(value)
+
+
+def _print_now(exc: BaseException) -> None:
+    """Print ``exc``'s traceback to stderr now, and keep the interpreter from printing it again
+    when it ends the process with it."""
+    traceback.print_exception(exc, file=sys.stderr)
+    sys.stderr.flush()
+    previous = sys.excepthook
+
+    def once(kind: type[BaseException], value: BaseException, tb: Any) -> None:
+        if value is not exc:
+            previous(kind, value, tb)
+
+    sys.excepthook = once
 
 
 class _Parts(NamedTuple):
@@ -207,6 +222,11 @@ class Run:
         exc: BaseException | None,
         tb: types.TracebackType | None,
     ) -> None:
+        if exc is not None and not isinstance(exc, SystemExit):
+            # the rank's traceback reaches its log before anything that could wait on peers
+            # (a peer may sit in a collective for good); it is not printed a second time
+            _print_now(exc)
+        sys.stdout.flush()
         self.finish(failed=exc_type is not None)
         sys.stdout.flush()
 
