@@ -75,6 +75,7 @@ def train_epoch(
     loader: DataLoader,
     first_step: int,
     on_step: Callable[[int, float, int], bool] | None = None,
+    device: torch.device | None = None,
 ) -> tuple[float, int, float, bool]:
     """One pass over ``loader``; returns (mean loss, samples seen, seconds, stopped early).
 
@@ -84,6 +85,7 @@ def train_epoch(
     total, samples, step = 0.0, 0, first_step
     start = time.perf_counter()
     for i, (x, y) in enumerate(loader):
+        x, y = x.to(device), y.to(device)
         optim.zero_grad(set_to_none=True)
         loss = F.cross_entropy(model(x), y)
         loss.backward()
@@ -98,10 +100,13 @@ def train_epoch(
 
 
 @torch.no_grad()
-def evaluate(model: nn.Module, loader: DataLoader) -> tuple[float, float]:
+def evaluate(
+    model: nn.Module, loader: DataLoader, device: torch.device | None = None
+) -> tuple[float, float]:
     model.eval()
     loss, correct, n = 0.0, 0, 0
     for x, y in loader:
+        x, y = x.to(device), y.to(device)
         out = model(x)
         loss += F.cross_entropy(out, y, reduction="sum").item()
         correct += (out.argmax(1) == y).sum().item()
@@ -127,7 +132,7 @@ def main() -> None:
             f"on {run.device}",
             flush=True,
         )
-        model = DigitsCNN()
+        model = DigitsCNN().to(run.device)  # this rank's GPU under NCCL, else the CPU
         ddp = DDP(model) if run.world_size > 1 else model
         optim = torch.optim.Adam(ddp.parameters(), lr=float(hp["lr"]))
 
@@ -182,14 +187,14 @@ def main() -> None:
 
             first = step
             train_loss, samples, seconds, stopped = train_epoch(
-                ddp, optim, train_loader, first, on_step
+                ddp, optim, train_loader, first, on_step, run.device
             )
             if stopped:
                 print(f"rank {run.rank}: stopping in epoch {epoch} as asked", flush=True)
                 break
             step = first + batches
             last = step - 1
-            val_loss, val_acc = evaluate(model, val_loader)
+            val_loss, val_acc = evaluate(model, val_loader, run.device)
             run.log(
                 {
                     "epoch": epoch,

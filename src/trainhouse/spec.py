@@ -133,6 +133,14 @@ class Resources(_Strict):
     def _default_procs(self) -> Resources:
         if self.procs_per_node is None:
             object.__setattr__(self, "procs_per_node", max(self.gpus_per_node, 1))
+        elif 0 < self.gpus_per_node < self.procs_per_node:
+            # each rank of a GPU job takes a GPU of its own (run.device): two ranks on one GPU
+            # fail under NCCL ("Duplicate GPU detected"); no sharing mode is offered
+            raise ValueError(
+                f"has procs_per_node ({self.procs_per_node}) more than gpus_per_node "
+                f"({self.gpus_per_node}): each rank of a GPU job gets a GPU of its own; ask for "
+                f"gpus_per_node: {self.procs_per_node} or procs_per_node: {self.gpus_per_node}"
+            )
         return self
 
     @property

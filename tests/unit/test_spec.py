@@ -389,3 +389,16 @@ def test_override_values_get_the_same_guards() -> None:
     assert spec.hparams["x"] == "&a [*a]"  # not YAML a spec accepts: kept as the string
     deep = "[" * 5000 + "]" * 5000
     assert parse_spec("entrypoint: a", overrides=[f"hparams.x={deep}"]).hparams["x"] == deep
+
+
+def test_two_ranks_never_share_a_gpu() -> None:
+    """Issue 20, item 3: more ranks than GPUs on a GPU node put two ranks on one GPU, which
+    NCCL refuses ("Duplicate GPU detected"): refused at submit, with what to ask for."""
+    with pytest.raises(SpecError) as err:
+        parse_spec("entrypoint: python t.py\nresources: {procs_per_node: 4, gpus_per_node: 2}")
+    msg = str(err.value)
+    assert "procs_per_node (4) more than gpus_per_node (2)" in msg
+    assert "gpus_per_node: 4 or procs_per_node: 2" in msg and msg.startswith("<spec>:2:")
+    # fewer ranks than GPUs (a rank driving several) and CPU jobs stay as they were
+    assert parse_spec("entrypoint: t\nresources: {procs_per_node: 1, gpus_per_node: 2}")
+    assert parse_spec("entrypoint: t\nresources: {procs_per_node: 8}").resources.procs == 8
