@@ -151,10 +151,15 @@ class Storage:
 
     def tree_entries(self, rel: str) -> EntryList:
         """(relpath, sha256, size) of every file of the directory ``rel``."""
+        return self.hash_files(rel, self.files(rel))
+
+    def hash_files(self, rel: str, files: Iterable[tuple[str, int]]) -> EntryList:
+        """(relpath, sha256, size) of the given files of the directory ``rel`` (as ``files``
+        lists them): a share of :meth:`tree_entries`, for hashing a tree in parallel."""
         rel = confine(rel)
         out = []
-        for sub, size in self.files(rel):
-            with self.open_read(f"{rel}/{sub}") as fh:
+        for sub, size in files:
+            with self.open_read(f"{rel}/{confine(sub)}") as fh:
                 out.append((sub, _sha256_stream(fh), size))
         return out
 

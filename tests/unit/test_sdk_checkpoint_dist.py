@@ -16,6 +16,7 @@ import pytest
 import torch
 
 import trainhouse
+from trainhouse.sdk.checkpoint._sharded import RNG_FILE
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -46,6 +47,22 @@ DIST_SCRIPT = textwrap.dedent(
     class FullDisk(LocalStorage):
         def open_write(self, rel):
             return Limited(super().open_write(rel))
+
+    # what each rank hashes, and the process groups the checkpoints make
+    hashed = []
+    real_hash = LocalStorage.hash_files
+    def hash_files(self, rel, files):
+        files = list(files)
+        hashed.append([rel, [f for f, _ in files]])
+        return real_hash(self, rel, files)
+    LocalStorage.hash_files = hash_files
+    groups = []
+    real_new_group = dist.new_group
+    def new_group(*args, **kw):
+        timeout = kw.get("timeout")
+        groups.append([kw.get("backend"), timeout.total_seconds() if timeout else None])
+        return real_new_group(*args, **kw)
+    dist.new_group = new_group
 
     out = {}
     with trainhouse.init() as run:
@@ -87,6 +104,8 @@ DIST_SCRIPT = textwrap.dedent(
         out["sharded_equal"] = all(torch.equal(saved[k], msd[k].to_local()) for k in saved)
         out["sharded_step"] = template["step"]
         out["sharded_rng"] = [float(torch.rand(1)), expected]
+        out["sharded_hashed"] = list(hashed)
+        out["serial_digest"] = LocalStorage("checkpoints").digest("step-000000002")
         try:
             ck.load()
         except CheckpointError as exc:
@@ -126,6 +145,7 @@ DIST_SCRIPT = textwrap.dedent(
         ck.load(template)
         out["after_full_step"] = template["step"]
     out["files"] = sorted(os.listdir("checkpoints"))
+    out["groups"] = groups
     with open(f"result-{r}.json", "w") as fh:
         json.dump(out, fh)
     """
@@ -282,3 +302,34 @@ def test_a_killed_background_save_is_never_complete(
         "step-000000001.pt",
         "step-000000001.pt.json",
     ]
+
+
+def test_checkpoints_coordinate_on_gloo_with_a_long_timeout(
+    two_ranks: list[dict[str, Any]],
+) -> None:
+    """Issue 20, item 2: the ranks wait for a checkpoint's writer (or hasher) on gloo groups of
+    the checkpoints' own, with hours of timeout, never on the job's NCCL group (10 minutes)."""
+    from trainhouse.sdk.checkpoint._checkpointer import WAIT_TIMEOUT
+
+    for out in two_ranks:
+        # one for the checkpoints' collectives, one for background saves
+        assert out["groups"] == [["gloo", WAIT_TIMEOUT.total_seconds()]] * 2
+
+
+def test_sharded_checkpoints_are_hashed_by_every_rank_in_parallel(
+    two_ranks: list[dict[str, Any]], tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """Issue 20, item 2: on save and again when verified for a load, each rank hashes its share
+    of a sharded checkpoint's files (not the main rank alone), and the digest is the tree digest
+    of them all."""
+    save: list[set[str]] = []
+    load: list[set[str]] = []
+    for out in two_ranks:
+        hashed = out["sharded_hashed"]
+        save.append({f for rel, files in hashed if rel.startswith(".") for f in files})
+        load.append({f for rel, files in hashed if rel == "step-000000002" for f in files})
+    for shares in (save, load):
+        assert all(shares) and not shares[0] & shares[1]  # both ranks, nothing twice
+        assert shares[0] | shares[1] == {".metadata", RNG_FILE, "__0_0.distcp", "__1_0.distcp"}
+    record = two_ranks[0]["sharded_record"]
+    assert record["sha256"] == two_ranks[0]["serial_digest"]  # what one hasher alone computes

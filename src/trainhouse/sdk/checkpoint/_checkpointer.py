@@ -4,6 +4,12 @@
 main rank writes (a replicated, DDP state); ``sharded=True`` writes a torch.distributed.checkpoint
 directory, every rank its shard. Nothing is published under its final name, given a sidecar
 record or registered with the server before every byte of it is written and fsynced.
+
+The ranks coordinate a checkpoint over a gloo group of their own with a long timeout
+(:data:`WAIT_TIMEOUT`), never over the job's NCCL group: while the main rank writes or hashes a
+checkpoint of hundreds of GB the others wait there, and NCCL's 10-minute timeout would tear the
+job down. A sharded checkpoint's files are hashed by every rank in parallel, each its share,
+when it is saved and when it is verified before a load.
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ import json
 import logging
 import math
 import os
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Literal, overload
 
 from trainhouse.errors import CheckpointError, ClientError, ServerUnreachable
@@ -32,7 +39,7 @@ from trainhouse.sdk.checkpoint._support import (
     estimate_bytes,
     is_disk_full,
 )
-from trainhouse.storage import Storage, open_storage, sidecar_name
+from trainhouse.storage import EntryList, Storage, open_storage, sidecar_name, tree_digest
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -43,6 +50,9 @@ log = logging.getLogger("trainhouse")
 RESERVED = "_trainhouse"
 # seconds a save waits for an unreachable server before it defers the registration
 REGISTER_WAIT = 5.0
+#: how long a rank waits for the others in a checkpoint's collectives (the main rank may be
+#: writing or hashing a very large checkpoint meanwhile)
+WAIT_TIMEOUT = timedelta(hours=6)
 
 
 class Checkpointer(Finder):
@@ -70,8 +80,16 @@ class Checkpointer(Finder):
         # a background save was started since the ranks last agreed on their outcomes (saves are
         # collective, so every rank knows the same): only then do waits need a collective
         self._outstanding = False
-        self._bg_group: Any = None
+        self._wait_group: Any = None  # gloo, WAIT_TIMEOUT: the checkpoints' own collectives
+        self._bg_group: Any = None  # likewise, for background saves (another thread)
         self._stage = Stager()  # CPU buffers reused by background saves
+
+    def _comm(self) -> Comm:
+        """The collectives of a checkpoint operation: over the checkpoints' own gloo group
+        (made by the first operation, which every rank calls), no-ops alone."""
+        if self._dist.active and self._wait_group is None:
+            self._wait_group = _gloo_group()
+        return Comm(self._dist, self._wait_group)
 
     # -- save ------------------------------------------------------------------------------
     @overload
@@ -122,7 +140,7 @@ class Checkpointer(Finder):
         A failed write raises CheckpointError on every rank and leaves earlier checkpoints as
         they were.
         """
-        comm = Comm(self._dist)
+        comm = self._comm()
         # one collective: the previous background save's outcome and every rank's RNG state
         rng_states: list[Any] | None = None
         if rng or self._outstanding:
@@ -330,7 +348,7 @@ class Checkpointer(Finder):
         main = self._dist.is_main
         tmp = comm.broadcast(self.storage.temp_name(dir_name(step)) if main else None)
         if blocking:
-            return self._write_sharded(state, step, metrics, rng_states, tmp, comm, None)
+            return self._write_sharded(state, step, metrics, rng_states, tmp, comm, comm.group)
         group = self._background_group() if comm.active else None
         error: BaseException | None = None
         staged: dict[str, Any] = {}
@@ -356,9 +374,7 @@ class Checkpointer(Finder):
     def _background_group(self) -> Any:
         """A gloo group of all ranks for the collectives of background saves (collective)."""
         if self._bg_group is None:
-            import torch.distributed as dist
-
-            self._bg_group = dist.new_group(backend="gloo")
+            self._bg_group = _gloo_group()
         return self._bg_group
 
     def _write_sharded(
@@ -381,21 +397,41 @@ class Checkpointer(Finder):
             full = is_disk_full(exc, free=storage.free_bytes(), needed=needed)
             local = (message_of(exc) or "", full)
         outcomes = comm.all_gather(local)  # every shard is written (or failed) past this point
+        failed = [(r, o) for r, o in enumerate(outcomes) if o is not None]  # every rank knows
         total = needed * comm.world_size
+        main = self._dist.is_main
+        problem: BaseException | None = None
+        entries: EntryList = []
+        if not failed:
+            # the main rank adds the RNG states and lists the files; every rank hashes its share
+            listing: list[tuple[str, int]] | None = None
+            if main:
+                try:
+                    if rng_states is not None:
+                        shards.write_rng(storage, tmp, rng_states)
+                    listing = storage.files(tmp)
+                except BaseException as exc:
+                    problem = exc
+            listing = comm.broadcast(listing)
+            if listing is not None:
+                entries = [
+                    e
+                    for part in comm.all_gather(self._hash_share(tmp, listing, comm))
+                    for e in part
+                ]
         record: dict[str, Any] | None = None
         final: str | None = None
-        if self._dist.is_main:
+        if main:
             try:
-                failed = [(r, o) for r, o in enumerate(outcomes) if o is not None]
                 if failed:
                     if any(o[1] for _, o in failed):
                         raise OSError(28, "No space left on device")
                     rank, (msg, _) = failed[0]
                     raise CheckpointError(f"rank {rank} could not write its shard: {msg}")
-                if rng_states is not None:
-                    shards.write_rng(storage, tmp, rng_states)
-                size = storage.size(tmp)
-                digest = storage.digest(tmp)
+                if problem is not None:
+                    raise problem
+                size = sum(entry[2] for entry in entries)
+                digest = tree_digest(entries)
                 storage.publish(tmp, name)
             except BaseException as exc:
                 final = message_of(self._failed(exc, tmp, name, total))
@@ -429,7 +465,7 @@ class Checkpointer(Finder):
         Returns the record of the save waited for on the main rank, else None.
         """
         handle = self._pending
-        self._settle(Comm(self._dist))
+        self._settle(self._comm())
         return handle.record if handle is not None else None
 
     def _settle(self, comm: Comm) -> None:
@@ -451,19 +487,20 @@ class Checkpointer(Finder):
         failure = self._take_failure()
         if collective and self._outstanding:
             self._outstanding = False
-            comm = Comm(self._dist)
+            comm = self._comm()
             try:
                 failures = comm.all_gather(failure)
             except RuntimeError as exc:  # a rank is gone: report our own outcome only
                 log.warning("trainhouse: cannot agree on the last checkpoint: %s", exc)
                 failures = [failure]
             failure = next((f for f in failures if f is not None), None)
-        if self._bg_group is not None:
-            import torch.distributed as dist
+        for group in (self._bg_group, self._wait_group):
+            if group is not None:
+                import torch.distributed as dist
 
-            with contextlib.suppress(Exception):
-                dist.destroy_process_group(self._bg_group)
-            self._bg_group = None
+                with contextlib.suppress(Exception):
+                    dist.destroy_process_group(group)
+        self._bg_group = self._wait_group = None
         self._stage.clear()
         return CheckpointError(failure) if failure is not None else None
 
@@ -477,17 +514,9 @@ class Checkpointer(Finder):
         saved (e.g. ``{"model": model.state_dict(), "optim": ...}``), which is returned.
         ``restore_rng=True`` restores every rank's RNG states saved with the checkpoint.
         """
-        comm = Comm(self._dist)
+        comm = self._comm()
         self._settle(comm)
-        chosen: dict[str, Any] | None = None
-        if self._dist.is_main:
-            try:
-                chosen = self.latest()
-            except Exception as exc:  # tell the other ranks, which wait in the broadcast
-                chosen = {"error": f"cannot find the latest checkpoint: {exc!r}"}
-        chosen = comm.broadcast(chosen)
-        if chosen is not None and "error" in chosen:
-            raise CheckpointError(chosen["error"])
+        chosen = self._find(comm)
         # the run goes on from here: steps logged after it by earlier attempts are dropped
         self._registry.resume_from(chosen)
         if chosen is None:
@@ -537,3 +566,11 @@ class Checkpointer(Finder):
         except BaseException as exc:
             raise CheckpointError(f"cannot load sharded checkpoint {where}: {exc}") from exc
         return state
+
+
+def _gloo_group() -> Any:
+    """A new gloo group of every rank with :data:`WAIT_TIMEOUT` (collective: every rank calls
+    it at the same point)."""
+    import torch.distributed as dist
+
+    return dist.new_group(backend="gloo", timeout=WAIT_TIMEOUT)

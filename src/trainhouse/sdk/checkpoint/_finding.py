@@ -15,9 +15,11 @@ import os
 import re
 from typing import Any
 
-from trainhouse.errors import ClientError
+from trainhouse.errors import CheckpointError, ClientError
+from trainhouse.sdk._distributed import DistributedContext
 from trainhouse.sdk.checkpoint._registry import CheckpointRegistry
-from trainhouse.storage import Storage, is_temp, temp_pid
+from trainhouse.sdk.checkpoint._support import Comm
+from trainhouse.storage import EntryList, Storage, is_temp, temp_pid, tree_digest
 
 log = logging.getLogger("trainhouse")
 
@@ -39,7 +41,9 @@ class Finder:
     records, checked against the registry's list."""
 
     _registry: CheckpointRegistry
+    _dist: DistributedContext
     storage: Storage
+    _verifying: Comm | None = None  # a load's collectives while the main rank verifies
 
     def _local_records(self) -> list[dict[str, Any]]:
         """Checkpoints found in the storage: sidecar records, then bare files/dirs (unverified)."""
@@ -114,6 +118,47 @@ class Finder:
             except OSError:
                 pass
 
+    def _find(self, comm: Comm) -> dict[str, Any] | None:
+        """The checkpoint to resume from, on every rank (collective): the main rank looks for
+        it (:meth:`latest`) while the others hash their share of each sharded candidate it
+        verifies; raises CheckpointError on every rank if it cannot be found."""
+        chosen: dict[str, Any] | None = None
+        if self._dist.is_main:
+            self._verifying = comm
+            try:
+                chosen = self.latest()
+            except Exception as exc:  # tell the other ranks, which wait in the broadcast
+                chosen = {"error": f"cannot find the latest checkpoint: {exc!r}"}
+            finally:
+                self._verifying = None
+                if comm.active:
+                    comm.broadcast(None)  # the others stop hashing with the main rank
+        elif comm.active:
+            while (listing := comm.broadcast(None)) is not None:
+                path, files = listing
+                comm.all_gather(self._hash_share(path, files, comm))
+        chosen = comm.broadcast(chosen)
+        if chosen is not None and "error" in chosen:
+            raise CheckpointError(chosen["error"])
+        return chosen
+
+    def _hash_share(self, rel: str, listing: list[tuple[str, int]], comm: Comm) -> EntryList:
+        """(relpath, sha256, size) of this rank's share of the files of directory ``rel``."""
+        return self.storage.hash_files(rel, listing[comm.rank :: comm.world_size])
+
+    def _digest(self, cand: dict[str, Any]) -> str:
+        """The sha256 of a candidate as it is in the storage (a tree digest for a directory):
+        while :meth:`_find` runs on several ranks, every rank hashes its share of a sharded
+        candidate's files."""
+        comm = self._verifying
+        path = cand["path"]
+        if comm is None or not comm.active or not self.storage.is_dir(path):
+            return self.storage.digest(path)
+        listing = self.storage.files(path)
+        comm.broadcast((path, listing))
+        parts = comm.all_gather(self._hash_share(path, listing, comm))
+        return tree_digest([entry for part in parts for entry in part])
+
     def latest(self) -> dict[str, Any] | None:
         """The newest checkpoint that exists and whose sha256 matches, or None.
 
@@ -136,7 +181,7 @@ class Finder:
                     "trainhouse: checkpoint %s has no recorded sha256; loading it unverified", where
                 )
                 return self._chosen(cand)
-            actual = self.storage.digest(path)
+            actual = self._digest(cand)
             if actual != cand["sha256"]:
                 log.error(
                     "trainhouse: checkpoint %s is corrupt (sha256 %s, expected %s); "
