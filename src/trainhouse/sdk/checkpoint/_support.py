@@ -6,7 +6,8 @@ from __future__ import annotations
 import errno
 import hashlib
 import re
-from collections.abc import Iterator
+import weakref
+from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import IO, Any
 
@@ -52,41 +53,51 @@ class Comm:
 
 class Stager:
     """Copies a state off the device for a background save: tensors become CPU copies
-    (DTensors stay DTensors), containers are rebuilt, numpy arrays copied.
+    (DTensors stay DTensors around a CPU copy of their local shard), containers are rebuilt,
+    numpy arrays copied.
 
     The CPU buffers are kept and reused by the next background save of the same structure
-    (same place, shape and dtype): no page faults on fresh memory, pinned memory for CUDA
-    tensors. The caller makes sure the previous background write is over before reusing them.
+    (same place, shape and dtype): no page faults on fresh memory. A buffer for a CUDA tensor
+    is page-locked at its exact size (:func:`pinned_empty`, not the caching host allocator,
+    which rounds every block up to a power of two and keeps it) so the copies run
+    asynchronously; the call returns once the copies on every device it read from are over.
+    The caller makes sure the previous background write is over before reusing the buffers.
     """
 
     def __init__(self) -> None:
         self._buffers: dict[tuple[Any, ...], Any] = {}
-        self._cuda = False
+        self._devices: set[Any] = set()
 
     def clear(self) -> None:
         self._buffers.clear()
 
     def __call__(self, obj: Any) -> Any:
-        self._cuda = False
-        staged = self._stage(obj, ())
-        if self._cuda:
-            import torch
-
-            torch.cuda.synchronize()
-        return staged
+        self._devices = set()
+        try:
+            return self._stage(obj, ())
+        finally:
+            wait_for_copies(self._devices)
 
     def _tensor(self, t: Any, path: tuple[Any, ...]) -> Any:
         import torch
 
         t = t.detach()
+        dtensor = _dtensor_type()
+        if dtensor is not None and isinstance(t, dtensor):
+            local = self._tensor(t._local_tensor, (*path, "<local>"))
+            return dtensor(local, t._spec, requires_grad=False)
         if type(t) is not torch.Tensor or t.is_sparse or t.layout != torch.strided:
-            return t.to("cpu", copy=True)  # DTensors and other subclasses: their own copy
+            return t.to("cpu", copy=True)  # other subclasses: their own copy
         buf = self._buffers.get(path)
         if buf is None or buf.shape != t.shape or buf.dtype != t.dtype:
-            pin = t.is_cuda and torch.cuda.is_available()
-            buf = torch.empty(t.shape, dtype=t.dtype, pin_memory=pin)
+            self._buffers.pop(path, None)  # its pages are unregistered once it is dropped
+            if t.is_cuda:
+                buf = pinned_empty(t.shape, t.dtype)
+            else:
+                buf = torch.empty(t.shape, dtype=t.dtype)
             self._buffers[path] = buf
-        self._cuda = self._cuda or t.is_cuda
+        if t.is_cuda:
+            self._devices.add(t.device)
         buf.copy_(t, non_blocking=t.is_cuda)
         return buf
 
@@ -110,6 +121,45 @@ class Stager:
         if type(obj).__module__ == "numpy" and callable(copy):
             return copy()
         return obj
+
+
+def _dtensor_type() -> Any:
+    try:
+        from torch.distributed.tensor import DTensor
+    except ImportError:  # a torch built without distributed
+        return None
+    return DTensor
+
+
+_HOST_REGISTER_PORTABLE = 1  # cudaHostRegisterPortable: page-locked for every CUDA context
+
+
+def pinned_empty(shape: Any, dtype: Any) -> Any:
+    """An uninitialised CPU tensor of exactly ``shape`` whose pages are registered with CUDA
+    (page-locked) until the tensor is garbage, so device-to-host copies into it are
+    asynchronous. Where registering fails (no CUDA, a locked-memory limit) the tensor is
+    returned unpinned: copies into it are synchronous, and still correct."""
+    import torch
+
+    buf = torch.empty(shape, dtype=dtype)
+    size = buf.numel() * buf.element_size()
+    if size == 0 or not torch.cuda.is_available():
+        return buf
+    cudart = torch.cuda.cudart()  # type: ignore[no-untyped-call]
+    ptr = buf.data_ptr()
+    if int(cudart.cudaHostRegister(ptr, size, _HOST_REGISTER_PORTABLE)) != 0:
+        return buf
+    weakref.finalize(buf, cudart.cudaHostUnregister, ptr)
+    return buf
+
+
+def wait_for_copies(devices: Iterable[Any]) -> None:
+    """Wait until the work queued so far on each device's current stream (the asynchronous
+    copies among it) is over: every device read from, not only the current one."""
+    import torch
+
+    for device in devices:
+        torch.cuda.current_stream(device).synchronize()
 
 
 def stage(obj: Any) -> Any:
