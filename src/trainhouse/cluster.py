@@ -23,9 +23,24 @@ __all__ = [
 
 @dataclass(frozen=True)
 class Gpu:
+    """One GPU a node offers.
+
+    ``index`` is the number trainhouse schedules it by and labels its metrics with: NVML's
+    index (PCI bus order) for a whole GPU; a MIG instance is numbered after the node's GPUs.
+    ``uuid`` is what ``CUDA_VISIBLE_DEVICES`` names it by in a job: NVML's ``GPU-…`` or
+    ``MIG-…`` UUID, for a declared GPU the entry of the server's own mask (empty: the index).
+    ``parent`` is a MIG instance's GPU."""
+
     index: int
     model: str = "unknown"
     memory_bytes: int = 0
+    uuid: str = ""
+    parent: int | None = None
+
+    @property
+    def visible_id(self) -> str:
+        """This GPU in a job's ``CUDA_VISIBLE_DEVICES``."""
+        return self.uuid or str(self.index)
 
 
 @dataclass(frozen=True)
@@ -39,6 +54,12 @@ class Node:
     def describe(self) -> str:
         gpu = f"{len(self.gpus)} GPU(s)" if self.gpus else "no GPUs"
         return f"node {self.name}: {self.cpus} CPU cores, {gpu}"
+
+    def visible_ids(self, indices: Iterable[int]) -> list[str]:
+        """The ``CUDA_VISIBLE_DEVICES`` entries of the GPUs with these indices, in that order
+        (an index this node does not list stands for itself)."""
+        by_index = {g.index: g.visible_id for g in self.gpus}
+        return [by_index.get(i, str(i)) for i in indices]
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

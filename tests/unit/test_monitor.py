@@ -18,6 +18,7 @@ from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.support.fakes import FakeExecutor
+from tests.support.nvml import FakeGpu, FakeNvml, FakeProcess
 from tests.support.records import new_job as make_job
 from trainhouse.cluster import Node
 from trainhouse.executors.local import LocalExecutor, marked_pids
@@ -128,37 +129,24 @@ def test_a_job_without_live_processes_has_no_sample(tmp_path: Path) -> None:
 
 def fake_pynvml(pid: int) -> types.ModuleType:
     """Two GPUs; GPU 1 does not report power. ``pid`` uses memory on both."""
-    nv = types.ModuleType("pynvml")
-
-    class NVMLError(Exception):
-        pass
-
-    def obj(**kw: Any) -> types.SimpleNamespace:
-        return types.SimpleNamespace(**kw)
-
-    def power(h: int) -> int:
-        if h == 1:
-            raise NVMLError("Not Supported")
-        return 250_500  # mW
-
-    nv.NVMLError = NVMLError  # type: ignore[attr-defined]
-    nv.NVML_TEMPERATURE_GPU = 0  # type: ignore[attr-defined]
-    nv.nvmlInit = lambda: None  # type: ignore[attr-defined]
-    nv.nvmlShutdown = lambda: None  # type: ignore[attr-defined]
-    nv.nvmlDeviceGetCount = lambda: 2  # type: ignore[attr-defined]
-    nv.nvmlDeviceGetHandleByIndex = lambda i: i  # type: ignore[attr-defined]
-    nv.nvmlDeviceGetUtilizationRates = lambda h: obj(gpu=90 + h, memory=10)  # type: ignore[attr-defined]
-    nv.nvmlDeviceGetMemoryInfo = lambda h: obj(  # type: ignore[attr-defined]
-        total=80 << 30, used=(10 + h) << 30, free=(70 - h) << 30
-    )
-    nv.nvmlDeviceGetPowerUsage = power  # type: ignore[attr-defined]
-    nv.nvmlDeviceGetTemperature = lambda h, sensor: 60 + h  # type: ignore[attr-defined]
-    nv.nvmlDeviceGetComputeRunningProcesses = lambda h: [  # type: ignore[attr-defined]
-        obj(pid=pid, usedGpuMemory=(h + 1) << 30),
-        obj(pid=999_999_999, usedGpuMemory=1 << 30),  # someone else's
-        obj(pid=pid + 1, usedGpuMemory=None),  # not available
-    ]
-    return nv
+    return FakeNvml(
+        [
+            FakeGpu(
+                f"GPU-{h}",
+                memory=80 << 30,
+                used=(10 + h) << 30,
+                util=90 + h,
+                power_mw=250_500 if h == 0 else None,
+                temp=60 + h,
+                processes=[
+                    FakeProcess(pid, (h + 1) << 30),
+                    FakeProcess(999_999_999, 1 << 30),  # someone else's, in another namespace
+                    FakeProcess(pid + 1, None),  # not available
+                ],
+            )
+            for h in range(2)
+        ]
+    ).module()
 
 
 def test_gpu_samples_follow_dcgm_names_and_count_memory_by_pid(

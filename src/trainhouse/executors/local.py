@@ -145,7 +145,7 @@ class LocalExecutor:
             torchrun.spec_environment(launch.spec),
             launch.env,
             marker=marker,
-            gpus=[str(g) for g in launch.placements[0].gpus],
+            gpus=self.node.visible_ids(launch.placements[0].gpus),
             log_dir=launch.layout.logs,
             attempt=launch.attempt_layout,
         )

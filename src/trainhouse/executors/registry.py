@@ -55,10 +55,10 @@ class ExecutorEntry:
 
 
 def _check_local(options: ExecutorOptions) -> None:
-    from trainhouse.executors.inventory import parse_gpus
+    from trainhouse.executors.inventory import parse_gpus, server_mask
 
     if options.gpus is not None:
-        parse_gpus(options.gpus)
+        parse_gpus(options.gpus, server_mask())
     if options.cpus is not None and options.cpus < 1:
         raise ValueError(f"--cpus must be >= 1, got {options.cpus}")
 

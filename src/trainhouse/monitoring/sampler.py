@@ -12,6 +12,12 @@ names and units):
   percent (of one core) and RSS, how many there are, and per GPU the memory NVML attributes to
   those PIDs.
 
+NVML gives the PIDs of the namespace the driver sees, not always the server's: a process is
+matched under each PID ``/proc/<pid>/status`` gives it (``NSpid``: the server's namespace and
+every one nested in it), and where NVML names a process the server cannot see at all (a server in
+a container without the host's PID namespace sees none of the host PIDs NVML gives), its memory
+counts for the job the GPU is allocated to (``allocations``).
+
 Without NVIDIA's driver (or nvidia-ml-py) there is no GPU part at all: nothing is made up.
 Samples older than the retention are deleted every few minutes.
 """
@@ -21,6 +27,8 @@ from __future__ import annotations
 import logging
 import math
 import time
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
 from typing import Any
 
 import psutil
@@ -47,6 +55,19 @@ def _busy_idle(times: Any) -> tuple[float, float]:
 _UNOPENED = object()
 
 
+def nspids(pid: int, proc: Path = Path("/proc")) -> list[int]:
+    """``pid`` and its PID in each PID namespace nested in ours that it belongs to (the
+    ``NSpid`` line of its status; just ``pid`` where there is none, or it ended)."""
+    try:
+        with open(proc / str(pid) / "status", encoding="ascii", errors="replace") as f:
+            for line in f:
+                if line.startswith("NSpid:"):
+                    return [pid, *(int(v) for v in line.split()[2:] if v.isdigit())]
+    except OSError:
+        pass
+    return [pid]
+
+
 class Sampler(Service):
     """Samples this node and its running jobs every ``interval`` seconds, in a thread."""
 
@@ -61,11 +82,15 @@ class Sampler(Service):
         interval: float = 5.0,
         retention: float = 7 * 86400.0,
         retention_every: float = RETENTION_EVERY,
+        allocations: Callable[[], Mapping[int, Iterable[int]]] | None = None,
+        gpu_mask: list[str] | None = None,
     ) -> None:
         super().__init__(interval)
         self.system = system
         self.executor = executor
         self.node = node
+        self.allocations = allocations  # running job -> its GPU indices on this node
+        self.gpu_mask = gpu_mask  # the server's CUDA_VISIBLE_DEVICES: only those GPUs sampled
         self.retention = retention  # seconds; <= 0 keeps samples forever
         self.retention_every = retention_every
         self._nvml: Any = _UNOPENED
@@ -101,7 +126,7 @@ class Sampler(Service):
     # -- sampling --------------------------------------------------------------------------
     def gpus(self) -> Nvml | None:
         if self._nvml is _UNOPENED:
-            self._nvml = Nvml.open()
+            self._nvml = Nvml.open(self.gpu_mask)
         nvml: Nvml | None = self._nvml
         return nvml
 
@@ -114,12 +139,42 @@ class Sampler(Service):
             gpu_values, by_pid = nvml.sample()
             out.extend(Sample(name, value, gpu) for name, value, gpu in gpu_values)
         seen: set[int] = set()
-        for job_id in sorted(self.executor.running()):
-            pids = self.executor.pids(job_id)
+        jobs = {job_id: self.executor.pids(job_id) for job_id in sorted(self.executor.running())}
+        gpu_memory = self._gpu_memory(jobs, by_pid) if by_pid else {}
+        for job_id, pids in jobs.items():
             seen.update(pids)
-            out.extend(self._job(job_id, pids, by_pid))
+            out.extend(self._job(job_id, pids, gpu_memory.get(job_id, {})))
         for pid in set(self._proc_cpu) - seen:
             del self._proc_cpu[pid]
+        return out
+
+    def _gpu_memory(
+        self, jobs: Mapping[int, list[int]], by_pid: Mapping[int, Mapping[int, int]]
+    ) -> dict[int, dict[int, int]]:
+        """Job -> {GPU index: bytes}: NVML's processes matched to the jobs' by any of their
+        PIDs, the processes of PIDs the server cannot see by the GPU's allocation."""
+        owner = {a: job_id for job_id, pids in jobs.items() for p in pids for a in nspids(p)}
+        out: dict[int, dict[int, int]] = {}
+        foreign: dict[int, int] = {}  # GPU -> bytes of processes outside our PID namespace
+        for pid, gpus in by_pid.items():
+            job_id = owner.get(pid)
+            if job_id is None:
+                if not psutil.pid_exists(pid):
+                    for gpu, used in gpus.items():
+                        foreign[gpu] = foreign.get(gpu, 0) + used
+                continue
+            mine = out.setdefault(job_id, {})
+            for gpu, used in gpus.items():
+                mine[gpu] = mine.get(gpu, 0) + used
+        if foreign and self.allocations is not None:
+            holders: dict[int, list[int]] = {}
+            for job_id, allocated in self.allocations().items():
+                for gpu in allocated:
+                    holders.setdefault(gpu, []).append(job_id)
+            for gpu, used in foreign.items():
+                if len(holders.get(gpu, [])) == 1:
+                    mine = out.setdefault(holders[gpu][0], {})
+                    mine[gpu] = mine.get(gpu, 0) + used
         return out
 
     def _node(self) -> list[Sample]:
@@ -137,10 +192,9 @@ class Sampler(Service):
             Sample(names.MEMORY_TOTAL, float(mem.total)),
         ]
 
-    def _job(self, job_id: int, pids: list[int], by_pid: dict[int, dict[int, int]]) -> list[Sample]:
+    def _job(self, job_id: int, pids: list[int], gpu_mem: Mapping[int, int]) -> list[Sample]:
         cpu = rss = 0.0
         count = 0
-        gpu_mem: dict[int, int] = {}
         for pid in pids:
             try:
                 proc = psutil.Process(pid)
@@ -160,8 +214,6 @@ class Sampler(Service):
             self._proc_cpu[pid] = (created, used, now)
             rss += resident
             count += 1
-            for gpu, used_bytes in by_pid.get(pid, {}).items():
-                gpu_mem[gpu] = gpu_mem.get(gpu, 0) + used_bytes
         if not count:
             return []
         out = [

@@ -20,6 +20,8 @@ from trainhouse._version import __version__
 from trainhouse.errors import TrainhouseError
 from trainhouse.executors import registry
 from trainhouse.executors.base import Executor
+from trainhouse.executors.inventory import server_mask
+from trainhouse.lifecycle import JobState
 from trainhouse.monitoring.sampler import Sampler
 from trainhouse.monitoring.telemetry import Telemetry
 from trainhouse.scheduler.loop import SchedulerConfig, SchedulerLoop
@@ -83,12 +85,19 @@ def build_services(settings: Settings, executor: Executor | None = None) -> Serv
             default_quota=Quota(settings.quota_gpus, settings.quota_cpus),
         ),
     )
+
+    def allocations() -> dict[int, list[int]]:  # running job -> its GPUs on this node
+        running = store.jobs.list(states=[JobState.RUNNING])
+        return {j.id: [g for p in j.placement if p.node == node for g in p.gpus] for j in running}
+
     monitor = Sampler(
         store.system,
         executor,
         node=node,
         interval=settings.monitor_interval,
         retention=settings.monitor_retention,
+        allocations=allocations,
+        gpu_mask=server_mask(),
     )
     telemetry = Telemetry()
     telemetry.watch(

@@ -97,7 +97,13 @@ def nodes(_p: Principal = Depends(signed_in), svc: Services = Depends(services))
                 cpus=n.cpus,
                 memory_bytes=n.memory_bytes,
                 gpus=[
-                    {"index": g.index, "model": g.model, "memory_bytes": g.memory_bytes}
+                    {
+                        "index": g.index,
+                        "model": g.model,
+                        "memory_bytes": g.memory_bytes,
+                        "uuid": g.uuid or None,
+                        "parent": g.parent,
+                    }
                     for g in n.gpus
                 ],
                 free_cpus=free[n.name].cpus,
