@@ -25,6 +25,7 @@ import pytest
 from tests.support.jobs import write_job
 from tests.support.processes import marked_processes
 from tests.support.servers import Server, assert_clean_stop, start_server
+from trainhouse.executors.ray_node import interface_of
 
 pytestmark = pytest.mark.ray
 
@@ -67,7 +68,8 @@ with trainhouse.init(hparams={"steps": 40, "sleep": 0.1, "fail_at": -1}) as run:
         start = state["step"] + 1
     print(
         f"rank {run.rank} world {run.world_size} node {os.environ['GROUP_RANK']} "
-        f"local {run.local_rank} attempt {run.attempt} starts at step {start}",
+        f"local {run.local_rank} attempt {run.attempt} starts at step {start} "
+        f"on {os.environ.get('GLOO_SOCKET_IFNAME')}/{os.environ.get('NCCL_SOCKET_IFNAME')}",
         flush=True,
     )
     for step in range(start, steps):
@@ -220,6 +222,12 @@ def test_two_nodes_train_ddp(server: Server, ray_cluster: RayCluster, tmp_path: 
     logs = [server.cli("logs", str(job["id"]), "--rank", r).stdout for r in ("0", "1")]
     assert "rank 0 world 2 node 0 local 0 attempt 1" in logs[0], logs[0]
     assert "rank 1 world 2 node 1 local 0 attempt 1" in logs[1], logs[1]
+    # gloo and NCCL are told the interface of the node's Ray address, not left to the hostname
+    ip = ray_cluster.cluster.head_node.node_ip_address
+    interface = interface_of(ip)
+    assert interface is not None
+    for log in logs:
+        assert f"on {interface}/{interface}" in log, log
     assert steps_of(server, job["id"]) == list(range(12))
     wait_gone("node agents", agents)
     assert not marked_processes()

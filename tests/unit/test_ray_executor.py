@@ -23,7 +23,7 @@ from trainhouse.cluster import Node
 from trainhouse.errors import ResourceError
 from trainhouse.executors.base import Exit, Launch, ProcessInfo
 from trainhouse.executors.ray_attempt import Attempt, Member, node_name, pack, to_node
-from trainhouse.executors.ray_node import MARKER_ENV
+from trainhouse.executors.ray_node import MARKER_ENV, interface_of, socket_interfaces
 from trainhouse.layout import JobLayout
 from trainhouse.lifecycle import JobState
 from trainhouse.scheduler.failures import analyse
@@ -267,3 +267,18 @@ def test_an_unplaced_attempt_goes_back_to_the_queue_without_a_restart(tmp_path: 
         assert (job.restarts, job.infra_restarts) == (0, 0)
     finally:
         store.close()
+
+
+def test_ranks_are_told_the_interface_of_the_nodes_ray_address() -> None:
+    """Issue 20 item 9: gloo binds to what the hostname resolves to (127.0.1.1 on Debian) and
+    NCCL picks a network of its own unless told; a node's ranks are told the interface that
+    holds its Ray address, unless the node or the spec already chose one."""
+    assert interface_of("127.0.0.1") == "lo"
+    assert socket_interfaces("127.0.0.1", {}) == {
+        "GLOO_SOCKET_IFNAME": "lo",
+        "NCCL_SOCKET_IFNAME": "lo",
+    }
+    assert socket_interfaces("127.0.0.1", {"NCCL_SOCKET_IFNAME": "ib0"}) == {
+        "GLOO_SOCKET_IFNAME": "lo"
+    }
+    assert socket_interfaces("198.51.100.254", {}) == {}  # an address no interface holds

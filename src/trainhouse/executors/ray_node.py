@@ -52,6 +52,25 @@ def boot_id() -> str:
         return socket.gethostname()
 
 
+def interface_of(ip: str) -> str | None:
+    """The network interface that holds the address ``ip`` (None where none does)."""
+    for name, addresses in psutil.net_if_addrs().items():
+        if any(a.address.split("%", 1)[0] == ip for a in addresses):
+            return name
+    return None
+
+
+def socket_interfaces(ip: str, env: dict[str, str]) -> dict[str, str]:
+    """``GLOO_SOCKET_IFNAME`` and ``NCCL_SOCKET_IFNAME`` for the interface of this node's Ray
+    address, each unless ``env`` (the ranks' environment so far: the node's own and the
+    spec's) sets it. Without them gloo binds to whatever the hostname resolves to (127.0.1.1 on
+    many distributions, unreachable from other nodes) and NCCL may pick another network."""
+    name = interface_of(ip)
+    if name is None:
+        return {}
+    return {k: name for k in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME") if k not in env}
+
+
 def free_port(host: str) -> int:
     with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as sock:
         try:
@@ -72,6 +91,7 @@ class NodeAgent:
         base = Path(root) if root else Path(tempfile.gettempdir()) / "trainhouse-ray"
         self.root = base / tag
         self.marker = marker
+        self.ip = ""  # this node's Ray address, known once prepared
         self.proc: subprocess.Popen[bytes] | None = None
         self.guard_fd: int | None = None
         self.started_at: float | None = None
@@ -109,6 +129,7 @@ class NodeAgent:
         extract(packed, self.workdir)
         packed.unlink()
         ip = ray.util.get_node_ip_address()
+        self.ip = ip
         return {
             "ip": ip,
             "port": free_port(ip),
@@ -171,6 +192,7 @@ class NodeAgent:
             attempt=self.attempt,
             drop_prefixes=("RAY_",),
         )
+        full.update(socket_interfaces(self.ip, full) if self.ip else {})
         cmd = torchrun.command(
             self.attempt.launcher_exit,
             argv,
