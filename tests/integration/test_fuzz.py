@@ -60,6 +60,7 @@ import httpx
 import pytest
 
 from tests.support.servers import EXAMPLE, Server, assert_clean_stop, start_server
+from trainhouse._http import CSRF_HEADER
 from trainhouse.client import Client
 from trainhouse.store import Store
 from trainhouse.tokens import issue
@@ -194,6 +195,8 @@ def run_pass(
         f"--report-har-path={har}",
         "--no-color",
         f"--exclude-path={STREAM}",
+        # as trainhouse's clients do: without it every write is refused before it is read
+        f"--header={CSRF_HEADER}: 1",
     ]
     cmd += [f"--include-name={name}" for name in p.only]
     cmd += [f"--exclude-name={name}" for name in p.skip]

@@ -24,7 +24,7 @@ from trainhouse.monitoring.sampler import Sampler
 from trainhouse.monitoring.telemetry import Telemetry
 from trainhouse.scheduler.loop import SchedulerConfig, SchedulerLoop
 from trainhouse.scheduler.policy import Quota
-from trainhouse.server import limits
+from trainhouse.server import limits, origin
 from trainhouse.server.auth import Authenticator
 from trainhouse.server.checkpoints import Checkpoints
 from trainhouse.server.deps import Services
@@ -183,4 +183,5 @@ def create_app(settings: Settings, *, executor: Executor | None = None) -> FastA
     app.include_router(system.exposition)  # GET /metrics (Prometheus)
     app.include_router(ui.router)  # the dashboard: / and /static/...
     limits.install(app, settings.max_upload_bytes)  # request bodies past a route's limit: 413
+    origin.install(app, settings)  # outermost: unknown hosts 400, cross-origin writes 403
     return app
