@@ -142,6 +142,8 @@ def create_app(settings: Settings, *, executor: Executor | None = None) -> FastA
         version=__version__,
         description="A self-hosted training server.",
         lifespan=lifespan,
+        docs_url=None,  # /docs is served offline, by routes.ui
+        redoc_url=None,  # ReDoc's page loads its logo from a CDN: off
     )
 
     @app.exception_handler(TrainhouseError)
