@@ -77,7 +77,7 @@ LOCKOUT = (REVOKE, PATCH_USER)
 SERVER_ERRORS = ("internal error", "the database refused a value")
 LEAKS = ("Traceback", 'File "', "sqlalchemy", "psycopg", "SELECT ", "INSERT ")
 # fields of successful answers that name a path on purpose (where a job's files and
-# checkpoints are: the dashboard shows them to those who may read the job)
+# checkpoints are: the dashboard shows them to admins)
 PATH_FIELDS = ("job_dir", "directory")
 
 
