@@ -22,11 +22,11 @@ grants, so its presence proves the request is not a cross-origin one from a brow
 the Python client, the SDK and the dashboard always send it. Without it, a request passes only
 if the browser says where it comes from and that is here: ``Sec-Fetch-Site`` is
 ``same-origin`` or ``none`` (the user's own navigation), and ``Origin``, where sent, is the
-server's own origin (its scheme and ``Host``, or the origin of ``--advertise-url``); when a
-(older) browser sends no ``Sec-Fetch-Site``, ``Origin`` must be there and be the server's own.
-A request that shows neither is refused: nothing tells it from a forged one. ``Authorization``
-and cookies prove nothing: a browser attaches remembered credentials (HTTP basic auth of a
-proxy in front, the dashboard's cookie) to cross-site requests by itself.
+server's own origin (its scheme and ``Host``, or the origin of ``--advertise-url``); from an
+older browser, which sends no ``Sec-Fetch-Site``, ``Origin`` must be there and be the server's
+own. A request that shows neither is refused: nothing tells it from a forged one.
+``Authorization`` and cookies prove nothing: a browser attaches remembered credentials (HTTP
+basic auth of a proxy in front, the dashboard's cookie) to cross-site requests by itself.
 
 Both rules hold whether auth is on or off. Requests other than HTTP (the lifespan) pass; the
 app has no WebSocket routes. The answers are the API's error shape::
