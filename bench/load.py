@@ -81,7 +81,7 @@ import psycopg
 import sqlalchemy
 from _machine import BUSY_PERCENT, log, wait_quiet
 
-from trainhouse._http import JSON_HEADERS, encode_json, error_from
+from trainhouse._http import CLIENT_HEADERS, JSON_HEADERS, encode_json, error_from
 from trainhouse.client import Client
 from trainhouse.errors import ServerStartError
 from trainhouse.sdk._metrics import Point, as_columns
@@ -267,7 +267,7 @@ async def one_client(
     result = ClientResult(int(launch["job_id"]))
     async with httpx.AsyncClient(
         base_url=f"{url}/api/v1/jobs/{result.job_id}",
-        headers={"Authorization": f"Bearer {launch['token']}", **JSON_HEADERS},
+        headers={"Authorization": f"Bearer {launch['token']}", **JSON_HEADERS, **CLIENT_HEADERS},
         timeout=REQUEST_TIMEOUT,
         limits=httpx.Limits(max_connections=1),
     ) as http:

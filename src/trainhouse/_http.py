@@ -13,7 +13,13 @@ import orjson
 
 from trainhouse.errors import ClientError, ServerUnreachable
 
-__all__ = ["JSON_HEADERS", "encode_json", "error_from", "send"]
+__all__ = ["CLIENT_HEADERS", "CSRF_HEADER", "JSON_HEADERS", "encode_json", "error_from", "send"]
+
+#: a header no page of another origin can send without the server's leave (a CORS preflight,
+#: which the server never grants): a write must carry it or come from the server's own pages
+CSRF_HEADER = "X-Trainhouse-Request"
+#: what every request of the client and the SDK carries
+CLIENT_HEADERS = {CSRF_HEADER: "1"}
 
 
 def send(http: httpx.Client, url: str, method: str, path: str, **kwargs: Any) -> httpx.Response:

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 import httpx
 
 from trainhouse._credentials import find_token
-from trainhouse._http import error_from, send
+from trainhouse._http import CLIENT_HEADERS, error_from, send
 from trainhouse.errors import CheckpointError, ClientError, ServerUnreachable
 from trainhouse.lifecycle import TERMINAL
 
@@ -95,7 +95,9 @@ class Client:
     ) -> None:
         self.url = (url or default_url()).rstrip("/")
         self.token = token or find_token(self.url)
-        headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
+        headers = dict(CLIENT_HEADERS)  # writes need it (trainhouse.server.origin)
+        if self.token:
+            headers["Authorization"] = f"Bearer {self.token}"
         self._http = httpx.Client(
             base_url=f"{self.url}/api/v1",
             timeout=timeout,

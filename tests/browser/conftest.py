@@ -40,7 +40,13 @@ def _failed(item: pytest.Item) -> bool:
 
 
 @pytest.fixture
-def browser() -> Iterator[Browser]:
+def browser_args() -> list[str]:
+    """Chromium's command-line flags besides --no-sandbox (a test module may override it)."""
+    return []
+
+
+@pytest.fixture
+def browser(browser_args: list[str]) -> Iterator[Browser]:
     if not CHROMIUM.exists():
         pytest.fail(
             f"the browser tests need Chromium at {CHROMIUM}: apt-get install chromium "
@@ -48,7 +54,9 @@ def browser() -> Iterator[Browser]:
             pytrace=False,
         )
     with sync_playwright() as pw:
-        b = pw.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=["--no-sandbox"])
+        b = pw.chromium.launch(
+            executable_path=str(CHROMIUM), headless=True, args=["--no-sandbox", *browser_args]
+        )
         try:
             yield b
         finally:

@@ -11,6 +11,7 @@ import pytest
 from playwright.sync_api import Page, expect
 
 from tests.support.servers import Server, assert_clean_stop, start_server
+from trainhouse._http import CLIENT_HEADERS
 
 pytestmark = pytest.mark.browser
 
@@ -37,7 +38,7 @@ def submit_as(srv: Server, token: str, name: str, tmp_path: Path) -> int:
         f"{srv.url}/api/v1/jobs",
         data={"spec": SPEC.format(name=name)},
         files={"workdir": ("w.tar.gz", pack(src).data, "application/gzip")},
-        headers={"Authorization": f"Bearer {token}"},
+        headers={"Authorization": f"Bearer {token}", **CLIENT_HEADERS},
         timeout=60,
     )
     assert resp.status_code == 201, resp.text
@@ -51,7 +52,7 @@ def test_the_dashboard_signs_in_and_shows_only_my_jobs(
     root = srv.admin_token()
     tokens = {}
     with httpx.Client(
-        base_url=f"{srv.url}/api/v1", headers={"Authorization": f"Bearer {root}"}
+        base_url=f"{srv.url}/api/v1", headers={"Authorization": f"Bearer {root}", **CLIENT_HEADERS}
     ) as c:
         for name in ("alice", "bob"):
             assert c.post("/users", json={"name": name}).status_code == 201

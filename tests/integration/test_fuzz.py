@@ -60,6 +60,7 @@ import httpx
 import pytest
 
 from tests.support.servers import EXAMPLE, Server, assert_clean_stop, start_server
+from trainhouse._http import CSRF_HEADER
 from trainhouse.client import Client
 from trainhouse.store import Store
 from trainhouse.tokens import issue
@@ -76,7 +77,7 @@ LOCKOUT = (REVOKE, PATCH_USER)
 SERVER_ERRORS = ("internal error", "the database refused a value")
 LEAKS = ("Traceback", 'File "', "sqlalchemy", "psycopg", "SELECT ", "INSERT ")
 # fields of successful answers that name a path on purpose (where a job's files and
-# checkpoints are: the dashboard shows them to those who may read the job)
+# checkpoints are: the dashboard shows them to admins)
 PATH_FIELDS = ("job_dir", "directory")
 
 
@@ -194,6 +195,8 @@ def run_pass(
         f"--report-har-path={har}",
         "--no-color",
         f"--exclude-path={STREAM}",
+        # as trainhouse's clients do: without it every write is refused before it is read
+        f"--header={CSRF_HEADER}: 1",
     ]
     cmd += [f"--include-name={name}" for name in p.only]
     cmd += [f"--exclude-name={name}" for name in p.skip]

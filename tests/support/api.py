@@ -14,15 +14,36 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import httpx
+from fastapi import FastAPI
 from fastapi.testclient import TestClient
+from starlette.types import ASGIApp
 
 from tests.support.fakes import FakeExecutor
+from trainhouse._http import CLIENT_HEADERS, CSRF_HEADER
 from trainhouse.executors.inventory import local_node
 from trainhouse.server import Settings, create_app
 from trainhouse.server.deps import Services
 from trainhouse.workdir import pack
 
 DEFAULTS: dict[str, Any] = {"port": 1, "cpus": 2, "gpus": "0", "tick": 0.1}
+#: where the in-process client sends its requests: a Host the default server answers to
+BASE_URL = "http://127.0.0.1"
+
+
+def in_process(app: FastAPI | ASGIApp, *, base_url: str = BASE_URL, **kwargs: Any) -> TestClient:
+    """A TestClient of ``app`` that asks as trainhouse's own clients do: to 127.0.0.1 (or
+    ``base_url``), with the ``X-Trainhouse-Request`` header that writes need
+    (:mod:`trainhouse.server.origin`)."""
+    return TestClient(app, base_url=base_url, headers=CLIENT_HEADERS, **kwargs)
+
+
+def page_request(api: TestClient, method: str, url: str, **kwargs: Any) -> httpx.Response:
+    """A request of ``api`` without the ``X-Trainhouse-Request`` header: what a browser page
+    sends (``headers`` say which: ``Origin``, ``Sec-Fetch-Site``)."""
+    request = api.build_request(method, url, **kwargs)
+    del request.headers[CSRF_HEADER]
+    return api.send(request)
 
 
 def settings_for(tmp_path: Path, **overrides: Any) -> Settings:
@@ -42,7 +63,7 @@ def app_client(
     ``real``."""
     cfg = settings_for(tmp_path, **settings)
     executor = None if real else fake_executor(cfg, exit_code=exit_code)
-    with TestClient(create_app(cfg, executor=executor)) as client:
+    with in_process(create_app(cfg, executor=executor)) as client:
         yield client
 
 

@@ -12,7 +12,7 @@ from typing import Any
 
 from fastapi.testclient import TestClient
 
-from tests.support.api import fake_executor, settings_for
+from tests.support.api import fake_executor, in_process, settings_for
 from trainhouse.server import create_app
 from trainhouse.server.deps import Services
 from trainhouse.tokens import issue
@@ -52,7 +52,7 @@ def make_team(tmp_path: Path, **settings: Any) -> Iterator[Team]:
     src = tmp_path / "wd"
     src.mkdir(parents=True)
     (src / "train.py").write_text("print('hi')\n")
-    with TestClient(create_app(cfg, executor=fake_executor(cfg))) as api:
+    with in_process(create_app(cfg, executor=fake_executor(cfg))) as api:
         svc: Services = api.app.state.services  # type: ignore[attr-defined]
         tokens = {}
         for name, role in (("root", "admin"), ("alice", "member"), ("bob", "member")):

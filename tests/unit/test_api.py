@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
-from tests.support.api import error_of, submit, wait_state, workdir
+from tests.support.api import error_of, in_process, submit, wait_state, workdir
 from trainhouse.server import Settings, create_app
 from trainhouse.tokens import hash_token
 
@@ -199,7 +199,7 @@ def test_declared_gpus_are_placed_concretely(tmp_path: Path) -> None:
         "time.sleep(1.5)\n"
     )
     spec = "entrypoint: python train.py\nresources: {gpus_per_node: 1}"
-    with TestClient(create_app(settings)) as api:  # the real executor: real ranks
+    with in_process(create_app(settings)) as api:  # the real executor: real ranks
         ids = [submit(api, spec, workdir(tmp_path, script)).json()["id"] for _ in range(3)]
         jobs = [wait_state(api, i, {"COMPLETED", "FAILED"}) for i in ids]
         assert [j["state"] for j in jobs] == ["COMPLETED"] * 3

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.api import page_request
 from tests.support.team import SPEC, Team, make_team, refused
 from trainhouse.server import Settings
 from trainhouse.tokens import hash_token, job_token
@@ -233,7 +234,10 @@ def test_dashboard_session_cookie_needs_the_csrf_header_to_write(team: Team) -> 
     assert "httponly" in resp.headers["set-cookie"].lower()
     job = team.submit("alice").json()["id"]
     assert api.get(f"/api/v1/jobs/{job}").status_code == 200  # the cookie signs it in
-    refused(api.post(f"/api/v1/jobs/{job}/cancel"))  # no CSRF header: refused
+    # a page of this server without the header (another site's is stopped before: test_origin)
+    same_origin = {"Sec-Fetch-Site": "same-origin", "Origin": "http://127.0.0.1"}
+    message = refused(page_request(api, "POST", f"/api/v1/jobs/{job}/cancel", headers=same_origin))
+    assert "signed in by cookie must carry the X-Trainhouse-Request: 1 header" in message
     ok = api.post(f"/api/v1/jobs/{job}/cancel", headers={"X-Trainhouse-Request": "1"})
     assert ok.json()["state"] == "CANCELED"
     api.delete("/api/v1/session")

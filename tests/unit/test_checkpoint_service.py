@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from tests.support.api import submit, wait_state, workdir
+from tests.support.api import BASE_URL, submit, wait_state, workdir
 from trainhouse.client import Client
 from trainhouse.errors import CheckpointError, ClientError
 from trainhouse.storage import tree_digest
@@ -129,9 +129,9 @@ def test_registration_checks_what_is_in_storage(
 
 
 def client_for(api: TestClient) -> Client:
-    client = Client("http://testserver")
+    client = Client(BASE_URL)
     client._http = api
-    api.base_url = "http://testserver/api/v1"  # type: ignore[assignment]
+    api.base_url = f"{BASE_URL}/api/v1"  # type: ignore[assignment]
     return client
 
 

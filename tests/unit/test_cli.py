@@ -173,6 +173,7 @@ def test_server_passes_settings_only_what_was_given(
         "--job-visibility": "all",
     }
     argv = ["server", "--home", str(tmp_path), "--shared-home", "--auth"]
+    argv += ["--allowed-host", "a.example", "--allowed-host", "10.0.0.5"]
     argv += [item for pair in args.items() for item in pair]
     result = CliRunner().invoke(app, argv)
     assert result.exit_code == 0, result.output
@@ -187,6 +188,7 @@ def test_server_passes_settings_only_what_was_given(
         ray_placement_timeout=5.0,
         shared_home=True,
         advertise_url="http://h:1",
+        allowed_hosts=("a.example", "10.0.0.5"),
         quota_gpus=2,
         quota_cpus=4,
         cancel_grace=3.0,
@@ -207,6 +209,8 @@ def test_server_refuses_what_settings_refuses(tmp_path: Path, started: list[Sett
         (["--executor", "nope"], "--executor must be 'local' or 'ray'"),
         (["--cancel-grace", "-1"], "--cancel-grace must be >= 0"),
         (["--fairshare-half-life", "soon"], "--fairshare-half-life must be a duration"),
+        (["--allowed-host", "https://a.example"], "--allowed-host takes a host name"),
+        (["--advertise-url", "head-node:8470"], "--advertise-url must be an http:// or"),
     ):
         result = CliRunner().invoke(app, ["server", "--home", str(tmp_path), *argv])
         assert result.exit_code == 2, result.output

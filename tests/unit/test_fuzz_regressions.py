@@ -16,7 +16,7 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy.exc import DataError
 
-from tests.support.api import fake_executor
+from tests.support.api import fake_executor, in_process
 from tests.support.team import Team, make_team, refused
 from trainhouse.errors import InvalidMetrics, StoreError
 from trainhouse.server import Settings, create_app
@@ -142,7 +142,7 @@ def bare_app(tmp_path: Path) -> Iterator[TestClient]:
     def _bug() -> None:
         raise RuntimeError(f'SELECT * FROM jobs; File "{tmp_path}/x.py", line 1; sqlalchemy')
 
-    with TestClient(app, raise_server_exceptions=False) as client:
+    with in_process(app, raise_server_exceptions=False) as client:
         yield client
 
 

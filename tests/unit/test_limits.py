@@ -20,7 +20,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
-from tests.support.api import fake_executor
+from tests.support.api import fake_executor, in_process
 from trainhouse.errors import BodyTooLarge
 from trainhouse.server import Settings, create_app
 from trainhouse.server.limits import BodyLimit, MiB, describe, install
@@ -240,7 +240,7 @@ def app_client(tmp_path: Path) -> Iterator[TestClient]:
     install(app, settings.max_upload_bytes)
     install(app, settings.max_upload_bytes)  # installing twice keeps one layer
     assert sum(m.cls is BodyLimit for m in app.user_middleware) == 1
-    with TestClient(app) as c:
+    with in_process(app) as c:
         yield c
 
 

@@ -11,8 +11,9 @@ import pytest
 from fastapi.testclient import TestClient
 from typer.testing import CliRunner
 
+from tests.support.api import BASE_URL
 from tests.support.records import new_job
-from trainhouse._http import encode_json
+from trainhouse._http import CLIENT_HEADERS, encode_json
 from trainhouse.cli import options as cli_options
 from trainhouse.cli.app import app as cli_app
 from trainhouse.client import Client
@@ -165,9 +166,11 @@ def test_client_and_cli_take_max_points(
     post_series(api, job, list(range(5_000)))
 
     def in_process(url: str | None = None) -> Client:
-        client = Client("http://testserver")
+        client = Client(BASE_URL)
         client._http.close()
-        client._http = httpx.Client(base_url="http://testserver/api/v1", transport=api._transport)
+        client._http = httpx.Client(
+            base_url=f"{BASE_URL}/api/v1", headers=CLIENT_HEADERS, transport=api._transport
+        )
         return client
 
     client = in_process()

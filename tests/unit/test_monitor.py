@@ -17,6 +17,7 @@ import pytest
 from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.support.api import in_process
 from tests.support.fakes import FakeExecutor
 from tests.support.nvml import FakeGpu, FakeNvml, FakeProcess
 from tests.support.records import new_job as make_job
@@ -323,7 +324,7 @@ def api(tmp_path: Path) -> Iterator[TestClient]:
     settings = Settings(
         home=tmp_path / "home", port=1, cpus=2, gpus="0", tick=0.1, monitor_interval=0.2
     )
-    with TestClient(create_app(settings)) as client:
+    with in_process(create_app(settings)) as client:
         yield client
 
 
@@ -486,7 +487,7 @@ def test_prometheus_exposition(api: TestClient, tmp_path: Path) -> None:
 
 def test_two_apps_have_their_own_registries(tmp_path: Path) -> None:
     apps = [
-        TestClient(create_app(Settings(home=tmp_path / f"h{i}", port=1, monitor_interval=0)))
+        in_process(create_app(Settings(home=tmp_path / f"h{i}", port=1, monitor_interval=0)))
         for i in range(2)
     ]
     with apps[0] as a, apps[1] as b:

@@ -15,7 +15,13 @@ from fastapi.testclient import TestClient
 
 from tests.support.api import app_client
 from trainhouse.lifecycle import TERMINAL, JobState
-from trainhouse.server.routes.ui import GENERATED_FILES, PLOTLY_PATH, STATIC_FILES
+from trainhouse.server.routes.ui import (
+    DOCS_FILES,
+    DOCS_PACKAGE,
+    GENERATED_FILES,
+    PLOTLY_PATH,
+    STATIC_FILES,
+)
 
 WEB = resources.files("trainhouse.server") / "web"
 
@@ -55,12 +61,37 @@ def test_plotly_comes_from_the_installed_wheel_gzipped_and_cached(api: TestClien
     assert len(gzip.compress(original)) < len(original) / 2
 
 
+def test_the_api_reference_loads_nothing_from_elsewhere(api: TestClient) -> None:
+    """/docs runs the Swagger UI the pinned fastapi-offline wheel ships, from this server: no
+    CDN (a blank page offline, code nobody pinned), no validator badge, no favicon from
+    elsewhere. ReDoc, whose page loads Redocly's logo from their CDN, is off."""
+    page = api.get("/docs")
+    assert page.status_code == 200
+    sources = re.findall(r"""(?:src|href|url)\s*[=:]\s*['"]([^'"]+)['"]""", page.text)
+    assert sorted(sources) == [
+        "/openapi.json",
+        "/static/favicon.svg",
+        "/static/vendor/swagger-ui-bundle.js",
+        "/static/vendor/swagger-ui.css",
+    ]
+    assert "http" not in page.text.replace("http-equiv", "")
+    assert '"validatorUrl": null' in page.text
+    for name in DOCS_FILES:
+        resp = api.get(f"/static/vendor/{name}", headers={"Accept-Encoding": "gzip"})
+        assert resp.status_code == 200 and resp.headers["content-encoding"] == "gzip", name
+        assert resp.content == (resources.files(DOCS_PACKAGE) / "static" / name).read_bytes()
+    assert api.get("/redoc").status_code == 404
+
+
 def test_only_the_dashboards_own_files_are_served(api: TestClient) -> None:
     for path in (
         "/static/index.html.bak",
         "/static/..%2F..%2Fstore%2Fstore.py",
         "/static/../routes/ui.py",
         "/static/vendor/other.js",
+        "/static/vendor/redoc.standalone.js",
+        "/static/vendor/../web/app.js",
+        "/static/vendor/favicon.png",
     ):
         resp = api.get(path)
         assert resp.status_code == 404, path

@@ -124,10 +124,13 @@ def summary(job: dict[str, Any]) -> None:
         console.print(f"  final metrics (step {job.get('last_step')}): {shown}", highlight=False)
     if job["state"] == "FAILED" and job.get("reason"):
         console.print(f"  reason: {job['reason']}", highlight=False, markup=False)
+    where = job.get("job_dir")  # null unless the caller is an admin
+    logs = f"   ({where}/logs)" if where else ""
+    checkpoints = f"   ({where}/checkpoints)" if where else ""
     console.print(
         f"  metrics:     trainhouse metrics {job['id']}\n"
-        f"  logs:        trainhouse logs {job['id']}   ({job['job_dir']}/logs)\n"
-        f"  checkpoints: trainhouse checkpoints {job['id']}   ({job['job_dir']}/checkpoints)",
+        f"  logs:        trainhouse logs {job['id']}{logs}\n"
+        f"  checkpoints: trainhouse checkpoints {job['id']}{checkpoints}",
         highlight=False,
     )
 
@@ -218,7 +221,7 @@ def show(
         ),
         ("placement", json.dumps(job["placement"]) if job["placement"] else "-"),
         ("checkpoints", str(job["checkpoints"])),
-        ("directory", job["job_dir"]),
+        ("directory", job.get("job_dir") or "-"),  # null unless the caller is an admin
     ]
     if job["exit_code"] is not None:
         rows.append(("exit code", str(job["exit_code"])))
@@ -433,7 +436,8 @@ def checkpoints(
     if not data["checkpoints"]:
         console.print(f"job {job_id} has no checkpoints yet")
         return
-    table = Table(box=None, header_style="bold", title=data["directory"], title_justify="left")
+    # where they are (null unless the caller is an admin)
+    table = Table(box=None, header_style="bold", title=data.get("directory"), title_justify="left")
     for col in ("STEP", "ATTEMPT", "SIZE", "SHA256", "METRICS", "PATH", "SAVED"):
         table.add_column(col, overflow="fold")
     if all_:

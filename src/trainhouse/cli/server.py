@@ -131,6 +131,15 @@ def server(
             show_default="http://--host:--port",
         ),
     ] = None,
+    allowed_host: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="Another name this server answers to in the Host header (repeatable): the "
+            "public name a reverse proxy forwards, or the machine's name on the network. Other "
+            "names are refused, against DNS rebinding",
+            show_default="--host, localhost, the --advertise-url host",
+        ),
+    ] = None,
     quota_gpus: Annotated[
         int | None, typer.Option(help="Default cap on each user's concurrent GPUs")
     ] = None,
@@ -215,6 +224,7 @@ def server(
         "ray_node_dir": ray_node_dir,
         "shared_home": shared_home,
         "advertise_url": advertise_url,
+        "allowed_hosts": tuple(allowed_host) if allowed_host else None,
         "quota_gpus": quota_gpus,
         "quota_cpus": quota_cpus,
         "cancel_grace": cancel_grace,

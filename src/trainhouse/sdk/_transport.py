@@ -7,7 +7,7 @@ from typing import Any
 
 import httpx
 
-from trainhouse._http import JSON_HEADERS, encode_json, send
+from trainhouse._http import CLIENT_HEADERS, JSON_HEADERS, encode_json, send
 from trainhouse.errors import ClientError, ServerUnreachable
 
 
@@ -28,7 +28,7 @@ class JobAPI:
         self.job_id = job_id
         self._http = httpx.Client(
             base_url=f"{self.url}/api/v1/jobs/{job_id}",
-            headers={"Authorization": f"Bearer {token}"},
+            headers={**CLIENT_HEADERS, "Authorization": f"Bearer {token}"},
             timeout=timeout,
             transport=transport,
         )

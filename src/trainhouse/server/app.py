@@ -26,7 +26,7 @@ from trainhouse.monitoring.sampler import Sampler
 from trainhouse.monitoring.telemetry import Telemetry
 from trainhouse.scheduler.loop import SchedulerConfig, SchedulerLoop
 from trainhouse.scheduler.policy import Quota
-from trainhouse.server import limits
+from trainhouse.server import limits, origin
 from trainhouse.server.auth import Authenticator
 from trainhouse.server.checkpoints import Checkpoints
 from trainhouse.server.deps import Services
@@ -151,6 +151,8 @@ def create_app(settings: Settings, *, executor: Executor | None = None) -> FastA
         version=__version__,
         description="A self-hosted training server.",
         lifespan=lifespan,
+        docs_url=None,  # /docs is served offline, by routes.ui
+        redoc_url=None,  # ReDoc's page loads its logo from a CDN: off
     )
 
     @app.exception_handler(TrainhouseError)
@@ -192,4 +194,5 @@ def create_app(settings: Settings, *, executor: Executor | None = None) -> FastA
     app.include_router(system.exposition)  # GET /metrics (Prometheus)
     app.include_router(ui.router)  # the dashboard: / and /static/...
     limits.install(app, settings.max_upload_bytes)  # request bodies past a route's limit: 413
+    origin.install(app, settings)  # outermost: unknown hosts 400, cross-origin writes 403
     return app

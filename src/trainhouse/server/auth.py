@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
+from trainhouse._http import CSRF_HEADER
 from trainhouse.errors import Forbidden, RateLimited, TrainhouseError, Unauthorized
 from trainhouse.server.deps import Services, services
 from trainhouse.server.schemas import RowId
@@ -48,7 +49,6 @@ from trainhouse.tokens import JOB_TOKEN_PREFIX, USER_TOKEN_PREFIX, hash_token, j
 log = logging.getLogger(__name__)
 
 COOKIE = "trainhouse_token"
-CSRF_HEADER = "X-Trainhouse-Request"  # cookie-authenticated writes must carry it (CSRF)
 CACHE_SECONDS = 5.0  # a verified user token is trusted this long without a query
 SAFE_METHODS = ("GET", "HEAD", "OPTIONS")
 WRITE_ROLES = ("admin", "member")

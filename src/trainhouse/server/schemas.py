@@ -87,7 +87,10 @@ class JobDetailOut(JobOut):
     events: list[EventOut]
     checkpoints: int
     log_ranks: list[int]
-    job_dir: str
+    job_dir: str | None = Field(
+        None,
+        description="Where the server keeps the job's files; null unless the caller is an admin",
+    )
 
 
 class JobListOut(BaseModel):
@@ -143,7 +146,9 @@ class CheckpointOut(BaseModel):
 
 class CheckpointListOut(BaseModel):
     job_id: int
-    directory: str
+    directory: str | None = Field(
+        None, description="Where the job's checkpoints are; null unless the caller is an admin"
+    )
     checkpoints: list[CheckpointOut]
 
 

@@ -7,10 +7,13 @@ refuses; tests and embedders build one directly.
 
 from __future__ import annotations
 
+import ipaddress
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, get_args
+from urllib.parse import urlsplit
 
 from trainhouse.executors import registry
 from trainhouse.scheduler.failures import DEFAULT_MAX_INFRA_RESTARTS
@@ -19,6 +22,10 @@ from trainhouse.workdir import MAX_ARCHIVE_BYTES
 
 DEFAULT_PORT = 8470
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
+EVERYWHERE = ("0.0.0.0", "", "::")  # listening on every address of the machine
+# a DNS name (labels of letters, digits and hyphens) as --allowed-host takes it
+_LABEL = r"[a-z0-9_]([a-z0-9_-]{0,61}[a-z0-9_])?"
+_HOST_NAME = re.compile(rf"(?=.{{1,253}}$){_LABEL}(\.{_LABEL})*")
 Visibility = Literal["own", "list", "all"]
 VISIBILITIES: tuple[str, ...] = get_args(Visibility)
 
@@ -53,6 +60,9 @@ class Settings:
     ray_node_dir: str | None = None  # where the nodes unpack code and keep logs (node-local)
     shared_home: bool = False  # every node mounts HOME at the same path (shared checkpoints)
     advertise_url: str | None = None  # the URL ranks on other machines reach the server at
+    # more names the server answers to in the Host header (--allowed-host): the name a reverse
+    # proxy forwards, or the machine's name on the network; see host_names
+    allowed_hosts: tuple[str, ...] = ()
     # auth: None = on unless the server listens on loopback only (--auth forces it on there);
     # off on another address only with insecure_no_auth (--insecure-no-auth)
     auth: bool | None = None
@@ -80,6 +90,7 @@ class Settings:
                 f"--job-visibility must be own, list or all; got {self.job_visibility!r}"
             )
         self.check_auth()
+        self.check_hosts()
         registry.check(self)
         for option, value, low in (
             ("--cancel-grace", self.cancel_grace, 0.0),
@@ -104,6 +115,52 @@ class Settings:
                 "pass --insecure-no-auth if something in front of it authenticates users"
             )
 
+    def check_hosts(self) -> None:
+        """Refuse an ``--allowed-host`` that is not a host name or an IP address, and an
+        ``--advertise-url`` that is not an http(s) URL with a host."""
+        for name in self.allowed_hosts:
+            if not _is_host(name):
+                raise ValueError(
+                    "--allowed-host takes a host name or an IP address, without scheme, port or "
+                    f"path (e.g. trainhouse.example.com); got {name!r}"
+                )
+        if self.advertise_url is not None:
+            try:
+                parts = urlsplit(self.advertise_url)
+                host = parts.hostname
+                parts.port  # noqa: B018  (a port that is not a number raises)
+            except ValueError:
+                host = None
+            if parts.scheme not in ("http", "https") or not host:
+                raise ValueError(
+                    "--advertise-url must be an http:// or https:// URL with a host "
+                    f"(e.g. http://head-node:8470); got {self.advertise_url!r}"
+                )
+
+    @property
+    def listens_everywhere(self) -> bool:
+        """Whether the server listens on every address of the machine (0.0.0.0, ::)."""
+        return self.host in EVERYWHERE
+
+    @property
+    def host_names(self) -> frozenset[str]:
+        """The names the server answers to in a request's ``Host`` header (lower case, without
+        port): the address it listens on and ``localhost``; 127.0.0.1 and ::1 when it listens
+        on the loopback or on every address; the host of ``--advertise-url``; every
+        ``--allowed-host``. A server behind a reverse proxy that forwards ``Host`` (nginx's
+        ``proxy_set_header Host $host``) needs the public name among them. On every address, any
+        IP address is taken besides (:mod:`trainhouse.server.origin`)."""
+        names = {self.host.strip("[]").lower(), "localhost"}
+        if self.host in LOOPBACK or self.listens_everywhere:
+            names |= {"127.0.0.1", "::1"}
+        if self.advertise_url:
+            advertised = urlsplit(self.advertise_url).hostname
+            if advertised:
+                names.add(advertised.lower())
+        names |= {name.strip("[]").lower() for name in self.allowed_hosts}
+        names.discard("")
+        return frozenset(names)
+
     @property
     def shared_checkpoints(self) -> bool:
         """Whether every node reaches the checkpoint storage (a URL, a shared directory, or
@@ -121,8 +178,19 @@ class Settings:
         if self.advertise_url:
             return self.advertise_url.rstrip("/")
         host = self.host
-        if host in ("0.0.0.0", "", "::"):
+        if host in EVERYWHERE:
             host = "127.0.0.1"
         if ":" in host:
             host = f"[{host}]"
         return f"http://{host}:{self.port}"
+
+
+def _is_host(name: str) -> bool:
+    """A host name (``trainhouse.example.com``) or an IP address (``10.0.0.5``, ``::1`` or
+    ``[::1]``)."""
+    bare = name[1:-1] if name.startswith("[") and name.endswith("]") else name
+    try:
+        ipaddress.ip_address(bare)
+    except ValueError:
+        return bare == name and _HOST_NAME.fullmatch(name.lower()) is not None
+    return True

@@ -27,6 +27,7 @@ from trainhouse.scheduler.resources import never_fits
 from trainhouse.server.auth import (
     Principal,
     audit,
+    caller,
     readable_job,
     signed_in,
     writable_job,
@@ -197,7 +198,13 @@ def list_jobs(
 
 
 @router.get("/jobs/{job_id}", response_model=JobDetailOut)
-def show(job: Job = Depends(readable_job), svc: Services = Depends(services)) -> JobDetailOut:
+def show(
+    job: Job = Depends(readable_job),
+    p: Principal = Depends(caller),
+    svc: Services = Depends(services),
+) -> JobDetailOut:
+    """The job, its attempts and events. Where its files are on the server is for admins (with
+    auth off every caller is one), as ``/health`` keeps ``home`` from others."""
     job_id = job.id
     files = svc.files(job_id)
     return JobDetailOut(
@@ -209,7 +216,7 @@ def show(job: Job = Depends(readable_job), svc: Services = Depends(services)) ->
         events=[EventOut(**asdict(e)) for e in svc.store.jobs.events(job_id)],
         checkpoints=len(svc.store.checkpoints.list(job_id)),
         log_ranks=files.ranks(),
-        job_dir=str(files.root),
+        job_dir=str(files.root) if p.is_admin else None,
     )
 
 
@@ -331,14 +338,16 @@ def logs(
 def checkpoints(
     job: Job = Depends(readable_job),
     all: bool = Query(False, description="Include deleted and corrupt ones"),
+    p: Principal = Depends(caller),
     svc: Services = Depends(services),
 ) -> CheckpointListOut:
-    """The job's checkpoints, oldest first; by default only those a restart may load."""
+    """The job's checkpoints, oldest first; by default only those a restart may load. Their
+    directory (a server path or URL) is for admins."""
     job_id = job.id
     found = svc.store.checkpoints.list(job_id, include_deleted=all)
     return CheckpointListOut(
         job_id=job_id,
-        directory=svc.checkpoints.location(job_id),
+        directory=svc.checkpoints.location(job_id) if p.is_admin else None,
         checkpoints=[CheckpointOut(**asdict(c)) for c in found if all or c.corrupt is None],
     )
 

@@ -1,10 +1,15 @@
-"""The web dashboard: ``/`` is a single page (``server/web``) that reads the REST API.
+"""The web dashboard: ``/`` is a single page (``server/web``) that reads the REST API; and the
+API's reference, ``/docs`` (Swagger UI).
 
-Its chart code is the plotly.js that the ``plotly`` wheel ships, served from the installed
-package at ``/static/vendor/plotly.min.js``; nothing of it is copied into this repository.
+The dashboard's chart code is the plotly.js that the ``plotly`` wheel ships, served from the
+installed package at ``/static/vendor/plotly.min.js``; the reference's code is the Swagger UI
+bundle that the ``fastapi-offline`` wheel ships (a pinned dependency), served the same way
+under ``/static/vendor/``. Nothing of either is copied into this repository, and no page loads
+anything from elsewhere: they work offline. (FastAPI's ``/redoc`` is off: ReDoc's page loads
+its logo from Redocly's CDN, whatever its code's origin.)
 ``/static/lifecycle.js`` is made from :mod:`trainhouse.lifecycle`: the job states and the
 terminal set, spelled once, in Python.
-Responses carry an ETag (a revisit costs a 304) and the 4.8 MB bundle is gzipped once, on its
+Responses carry an ETag (a revisit costs a 304) and the bundles are gzipped once, on their
 first request, for clients that accept it.
 """
 
@@ -19,7 +24,8 @@ from functools import cache
 from importlib import resources
 
 from fastapi import APIRouter, Request
-from fastapi.responses import Response
+from fastapi.openapi.docs import get_swagger_ui_html
+from fastapi.responses import HTMLResponse, Response
 
 from trainhouse.errors import NotFound
 from trainhouse.lifecycle import TERMINAL, JobState
@@ -46,6 +52,9 @@ STATIC_FILES = (
     "favicon.svg",
 )
 PLOTLY_PATH = "package_data/plotly.min.js"
+# the API reference's code, from the fastapi-offline wheel: /static/vendor/NAME
+DOCS_PACKAGE = "fastapi_offline"
+DOCS_FILES = ("swagger-ui-bundle.js", "swagger-ui.css")
 # modules the server makes rather than reads from the package's web directory
 GENERATED_FILES = ("lifecycle.js",)
 
@@ -86,12 +95,13 @@ def _lifecycle() -> Asset:
 
 
 @cache
-def _plotly() -> Asset:
-    path = resources.files("plotly") / PLOTLY_PATH
+def _vendor(package: str, member: str) -> Asset:
+    """A file an installed wheel ships (``package``'s ``member``)."""
+    path = resources.files(package) / member
     if not path.is_file():
-        version = importlib.metadata.version("plotly")
-        raise NotFound(f"plotly {version} does not ship {PLOTLY_PATH}; reinstall plotly")
-    return _asset(path.read_bytes(), _TYPES[".js"], compress=True)
+        version = importlib.metadata.version(package)
+        raise NotFound(f"{package} {version} does not ship {member}; reinstall {package}")
+    return _asset(path.read_bytes(), _TYPES[member[member.rfind(".") :]], compress=True)
 
 
 def _send(request: Request, asset: Asset, cache_control: str) -> Response:
@@ -106,8 +116,9 @@ def _send(request: Request, asset: Asset, cache_control: str) -> Response:
 
 # our own files change with an upgrade: revalidate each time (a 304 when unchanged)
 _REVALIDATE = "no-cache"
-# plotly.js changes only with the installed wheel: a day without asking, then a 304
+# the vendored bundles change only with the installed wheels: a day without asking, then a 304
 _DAY = "public, max-age=86400"
+_VENDOR = "/static/vendor"
 
 
 @router.api_route("/", methods=["GET", "HEAD"])
@@ -117,7 +128,29 @@ def index(request: Request) -> Response:
 
 @router.api_route("/static/vendor/plotly.min.js", methods=["GET", "HEAD"])
 def plotly_js(request: Request) -> Response:
-    return _send(request, _plotly(), _DAY)
+    return _send(request, _vendor("plotly", PLOTLY_PATH), _DAY)
+
+
+@router.api_route("/static/vendor/{name}", methods=["GET", "HEAD"])
+def docs_vendor(name: str, request: Request) -> Response:
+    if name not in DOCS_FILES:
+        raise NotFound(f"no static file 'vendor/{name}'")
+    return _send(request, _vendor(DOCS_PACKAGE, f"static/{name}"), _DAY)
+
+
+@router.get("/docs")
+def swagger_ui(request: Request) -> HTMLResponse:
+    """The API reference, Swagger UI: its code from this server, no validator badge (it would
+    send the API's description to validator.swagger.io)."""
+    root = request.scope.get("root_path", "")
+    return get_swagger_ui_html(
+        openapi_url=f"{root}/openapi.json",
+        title="trainhouse API",
+        swagger_js_url=f"{root}{_VENDOR}/swagger-ui-bundle.js",
+        swagger_css_url=f"{root}{_VENDOR}/swagger-ui.css",
+        swagger_favicon_url=f"{root}/static/favicon.svg",
+        swagger_ui_parameters={"validatorUrl": None},
+    )
 
 
 @router.api_route("/static/lifecycle.js", methods=["GET", "HEAD"])

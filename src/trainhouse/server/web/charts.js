@@ -14,8 +14,19 @@ export function ema(ys, weight) {
 }
 
 /**
+ * text as plotly shows it literally. Plotly reads tags and entities in titles, legends and hover
+ * labels (<a href> becomes a link, <b> bold, <br> a break); names come from jobs (a metric's
+ * name is whatever a script logged), so every one is escaped: plotly turns &lt; &gt; &amp;
+ * back into the characters, as text.
+ */
+export function plotlyText(text) {
+  return String(text).replaceAll("&", "&amp;").replaceAll("<", "&lt;").replaceAll(">", "&gt;");
+}
+
+/**
  * Draws traces [{name, x, y}] into el. data[i] are the raw series in order; smoothed copies
  * (when opts.smoothing > 0) follow them, so el.data[0].x/y is always the first raw series.
+ * The title and the traces' names are plain text (plotlyText).
  */
 export function drawChart(el, title, traces, opts) {
   if (!window.Plotly) {
@@ -28,7 +39,7 @@ export function drawChart(el, title, traces, opts) {
   const data = traces.map((t, i) => ({
     type: t.x.length > 20000 ? "scattergl" : "scatter",
     mode: t.x.length === 1 ? "markers" : "lines",
-    name: t.name,
+    name: plotlyText(t.name),
     x: t.x,
     y: t.y,
     legendgroup: t.name,
@@ -42,7 +53,7 @@ export function drawChart(el, title, traces, opts) {
     traces.forEach((t, i) => data.push({
       type: t.x.length > 20000 ? "scattergl" : "scatter",
       mode: t.x.length === 1 ? "markers" : "lines",
-      name: t.name,
+      name: plotlyText(t.name),
       x: t.x,
       y: ema(t.y, smoothing),
       legendgroup: t.name,
@@ -52,7 +63,7 @@ export function drawChart(el, title, traces, opts) {
     }));
   }
   const layout = {
-    title: { text: title, font: { size: 13 }, x: 0.01, xanchor: "left" },
+    title: { text: plotlyText(title), font: { size: 13 }, x: 0.01, xanchor: "left" },
     height: opts.height || 260,
     margin: { l: 56, r: 14, t: multi ? 46 : 34, b: 40 },
     paper_bgcolor: "rgba(0,0,0,0)",
@@ -61,7 +72,7 @@ export function drawChart(el, title, traces, opts) {
     showlegend: multi,
     legend: { orientation: "h", x: 1, xanchor: "right", y: 1.02, yanchor: "bottom", font: { size: 10 } },
     uirevision: title,
-    xaxis: { title: { text: opts.xTitle ?? "step" }, type: opts.xType || "-", zeroline: false, automargin: true },
+    xaxis: { title: { text: plotlyText(opts.xTitle ?? "step") }, type: opts.xType || "-", zeroline: false, automargin: true },
     yaxis: {
       type: opts.log ? "log" : "linear",
       uirevision: opts.log ? "log" : "linear",

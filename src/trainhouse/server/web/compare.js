@@ -42,7 +42,7 @@ export function comparePage(view, query) {
     for (const s of sources.values()) for (const n of s.metrics.series.keys()) names.add(n);
     const known = [...names].sort();
     if (metricSel.options.length - 1 !== known.length) {
-      metricSel.replaceChildren(h("option", { value: "" }, "all metrics"), known.map((n) => h("option", { value: n }, n)));
+      metricSel.replaceChildren(h("option", { value: "" }, "all metrics"), ...known.map((n) => h("option", { value: n }, n)));
       metricSel.value = names.has(metricWanted) ? metricWanted : "";
     }
     const shown = metricWanted && names.has(metricWanted) ? [metricWanted] : known;

@@ -85,7 +85,7 @@ export function checkpointsTable(jobId, data) {
     h("table", { class: "grid", testid: "checkpoints-table" },
       h("thead", {}, h("tr", {}, ["Step", "Attempt", "Kind", "Size", "sha256", "Metrics", "Saved", "Path", ""].map((c) => h("th", {}, c)))),
       h("tbody", {}, rows)),
-    h("p", { class: "muted small" }, `Stored in ${data.directory}`));
+    data.directory ? h("p", { class: "muted small" }, `Stored in ${data.directory}`) : null);
 }
 
 export function jobPage(view, jobId) {
