@@ -1,8 +1,11 @@
-"""Text a job controls (its log lines, its reports) reaches the store whatever bytes it holds.
+"""Text a job controls (its log lines, its reports): stored whatever bytes it holds, and shown
+only to those who may read the job.
 
 PostgreSQL's text type holds no NUL character, and no backend encodes a lone surrogate as
 UTF-8: a failing rank that printed either once made its attempt unrecordable, so the job was
 taken for lost and restarted again and again, its exit code and ``no_restart_on`` ignored.
+A failed job's reason quotes its failing rank's last lines: with ``--job-visibility list`` the
+other users' rows in the job list and the queue carried it.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from fastapi.testclient import TestClient
 from tests.support.api import services, submit, wait_state, workdir
 from tests.support.fakes import FakeExecutor
 from tests.support.records import new_job
+from tests.support.team import make_team
 from trainhouse.layout import JobLayout
 from trainhouse.lifecycle import JobState
 from trainhouse.scheduler.loop import SchedulerLoop
@@ -124,3 +128,39 @@ def test_a_checkpoint_file_name_that_is_not_utf8_is_skipped_not_fatal(
             fh.write(json.dumps(record))
     added = svc.checkpoints.register_unlisted(job["id"], 1)
     assert sorted(c.path for c in added) == ["step-1.pt", "step-3.pt"]
+
+
+def test_a_shared_list_and_queue_show_no_text_of_others_jobs(tmp_path: Path) -> None:
+    """With ``--job-visibility list``, bob sees alice's jobs by state alone; alice and the
+    admin see her reasons."""
+    secret = "attempt 1 failed: rank 0 exited with code 1; last lines:\nAPI_KEY=hunter2"
+    for team in make_team(tmp_path, job_visibility="list"):
+        store = team.svc.store
+        failed, yielding, queued = (
+            team.submit("alice", name).json()["id"] for name in ("failed", "yielding", "queued")
+        )
+        executor = team.svc.scheduler.executor
+        for job_id in (failed, yielding):
+            executor.live[job_id] = 1  # type: ignore[attr-defined]  # "runs": not swept up
+            store.jobs.start_attempt(job_id, placement=[], token_hash="0" * 64)
+        store.jobs.transition(failed, JobState.FAILED, reason=secret, exit_code=1)
+        executor.live.pop(failed)  # type: ignore[attr-defined]
+        store.jobs.update(yielding, preempt_requested=True, reason=secret)
+        store.jobs.update(queued, reason=secret)
+        for user in ("bob", "vera"):
+            listed = team.get(user, "/jobs", params={"all": "true"})
+            assert "hunter2" not in listed.text
+            rows = {j["id"]: j for j in listed.json()["jobs"]}
+            assert set(rows) == {failed, yielding, queued}
+            assert rows[failed]["reason"] == "failed with exit code 1"
+            assert rows[yielding]["reason"] == "running attempt 1; asked to yield its resources"
+            assert rows[queued]["reason"]  # the scheduler's own words, or "queued"
+            queue = team.get(user, "/queue")
+            assert "hunter2" not in queue.text
+            assert [p["id"] for p in queue.json()["preempting"]] == [yielding]
+        for user in ("alice", "root"):
+            rows = {
+                j["id"]: j for j in team.get(user, "/jobs", params={"all": "true"}).json()["jobs"]
+            }
+            assert rows[failed]["reason"] == secret
+            assert team.get(user, "/queue").json()["preempting"][0]["reason"] == secret

@@ -12,8 +12,9 @@ job        a job's per-attempt credential (``thj_<id>_...``): reports to and rea
 =========  ==================================================================================
 
 ``--job-visibility`` says what non-admins see of other users' jobs: ``own`` (the default)
-nothing; ``list`` the job list and queue (names, owners, states); ``all`` everything,
-read-only. A job someone may not read answers 403, never its data.
+nothing; ``list`` the job list and queue (names, owners, states; no text the job controls:
+``routes.jobs.job_out``); ``all`` everything, read-only. A job someone may not read
+answers 403, never its data.
 
 With auth off (the embedded server on 127.0.0.1), every caller is :data:`OPEN`: allowed
 everything, and a job's owner is the name the client sends. Job credentials are checked in
