@@ -167,6 +167,18 @@ metric_buckets = Table(
     PrimaryKeyConstraint("job_id", "name", "rank", "level", "bucket"),
 )
 
+# every series (name, rank) a job has reported, once: what the cap on a job's series counts
+# (trainhouse.store.reports.MAX_SERIES); written in the ingest transaction, never deleted but
+# with the job (a series whose points a resume dropped still counts)
+metric_series = Table(
+    "metric_series",
+    metadata,
+    Column("job_id", _Id, ForeignKey("jobs.id", ondelete="CASCADE"), nullable=False),
+    Column("name", String(256), nullable=False),
+    Column("rank", Integer, nullable=False),
+    PrimaryKeyConstraint("job_id", "name", "rank"),
+)
+
 report_batches = Table(
     "report_batches",
     metadata,
