@@ -48,7 +48,9 @@ def job_of_token(token: str) -> int | None:
     if not token.startswith(JOB_TOKEN_PREFIX):
         return None
     head, sep, _secret = token[len(JOB_TOKEN_PREFIX) :].partition("_")
-    return int(head) if sep and head.isdigit() and len(head) <= 18 else None
+    # ASCII digits only: str.isdigit() also takes "²", which int() refuses
+    ok = sep and head.isascii() and head.isdigit() and len(head) <= 18
+    return int(head) if ok else None
 
 
 class TokenBook(Protocol[T_co]):

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from tests.support.jobs import RANDOM_SCRIPT, rank_process, write_job
-from tests.support.servers import EXAMPLE, Server
+from tests.support.servers import EXAMPLE, Server, assert_clean_stop, start_server
 from trainhouse.sdk.checkpoint import load_checkpoint
 
 pytestmark = pytest.mark.integration
@@ -33,6 +33,40 @@ def test_a_missing_module_fails_at_once_and_show_says_why(server: Server, tmp_pa
     shown = server.cli("show", str(job["id"])).stdout
     assert "FAILED RANK" in shown and "(code)" in shown
     assert "last lines of rank" in shown and "ModuleNotFoundError" in shown
+
+
+NUL_SCRIPT = """
+import sys
+sys.stdout.buffer.write(b"dumping state \\x00\\x00\\xff done\\n")
+sys.stdout.flush()
+sys.exit(3)
+"""
+
+
+def test_a_rank_whose_log_holds_nul_bytes_fails_as_its_exit_code_says(tmp_path: Path) -> None:
+    """PostgreSQL's text holds no NUL: the attempt could not be recorded, was taken for lost
+    and restarted until the infrastructure budget ran out, its exit code and no_restart_on
+    ignored. Its log tail is stored with U+FFFD where the NULs were."""
+    server = start_server(tmp_path / "home", "--cpus", "2", "--max-infra-restarts", "1")
+    try:
+        spec = write_job(
+            tmp_path,
+            NUL_SCRIPT,
+            "name: nul\nentrypoint: python train.py\nmax_restarts: 3\n"
+            "no_restart_on: {exit_codes: [3]}\nresources: {procs_per_node: 1}\n",
+        )
+        job = server.cli_json("submit", str(spec), "--detach")
+        final = server.wait(job["id"], {"FAILED", "COMPLETED"})
+        assert final["state"] == "FAILED", final["reason"]
+        assert (final["exit_code"], final["restarts"], final["infra_restarts"]) == (3, 0, 0)
+        assert "exit code 3 is in no_restart_on.exit_codes" in final["reason"]
+        [attempt] = final["attempt_history"]
+        assert (attempt["result"], attempt["failure"]) == ("failed", "user")
+        assert attempt["exit_code"] == 3
+        assert "dumping state \ufffd\ufffd\ufffd done" in attempt["log_tail"]
+        assert "dumping state \ufffd\ufffd\ufffd done" in final["reason"]
+    finally:
+        assert_clean_stop(server)
 
 
 @pytest.mark.parametrize("job", ["digits-example", "random-generators"])

@@ -134,11 +134,13 @@ def test_ranks_and_the_jobs_progress(store: Store) -> None:
         ("loss", 0, 1, 0),
         ("loss", 1, 3, 2),
     ]
-    # the same step again merges the values; an earlier step (a restart) moves progress back
+    # the same step again merges the values; an earlier step (a restart) moves progress back,
+    # and the latest value of every series stays (tests/unit/test_metric_series.py)
     store.metrics.add(job, cols([1], "lr", [0.1]))
     assert store.jobs.get(job).latest_metrics == {"loss": 3.0, "acc": 5.0, "lr": 0.1}
     store.metrics.add(job, cols([0], "loss", [7.0], attempt=2))
-    assert (store.jobs.get(job).last_step, store.jobs.get(job).latest_metrics) == (0, {"loss": 7.0})
+    got = store.jobs.get(job)
+    assert (got.last_step, got.latest_metrics) == (0, {"loss": 7.0, "acc": 5.0, "lr": 0.1})
 
 
 def test_metric_points_with_per_point_attempts(store: Store) -> None:

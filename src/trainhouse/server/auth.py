@@ -12,8 +12,9 @@ job        a job's per-attempt credential (``thj_<id>_...``): reports to and rea
 =========  ==================================================================================
 
 ``--job-visibility`` says what non-admins see of other users' jobs: ``own`` (the default)
-nothing; ``list`` the job list and queue (names, owners, states); ``all`` everything,
-read-only. A job someone may not read answers 403, never its data.
+nothing; ``list`` the job list and queue (names, owners, states; no text the job controls:
+``routes.jobs.job_out``); ``all`` everything, read-only. A job someone may not read
+answers 403, never its data.
 
 With auth off (the embedded server on 127.0.0.1), every caller is :data:`OPEN`: allowed
 everything, and a job's owner is the name the client sends. Job credentials are checked in
@@ -22,7 +23,8 @@ both modes.
 Failed token uses are counted per client address: past ``auth_failures`` within
 ``auth_window`` seconds, further failures from that address get 429 instead of 401 until the
 window has passed (a valid token still works: people behind one NAT share an address). Each
-401 is in the audit log.
+401 is in the audit log. That holds for every token: a person's, a job's credential on any
+route, and the credential the report routes check (:func:`reporting_job`) with auth on or off.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ import time
 from collections import deque
 from dataclasses import dataclass
 
-from fastapi import Depends, Request
+from fastapi import Depends, Header, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from trainhouse._http import CSRF_HEADER
@@ -215,16 +217,19 @@ def caller(
     svc: Services = Depends(services),
 ) -> Principal:
     """The principal of a request: OPEN with auth off, else whoever the token names."""
-    auth: Authenticator = svc.auth
-    if not auth.enabled:
+    if not svc.auth.enabled:
         return OPEN
-    token = request_token(request, creds)
+    return principal_of(svc, request_token(request, creds), client_address(request))
+
+
+def principal_of(svc: Services, token: str | None, client: str) -> Principal:
+    """Whoever ``token`` names now (auth on), as :func:`caller` finds it; also what an open
+    log stream re-checks. Raises 401 (429 past the failure limit) for a token refused."""
     if not token:
         raise Unauthorized(
             "this server needs a token: `trainhouse login`, TRAINHOUSE_TOKEN, or the header "
             "Authorization: Bearer <token>"
         )
-    client = client_address(request)
     job_id = job_of_token(token)
     if job_id is not None:
         try:
@@ -232,9 +237,9 @@ def caller(
         except TrainhouseError:
             job = None
         if job is None or not job_credential(job, token):
-            raise auth.refuse(client, "not the credential of a running attempt", token)
+            raise svc.auth.refuse(client, "not the credential of a running attempt", token)
         return Principal(f"job:{job_id}", "job", job_id=job_id)
-    return auth.user(token, client)
+    return svc.auth.user(token, client)
 
 
 def signed_in(p: Principal = Depends(caller)) -> Principal:
@@ -265,6 +270,28 @@ def readable_job(
         if p.is_job:
             raise Forbidden(f"a job's credential reaches only its own job (job {p.job_id})")
         raise Forbidden(f"job {job_id} belongs to another user; {p.name!r} may not read it")
+    return job
+
+
+AuthHeader = Header(None, alias="Authorization", include_in_schema=False)
+
+
+def reporting_job(
+    job_id: RowId,
+    request: Request,
+    authorization: str | None = AuthHeader,
+    svc: Services = Depends(services),
+) -> Job:
+    """The job a request reports for (metrics, checkpoints), once its per-attempt credential
+    checks out, with auth on or off. A wrong one is refused as any token is: counted against
+    the client's address (429 past the limit) and audited."""
+    job = svc.store.jobs.get(job_id)
+    if not authorization or not authorization.startswith("Bearer "):
+        raise Unauthorized("this endpoint needs the job's credential (Authorization: Bearer ...)")
+    token = authorization.removeprefix("Bearer ").strip()
+    if not job_credential(job, token):
+        why = f"the credential is not valid for job {job.id}'s current attempt"
+        raise svc.auth.refuse(client_address(request), why, token)
     return job
 
 

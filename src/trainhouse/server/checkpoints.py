@@ -26,6 +26,7 @@ from trainhouse.service import Service
 from trainhouse.spec import CheckpointPolicy
 from trainhouse.storage import Storage, confine, is_temp, open_storage, sidecar_name
 from trainhouse.store import Checkpoint, Job, Store
+from trainhouse.store.tables import storable
 
 log = logging.getLogger(__name__)
 
@@ -125,7 +126,8 @@ class Checkpoints(Service):
             return []
         for name in names:
             path = name.removesuffix(".json")
-            if path == name or path in known or is_temp(name):
+            # (a name the file system gave undecoded, a lone surrogate, cannot be stored)
+            if path == name or path in known or is_temp(name) or storable(name) != name:
                 continue
             try:
                 record = json.loads(storage.read_text(name))

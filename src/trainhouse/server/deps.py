@@ -1,28 +1,72 @@
-"""What route handlers depend on: the running services and the per-job credential check."""
+"""What route handlers depend on: the running services (who may do what: ``auth``)."""
 
 from __future__ import annotations
 
-import hmac
-from dataclasses import dataclass
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from fastapi import Depends, Header, Request
+from fastapi import Request
 
-from trainhouse.errors import Unauthorized
+from trainhouse.errors import RateLimited
 from trainhouse.layout import JobLayout
 from trainhouse.monitoring.sampler import Sampler
 from trainhouse.monitoring.telemetry import Telemetry
 from trainhouse.scheduler.loop import SchedulerLoop
 from trainhouse.server.checkpoints import Checkpoints
 from trainhouse.server.housekeeping import Housekeeper
-from trainhouse.server.schemas import RowId
 from trainhouse.server.settings import Settings
 from trainhouse.service import Service
-from trainhouse.store import BlobStore, Job, Store
-from trainhouse.tokens import hash_token
+from trainhouse.store import BlobStore, Store
 
 if TYPE_CHECKING:
     from trainhouse.server.auth import Authenticator
+
+
+class StreamSlots:
+    """The log streams open now, per user and in all: a stream takes a slot before it starts
+    (:meth:`acquire`) and gives it back when it ends, however it ends."""
+
+    def __init__(self) -> None:
+        self._open: dict[str, int] = {}
+        self._lock = threading.Lock()
+
+    def acquire(self, user: str, *, per_user: int, total: int) -> Callable[[], None]:
+        """A slot for ``user``; returns what gives it back (idempotent). Raises 429 when
+        ``user`` has ``per_user`` streams open, or the server ``total``."""
+        with self._lock:
+            mine, everyone = self._open.get(user, 0), sum(self._open.values())
+            if mine >= per_user:
+                raise RateLimited(
+                    f"{user} has {mine} log streams open, the most one user may "
+                    f"(log_streams_per_user); close one first"
+                )
+            if everyone >= total:
+                raise RateLimited(
+                    f"the server has {everyone} log streams open, the most it allows "
+                    "(log_streams); try again later"
+                )
+            self._open[user] = mine + 1
+        held = [True]
+
+        def release() -> None:
+            with self._lock:
+                if not held:
+                    return
+                held.clear()
+                left = self._open[user] - 1
+                if left:
+                    self._open[user] = left
+                else:
+                    del self._open[user]
+
+        return release
+
+    def open(self, user: str | None = None) -> int:
+        """Streams open now: ``user``'s, or everyone's."""
+        with self._lock:
+            return sum(self._open.values()) if user is None else self._open.get(user, 0)
 
 
 @dataclass
@@ -38,6 +82,7 @@ class Services:
     housekeeper: Housekeeper  # log retention
     telemetry: Telemetry  # /metrics
     auth: Authenticator  # tokens -> principals (trainhouse.server.auth)
+    streams: StreamSlots = field(default_factory=StreamSlots)  # open log streams
 
     @property
     def background(self) -> list[Service]:
@@ -52,24 +97,3 @@ class Services:
 def services(request: Request) -> Services:
     svc: Services = request.app.state.services
     return svc
-
-
-def job_credential(job: Job, authorization: str | None) -> None:
-    """Raise unless ``authorization`` carries the job's current per-attempt token."""
-    if not authorization or not authorization.startswith("Bearer "):
-        raise Unauthorized("this endpoint needs the job's credential (Authorization: Bearer ...)")
-    given = hash_token(authorization.removeprefix("Bearer ").strip())
-    if job.token_hash is None or not hmac.compare_digest(given, job.token_hash):
-        raise Unauthorized(f"the credential is not valid for job {job.id}'s current attempt")
-
-
-AuthHeader = Header(None, alias="Authorization", include_in_schema=False)
-
-
-def reporting_job(
-    job_id: RowId, authorization: str | None = AuthHeader, svc: Services = Depends(services)
-) -> Job:
-    """The job a request reports for, once its per-attempt credential checks out."""
-    job = svc.store.jobs.get(job_id)
-    job_credential(job, authorization)
-    return job

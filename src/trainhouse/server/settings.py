@@ -72,6 +72,9 @@ class Settings:
     job_visibility: Visibility = "own"
     auth_failures: int = 10  # failed token uses per client address and window before 429
     auth_window: float = 60.0  # seconds
+    # open log streams (GET /jobs/{id}/logs/stream) per user and in all; past either, 429
+    log_streams_per_user: int = 8
+    log_streams: int = 64
 
     @property
     def auth_enabled(self) -> bool:
@@ -98,6 +101,8 @@ class Settings:
             ("--monitor-interval", self.monitor_interval, 0.0),
             ("--fairshare-half-life", self.fairshare_half_life, 1e-9),
             ("--auth-failures", self.auth_failures, 1),
+            ("log_streams_per_user", self.log_streams_per_user, 1),
+            ("log_streams", self.log_streams, 1),
         ):
             if value < low:
                 raise ValueError(f"{option} must be >= {low:g}, got {value:g}")

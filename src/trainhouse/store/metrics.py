@@ -10,6 +10,18 @@ Semantics: a batch id seen before for the job is ignored (retries are stored onc
 ``resume=(attempt, step)`` first drops the points earlier attempts logged after ``step``; a
 value that is not finite is stored as NULL.
 
+A job has at most :data:`~trainhouse.store.reports.MAX_SERIES` series, (name, rank) pairs:
+every series a batch names is recorded once in ``metric_series`` (a series whose points a
+resume dropped stays there), and a batch that takes the job past the cap is refused whole
+(:class:`~trainhouse.errors.InvalidMetrics`, its id not recorded). The count is taken in the
+batch's transaction, after the job's series lock on PostgreSQL (SQLite's write lock on
+SQLite), so two reports at once cannot both pass it.
+
+The job's row keeps its progress: ``last_step``, the batch's last step of the job's own values
+(rank None; it moves back after a restart from an earlier checkpoint), and
+``latest_metrics``, the latest value of each of the job's own series (the value at the series'
+highest step in the last batch that named it).
+
 Every batch also recomputes, in its transaction, the rollup buckets
 (:mod:`trainhouse.store.rollup`) over the step range it covered in each series it touched
 (after a resume deletion: everything past the resume step), so a replaced or dropped value
@@ -31,11 +43,12 @@ from sqlalchemy import Connection, delete, select, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
+from trainhouse.errors import InvalidMetrics
 from trainhouse.store import rollup
 from trainhouse.store import series as reads
 from trainhouse.store import tables as t
 from trainhouse.store.records import MetricPoint
-from trainhouse.store.reports import INT64, Columns, columns_from_points
+from trainhouse.store.reports import INT64, MAX_SERIES, Columns, columns_from_points
 from trainhouse.store.series import SeriesInfo, SeriesPoints
 
 if TYPE_CHECKING:
@@ -208,8 +221,53 @@ def _by_series(
     return out
 
 
+# PostgreSQL: the advisory lock (this key and the job's id) that serialises the counting of a
+# job's series (SQLite: the transaction's write lock)
+SERIES_LOCK = 0x73657269  # "seri"
+_PG_REGISTER = (
+    "INSERT INTO metric_series (job_id, name, rank) SELECT %s::bigint, * FROM "
+    "unnest(%s::text[], %s::integer[]) ON CONFLICT DO NOTHING"
+)
+_SQLITE_REGISTER = "INSERT OR IGNORE INTO metric_series (job_id, name, rank) VALUES (?, ?, ?)"
+
+
+def _register_series(
+    cursor: Any, dialect: str, job_id: int, keys: list[Series], limit: int
+) -> None:
+    """Record the series ``keys`` (sorted) of a batch for the job; raise
+    :class:`InvalidMetrics` if that takes the job past ``limit`` series.
+
+    Series the job has already reported cost one index probe each and no count. When some are
+    new, the job's series are counted once the transactions that added series before have
+    committed (PostgreSQL: :data:`SERIES_LOCK`, held to the end of the transaction; SQLite: the
+    write lock the insert took), so a concurrent report's new series are counted too.
+    """
+    if dialect == "sqlite":
+        cursor.executemany(_SQLITE_REGISTER, [(job_id, n, r) for n, r in keys])
+    else:
+        cursor.execute(_PG_REGISTER, [job_id, [n for n, _ in keys], [r for _, r in keys]])
+    new = max(0, cursor.rowcount)
+    if not new:
+        return
+    param = "?" if dialect == "sqlite" else "%s"
+    if dialect != "sqlite":
+        cursor.execute(
+            "SELECT pg_advisory_xact_lock(%s::integer, %s::integer)",
+            [SERIES_LOCK, job_id & 0x7FFFFFFF],
+        )
+    cursor.execute(f"SELECT count(*) FROM metric_series WHERE job_id = {param}", [job_id])
+    total = int(cursor.fetchone()[0])
+    if total > limit:
+        raise InvalidMetrics(
+            f"a job may have at most {limit} metric series (distinct name and rank pairs, "
+            f"every one it ever reported); job {job_id} has {total - new}, and this report "
+            f"names {new} new ones: log fewer distinct names"
+        )
+
+
 def _progress(columns: Columns) -> tuple[int, dict[str, float | None]] | None:
-    """The batch's last step of the job's own values (rank None) and their values there."""
+    """The batch's last step of the job's own values (rank None), and the value of each of the
+    job's own series at its highest step in the batch (of two at one step, the last logged)."""
     steps, names, values = columns.steps, columns.names, columns.values
     rank_set = set(columns.ranks)
     if None not in rank_set:
@@ -220,8 +278,14 @@ def _progress(columns: Columns) -> tuple[int, dict[str, float | None]] | None:
             (s, n, v) for s, n, v, r in zip(steps, names, values, ranks, strict=True) if r is None
         ]
         steps, names, values = (list(c) for c in zip(*mine, strict=True))
-    last = max(steps)
-    return last, {n: v for s, n, v in zip(steps, names, values, strict=True) if s == last}
+    if all(map(operator.le, steps, itertools.islice(steps, 1, None))):  # in step order
+        return steps[-1], dict(zip(names, values, strict=True))  # the last of each name
+    at: dict[str, tuple[int, float | None]] = {}
+    for s, n, v in zip(steps, names, values, strict=True):
+        seen = at.get(n)
+        if seen is None or s >= seen[0]:
+            at[n] = (s, v)
+    return max(steps), {n: v for n, (_, v) in at.items()}
 
 
 def add(
@@ -233,8 +297,10 @@ def add(
     batch_id: str | None = None,
     total_steps: int | None = None,
     resume: tuple[int, int] | None = None,
+    max_series: int = MAX_SERIES,
 ) -> int:
-    """Store checked ``columns`` in the caller's transaction; returns the points written."""
+    """Store checked ``columns`` in the caller's transaction; returns the points written.
+    Raises :class:`InvalidMetrics` if they would take the job past ``max_series`` series."""
     now = time.time()
     if batch_id is not None:
         # the transaction's first write: SQLite takes its write lock here, before any read
@@ -246,6 +312,18 @@ def add(
         ).first()
         if new is None:  # seen before: a retry
             return 0
+    ranks = _series_ranks(columns) if len(columns) else None
+    if len(columns):
+        keys = sorted(
+            {(n, -1) for n in set(columns.names)}
+            if ranks is None
+            else set(zip(columns.names, ranks, strict=True))
+        )
+        cursor = conn.connection.cursor()
+        try:
+            _register_series(cursor, dialect, job_id, keys, max_series)
+        finally:
+            cursor.close()
     touched: dict[tuple[str, int], tuple[int, int]] = {}  # series -> step range to roll up
     if resume is not None:
         attempt, step = resume
@@ -265,7 +343,6 @@ def add(
                 cursor.close()
     fresh: dict[Series, tuple[Sequence[int], Sequence[float | None]]] = {}
     if len(columns):
-        ranks = _series_ranks(columns)
         order = _series_order(columns.names, ranks) if len(columns) > 1 else None
         _insert_points(conn, dialect, job_id, columns, order)
         for key, (steps, values) in _by_series(columns, ranks, order).items():
@@ -287,13 +364,12 @@ def add(
     if found is not None:
         last, latest = found
         current = conn.execute(
-            select(t.jobs.c.last_step, t.jobs.c.latest_metrics).where(t.jobs.c.id == job_id)
+            select(t.jobs.c.latest_metrics)
+            .where(t.jobs.c.id == job_id)
+            .with_for_update(key_share=True)  # FOR NO KEY UPDATE, as the UPDATE below takes
         ).first()
-        if current is not None:
-            if current[0] is not None and last == current[0]:
-                progress["latest_metrics"] = {**(current[1] or {}), **latest}
-            else:  # a later step, or an earlier one after a restart from a checkpoint
-                progress.update(last_step=last, latest_metrics=latest)
+        if current is not None:  # (the last step moves back after a restart)
+            progress.update(last_step=last, latest_metrics={**(current[0] or {}), **latest})
     if total_steps is not None:
         progress["total_steps"] = total_steps
     if progress:
@@ -324,6 +400,8 @@ class MetricRepo:
         A ``batch_id`` already seen for this job is ignored, so a client may retry a batch.
         ``resume=(attempt, step)``: that attempt resumed after ``step``, so points earlier
         attempts logged past it are dropped first (the series is the final lineage).
+        Raises :class:`~trainhouse.errors.InvalidMetrics`, storing nothing, if the points would
+        take the job past :data:`~trainhouse.store.reports.MAX_SERIES` series.
         """
         columns = points if isinstance(points, Columns) else columns_from_points(points)
         with self.db.transaction() as conn:

@@ -28,6 +28,9 @@ MAX_RANK = 1_000_000
 MAX_NAME = 256
 MAX_REPORT_POINTS = 200_000
 MAX_BATCH_ID = 64
+#: metric series per job: distinct (name, rank) pairs, every one it ever reported
+#: (trainhouse.store.metrics counts them in the transaction that stores a report)
+MAX_SERIES = 10_000
 
 _NONE = type(None)
 _NUMBER = {float, int}

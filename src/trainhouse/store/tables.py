@@ -2,9 +2,16 @@
 
 Changes here need an Alembic migration in ``store/migrations/versions``; a unit test compares
 the migrated database with this metadata and fails on any drift.
+
+Text a job controls (its log lines, in a failed attempt's ``log_tail`` and in reasons; a
+corruption report) is stored through :class:`JobText`, which makes any string storable
+(:func:`storable`): the one place where such text meets the database.
 """
 
 from __future__ import annotations
+
+import re
+from typing import Any
 
 from sqlalchemy import (
     JSON,
@@ -20,10 +27,12 @@ from sqlalchemy import (
     String,
     Table,
     Text,
+    TypeDecorator,
     UniqueConstraint,
     false,
     text,
 )
+from sqlalchemy.engine import Dialect
 
 metadata = MetaData(
     naming_convention={
@@ -36,6 +45,29 @@ metadata = MetaData(
 
 # BigInteger ids on PostgreSQL, INTEGER (the rowid alias) on SQLite.
 _Id = BigInteger().with_variant(Integer(), "sqlite")
+
+# NUL, which PostgreSQL's text cannot hold, and lone surrogates, which UTF-8 cannot encode
+_UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
+
+
+def storable(value: str) -> str:
+    """``value`` as every backend can store it: each NUL character and each lone surrogate
+    becomes U+FFFD, the character a failed decode gives; nothing else changes (control
+    characters, colour codes and the rest of Unicode stay)."""
+    return _UNSTORABLE.sub("\ufffd", value)
+
+
+class JobText(TypeDecorator[str]):
+    """A TEXT column for text a job controls: written through :func:`storable`, so no byte a
+    job printed can make the write fail (a failing rank's NUL once made its attempt
+    unrecordable on PostgreSQL: the job was taken for lost and restarted forever)."""
+
+    impl = Text
+    cache_ok = True
+
+    def process_bind_param(self, value: Any, dialect: Dialect) -> str | None:
+        return None if value is None else storable(str(value))
+
 
 jobs = Table(
     "jobs",
@@ -55,7 +87,7 @@ jobs = Table(
     # after infrastructure failures (a rank killed by a signal, a lost node): not in max_restarts
     Column("infra_restarts", Integer, nullable=False, default=0, server_default=text("0")),
     Column("exit_code", Integer),
-    Column("reason", Text),
+    Column("reason", JobText),  # may quote the failing rank's last lines
     Column("cancel_requested", Boolean, nullable=False, default=False),
     Column("preempt_requested", Boolean, nullable=False, default=False, server_default=false()),
     Column("token_hash", String(64)),
@@ -80,10 +112,10 @@ attempts = Table(
     Column("placement", JSON),
     Column("pid", Integer),
     Column("pid_create_time", Float),
-    Column("reason", Text),
+    Column("reason", JobText),
     Column("failure", String(16)),  # "user" (the job's code) | "infra" (signal, lost node)
     Column("failed_rank", Integer),  # the rank that failed first
-    Column("log_tail", Text),  # its last log lines
+    Column("log_tail", JobText),  # its last log lines
     UniqueConstraint("job_id", "number"),
 )
 
@@ -95,7 +127,7 @@ events = Table(
     Column("at", Float, nullable=False),
     Column("from_state", String(16)),
     Column("to_state", String(16), nullable=False),
-    Column("reason", Text),
+    Column("reason", JobText),
 )
 
 metrics = Table(
@@ -135,6 +167,18 @@ metric_buckets = Table(
     PrimaryKeyConstraint("job_id", "name", "rank", "level", "bucket"),
 )
 
+# every series (name, rank) a job has reported, once: what the cap on a job's series counts
+# (trainhouse.store.reports.MAX_SERIES); written in the ingest transaction, never deleted but
+# with the job (a series whose points a resume dropped still counts)
+metric_series = Table(
+    "metric_series",
+    metadata,
+    Column("job_id", _Id, ForeignKey("jobs.id", ondelete="CASCADE"), nullable=False),
+    Column("name", String(256), nullable=False),
+    Column("rank", Integer, nullable=False),
+    PrimaryKeyConstraint("job_id", "name", "rank"),
+)
+
 report_batches = Table(
     "report_batches",
     metadata,
@@ -158,7 +202,7 @@ checkpoints = Table(
     Column("deleted", Boolean, nullable=False, default=False),
     # "file" (one torch.save file) | "sharded" (a directory of torch.distributed.checkpoint shards)
     Column("kind", String(16), nullable=False, default="file", server_default=text("'file'")),
-    Column("corrupt", Text),  # why a load refused it (checksum mismatch, missing); NULL = fine
+    Column("corrupt", JobText),  # why a load refused it (checksum mismatch, missing); NULL = fine
     Index("ix_checkpoints_job_id_step", "job_id", "step"),
 )
 

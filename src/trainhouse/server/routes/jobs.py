@@ -61,12 +61,30 @@ from trainhouse.workdir import human_size, list_members
 router = APIRouter(tags=["jobs"])
 
 
+def state_summary(job: Job) -> str:
+    """Where ``job`` stands, said from its state and counters alone: what someone who may not
+    read the job sees instead of its reason, which may quote its log (a failed job's last
+    lines, the line a ``no_restart_on`` pattern matched)."""
+    state = job.state
+    if state is JobState.RUNNING:
+        return f"running attempt {job.attempts}" + (
+            "; asked to yield its resources" if job.preempt_requested else ""
+        )
+    if state is JobState.FAILED and job.exit_code is not None:
+        return f"failed with exit code {job.exit_code}"
+    return state.lower()
+
+
 def job_out(job: Job, svc: Services | None = None, *, summary_only: bool = False) -> JobOut:
     """A job as the API shows it; ``summary_only`` (someone else's job in a shared list)
-    leaves out its spec (hparams, env), placement and metrics: name, owner, state, times."""
+    leaves out its spec (hparams, env), placement, metrics and stored reason (job-controlled
+    text): name, owner, state, times, and a reason said by the scheduler or the state."""
     data = job.public()
-    if svc is not None and job.state is JobState.QUEUED:
-        data["reason"] = svc.scheduler.waiting.get(job.id, job.reason)  # the live reason
+    live = svc.scheduler.waiting.get(job.id) if svc is not None else None
+    if job.state is JobState.QUEUED and live is not None:
+        data["reason"] = live  # the scheduler's words, as of its last tick
+    elif summary_only:
+        data["reason"] = state_summary(job)
     if summary_only:
         res = job.spec_data.get("resources")
         data.update(spec={"resources": res} if res else {}, placement=None, latest_metrics={})

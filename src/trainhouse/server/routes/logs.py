@@ -7,6 +7,13 @@ network) resumes exactly where it left off with ``from=`` or the standard ``Last
 header. Ranks that start writing later join the stream. Once the job has ended and every log has
 been read to its end, an ``end`` event carries the final state and the stream closes.
 Logs are sent as written: ANSI colour codes survive.
+
+With auth on, the stream checks its caller's token again every :data:`RECHECK_SECONDS` (as a
+new request would: revoked, expired, a disabled user, a job credential whose attempt ended, a
+job the caller may no longer read); once it no longer works, an ``error`` event
+(``{"status", "code", "message"}``) ends the stream. A user has at most
+``Settings.log_streams_per_user`` streams open, the server ``Settings.log_streams``; past
+either the request answers 429.
 """
 
 from __future__ import annotations
@@ -14,18 +21,29 @@ from __future__ import annotations
 import asyncio
 import codecs
 import json
+import re
 import time
+import weakref
 from collections.abc import AsyncIterator
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, Header, Query
+from fastapi import APIRouter, Depends, Header, Query, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import StreamingResponse
+from fastapi.security import HTTPAuthorizationCredentials
 
-from trainhouse.errors import NotFound, SpecError
+from trainhouse.errors import Forbidden, NotFound, SpecError, TrainhouseError
 from trainhouse.joblogs import read_log
 from trainhouse.layout import JobLayout
-from trainhouse.server.auth import readable_job
+from trainhouse.server.auth import (
+    Principal,
+    bearer,
+    caller,
+    client_address,
+    principal_of,
+    readable_job,
+    request_token,
+)
 from trainhouse.server.deps import Services, services
 from trainhouse.store import Job
 
@@ -33,7 +51,19 @@ router = APIRouter(tags=["jobs"])
 
 POLL_SECONDS = 0.25
 KEEPALIVE_SECONDS = 15.0
+RECHECK_SECONDS = 5.0  # an open stream checks its caller's token again this often
 CHUNK = 256 * 1024
+# a rank as a stream names it: ASCII digits (str.isdigit() takes "²", which int() refuses),
+# at most 7 (a job has at most 4096 x 1024 ranks), or the launcher
+RANK = re.compile(r"[0-9]{1,7}|launcher")
+OFFSET = re.compile(r"-?[0-9]{1,19}")
+
+
+def rank_of(text: str) -> str | None:
+    """``text`` as a rank (``"007"`` is ``"7"``), or None if it names none."""
+    if not RANK.fullmatch(text):
+        return None
+    return text if text == "launcher" else str(int(text))
 
 
 def parse_offsets(text: str | None) -> dict[str, int]:
@@ -43,12 +73,11 @@ def parse_offsets(text: str | None) -> dict[str, int]:
         if not part.strip():
             continue
         rank, sep, value = part.partition(":")
-        try:
-            if not sep or not (rank.strip() == "launcher" or rank.strip().isdigit()):
-                raise ValueError
-            offsets[rank.strip()] = max(0, int(value))
-        except ValueError:
-            raise SpecError(f"offsets look like 0:1234,1:88; got {part!r}") from None
+        name = rank_of(rank.strip())
+        if not sep or name is None or not OFFSET.fullmatch(value.strip()):
+            shown = part if len(part) <= 40 else part[:37] + "..."
+            raise SpecError(f"offsets look like 0:1234,1:88; got {shown!r}")
+        offsets[name] = max(0, int(value))
     return offsets
 
 
@@ -85,6 +114,7 @@ def _event(kind: str, payload: object, event_id: str | None = None) -> str:
 
 @router.get("/jobs/{job_id}/logs/stream")
 async def stream_logs(
+    request: Request,
     job: Job = Depends(readable_job),
     rank: Annotated[list[str] | None, Query(description="Ranks to follow; default all")] = None,
     from_: Annotated[
@@ -97,29 +127,69 @@ async def stream_logs(
     last_event_id: Annotated[
         str | None, Header(alias="Last-Event-ID", include_in_schema=False)
     ] = None,
+    p: Principal = Depends(caller),
+    creds: HTTPAuthorizationCredentials | None = Depends(bearer),
     svc: Services = Depends(services),
 ) -> StreamingResponse:
     """Follow a job's logs as Server-Sent Events (see the module docstring)."""
     job_id = job.id
     world = job.spec.resources.world_size
+    names = []
     for r in rank or []:
-        if r != "launcher" and (not r.isdigit() or int(r) >= world):
-            raise NotFound(f"job {job_id} has ranks 0..{world - 1}; there is no rank {r}")
+        name = rank_of(r)
+        if name is None:
+            shown = r if len(r) <= 20 else r[:17] + "..."
+            raise SpecError(f"rank must be a rank (up to 7 digits 0-9) or launcher, got {shown!r}")
+        if name != "launcher" and int(name) >= world:
+            raise NotFound(f"job {job_id} has ranks 0..{world - 1}; there is no rank {name}")
+        names.append(name)
     offsets = parse_offsets(from_ if from_ is not None else last_event_id)
     files = svc.files(job_id)
+    token = request_token(request, creds) if svc.auth.enabled else None
+    client = client_address(request)
+    settings = svc.settings
+
+    def refusal() -> TrainhouseError | None:
+        """Why the caller's token no longer reaches the job (None: it still does)."""
+        try:
+            now = principal_of(svc, token, client)
+            if not now.may_read(svc.store.jobs.get(job_id), settings.job_visibility):
+                raise Forbidden(f"{now.name!r} may no longer read job {job_id}")
+        except TrainhouseError as exc:
+            return exc
+        return None
+
+    release = svc.streams.acquire(
+        p.name, per_user=settings.log_streams_per_user, total=settings.log_streams
+    )
 
     async def events() -> AsyncIterator[str]:
+        try:
+            async for event in follow():
+                yield event
+        finally:
+            release()
+
+    async def follow() -> AsyncIterator[str]:
         readers: dict[str, _Reader] = {}
 
         def wanted() -> list[str]:
-            return list(rank) if rank else [str(r) for r in files.ranks()]
+            return names if names else [str(r) for r in files.ranks()]
 
         def ids() -> str:
             return ",".join(f"{r}:{rd.offset}" for r, rd in readers.items())
 
         last_sent = time.monotonic()
+        recheck = last_sent + RECHECK_SECONDS
         ended: str | None = None  # the final state, once seen: one more pass, then the end
         while True:
+            if token is not None and time.monotonic() >= recheck:
+                refused = await run_in_threadpool(refusal)
+                if refused is not None:
+                    error = {"status": refused.status, "code": refused.code}
+                    yield _event("error", {**error, "message": str(refused)}, ids())
+                    return
+                recheck = time.monotonic() + RECHECK_SECONDS
             sent = False
             for r in wanted():
                 if r not in readers:
@@ -149,8 +219,10 @@ async def stream_logs(
                 last_sent = time.monotonic()
             await asyncio.sleep(POLL_SECONDS)
 
+    body = events()
+    weakref.finalize(body, release)  # a stream whose body never started gives its slot back too
     return StreamingResponse(
-        events(),
+        body,
         media_type="text/event-stream",
         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
     )

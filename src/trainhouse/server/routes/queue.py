@@ -21,7 +21,13 @@ from trainhouse.server.auth import (
     writer,
 )
 from trainhouse.server.deps import Services, services
-from trainhouse.server.routes.jobs import check_priority, job_out, owner_of, schedulable_spec
+from trainhouse.server.routes.jobs import (
+    check_priority,
+    job_out,
+    owner_of,
+    schedulable_spec,
+    state_summary,
+)
 from trainhouse.server.schemas import INT32, NO_NUL, JobOut
 from trainhouse.spec import Priority
 from trainhouse.store import Job, UserLimits
@@ -77,8 +83,15 @@ def queue(p: Principal = Depends(signed_in), svc: Services = Depends(services)) 
                 reason=reason,
             )
         )
+    visibility = svc.settings.job_visibility
     preempting = [
-        {"id": j.id, "name": j.name, "owner": j.owner, "reason": j.reason}
+        {
+            "id": j.id,
+            "name": j.name,
+            "owner": j.owner,
+            # the stored reason only to those who may read the job (job_out's rule)
+            "reason": j.reason if p.may_read(j, visibility) else state_summary(j),
+        }
         for j in svc.store.jobs.list(states=[JobState.RUNNING])
         if j.preempt_requested and (everyone or j.owner == p.name)
     ]

@@ -12,7 +12,8 @@ from typing import Any
 from fastapi import APIRouter, Depends, Request
 
 from trainhouse.scheduler.outcome import stop_reason
-from trainhouse.server.deps import Services, reporting_job, services
+from trainhouse.server.auth import reporting_job
+from trainhouse.server.deps import Services, services
 from trainhouse.server.schemas import (
     CheckpointIn,
     CheckpointOut,
