@@ -18,6 +18,9 @@ terabytes. The server therefore opens every path a job writes through this modul
 - a removal walks the same way and removes the entry itself: a file, a link or anything else
   that is not a directory is unlinked, a directory removed by ``shutil.rmtree(dir_fd=...)``,
   which follows no link either.
+- a write goes through no link either: an append opens only a regular file with one link
+  (created if missing), and a replacement is written to a fresh name (``O_EXCL``) and renamed
+  over whatever entry was there.
 
 Refusals raise :class:`UnsafeFile`, an ``OSError``: code that treats an unreadable file as
 missing keeps doing so. The anchor itself may be a link (an operator's choice). Standard
@@ -30,6 +33,7 @@ import contextlib
 import errno
 import os
 import posixpath
+import secrets
 import shutil
 import stat
 from pathlib import Path
@@ -54,6 +58,7 @@ __all__ = [
     "read_file",
     "remove",
     "walk",
+    "write_file",
 ]
 
 #: a small record: a checkpoint's ``.json`` sidecar, an exit record
@@ -81,6 +86,9 @@ _APPEND = (
     | os.O_NOCTTY
     | os.O_CLOEXEC
 )
+
+
+_CREATE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 class UnsafeFile(OSError):
@@ -247,6 +255,21 @@ class Dir:
             os.close(fd)
             raise
 
+    def write(self, name: str, data: bytes) -> None:
+        """Make ``name`` a regular file holding ``data``: written to a fresh name (``O_EXCL``,
+        never through a link, never into a FIFO) and renamed over whatever entry was there."""
+        self._name(name)
+        tmp = f".{name}.tmp-{os.getpid()}-{secrets.token_hex(4)}"
+        fd = os.open(tmp, _CREATE, 0o644, dir_fd=self.fd)
+        try:
+            with open(fd, "wb", closefd=True) as fh:
+                fh.write(data)
+            os.rename(tmp, name, src_dir_fd=self.fd, dst_dir_fd=self.fd)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp, dir_fd=self.fd)
+            raise
+
     def unlink(self, name: str) -> None:
         """Remove the entry ``name`` (not a directory); a link goes, never what it names."""
         self._name(name)
@@ -348,6 +371,14 @@ def open_append(anchor: PathLike, path: PathLike) -> BinaryIO:
     parent, name = _split(anchor, path)
     with open_dir(anchor, parent) as d:
         return d.open_append(name)
+
+
+def write_file(anchor: PathLike, path: PathLike, data: bytes) -> None:
+    """Replace ``path`` under ``anchor`` with a regular file holding ``data`` (see
+    :meth:`Dir.write`); its directory is reached without following a link."""
+    parent, name = _split(anchor, path)
+    with open_dir(anchor, parent) as d:
+        d.write(name, data)
 
 
 def lstat(anchor: PathLike, path: PathLike) -> os.stat_result | None:

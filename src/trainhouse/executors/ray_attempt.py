@@ -120,7 +120,7 @@ class Attempt:
                 if "/" in name or name.startswith(".") or not name.endswith(".json"):
                     continue  # not a spooled batch's name
                 spool.mkdir(parents=True, exist_ok=True)
-                (spool / name).write_bytes(data)
+                jobfiles.write_file(self.job.home, spool / name, data)
             m.final = status
             m.pids = []
         return failed
@@ -171,10 +171,11 @@ class Attempt:
             "bundles": self.bundles,
             "nodes": [{"node_id": m.node_id, "boot_id": m.boot_id} for m in self.members],
         }
-        write_json(self.layout.dir / RECORD, record)
+        write_json(self.layout.dir / RECORD, record, within=self.job.home)
 
     def save_offsets(self) -> None:
-        write_json(self.layout.dir / OFFSETS, {str(m.index): m.offsets for m in self.members})
+        offsets = {str(m.index): m.offsets for m in self.members}
+        write_json(self.layout.dir / OFFSETS, offsets, within=self.job.home)
 
     @classmethod
     def load(cls, job_id: int, number: int, job: JobLayout) -> Attempt:
@@ -263,10 +264,9 @@ def pack(root: Path) -> bytes:
     return buf.getvalue()
 
 
-def write_json(path: Path, data: Any) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(data))
-    tmp.replace(path)
+def write_json(path: Path, data: Any, *, within: Path) -> None:
+    """Replace ``path`` (under ``within``) with ``data`` as JSON, never through a link."""
+    jobfiles.write_file(within, path, json.dumps(data).encode())
 
 
 def read_json(path: Path, *, within: Path) -> dict[str, Any]:
