@@ -250,6 +250,12 @@ class Checkpoints(Service):
         try:
             if not storage.exists(ckpt.path):
                 raise NotFound(f"checkpoint of step {ckpt.step} is no longer in {storage.url}")
+            if storage.is_dir(ckpt.path) != (ckpt.kind == "sharded"):
+                what = "a directory" if ckpt.kind == "file" else "not a directory"
+                raise CheckpointError(
+                    f"checkpoint of step {ckpt.step} was registered as {ckpt.kind}, but "
+                    f"{ckpt.path} is now {what}"
+                )
             if ckpt.kind == "sharded":
                 return storage.files(ckpt.path)
             return [("", storage.size(ckpt.path))]
