@@ -196,7 +196,7 @@ class Dir:
         with os.scandir(self.fd) as found:
             for entry in found:
                 if len(out) >= limit:
-                    raise UnsafeFile(errno.EFBIG, f"{self.where} holds more than {limit} entries")
+                    raise UnsafeFile(errno.E2BIG, f"{self.where} holds more than {limit} entries")
                 try:
                     out.append((entry.name, entry.stat(follow_symlinks=False)))
                 except FileNotFoundError:
@@ -299,7 +299,14 @@ class Dir:
         entries in all or more than ``depth`` levels."""
         out: list[tuple[str, int]] = []
         budget = [limit]
-        self._files("", out, budget, depth)
+        try:
+            self._files("", out, budget, depth)
+        except UnsafeFile as exc:
+            if exc.errno == errno.E2BIG:  # one directory's entries, or all together
+                raise UnsafeFile(
+                    errno.E2BIG, f"{self.where} holds more than {limit} entries"
+                ) from None
+            raise
         return sorted(out)
 
     def _files(
@@ -307,11 +314,11 @@ class Dir:
     ) -> None:
         for name, st in self.entries(limit=budget[0]):
             budget[0] -= 1
-            if budget[0] < 0:
-                raise UnsafeFile(errno.EFBIG, f"{self.where} holds too many entries")
             if stat.S_ISDIR(st.st_mode):
                 if depth <= 0:
-                    raise UnsafeFile(errno.EFBIG, f"{self.where}/{name} is nested too deeply")
+                    raise UnsafeFile(
+                        errno.ENAMETOOLONG, f"{self.where}/{name} is nested too deeply"
+                    )
                 with self.sub(name) as child:
                     child._files(f"{prefix}{name}/", out, budget, depth - 1)
             elif stat.S_ISREG(st.st_mode) and st.st_nlink == 1:
