@@ -33,7 +33,6 @@ import contextlib
 import errno
 import os
 import posixpath
-import secrets
 import shutil
 import stat
 from pathlib import Path
@@ -259,7 +258,7 @@ class Dir:
         """Make ``name`` a regular file holding ``data``: written to a fresh name (``O_EXCL``,
         never through a link, never into a FIFO) and renamed over whatever entry was there."""
         self._name(name)
-        tmp = f".{name}.tmp-{os.getpid()}-{secrets.token_hex(4)}"
+        tmp = f".{name}.tmp-{os.getpid()}-{os.urandom(4).hex()}"
         fd = os.open(tmp, _CREATE, 0o644, dir_fd=self.fd)
         try:
             with open(fd, "wb", closefd=True) as fh:

@@ -17,7 +17,8 @@ A Ray node keeps the same attempt layout under a directory of its own (``--ray-n
 
 :class:`JobEnv` is the environment trainhouse gives every rank (``TRAINHOUSE_*``): built by the
 scheduler loop, completed by the executor with the node's directories, read by the SDK
-(:meth:`JobEnv.from_env`). Standard library only: the rank wrapper imports this at start-up.
+(:meth:`JobEnv.from_env`). Standard library and :mod:`trainhouse.jobfiles` only: the rank
+wrapper imports this at start-up.
 """
 
 from __future__ import annotations
