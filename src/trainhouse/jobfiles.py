@@ -12,12 +12,12 @@ terabytes. The server therefore opens every path a job writes through this modul
   refused, and what was checked is what is read (no check-then-open race);
 - a file is opened with ``O_NONBLOCK | O_NOFOLLOW`` (a FIFO cannot block the open) and kept only
   when ``fstat`` says it is a regular file with one link;
-- a read has a cap, checked on the size before anything is read, and never reads more than
-  the cap even if the file grows meanwhile;
+- a record's read has a cap, checked on the size before anything is read, and never reads
+  more than the cap even if the file grows meanwhile (a checkpoint is streamed in chunks);
 - a listing reports each entry as ``lstat`` sees it (never through a link), up to a cap;
 - a removal walks the same way and removes the entry itself: a file, a link or anything else
-  that is not a directory is unlinked, a directory removed by ``shutil.rmtree(dir_fd=...)``,
-  which follows no link either.
+  that is not a directory is unlinked, a directory emptied the same way, one descriptor at a
+  time, never opening a link or waiting on a FIFO;
 - a write goes through no link either: an append opens only a regular file with one link
   (created if missing), and a replacement is written to a fresh name (``O_EXCL``) and renamed
   over whatever entry was there.
@@ -33,7 +33,6 @@ import contextlib
 import errno
 import os
 import posixpath
-import shutil
 import stat
 from pathlib import Path
 from typing import BinaryIO, Self, cast
@@ -42,6 +41,7 @@ __all__ = [
     "MAX_DEPTH",
     "MAX_ENTRIES",
     "MAX_RECORD",
+    "MAX_REMOVE_DEPTH",
     "MAX_SPOOL_FILE",
     "MAX_SPOOL_FILES",
     "MAX_SPOOL_TOTAL",
@@ -66,6 +66,8 @@ MAX_RECORD = 1 << 20
 MAX_ENTRIES = 100_000
 #: directory levels below a sharded checkpoint
 MAX_DEPTH = 64
+#: directory levels a removal descends (deeper ones are left)
+MAX_REMOVE_DEPTH = 256
 #: one spooled metric batch (the limit of a live report's body)
 MAX_SPOOL_FILE = 64 << 20
 #: spooled batches of one attempt, and their bytes together
@@ -85,8 +87,6 @@ _APPEND = (
     | os.O_NOCTTY
     | os.O_CLOEXEC
 )
-
-
 _CREATE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
@@ -259,7 +259,7 @@ class Dir:
         never through a link, never into a FIFO) and renamed over whatever entry was there."""
         self._name(name)
         tmp = f".{name}.tmp-{os.getpid()}-{os.urandom(4).hex()}"
-        fd = os.open(tmp, _CREATE, 0o644, dir_fd=self.fd)
+        fd = os.open(tmp, _CREATE, 0o666, dir_fd=self.fd)
         try:
             with open(fd, "wb", closefd=True) as fh:
                 fh.write(data)
@@ -281,16 +281,41 @@ class Dir:
         os.rename(name, new, src_dir_fd=self.fd, dst_dir_fd=self.fd)
 
     def remove(self, name: str) -> None:
-        """Remove the entry ``name``: a directory with everything in it, anything else
-        unlinked. No link is followed; a missing entry is fine."""
+        """Remove the entry ``name``: a directory with everything in it (as much as can be,
+        like ``shutil.rmtree(ignore_errors=True)``), anything else unlinked. No link is
+        followed, and no open waits: a directory swapped for a link or a FIFO meanwhile is
+        unlinked as what it has become. A missing entry is fine."""
         st = self.lstat(name)
         if st is None:
             return
         if stat.S_ISDIR(st.st_mode):
-            shutil.rmtree(name, ignore_errors=True, dir_fd=self.fd)
+            self._remove_tree(name, MAX_REMOVE_DEPTH)
         else:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(name, dir_fd=self.fd)
+
+    def _remove_tree(self, name: str, depth: int) -> None:
+        try:
+            child = self.sub(name)
+        except (NotADirectoryError, UnsafeFile):  # no longer a directory
+            with contextlib.suppress(OSError):
+                os.unlink(name, dir_fd=self.fd)
+            return
+        except OSError:
+            return
+        with child:
+            try:
+                found = child.entries(limit=1 << 62)
+            except OSError:
+                found = []
+            for entry, st in found:
+                if stat.S_ISDIR(st.st_mode) and depth > 0:
+                    child._remove_tree(entry, depth - 1)
+                else:
+                    with contextlib.suppress(OSError):
+                        os.unlink(entry, dir_fd=child.fd)
+        with contextlib.suppress(OSError):
+            os.rmdir(name, dir_fd=self.fd)
 
     def files(self, *, limit: int = MAX_ENTRIES, depth: int = MAX_DEPTH) -> list[tuple[str, int]]:
         """(path relative to this directory, size) of every regular file below it, sorted;

@@ -147,3 +147,16 @@ def test_a_write_replaces_a_link_and_never_writes_through_it(root: Path, fifos: 
     with jobfiles.open_append(root, job / "logs" / "new.log") as fh:
         fh.write(b"created")
     assert (job / "logs" / "new.log").read_bytes() == b"created"
+
+
+def test_a_directory_swapped_for_a_fifo_during_a_removal_is_not_opened(
+    root: Path, fifos: Fifos, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The job swaps a directory for a FIFO between the look and the removal: the removal
+    neither waits on it nor fails; it unlinks what is there."""
+    fifo = fifos.make(root / "job" / "was-a-directory")
+    as_seen = os.lstat(root / "job")  # a directory, when the removal looked
+    monkeypatch.setattr(jobfiles.Dir, "lstat", lambda self, name: as_seen)
+    done, _ = finishes(lambda: jobfiles.remove(root, fifo), 5)
+    assert done, "the removal waits on a FIFO"
+    assert not os.path.lexists(fifo)
