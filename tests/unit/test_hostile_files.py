@@ -348,3 +348,26 @@ def test_a_new_attempt_removes_nothing_through_a_linked_attempt_directory(
         assert "could not start attempt 2" in final["reason"]
         assert "symbolic link" in final["reason"]
         assert (outside / "workdir" / "keep.txt").read_text() == "not the job's"
+
+
+def test_a_record_nested_past_the_parser_does_not_stop_the_others(
+    api: TestClient, tmp_path: Path
+) -> None:
+    """Checkpoints an attempt left unregistered are found by their records: one record that is
+    JSON nested too deeply to parse is skipped, the next one still registers."""
+    job = new_job(api, tmp_path)
+    (job["dir"] / "a.pt").write_bytes(b"a")
+    (job["dir"] / "a.pt.json").write_text("[" * 500_000)
+    data = b"weights"
+    (job["dir"] / "step-000000002.pt").write_bytes(data)
+    record = {
+        "attempt": 1,
+        "step": 2,
+        "path": "step-000000002.pt",
+        "size": len(data),
+        "sha256": hashlib.sha256(data).hexdigest(),
+        "kind": "file",
+    }
+    (job["dir"] / "step-000000002.pt.json").write_text(json.dumps(record))
+    added = services(api).checkpoints.register_unlisted(job["id"], 1)
+    assert [c.path for c in added] == ["step-000000002.pt"]

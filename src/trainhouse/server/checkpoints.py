@@ -35,6 +35,8 @@ from trainhouse.store import Checkpoint, Job, Store
 log = logging.getLogger(__name__)
 
 CHUNK = 1 << 20
+#: records read at an attempt's end, looking for checkpoints it left unregistered
+MAX_UNLISTED = 1000
 
 
 def retained(checkpoints: list[Checkpoint], policy: CheckpointPolicy) -> set[int]:
@@ -129,7 +131,8 @@ class Checkpoints(Service):
 
     def register_unlisted(self, job_id: int, attempt: int) -> list[Checkpoint]:
         """Checkpoints an attempt wrote but could not register (the server was down as it
-        ended): found by the record the SDK keeps next to each one, checked, registered."""
+        ended): found by the record the SDK keeps next to each one, checked, registered.
+        At most :data:`MAX_UNLISTED` records are read, each of at most ``MAX_RECORD`` bytes."""
         storage = self.storage(job_id)
         known = {c.path for c in self.store.checkpoints.list(job_id, include_deleted=True)}
         added = []
@@ -137,10 +140,22 @@ class Checkpoints(Service):
             names = storage.list()
         except (OSError, CheckpointError):
             return []
-        for name in names:
+        unlisted = [
+            name
+            for name in names
+            if name.endswith(".json")
+            and name.removesuffix(".json") not in known
+            and not is_temp(name)
+        ]
+        if len(unlisted) > MAX_UNLISTED:
+            log.error(
+                "job %s: %d checkpoint records left unregistered; only the first %d are read",
+                job_id,
+                len(unlisted),
+                MAX_UNLISTED,
+            )
+        for name in unlisted[:MAX_UNLISTED]:
             path = name.removesuffix(".json")
-            if path == name or path in known or is_temp(name):
-                continue
             try:
                 record = json.loads(storage.read_text(name, max_size=MAX_RECORD))
                 step, size = int(record["step"]), int(record["size"])
@@ -157,7 +172,15 @@ class Checkpoints(Service):
                     str(k): (float(v) if v is not None else None)
                     for k, v in dict(record.get("metrics") or {}).items()
                 }
-            except (OSError, CheckpointError, ValueError, KeyError, TypeError, AttributeError):
+            except (
+                OSError,
+                CheckpointError,
+                ValueError,
+                KeyError,
+                TypeError,
+                AttributeError,
+                RecursionError,  # JSON nested deeper than the parser goes
+            ):
                 continue
             added.append(
                 self.store.checkpoints.add(
