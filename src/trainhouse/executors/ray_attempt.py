@@ -274,6 +274,6 @@ def read_json(path: Path, *, within: Path) -> dict[str, Any]:
     at most :data:`MAX_STATE` bytes), or {} when there is none."""
     try:
         data = json.loads(jobfiles.read_file(within, path, max_size=MAX_STATE))
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         return {}
     return data if isinstance(data, dict) else {}
