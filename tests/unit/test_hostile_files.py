@@ -36,7 +36,8 @@ def new_job(api: TestClient, tmp_path: Path, until: str = "COMPLETED", spec: str
     svc.store.jobs.update(created["id"], token_hash=hash_token("known"))
     url = f"/api/v1/jobs/{created['id']}"
     shown = api.get(url).json()
-    directory = Path(api.get(f"{url}/checkpoints").json()["directory"])
+    location = api.get(f"{url}/checkpoints").json()["directory"]  # a path or a file:// URL
+    directory = Path(location.removeprefix("file://"))
     directory.mkdir(parents=True, exist_ok=True)
     return {"id": created["id"], "url": url, "dir": directory, "root": Path(shown["job_dir"])}
 
@@ -371,3 +372,18 @@ def test_a_record_nested_past_the_parser_does_not_stop_the_others(
     (job["dir"] / "step-000000002.pt.json").write_text(json.dumps(record))
     added = services(api).checkpoints.register_unlisted(job["id"], 1)
     assert [c.path for c in added] == ["step-000000002.pt"]
+
+
+@pytest.mark.parametrize("scheme", ["", "file://"])
+def test_a_shared_checkpoint_directory_is_anchored_at_its_base(tmp_path: Path, scheme: str) -> None:
+    """With --checkpoint-url a directory, every job's checkpoints lie in ``<url>/<id>``: a job
+    that replaces its own directory by a link to another job's reads nothing of it."""
+    base = tmp_path / "shared"
+    with app_client(tmp_path, checkpoint_url=f"{scheme}{base}") as api:
+        job, other = new_job(api, tmp_path), new_job(api, tmp_path)
+        assert job["dir"] == base / str(job["id"])
+        secret = other["dir"] / "step-000000001.pt"
+        secret.write_bytes(b"another user's weights")
+        job["dir"].rmdir()
+        job["dir"].symlink_to(other["dir"])
+        refused(register(api, job, secret.name, secret.stat().st_size), "symbolic link")
