@@ -20,6 +20,7 @@ import psutil
 import psycopg
 import pytest
 
+from tests.support.hostile import Fifos
 from tests.support.postgres import PG_ADMIN
 from tests.support.processes import marked_processes
 from tests.support.servers import Server, assert_clean_stop, start_server
@@ -123,3 +124,14 @@ def server(tmp_path: Path) -> Iterator[Server]:
         yield srv
     finally:
         assert_clean_stop(srv)
+
+
+@pytest.fixture
+def fifos() -> Iterator[Fifos]:
+    """FIFOs a test leaves where a job would; whatever still waits on one is let go at the end
+    (ask for it after the app's fixture, so that it is let go before the app stops)."""
+    made = Fifos()
+    try:
+        yield made
+    finally:
+        made.release()

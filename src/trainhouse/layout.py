@@ -17,7 +17,8 @@ A Ray node keeps the same attempt layout under a directory of its own (``--ray-n
 
 :class:`JobEnv` is the environment trainhouse gives every rank (``TRAINHOUSE_*``): built by the
 scheduler loop, completed by the executor with the node's directories, read by the SDK
-(:meth:`JobEnv.from_env`). Standard library only: the rank wrapper imports this at start-up.
+(:meth:`JobEnv.from_env`). Standard library and :mod:`trainhouse.jobfiles` only: the rank
+wrapper imports this at start-up.
 """
 
 from __future__ import annotations
@@ -25,10 +26,13 @@ from __future__ import annotations
 import json
 import os
 import re
+import stat
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
+
+from trainhouse import jobfiles
 
 __all__ = [
     "LAUNCHER",
@@ -91,11 +95,18 @@ class AttemptLayout:
     def rank_exit(self, rank: int | str) -> Path:
         return self.dir / f"{RANK_EXIT_PREFIX}{rank}"
 
-    def rank_exits(self) -> dict[str, Path]:
-        """Rank (as text) -> its exit record, for every rank that wrote one."""
+    def rank_exits(self, *, within: Path) -> dict[str, Path]:
+        """Rank (as text) -> its exit record, for every rank that wrote one (a regular file),
+        listed from ``within`` (above the attempt's directory) without following a link."""
+        try:
+            with jobfiles.open_dir(within, self.dir) as d:
+                names = [n for n, st in d.entries() if stat.S_ISREG(st.st_mode)]
+        except OSError:
+            return {}
         return {
-            p.name.removeprefix(RANK_EXIT_PREFIX): p
-            for p in sorted(self.dir.glob(f"{RANK_EXIT_PREFIX}*"))
+            name.removeprefix(RANK_EXIT_PREFIX): self.dir / name
+            for name in names
+            if name.startswith(RANK_EXIT_PREFIX)
         }
 
 
@@ -125,11 +136,18 @@ class JobLayout:
         return self.logs / log_name(rank)
 
     def ranks(self) -> list[int]:
-        """Ranks that have a log, in order."""
-        if not self.logs.is_dir():
+        """Ranks that have a log (a regular file, no link on the way), in order."""
+        try:
+            with jobfiles.open_dir(self.home, self.logs) as d:
+                names = [n for n, st in d.entries() if stat.S_ISREG(st.st_mode)]
+        except OSError:
             return []
-        found = (rank_of_log(p.name) for p in self.logs.iterdir())
+        found = (rank_of_log(name) for name in names)
         return sorted(r for r in found if r is not None)
+
+    def has_log(self, rank: int | str) -> bool:
+        """True when ``rank`` (or the launcher) has a log: a regular file, no link on the way."""
+        return jobfiles.is_file(self.home, self.log(rank))
 
 
 # -- the environment of a job's processes ------------------------------------------------------

@@ -3,7 +3,9 @@
 ``open_storage(location)`` takes a local path, a ``file://`` URL (both: :class:`LocalStorage`,
 durable write/fsync/rename/fsync-dir) or any other fsspec URL (``memory://``, ``s3://bucket/x``:
 :class:`FsspecStorage`, write to a temp name then move). Every name a caller passes is relative to
-the storage's root and confined to it (:func:`confine`).
+the storage's root and confined to it (:func:`confine`). A local storage reads, lists and deletes
+through :mod:`trainhouse.jobfiles`: no link below its anchor (its root, or a trusted directory
+above it) is followed, only regular files are read, and a deletion never goes through a link.
 
 Writers never make a partial object visible under its final name: write ``temp_name(final)``,
 then ``publish(tmp, final)``. Standard library only (fsspec is imported when a URL needs it);
@@ -18,12 +20,14 @@ import os
 import posixpath
 import re
 import shutil
+import stat
 import uuid
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, BinaryIO, cast
 from urllib.parse import unquote, urlsplit
 
+from trainhouse import jobfiles
 from trainhouse._durable import fsync_dir, fsync_file, fsync_tree
 from trainhouse.errors import CheckpointError
 
@@ -104,9 +108,15 @@ def temp_pid(name: str) -> int | None:
     return int(posixpath.basename(name).rsplit(".tmp-", 1)[1].split("-", 1)[0])
 
 
-def _sha256_stream(fh: BinaryIO) -> str:
+def _sha256_stream(fh: BinaryIO, budget: list[int] | None = None) -> str:
+    """sha256 hex of what ``fh`` holds; with ``budget`` (bytes left, shared across calls), a
+    CheckpointError once more than that would be read."""
     digest = hashlib.sha256()
     while chunk := fh.read(CHUNK):
+        if budget is not None:
+            budget[0] -= len(chunk)
+            if budget[0] < 0:
+                raise CheckpointError("more bytes than expected: the digest was not finished")
         digest.update(chunk)
     return digest.hexdigest()
 
@@ -149,34 +159,46 @@ class Storage:
     def _file_size(self, rel: str) -> int:
         raise NotImplementedError
 
-    def tree_entries(self, rel: str) -> EntryList:
-        """(relpath, sha256, size) of every file of the directory ``rel``."""
-        return self.hash_files(rel, self.files(rel))
+    def tree_entries(self, rel: str, *, max_bytes: int | None = None) -> EntryList:
+        """(relpath, sha256, size) of every file of the directory ``rel``; with ``max_bytes``,
+        a CheckpointError rather than reading more than that in all."""
+        return self.hash_files(rel, self.files(rel), max_bytes=max_bytes)
 
-    def hash_files(self, rel: str, files: Iterable[tuple[str, int]]) -> EntryList:
+    def hash_files(
+        self, rel: str, files: Iterable[tuple[str, int]], *, max_bytes: int | None = None
+    ) -> EntryList:
         """(relpath, sha256, size) of the given files of the directory ``rel`` (as ``files``
-        lists them): a share of :meth:`tree_entries`, for hashing a tree in parallel."""
+        lists them): a share of :meth:`tree_entries`, for hashing a tree in parallel; with
+        ``max_bytes``, a CheckpointError rather than reading more than that in all."""
         rel = confine(rel)
+        budget = None if max_bytes is None else [max_bytes]
         out = []
         for sub, size in files:
             with self.open_read(f"{rel}/{confine(sub)}") as fh:
-                out.append((sub, _sha256_stream(fh), size))
+                out.append((sub, _sha256_stream(fh, budget), size))
         return out
 
-    def digest(self, rel: str) -> str:
-        """sha256 hex of a file; for a directory the :func:`tree_digest` of its files."""
+    def digest(self, rel: str, *, max_bytes: int | None = None) -> str:
+        """sha256 hex of a file; for a directory the :func:`tree_digest` of its files. With
+        ``max_bytes``, a CheckpointError rather than reading more than that."""
         if self.is_dir(rel):
-            return tree_digest(self.tree_entries(rel))
+            return tree_digest(self.tree_entries(rel, max_bytes=max_bytes))
         with self.open_read(rel) as fh:
-            return _sha256_stream(fh)
+            return _sha256_stream(fh, None if max_bytes is None else [max_bytes])
 
-    def read_text(self, rel: str) -> str:
+    def read_bytes(self, rel: str, *, max_size: int | None = None) -> bytes:
+        """The bytes of the file ``rel``; with ``max_size``, a CheckpointError rather than
+        reading more than that."""
         with self.open_read(rel) as fh:
-            return fh.read().decode()
+            if max_size is None:
+                return fh.read()
+            data = fh.read(max_size + 1)
+        if len(data) > max_size:
+            raise CheckpointError(f"{rel} is larger than {max_size} bytes")
+        return data
 
-    def read_bytes(self, rel: str) -> bytes:
-        with self.open_read(rel) as fh:
-            return fh.read()
+    def read_text(self, rel: str, *, max_size: int | None = None) -> str:
+        return self.read_bytes(rel, max_size=max_size).decode()
 
     def download(self, rel: str, dest: Path) -> Path:
         """Copy the file or directory tree ``rel`` to the local path ``dest``; returns ``dest``."""
@@ -255,12 +277,26 @@ class Storage:
 
 
 class LocalStorage(Storage):
-    """A directory on a local (or mounted) filesystem; writes are fsynced and renamed."""
+    """A directory on a local (or mounted) filesystem; writes are fsynced and renamed.
 
-    def __init__(self, root: str | os.PathLike[str], *, url: str | None = None) -> None:
+    Reads, listings and deletions go through :mod:`trainhouse.jobfiles` from ``anchor`` (the
+    root unless a trusted directory above it is given): a link anywhere below the anchor is
+    refused (``jobfiles.UnsafeFile``, an OSError), only regular files with one link are read,
+    and a deletion removes what is there, never what a link names.
+    """
+
+    def __init__(
+        self,
+        root: str | os.PathLike[str],
+        *,
+        url: str | None = None,
+        anchor: str | os.PathLike[str] | None = None,
+    ) -> None:
         self.root = Path(os.path.abspath(os.path.expanduser(os.fspath(root))))
         self.local_root = self.root
         self.url = url or str(self.root)
+        self.anchor = self.root if anchor is None else Path(os.path.abspath(os.fspath(anchor)))
+        jobfiles.below(self.anchor, self.root)  # ValueError unless the root is under it
 
     def _p(self, rel: str) -> Path:
         return self.root / confine(rel)
@@ -271,35 +307,41 @@ class LocalStorage(Storage):
     def location(self, rel: str) -> str:
         return str(self._p(rel))
 
+    def _lstat(self, rel: str) -> os.stat_result | None:
+        return jobfiles.lstat(self.anchor, self._p(rel))
+
     def exists(self, rel: str) -> bool:
-        return self._p(rel).exists()
+        """True when something is at ``rel`` (a link or a FIFO too: reading it is refused)."""
+        return self._lstat(rel) is not None
 
     def is_dir(self, rel: str) -> bool:
-        return self._p(rel).is_dir()
+        st = self._lstat(rel)
+        return st is not None and stat.S_ISDIR(st.st_mode)
 
     def _file_size(self, rel: str) -> int:
-        return self._p(rel).stat().st_size
+        with self.open_read(rel) as fh:
+            return os.fstat(fh.fileno()).st_size
 
     def files(self, rel: str) -> FileList:
-        base = self._p(rel)
-        out = []
-        for dirpath, _, names in os.walk(base):
-            for name in names:
-                path = Path(dirpath) / name
-                out.append((path.relative_to(base).as_posix(), path.stat().st_size))
-        return sorted(out)
+        try:
+            return jobfiles.walk(self.anchor, self._p(rel))
+        except (FileNotFoundError, NotADirectoryError):
+            return []
 
     def list(self, prefix: str = "") -> NameList:
         try:
-            return sorted(os.listdir(self._dir(prefix)))
+            with jobfiles.open_dir(self.anchor, self._dir(prefix)) as d:
+                return [name for name, _ in d.entries()]
         except (FileNotFoundError, NotADirectoryError):
             return []
 
     def open_read(self, rel: str) -> BinaryIO:
-        return self._p(rel).open("rb")
+        return jobfiles.open_file(self.anchor, self._p(rel))
 
-    def _copy_out(self, rel: str, dest: Path) -> None:
-        shutil.copyfile(self._p(rel), dest)
+    def read_bytes(self, rel: str, *, max_size: int | None = None) -> bytes:
+        if max_size is None:
+            return super().read_bytes(rel)
+        return jobfiles.read_file(self.anchor, self._p(rel), max_size=max_size)
 
     def free_bytes(self) -> int | None:
         path = self.root
@@ -336,11 +378,9 @@ class LocalStorage(Storage):
             fsync_dir(dst.parent)
 
     def delete(self, rel: str) -> None:
-        path = self._p(rel)
-        if path.is_dir() and not path.is_symlink():
-            shutil.rmtree(path, ignore_errors=True)
-        else:
-            path.unlink(missing_ok=True)
+        """Remove the file or directory tree ``rel``; a link is removed itself, and nothing is
+        removed through a link on the way (``jobfiles.UnsafeFile``)."""
+        jobfiles.remove(self.anchor, self._p(rel))
 
 
 class FsspecStorage(Storage):
@@ -434,13 +474,19 @@ class FsspecStorage(Storage):
         self.fs.invalidate_cache()
 
 
-def open_storage(location: str | os.PathLike[str] | Storage) -> Storage:
-    """The storage at ``location``: a local path, a ``file://`` URL or any fsspec URL."""
+def open_storage(
+    location: str | os.PathLike[str] | Storage, *, anchor: str | os.PathLike[str] | None = None
+) -> Storage:
+    """The storage at ``location``: a local path, a ``file://`` URL or any fsspec URL.
+
+    ``anchor``, for a local one: a trusted directory above the root, from which no link is
+    followed (by default the root itself).
+    """
     if isinstance(location, Storage):
         return location
     loc = os.fspath(location)
     if "://" not in loc:
-        return LocalStorage(loc)
+        return LocalStorage(loc, anchor=anchor)
     scheme = loc.split("://", 1)[0].lower()
     if scheme == "file":
         parts = urlsplit(loc)
@@ -450,5 +496,5 @@ def open_storage(location: str | os.PathLike[str] | Storage) -> Storage:
         if not path:
             raise CheckpointError(f"a file:// URL must name a directory, got {loc!r}")
         root = os.path.abspath(path)
-        return LocalStorage(root, url=f"file://{root}")
+        return LocalStorage(root, url=f"file://{root}", anchor=anchor)
     return FsspecStorage(loc)

@@ -95,6 +95,7 @@ PUBLIC: dict[str, list[str]] = {
 # by trainhouse's own packages, not part of the contract users rely on
 DOMAIN = {
     "trainhouse.cluster",
+    "trainhouse.jobfiles",
     "trainhouse.joblogs",
     "trainhouse.layout",
     "trainhouse.service",

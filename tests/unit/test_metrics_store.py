@@ -172,7 +172,7 @@ def test_spooled_batches_in_either_format_go_through_the_same_checks(
     bad = {"batch_id": "x", "attempt": 1, "points": [[-1, "loss", 1.0, None, 2.0]]}
     for i, payload in enumerate((rows, columns, bad)):
         (spool / f"{i}.json").write_text(json.dumps(payload))
-    assert ingest_spool(store.metrics, job, AttemptLayout(tmp_path)) == 2
+    assert ingest_spool(store.metrics, job, AttemptLayout(tmp_path), within=tmp_path) == 2
     assert [(p.step, p.value, p.wall_time) for p in store.metrics.points(job)] == [
         (0, 1.0, 2.0),
         (1, None, 3.0),

@@ -51,10 +51,10 @@ DIST_SCRIPT = textwrap.dedent(
     # what each rank hashes, and the process groups the checkpoints make
     hashed = []
     real_hash = LocalStorage.hash_files
-    def hash_files(self, rel, files):
+    def hash_files(self, rel, files, **kwargs):
         files = list(files)
         hashed.append([rel, [f for f, _ in files]])
-        return real_hash(self, rel, files)
+        return real_hash(self, rel, files, **kwargs)
     LocalStorage.hash_files = hash_files
     groups = []
     real_new_group = dist.new_group

@@ -214,7 +214,8 @@ def test_points_unsent_at_the_end_are_spooled_and_stored_once(tmp_path: Path) ->
             batch_id=first["batch_id"],
         )
         # only step 12 is new
-        assert ingest_spool(store.metrics, job.id, AttemptLayout(spool.parent)) == 1
+        layout = AttemptLayout(spool.parent)
+        assert ingest_spool(store.metrics, job.id, layout, within=spool.parent) == 1
         assert not list(spool.glob("*.json"))
         steps = [p.step for p in store.metrics.points(job.id, name="loss")]
         assert steps == list(range(13))

@@ -20,7 +20,6 @@ import contextlib
 import hashlib
 import logging
 import os
-import shutil
 import signal
 import subprocess
 import threading
@@ -31,6 +30,7 @@ from typing import IO, ClassVar
 
 import psutil
 
+from trainhouse import jobfiles
 from trainhouse.cluster import Node
 from trainhouse.executors import torchrun
 from trainhouse.executors.base import Exit, Launch, ProcessInfo
@@ -61,26 +61,28 @@ class _Handle:
 class _Child(_Handle):
     """An attempt this server started: its supervisor is our child."""
 
-    def __init__(self, proc: subprocess.Popen[bytes], exit_file: Path) -> None:
+    def __init__(self, proc: subprocess.Popen[bytes], exit_file: Path, home: Path) -> None:
         self.proc = proc
         self.pid = proc.pid
         self.exit_file = exit_file
+        self.home = home
 
     def poll(self) -> int | None:
         code = self.proc.poll()
         if code is None:
             return None
-        recorded = read_record(self.exit_file)
+        recorded = read_record(self.exit_file, within=self.home)
         return recorded[0] if recorded is not None else code
 
 
 class _Adopted(_Handle):
     """An attempt a previous server started: watched by PID and start time, result from file."""
 
-    def __init__(self, pid: int, proc: psutil.Process | None, exit_file: Path) -> None:
+    def __init__(self, pid: int, proc: psutil.Process | None, exit_file: Path, home: Path) -> None:
         self.proc = proc  # None: it had already ended when the server started
         self.pid = pid
         self.exit_file = exit_file
+        self.home = home
 
     def poll(self) -> int | None:
         with contextlib.suppress(psutil.Error):
@@ -90,7 +92,7 @@ class _Adopted(_Handle):
                 and self.proc.status() != psutil.STATUS_ZOMBIE
             ):
                 return None
-        recorded = read_record(self.exit_file)
+        recorded = read_record(self.exit_file, within=self.home)
         # no record: the supervisor itself was killed (SIGKILL) before the launcher ended
         return recorded[0] if recorded is not None else -signal.SIGKILL
 
@@ -156,7 +158,8 @@ class LocalExecutor:
         logs.mkdir(parents=True, exist_ok=True)
         # torchrun's and the script's temp files stay with the attempt, removed at its end
         launch.attempt_layout.tmp.mkdir(parents=True, exist_ok=True)
-        log_file = launch.layout.log(LAUNCHER).open("ab")
+        # the previous attempt may have left a link or a FIFO there: neither is opened
+        log_file = jobfiles.open_append(launch.layout.home, launch.layout.log(LAUNCHER))
         log_file.write(f"=== trainhouse: attempt {launch.attempt} ===\n".encode())
         log_file.flush()
         try:
@@ -177,7 +180,7 @@ class LocalExecutor:
                 launch.job_id,
                 launch.attempt,
                 launch.attempt_layout,
-                _Child(proc, launch.attempt_layout.launcher_exit),
+                _Child(proc, launch.attempt_layout.launcher_exit, self.home),
                 marker,
                 log_file,
             )
@@ -204,11 +207,16 @@ class LocalExecutor:
                 and candidate.environ().get(MARKER_ENV) == marker
             ):
                 proc = candidate
-        if proc is None and read_record(exit_file) is None:
+        if proc is None and read_record(exit_file, within=self.home) is None:
             return False
         with self._lock:
             self._attempts[job_id] = _Attempt(
-                job_id, attempt, layout, _Adopted(info.pid, proc, exit_file), marker, None
+                job_id,
+                attempt,
+                layout,
+                _Adopted(info.pid, proc, exit_file, self.home),
+                marker,
+                None,
             )
         if proc is not None:
             log.info("job %s: re-adopted attempt %s (pid %s)", job_id, attempt, info.pid)
@@ -254,13 +262,14 @@ class LocalExecutor:
                 att.log_file.close()
         codes: dict[str, int] = {}
         times: dict[str, float] = {}
-        for rank, path in att.layout.rank_exits().items():
-            recorded = read_record(path)
+        for rank, path in att.layout.rank_exits(within=self.home).items():
+            recorded = read_record(path, within=self.home)
             if recorded is not None:
                 codes[rank] = recorded[0]
                 if recorded[1] is not None:
                     times[rank] = recorded[1]
-        shutil.rmtree(att.layout.tmp, ignore_errors=True)
+        with contextlib.suppress(OSError):  # never through a link the job left
+            jobfiles.remove(self.home, att.layout.tmp)
         return Exit(att.job_id, att.number, code, codes, att.stopping.reason, times)
 
     def poll(self) -> list[Exit]:

@@ -40,6 +40,7 @@ import time
 from pathlib import Path
 from typing import Any, ClassVar
 
+from trainhouse import jobfiles
 from trainhouse.cluster import Node
 from trainhouse.errors import RayUnavailable
 from trainhouse.executors.base import Exit, Launch, ProcessInfo
@@ -200,7 +201,7 @@ class RayExecutor:
         att.bundles = [bundle(p) for p in launch.placements]
         launch.layout.logs.mkdir(parents=True, exist_ok=True)
         att.layout.dir.mkdir(parents=True, exist_ok=True)
-        with (launch.layout.logs / LAUNCHER_LOG).open("ab") as fh:
+        with jobfiles.open_append(launch.layout.home, launch.layout.logs / LAUNCHER_LOG) as fh:
             fh.write(f"=== trainhouse: attempt {launch.attempt} (ray) ===\n".encode())
         att.starter = threading.Thread(
             target=self._start,
@@ -490,7 +491,7 @@ class RayExecutor:
                 att.job_id, att.number, 1, stop_reason=att.stopping.reason, requeue=att.problem
             )
         if att.problem:
-            with (att.logs / LAUNCHER_LOG).open("ab") as fh:
+            with jobfiles.open_append(att.job.home, att.logs / LAUNCHER_LOG) as fh:
                 fh.write(f"trainhouse: {att.problem}\n".encode())
         return Exit(att.job_id, att.number, -int(signal.SIGKILL), {}, att.stopping.reason)
 

@@ -1,5 +1,10 @@
 """What the Ray executor knows of one attempt: its nodes (one per bundle), the logs they sent,
-how they ended; and the conversions between Ray's view and trainhouse's. Imports no Ray."""
+how they ended; and the conversions between Ray's view and trainhouse's. Imports no Ray.
+
+The job's directory on the server is opened through :mod:`trainhouse.jobfiles` from the
+server's home (with ``--shared-home`` the ranks reach it): the executor's own records are read
+only as regular files of at most :data:`MAX_STATE` bytes, logs are appended to only as regular
+files, and no link is followed."""
 
 from __future__ import annotations
 
@@ -15,15 +20,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from trainhouse import jobfiles
 from trainhouse.cluster import Gpu, Node, Placement
 from trainhouse.errors import RayUnavailable
 from trainhouse.executors.base import Exit
 from trainhouse.executors.stopping import StopTimer
-from trainhouse.layout import LAUNCHER_LOG, AttemptLayout, JobLayout, log_name
+from trainhouse.layout import LAUNCHER_LOG, AttemptLayout, JobLayout, log_name, rank_of_log
 
 STANDARD = {"CPU", "GPU", "memory", "object_store_memory"}
 RECORD = "ray.json"  # in the attempt's directory: what a restarted server re-attaches to
 OFFSETS = "ray-logs.json"  # bytes of each node's logs already appended to the job's logs
+MAX_STATE = 64 << 20  # bytes of RECORD or OFFSETS read at most
 
 
 @dataclass
@@ -84,6 +91,8 @@ class Attempt:
         prefix = f"[node {m.index}] ".encode() if len(self.members) > 1 else b""
         moved = False
         for name, (offset, data) in status["logs"].items():
+            if name != LAUNCHER_LOG and rank_of_log(name) is None:
+                continue  # not a log's name: nothing else is written
             have = m.offsets.get(name, 0)
             end = offset + len(data)
             if end <= have:
@@ -91,7 +100,7 @@ class Attempt:
             data = data[have - offset :] if offset < have else data
             if name == LAUNCHER_LOG and prefix:
                 data = b"".join(prefix + line for line in data.splitlines(keepends=True))
-            with (self.logs / name).open("ab") as fh:
+            with jobfiles.open_append(self.job.home, self.logs / name) as fh:
                 fh.write(data)
             m.offsets[name] = end
             moved = True
@@ -108,8 +117,10 @@ class Attempt:
         if status["complete"]:
             spool = self.layout.spool
             for name, data in status.get("spool", {}).items():
+                if "/" in name or name.startswith(".") or not name.endswith(".json"):
+                    continue  # not a spooled batch's name
                 spool.mkdir(parents=True, exist_ok=True)
-                (spool / Path(name).name).write_bytes(data)
+                jobfiles.write_file(self.job.home, spool / name, data)
             m.final = status
             m.pids = []
         return failed
@@ -142,7 +153,10 @@ class Attempt:
                     times[str(rank)] = first
                 note = f"trainhouse: node {m.index} of attempt {self.number} was lost: {m.lost}\n"
                 for name in [LAUNCHER_LOG, *(log_name(r) for r in ranks)]:
-                    with contextlib.suppress(OSError), (self.logs / name).open("ab") as fh:
+                    with (
+                        contextlib.suppress(OSError),
+                        jobfiles.open_append(self.job.home, self.logs / name) as fh,
+                    ):
                         fh.write(note.encode())
             exit_code = -int(signal.SIGKILL)
         else:
@@ -157,18 +171,19 @@ class Attempt:
             "bundles": self.bundles,
             "nodes": [{"node_id": m.node_id, "boot_id": m.boot_id} for m in self.members],
         }
-        write_json(self.layout.dir / RECORD, record)
+        write_json(self.layout.dir / RECORD, record, within=self.job.home)
 
     def save_offsets(self) -> None:
-        write_json(self.layout.dir / OFFSETS, {str(m.index): m.offsets for m in self.members})
+        offsets = {str(m.index): m.offsets for m in self.members}
+        write_json(self.layout.dir / OFFSETS, offsets, within=self.job.home)
 
     @classmethod
     def load(cls, job_id: int, number: int, job: JobLayout) -> Attempt:
         """The attempt as :meth:`save_record` left it (OSError, KeyError or ValueError if it
         did not)."""
         adir = job.attempt(number).dir
-        record = json.loads((adir / RECORD).read_text())
-        offsets = read_json(adir / OFFSETS)
+        record = json.loads(jobfiles.read_file(job.home, adir / RECORD, max_size=MAX_STATE))
+        offsets = read_json(adir / OFFSETS, within=job.home)
         att = cls(job_id, number, job, int(record["procs"]), [], list(record["bundles"]))
         for i, node in enumerate(record["nodes"]):
             m = Member(i, node_id=str(node["node_id"]), boot_id=str(node["boot_id"]))
@@ -249,15 +264,16 @@ def pack(root: Path) -> bytes:
     return buf.getvalue()
 
 
-def write_json(path: Path, data: Any) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(data))
-    tmp.replace(path)
+def write_json(path: Path, data: Any, *, within: Path) -> None:
+    """Replace ``path`` (under ``within``) with ``data`` as JSON, never through a link."""
+    jobfiles.write_file(within, path, json.dumps(data).encode())
 
 
-def read_json(path: Path) -> dict[str, Any]:
+def read_json(path: Path, *, within: Path) -> dict[str, Any]:
+    """The JSON object at ``path`` (a regular file under ``within`` reached without a link, of
+    at most :data:`MAX_STATE` bytes), or {} when there is none."""
     try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
+        data = json.loads(jobfiles.read_file(within, path, max_size=MAX_STATE))
+    except (OSError, ValueError, RecursionError):
         return {}
     return data if isinstance(data, dict) else {}

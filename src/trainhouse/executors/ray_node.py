@@ -10,7 +10,9 @@ own on the node's disk (``--ray-node-dir``, by default ``$TMPDIR/trainhouse-ray`
 workdir, ``logs/`` and the attempt directory (exit records, spooled metrics, ``TMPDIR``). The
 server reads it through :meth:`NodeAgent.status`, which returns what the logs grew by since the
 offsets the server has, the exit records once torchrun has ended, and spooled metrics; the
-directory is removed by :meth:`NodeAgent.finish`.
+directory is removed by :meth:`NodeAgent.finish`. The ranks write into it, so the agent reads it
+through :mod:`trainhouse.jobfiles` from its own directory: no link is followed, only regular
+files are read (a FIFO cannot block the agent), spooled batches up to the server's caps.
 
 Nothing may outlive the agent. Ray kills a dead worker's children, but not their children
 (torchrun and the ranks live in a session of their own), so every agent starts a guard
@@ -28,6 +30,7 @@ import os
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import time
@@ -36,6 +39,7 @@ from typing import Any
 
 import psutil
 
+from trainhouse import jobfiles
 from trainhouse.executors import torchrun
 from trainhouse.executors.markers import kill_marked
 from trainhouse.executors.supervise import read_record
@@ -229,14 +233,47 @@ class NodeAgent:
             self.reaped = True
             kill_marked(self.marker)
         out: dict[str, Any] = {"started": self.proc is not None, "ended": ended}
+        logs, complete = self._read_logs(offsets, ended)
+        complete = complete and ended
+        out["logs"] = logs
+        if ended:
+            assert code is not None
+            recorded = read_record(self.attempt.launcher_exit, within=self.root)
+            out["launcher"] = recorded if recorded is not None else (code, time.time())
+            ranks = {}
+            for rank, path in self.attempt.rank_exits(within=self.root).items():
+                rec = read_record(path, within=self.root)
+                if rec is not None:
+                    ranks[rank] = rec
+            out["ranks"] = ranks
+        out["complete"] = complete
+        if complete:
+            out["spool"] = self._read_spool()
+        if want_pids:
+            out["pids"] = self.pids()
+        return out
+
+    def _read_logs(
+        self, offsets: dict[str, int], ended: bool
+    ) -> tuple[dict[str, tuple[int, bytes]], bool]:
+        """What each log (a regular file, reached without a link) grew by past ``offsets``,
+        at most :data:`CHUNK` each; and whether every one was read to its end."""
         logs: dict[str, tuple[int, bytes]] = {}
-        complete = ended
-        if self.logs.is_dir():
-            for path in sorted(self.logs.iterdir()):
-                offset = offsets.get(path.name, 0)
+        complete = True
+        try:
+            d = jobfiles.open_dir(self.root, self.logs)
+        except OSError:
+            return logs, complete
+        with d:
+            try:
+                names = [n for n, st in d.entries() if stat.S_ISREG(st.st_mode)]
+            except OSError:
+                return logs, complete
+            for name in names:
+                offset = offsets.get(name, 0)
                 try:
-                    with path.open("rb") as fh:
-                        size = fh.seek(0, 2)
+                    with d.open_file(name) as fh:
+                        size = os.fstat(fh.fileno()).st_size
                         if size <= offset:
                             continue
                         fh.seek(offset)
@@ -245,32 +282,39 @@ class NodeAgent:
                     continue
                 if offset + len(data) < size:
                     complete = False
-                if path.name == LAUNCHER_LOG and not ended:
+                if name == LAUNCHER_LOG and not ended:
                     data = data[: data.rfind(b"\n") + 1]
                 if data:
-                    logs[path.name] = (offset, data)
-        out["logs"] = logs
-        if ended:
-            assert code is not None
-            recorded = read_record(self.attempt.launcher_exit)
-            out["launcher"] = recorded if recorded is not None else (code, time.time())
-            ranks = {}
-            for rank, path in self.attempt.rank_exits().items():
-                rec = read_record(path)
-                if rec is not None:
-                    ranks[rank] = rec
-            out["ranks"] = ranks
-        out["complete"] = complete
-        if complete:
-            spool = self.attempt.spool
-            out["spool"] = (
-                {p.name: p.read_bytes() for p in sorted(spool.glob("*.json"))}
-                if spool.is_dir()
-                else {}
-            )
-        if want_pids:
-            out["pids"] = self.pids()
-        return out
+                    logs[name] = (offset, data)
+        return logs, complete
+
+    def _read_spool(self) -> dict[str, bytes]:
+        """The metric batches the ranks spooled: regular ``*.json`` files reached without a
+        link, each of at most ``MAX_SPOOL_FILE`` bytes, at most ``MAX_SPOOL_FILES`` of them and
+        ``MAX_SPOOL_TOTAL`` bytes in all (the server's caps)."""
+        found: dict[str, bytes] = {}
+        try:
+            d = jobfiles.open_dir(self.root, self.attempt.spool)
+        except OSError:
+            return found
+        budget = jobfiles.MAX_SPOOL_TOTAL
+        with d:
+            try:
+                entries = d.entries()
+            except OSError:
+                return found
+            for name, st in entries:
+                if not name.endswith(".json") or not stat.S_ISREG(st.st_mode):
+                    continue
+                if len(found) >= jobfiles.MAX_SPOOL_FILES or st.st_size > budget:
+                    break
+                try:
+                    data = d.read(name, max_size=min(jobfiles.MAX_SPOOL_FILE, budget))
+                except OSError:
+                    continue
+                budget -= len(data)
+                found[name] = data
+        return found
 
     def pids(self) -> list[int]:
         """The supervisor and every process under it (torchrun, the ranks, their children)."""

@@ -7,7 +7,8 @@ that signal), so a server that restarts while the attempt runs can re-adopt it a
 result once it ends: the attempt is no longer the new server's child, so its exit status cannot be
 waited for. SIGTERM and SIGINT are not forwarded: trainhouse signals the whole session, which
 already reaches the launcher, and a second signal would cut the launcher's own clean-up short.
-Imports the standard library only.
+The job's processes can replace an exit record, so :func:`read_record` reads it through
+:mod:`trainhouse.jobfiles`. Imports the standard library and that module only.
 """
 
 from __future__ import annotations
@@ -18,6 +19,11 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+from trainhouse import jobfiles
+
+#: an exit record is "CODE TIME": a longer one is not read
+MAX_EXIT_RECORD = 4096
 
 
 def record(path: Path, code: int) -> None:
@@ -30,10 +36,13 @@ def record(path: Path, code: int) -> None:
         pass
 
 
-def read_record(path: Path) -> tuple[int, float | None] | None:
-    """The (code, time) ``record`` wrote, or None when there is none (yet)."""
+def read_record(path: Path, *, within: Path) -> tuple[int, float | None] | None:
+    """The (code, time) ``record`` wrote, or None when there is none (yet), or when it is not
+    a small regular file reached from ``within`` (the directory above the attempt's that the
+    job cannot replace) without a link."""
     try:
-        code_text, _, time_text = path.read_text().strip().partition(" ")
+        text = jobfiles.read_file(within, path, max_size=MAX_EXIT_RECORD).decode()
+        code_text, _, time_text = text.strip().partition(" ")
         return int(code_text), float(time_text) if time_text else None
     except (OSError, ValueError):
         return None

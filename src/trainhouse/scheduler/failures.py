@@ -53,7 +53,7 @@ def describe(code: int) -> str:
 
 def attempt_log(files: JobLayout, rank: int | str, attempt: int) -> str:
     """The part of a rank's log that ``attempt`` wrote (logs append across attempts)."""
-    data, _ = read_log(files.log(rank), tail=2000)
+    data, _ = read_log(files.log(rank), within=files.home, tail=2000)
     text = data[-SCAN_BYTES:].decode(errors="replace")
     marker = f"=== trainhouse: attempt {attempt}"
     start = text.rfind(marker)

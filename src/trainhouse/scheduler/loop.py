@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from trainhouse import jobfiles
 from trainhouse.cluster import Placements
 from trainhouse.errors import InvalidTransition, StoreError
 from trainhouse.executors.base import Executor, Exit, Launch, ProcessInfo
@@ -177,7 +177,7 @@ class SchedulerLoop(Service):
             return
         layout = JobLayout(self.home, job.id)
         # what the attempt could not send (the server was down as it ended) comes first
-        ingest_spool(self.store.metrics, job.id, layout.attempt(ended.attempt))
+        ingest_spool(self.store.metrics, job.id, layout.attempt(ended.attempt), within=self.home)
         if self.on_attempt_end is not None:
             try:
                 self.on_attempt_end(job.id, ended.attempt)
@@ -371,8 +371,8 @@ class SchedulerLoop(Service):
         workdir = files.attempt(attempt.number).workdir
         try:
             spec = job.spec
-            if workdir.exists():
-                shutil.rmtree(workdir)
+            # never through a link a previous attempt left on the way (that fails the start)
+            jobfiles.remove(self.home, workdir)
             checkpoints = self.checkpoint_location(job.id)
             open_storage(checkpoints).makedirs()
             extract(self.blobs.path(job.archive_sha256), workdir)

@@ -2,7 +2,11 @@
 
 Checkpoints live in ``HOME/jobs/<id>/checkpoints`` by default, or under ``--checkpoint-url``
 (a shared directory or any fsspec URL) as ``<url>/<id>``; the SDK writes them through
-:mod:`trainhouse.storage` and the server reads, verifies and deletes them through it too.
+:mod:`trainhouse.storage` and the server reads, verifies and deletes them through it too. What a
+job leaves there is hostile input: a local storage is opened from a trusted anchor (the server's
+home, or the ``--checkpoint-url`` directory) through :mod:`trainhouse.jobfiles`, so no link is
+followed, only regular files are read or downloaded, a sidecar is read only up to
+``MAX_RECORD`` bytes, and retention never deletes through a link.
 
 Retention (the spec's ``checkpoints: {keep_last, keep_best, metric, mode}``) runs on a background
 thread after each registration, and never deletes a checkpoint a restart may need: before anything
@@ -21,6 +25,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from trainhouse.errors import CheckpointError, NotFound
+from trainhouse.jobfiles import MAX_RECORD
 from trainhouse.layout import JobLayout
 from trainhouse.service import Service
 from trainhouse.spec import CheckpointPolicy
@@ -31,6 +36,8 @@ from trainhouse.store.tables import storable
 log = logging.getLogger(__name__)
 
 CHUNK = 1 << 20
+#: records read at an attempt's end, looking for checkpoints it left unregistered
+MAX_UNLISTED = 1000
 
 
 def retained(checkpoints: list[Checkpoint], policy: CheckpointPolicy) -> set[int]:
@@ -70,7 +77,13 @@ class Checkpoints(Service):
         return f"{self.base}/{job_id}"
 
     def storage(self, job_id: int) -> Storage:
-        return open_storage(self.location(job_id))
+        """The job's checkpoints; a local one anchored where the job cannot reach: the
+        server's home, or the ``--checkpoint-url`` directory (links below it are refused)."""
+        if self.base is None:
+            return open_storage(self.location(job_id), anchor=self.home)
+        if "://" in self.base and not self.base.lower().startswith("file://"):
+            return open_storage(self.location(job_id))  # fsspec: no local links to refuse
+        return open_storage(self.location(job_id), anchor=open_storage(self.base).local_root)
 
     # -- registering -----------------------------------------------------------------------
     def register(
@@ -87,12 +100,15 @@ class Checkpoints(Service):
     ) -> Checkpoint:
         storage = self.storage(job.id)
         name = confine(path)  # one spelling per checkpoint; refuses names that escape
-        if not storage.exists(name):
-            raise CheckpointError(f"checkpoint {path!r} does not exist in {storage.url}")
-        if (kind == "sharded") != storage.is_dir(name):
-            what = "a directory" if storage.is_dir(name) else "a file"
-            raise CheckpointError(f"checkpoint {path!r} is {what}, but was reported as {kind}")
-        actual = storage.size(name)
+        try:
+            if not storage.exists(name):
+                raise CheckpointError(f"checkpoint {path!r} does not exist in {storage.url}")
+            if (kind == "sharded") != storage.is_dir(name):
+                what = "a directory" if storage.is_dir(name) else "a file"
+                raise CheckpointError(f"checkpoint {path!r} is {what}, but was reported as {kind}")
+            actual = storage.size(name)  # a link, a FIFO, ... is refused here
+        except OSError as exc:
+            raise CheckpointError(f"checkpoint {path!r} cannot be read: {exc}") from None
         if actual != size:
             raise CheckpointError(
                 f"checkpoint {path!r} is {actual} bytes in storage, but {size} were reported"
@@ -116,7 +132,8 @@ class Checkpoints(Service):
 
     def register_unlisted(self, job_id: int, attempt: int) -> list[Checkpoint]:
         """Checkpoints an attempt wrote but could not register (the server was down as it
-        ended): found by the record the SDK keeps next to each one, checked, registered."""
+        ended): found by the record the SDK keeps next to each one, checked, registered.
+        At most :data:`MAX_UNLISTED` records are read, each of at most ``MAX_RECORD`` bytes."""
         storage = self.storage(job_id)
         known = {c.path for c in self.store.checkpoints.list(job_id, include_deleted=True)}
         added = []
@@ -124,13 +141,26 @@ class Checkpoints(Service):
             names = storage.list()
         except (OSError, CheckpointError):
             return []
-        for name in names:
-            path = name.removesuffix(".json")
+        unlisted = [
+            name
+            for name in names
+            if name.endswith(".json")
+            and name.removesuffix(".json") not in known
+            and not is_temp(name)
             # (a name the file system gave undecoded, a lone surrogate, cannot be stored)
-            if path == name or path in known or is_temp(name) or storable(name) != name:
-                continue
+            and storable(name) == name
+        ]
+        if len(unlisted) > MAX_UNLISTED:
+            log.error(
+                "job %s: %d checkpoint records left unregistered; only the first %d are read",
+                job_id,
+                len(unlisted),
+                MAX_UNLISTED,
+            )
+        for name in unlisted[:MAX_UNLISTED]:
+            path = name.removesuffix(".json")
             try:
-                record = json.loads(storage.read_text(name))
+                record = json.loads(storage.read_text(name, max_size=MAX_RECORD))
                 step, size = int(record["step"]), int(record["size"])
                 kind = "sharded" if record.get("kind") == "sharded" else "file"
                 if (
@@ -145,7 +175,15 @@ class Checkpoints(Service):
                     str(k): (float(v) if v is not None else None)
                     for k, v in dict(record.get("metrics") or {}).items()
                 }
-            except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            except (
+                OSError,
+                CheckpointError,
+                ValueError,
+                KeyError,
+                TypeError,
+                AttributeError,
+                RecursionError,  # JSON nested deeper than the parser goes
+            ):
                 continue
             added.append(
                 self.store.checkpoints.add(
@@ -186,9 +224,9 @@ class Checkpoints(Service):
         storage = self.storage(job_id)
         newest = max((c for c in live if c.id in keep), key=lambda c: (c.step, c.id))
         if newest.id not in self._verified:
-            try:
-                actual = storage.digest(newest.path)
-            except OSError as exc:
+            try:  # never more than the registered size: a file grown sparse is not hashed
+                actual = storage.digest(newest.path, max_bytes=newest.size)
+            except (OSError, CheckpointError) as exc:
                 actual = f"unreadable ({exc})"
             if actual != newest.sha256:
                 self.mark_corrupt(
@@ -200,8 +238,11 @@ class Checkpoints(Service):
                 return []
             self._verified.add(newest.id)
         for old in drop:
-            storage.delete(old.path)
-            storage.delete(sidecar_name(old.path))
+            for name in (old.path, sidecar_name(old.path)):
+                try:
+                    storage.delete(name)
+                except OSError as exc:  # a link on the way: nothing was deleted through it
+                    log.warning("job %s: checkpoint %s not deleted: %s", job_id, name, exc)
         self.store.checkpoints.mark_deleted([c.id for c in drop])
         return drop
 
@@ -229,20 +270,35 @@ class Checkpoints(Service):
 
     # -- downloads -------------------------------------------------------------------------
     def files(self, job_id: int, ckpt: Checkpoint) -> list[tuple[str, int]]:
-        """A checkpoint's files as (name, size); a file checkpoint is one file named ``""``."""
+        """A checkpoint's files as (name, size); a file checkpoint is one file named ``""``.
+        A CheckpointError when it holds anything but regular files and directories."""
         storage = self.storage(job_id)
-        if not storage.exists(ckpt.path):
-            raise NotFound(f"checkpoint of step {ckpt.step} is no longer in {storage.url}")
-        if ckpt.kind == "sharded":
-            return storage.files(ckpt.path)
-        return [("", storage.size(ckpt.path))]
+        try:
+            if not storage.exists(ckpt.path):
+                raise NotFound(f"checkpoint of step {ckpt.step} is no longer in {storage.url}")
+            if storage.is_dir(ckpt.path) != (ckpt.kind == "sharded"):
+                what = "a directory" if ckpt.kind == "file" else "not a directory"
+                raise CheckpointError(
+                    f"checkpoint of step {ckpt.step} was registered as {ckpt.kind}, but "
+                    f"{ckpt.path} is now {what}"
+                )
+            if ckpt.kind == "sharded":
+                return storage.files(ckpt.path)
+            return [("", storage.size(ckpt.path))]
+        except OSError as exc:
+            raise CheckpointError(f"checkpoint of step {ckpt.step} cannot be read: {exc}") from None
 
     def read(self, job_id: int, ckpt: Checkpoint, name: str) -> Iterator[bytes]:
+        """The bytes of a checkpoint's file, in chunks; only a regular file is opened, and
+        the open never waits (a FIFO is refused, not read)."""
         storage = self.storage(job_id)
         rel = ckpt.path if not name else f"{ckpt.path}/{confine(name)}"
-        if (ckpt.kind == "sharded") == (not name) or not storage.exists(rel):
-            raise NotFound(f"checkpoint of step {ckpt.step} has no file {name!r}")
-        fh = storage.open_read(rel)
+        try:
+            if (ckpt.kind == "sharded") == (not name) or not storage.exists(rel):
+                raise NotFound(f"checkpoint of step {ckpt.step} has no file {name!r}")
+            fh = storage.open_read(rel)
+        except OSError as exc:
+            raise CheckpointError(f"checkpoint of step {ckpt.step} cannot be read: {exc}") from None
 
         def chunks() -> Iterator[bytes]:
             with fh:

@@ -2,16 +2,17 @@
 
 Logs outlive their job by default (forever); a retention deletes each ended job's
 ``logs/`` directory once the job has been over for that long and notes it in the job's events
-(``trainhouse show``). Checked at start-up and every few minutes.
+(``trainhouse show``). Checked at start-up and every few minutes. The job wrote that directory:
+it is removed through :mod:`trainhouse.jobfiles`, never through a link.
 """
 
 from __future__ import annotations
 
 import logging
-import shutil
 import time
 from pathlib import Path
 
+from trainhouse import jobfiles
 from trainhouse.layout import JobLayout
 from trainhouse.lifecycle import JobState
 from trainhouse.service import Service
@@ -32,9 +33,13 @@ def expire_logs(store: Store, home: Path, retention: float, *, now: float | None
         if job.ended_at is None or job.ended_at > cutoff:
             continue
         logs = JobLayout(home, job.id).logs
-        if not logs.is_dir():
+        try:
+            if jobfiles.lstat(home, logs) is None:
+                continue
+            jobfiles.remove(home, logs)  # a link is removed itself, not what it names
+        except OSError as exc:
+            log.warning("job %s: logs not deleted: %s", job.id, exc)
             continue
-        shutil.rmtree(logs, ignore_errors=True)
         days = retention / 86400
         store.jobs.add_event(job.id, f"{DELETED_NOTE} ({days:g} d after the job ended)")
         removed += 1

@@ -328,7 +328,7 @@ def metric_names(
 @router.get("/jobs/{job_id}/logs/ranks", response_model=LogRanksOut)
 def log_ranks(job: Job = Depends(readable_job), svc: Services = Depends(services)) -> LogRanksOut:
     files = svc.files(job.id)
-    return LogRanksOut(job_id=job.id, ranks=files.ranks(), launcher=files.log(LAUNCHER).is_file())
+    return LogRanksOut(job_id=job.id, ranks=files.ranks(), launcher=files.has_log(LAUNCHER))
 
 
 @router.get("/jobs/{job_id}/logs", response_class=PlainTextResponse)
@@ -345,7 +345,7 @@ def logs(
     if rank != "launcher" and int(rank) >= world:
         raise NotFound(f"job {job_id} has ranks 0..{world - 1}; there is no rank {rank}")
     files = svc.files(job_id)
-    data, nxt = read_log(files.log(rank), offset=offset, tail=tail)
+    data, nxt = read_log(files.log(rank), within=files.home, offset=offset, tail=tail)
     return PlainTextResponse(
         data.decode(errors="replace"),
         headers={"X-Log-Offset": str(nxt), "X-Job-State": str(job.state)},

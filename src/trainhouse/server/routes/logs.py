@@ -92,7 +92,9 @@ class _Reader:
         self._read_to = offset
 
     def read(self) -> str:
-        data, nxt = read_log(self.files.log(self.rank), offset=self._read_to, limit=CHUNK)
+        data, nxt = read_log(
+            self.files.log(self.rank), within=self.files.home, offset=self._read_to, limit=CHUNK
+        )
         if not data:
             return ""
         self._read_to = nxt
@@ -102,7 +104,7 @@ class _Reader:
         return text
 
     def tail(self, lines: int) -> str:
-        data, size = read_log(self.files.log(self.rank), tail=lines)
+        data, size = read_log(self.files.log(self.rank), within=self.files.home, tail=lines)
         self._read_to = self.offset = size
         return data.decode(errors="replace")
 
