@@ -73,7 +73,9 @@ def test_the_servers_memory_stays_flat_while_it_reads_a_hostile_record(
     assert result.returncode == 0, result.stderr[-3000:]
     got = json.loads(result.stdout.strip().splitlines()[-1])
     assert got["state"] == "COMPLETED" and got["listed"] == 0, got
-    assert got["grew"] < 64 << 20, f"the peak RSS grew by {got['grew'] >> 20} MiB"
+    # the code before the fix grew by 2 and 2.8 GiB; a few MiB are usual, the margin is for
+    # what else the app in the child allocates meanwhile (its threads, lazy imports)
+    assert got["grew"] < 256 << 20, f"the peak RSS grew by {got['grew'] >> 20} MiB"
 
 
 def test_an_exit_record_that_is_a_fifo_or_a_link_is_not_read(tmp_path: Path, fifos: Fifos) -> None:
