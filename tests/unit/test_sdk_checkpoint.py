@@ -580,3 +580,37 @@ def test_recorded_sha256_matches_the_file_with_large_tensors(standalone: Path) -
     assert rec is not None
     data = (standalone / "checkpoints" / "step-000000001.pt").read_bytes()
     assert rec["size"] == len(data) and rec["sha256"] == hashlib.sha256(data).hexdigest()
+
+
+def test_a_world_of_one_the_script_made_is_not_used_by_sharded_checkpoints(
+    standalone: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A script that initializes a process group of one itself (NCCL, for FSDP on one GPU) runs
+    the SDK alone: DCP must not run its collectives on that group, from the thread of a
+    background save while training uses it (NCCL groups are not thread-safe)."""
+    import torch.distributed as dist
+    from torch.distributed.checkpoint import state_dict_loader, state_dict_saver
+
+    calls: list[tuple[str, Any, bool]] = []
+    for module, name in ((state_dict_saver, "save"), (state_dict_loader, "load")):
+        real = getattr(module, name)
+
+        def spy(*args: Any, _real: Any = real, _name: str = name, **kwargs: Any) -> Any:
+            calls.append((_name, kwargs.get("process_group"), kwargs.get("no_dist")))
+            return _real(*args, **kwargs)
+
+        monkeypatch.setattr(module, name, spy)
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(standalone / "inductor"))
+    url = f"file://{standalone / 'store'}"
+    dist.init_process_group("gloo", init_method=url, rank=0, world_size=1)
+    try:
+        with trainhouse.init() as run:
+            w = torch.arange(4.0)
+            run.checkpoint.save({"w": w}, step=1, sharded=True)
+            run.checkpoint.save({"w": w + 1}, step=2, sharded=True, blocking=False).wait()
+            template = {"w": torch.zeros(4)}
+            run.checkpoint.load(template)
+            assert torch.equal(template["w"], torch.arange(4.0) + 1)
+    finally:
+        dist.destroy_process_group()
+    assert calls == [("save", None, True), ("save", None, True), ("load", None, True)]

@@ -524,7 +524,7 @@ class Checkpointer(Finder):
         path = chosen["path"]
         where = self.storage.location(path)
         if chosen.get("kind") == "sharded":
-            loaded = self._load_sharded(state, path, where)
+            loaded = self._load_sharded(state, path, where, comm.group)
             states = shards.read_rng(self.storage, path) if restore_rng else None
         else:
             loaded = self._load_file(path, where)
@@ -551,7 +551,9 @@ class Checkpointer(Finder):
             raise CheckpointError(f"checkpoint {where} holds a {type(state).__name__}, not a dict")
         return state
 
-    def _load_sharded(self, state: dict[str, Any] | None, path: str, where: str) -> dict[str, Any]:
+    def _load_sharded(
+        self, state: dict[str, Any] | None, path: str, where: str, group: Any
+    ) -> dict[str, Any]:
         if state is None:
             raise CheckpointError(
                 f"checkpoint {where} is sharded (torch.distributed.checkpoint): pass the state "
@@ -560,7 +562,7 @@ class Checkpointer(Finder):
                 "it is filled in place and returned"
             )
         try:
-            shards.load_shards(state, self.storage, path)
+            shards.load_shards(state, self.storage, path, group)
         except CheckpointError:
             raise
         except BaseException as exc:

@@ -43,12 +43,6 @@ def _reader(storage: Storage, rel: str) -> Any:
     return FsspecReader(storage.location(rel))
 
 
-def _no_dist() -> bool:
-    import torch.distributed as dist
-
-    return not (dist.is_available() and dist.is_initialized())
-
-
 @contextlib.contextmanager
 def _quiet(no_dist: bool) -> Iterator[None]:
     """DCP warns on every single-process call that it assumes a single process: it is meant."""
@@ -60,24 +54,27 @@ def _quiet(no_dist: bool) -> Iterator[None]:
         yield
 
 
-def save_shards(state: dict[str, Any], storage: Storage, rel: str, group: Any = None) -> None:
-    """This rank's part of ``state`` into the directory ``rel`` (collective over ``group``)."""
+def save_shards(state: dict[str, Any], storage: Storage, rel: str, group: Any) -> None:
+    """This rank's part of ``state`` into the directory ``rel``: collective over ``group``, or
+    alone with None, even where the script initialized a process group of its own (a world
+    of one: DCP would use it from the thread of a background save while training uses it)."""
     from torch.distributed.checkpoint import state_dict_saver
 
-    no_dist = _no_dist()
+    no_dist = group is None
     with _quiet(no_dist):
         state_dict_saver.save(
             state, storage_writer=_writer(storage, rel), process_group=group, no_dist=no_dist
         )
 
 
-def load_shards(state: dict[str, Any], storage: Storage, rel: str, group: Any = None) -> None:
-    """Fill ``state`` in place from the sharded checkpoint ``rel`` (collective over ``group``)."""
+def load_shards(state: dict[str, Any], storage: Storage, rel: str, group: Any) -> None:
+    """Fill ``state`` in place from the sharded checkpoint ``rel``: collective over ``group``
+    (the checkpoints' gloo group, whose timeout allows for slow reads), or alone with None."""
     from torch.distributed.checkpoint import state_dict_loader
 
     # DCP unpickles its metadata with plain pickle: check it with an allow-list first
     check_dcp_metadata(storage.read_bytes(f"{rel}/{METADATA}"))
-    no_dist = _no_dist()
+    no_dist = group is None
     with _quiet(no_dist):
         state_dict_loader.load(
             state, storage_reader=_reader(storage, rel), process_group=group, no_dist=no_dist
