@@ -16,7 +16,14 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from trainhouse.cli import render
-from trainhouse.cli.options import Home, db_option, home_option, settings_default, url_option
+from trainhouse.cli.options import (
+    DbFile,
+    Home,
+    db_option,
+    home_option,
+    settings_default,
+    url_option,
+)
 from trainhouse.cli.render import console, errors
 from trainhouse.errors import ServerUnreachable
 from trainhouse.executors.registry import EXECUTORS
@@ -85,10 +92,11 @@ def server(
     db: Annotated[
         str | None,
         db_option(
-            "Database URL (default: SQLite under --home); TRAINHOUSE_DB keeps a password off the "
-            "command line, and jobs never see TRAINHOUSE_* variables"
+            "Database URL (default: SQLite under --home); --db-file or TRAINHOUSE_DB keep a "
+            "password off the command line, and jobs never see TRAINHOUSE_* variables"
         ),
     ] = None,
+    db_file: DbFile = None,
     home: Home = None,
     gpus: Annotated[
         str | None, typer.Option(help="GPUs to offer: a count or indices (0,1); 0 for none")
@@ -201,12 +209,16 @@ def server(
     log_level: Annotated[str, typer.Option(help="debug, info, warning")] = "info",
 ) -> None:
     """Run the trainhouse server in the foreground."""
+    from trainhouse._hardening import no_dump
     from trainhouse.server.settings import Settings, default_home
 
+    # first: the processes of this user (jobs) cannot read this one's environment or memory
+    no_dump()
     given: dict[str, Any] = {
         "host": host,
         "port": port,
         "db_url": db,
+        "db_file": db_file,
         "cpus": cpus,
         "gpus": gpus,
         "executor": executor,

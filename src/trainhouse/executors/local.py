@@ -12,6 +12,10 @@ torchrun starts every rank through
 torchrun puts each worker in a session of its own too, so a process group signal does not reach
 them; every process of an attempt therefore carries ``TRAINHOUSE_RUN_MARKER`` in its environment,
 and stopping an attempt signals every process that carries its marker. Nothing survives a stop.
+
+The supervisor is non-dumpable, so its environment cannot be read by the server's user (only by
+root): a re-adopted supervisor is recognised by its PID, start time and command line, which
+names the attempt's exit file.
 """
 
 from __future__ import annotations
@@ -36,8 +40,8 @@ from trainhouse.executors import torchrun
 from trainhouse.executors.base import Exit, Launch, ProcessInfo
 from trainhouse.executors.markers import find_marked, kill_marked, marked_pids, signal_all
 from trainhouse.executors.stopping import StopTimer
-from trainhouse.executors.supervise import read_record
-from trainhouse.layout import LAUNCHER, MARKER_ENV, AttemptLayout, JobLayout
+from trainhouse.executors.supervise import read_record, supervised
+from trainhouse.layout import LAUNCHER, AttemptLayout, JobLayout
 from trainhouse.lifecycle import StopReason
 
 log = logging.getLogger(__name__)
@@ -189,9 +193,10 @@ class LocalExecutor:
 
     def adopt(self, job_id: int, attempt: int, info: ProcessInfo) -> bool:
         """Take over an attempt a previous server started. A launcher that still runs (the
-        same PID, start time and the attempt's marker: a reused PID is never taken) is
-        watched; one that ended while no server watched it is reported by the next ``poll``
-        with the result it recorded. False when it is gone without a record."""
+        same PID and start time, and the command line of the attempt's supervisor: a reused
+        PID is never taken) is watched; one that ended while no server watched it is reported
+        by the next ``poll`` with the result it recorded. False when it is gone without a
+        record."""
         marker = self.marker(job_id, attempt)
         layout = JobLayout(self.home, job_id).attempt(attempt)
         exit_file = layout.launcher_exit
@@ -201,7 +206,7 @@ class LocalExecutor:
             if (
                 abs(candidate.create_time() - info.create_time) < 1.0
                 and candidate.status() != psutil.STATUS_ZOMBIE
-                and candidate.environ().get(MARKER_ENV) == marker
+                and supervised(candidate.cmdline()) == exit_file
             ):
                 proc = candidate
         if proc is None and read_record(exit_file) is None:

@@ -7,7 +7,9 @@ that signal), so a server that restarts while the attempt runs can re-adopt it a
 result once it ends: the attempt is no longer the new server's child, so its exit status cannot be
 waited for. SIGTERM and SIGINT are not forwarded: trainhouse signals the whole session, which
 already reaches the launcher, and a second signal would cut the launcher's own clean-up short.
-Imports the standard library only.
+
+It is non-dumpable: the attempt's processes, which run as the same user, cannot read its
+environment or memory. Imports the standard library only.
 """
 
 from __future__ import annotations
@@ -18,6 +20,10 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+from trainhouse import _hardening
+
+MODULE = "trainhouse.executors.supervise"
 
 
 def record(path: Path, code: int) -> None:
@@ -39,14 +45,20 @@ def read_record(path: Path) -> tuple[int, float | None] | None:
         return None
 
 
+def supervised(cmdline: list[str]) -> Path | None:
+    """The exit file of a supervisor's command line, as ``/proc/<pid>/cmdline`` shows it to
+    anyone; None if it is not a supervisor's."""
+    if len(cmdline) < 4 or cmdline[1:3] != ["-m", MODULE]:
+        return None
+    return Path(cmdline[3])
+
+
 def main(argv: list[str]) -> int:
     if len(argv) < 2:
-        print(
-            "usage: python -m trainhouse.executors.supervise EXIT_FILE COMMAND [ARGS...]",
-            file=sys.stderr,
-        )
+        print(f"usage: python -m {MODULE} EXIT_FILE COMMAND [ARGS...]", file=sys.stderr)
         return 2
     exit_file = Path(argv[0])
+    _hardening.no_dump()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda _signum, _frame: None)
     try:

@@ -8,10 +8,11 @@ refuses; tests and embedders build one directly.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal, get_args
 
+from trainhouse._hardening import read_private_file
 from trainhouse.executors import registry
 from trainhouse.scheduler.failures import DEFAULT_MAX_INFRA_RESTARTS
 from trainhouse.scheduler.fairshare import DEFAULT_HALF_LIFE
@@ -31,6 +32,9 @@ def default_home() -> Path:
 class Settings:
     home: Path
     db_url: str | None = None
+    # a file holding the database URL (mode 0600 or stricter; "-": standard input), read once
+    # on first use instead of db_url, so the password is in no command line or environment
+    db_file: str | None = None
     host: str = "127.0.0.1"
     port: int = DEFAULT_PORT
     cpus: int | None = None
@@ -62,6 +66,7 @@ class Settings:
     job_visibility: Visibility = "own"
     auth_failures: int = 10  # failed token uses per client address and window before 429
     auth_window: float = 60.0  # seconds
+    _db_file_url: str | None = field(default=None, init=False, repr=False, compare=False)
 
     @property
     def auth_enabled(self) -> bool:
@@ -75,6 +80,12 @@ class Settings:
         """Raise ValueError, naming the option and the value, for settings the server cannot
         run with: the executor's own checks (:mod:`trainhouse.executors.registry`), auth, and
         every number's range."""
+        if self.db_url and self.db_file:
+            raise ValueError(
+                "give the database as --db (TRAINHOUSE_DB) or --db-file (TRAINHOUSE_DB_FILE), "
+                "not both"
+            )
+        self.database_url  # noqa: B018 - reads --db-file now, refusing a file others can read
         if self.job_visibility not in VISIBILITIES:
             raise ValueError(
                 f"--job-visibility must be own, list or all; got {self.job_visibility!r}"
@@ -112,7 +123,15 @@ class Settings:
 
     @property
     def database_url(self) -> str:
-        return self.db_url or f"sqlite:///{self.home / 'trainhouse.db'}"
+        """``db_url``; else the URL in ``db_file`` (read on first use, then kept; ValueError
+        if the file cannot be read or others may read it); else SQLite under ``home``."""
+        if self.db_url:
+            return self.db_url
+        if self.db_file is not None:
+            if self._db_file_url is None:
+                self._db_file_url = read_private_file(self.db_file, "--db-file")
+            return self._db_file_url
+        return f"sqlite:///{self.home / 'trainhouse.db'}"
 
     @property
     def url(self) -> str:

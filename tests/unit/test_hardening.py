@@ -1,0 +1,153 @@
+"""The server's and the supervisors' hardening: non-dumpable processes, the database URL from a
+private file."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from tests.support.processes import unprivileged
+from trainhouse import _hardening
+from trainhouse.cli.app import app
+from trainhouse.executors import torchrun
+from trainhouse.executors.supervise import supervised
+from trainhouse.server.settings import Settings
+
+
+def run_python(code: str, *, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+# -- non-dumpable, and secrets from a file ---------------------------------------------------
+def test_no_dump_makes_the_process_non_dumpable() -> None:
+    result = run_python(
+        """
+        from trainhouse import _hardening
+        print(_hardening.is_dumpable(), _hardening.no_dump(), _hardening.is_dumpable())
+        """
+    )
+    assert result.stdout.split() == ["True", "True", "False"], result.stderr
+
+
+def secret_file(tmp_path: Path, text: str, mode: int) -> Path:
+    path = tmp_path / f"secret-{mode:o}"
+    path.write_text(text)
+    path.chmod(mode)
+    return path
+
+
+def test_a_private_file_is_read_stripped(tmp_path: Path) -> None:
+    path = secret_file(tmp_path, "  postgresql://u:pw@h/db\n", 0o600)
+    assert _hardening.read_private_file(str(path)) == "postgresql://u:pw@h/db"
+    assert _hardening.read_private_file(str(secret_file(tmp_path, "x", 0o400))) == "x"
+
+
+@pytest.mark.parametrize("mode", [0o644, 0o640, 0o604, 0o620, 0o602])
+def test_a_file_others_may_read_or_change_is_refused(tmp_path: Path, mode: int) -> None:
+    path = secret_file(tmp_path, "postgresql://u:pw@h/db", mode)
+    with pytest.raises(ValueError, match=rf"mode {mode:04o}.*chmod 600 {path}"):
+        _hardening.read_private_file(str(path), "--db-file")
+
+
+@pytest.mark.parametrize(
+    ("text", "why"),
+    [("", "is empty"), (" \n", "is empty"), ("a\nb\n", "more than one line")],
+)
+def test_an_empty_or_ambiguous_file_is_refused(tmp_path: Path, text: str, why: str) -> None:
+    with pytest.raises(ValueError, match=why):
+        _hardening.read_private_file(str(secret_file(tmp_path, text, 0o600)))
+
+
+def test_a_missing_file_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match=r"cannot read --db-file .*No such file"):
+        _hardening.read_private_file(str(tmp_path / "nothing"), "--db-file")
+
+
+def test_standard_input_is_read_once_and_then_closed_off() -> None:
+    result = run_python(
+        """
+        import os
+        from trainhouse import _hardening
+        print(_hardening.read_private_file("-"))
+        print(os.readlink("/proc/self/fd/0"))
+        """,
+        stdin="sqlite:///from-stdin.db\n",
+    )
+    assert result.stdout.splitlines() == ["sqlite:///from-stdin.db", "/dev/null"], result.stderr
+
+
+def test_settings_take_the_database_url_from_a_file(tmp_path: Path) -> None:
+    path = secret_file(tmp_path, "sqlite:///elsewhere.db\n", 0o600)
+    settings = Settings(home=tmp_path, db_file=str(path))
+    settings.validate()
+    assert settings.database_url == "sqlite:///elsewhere.db"
+    assert "elsewhere" not in repr(settings)  # read, and never shown
+    path.unlink()
+    assert settings.database_url == "sqlite:///elsewhere.db"  # read once
+    with pytest.raises(ValueError, match=r"--db .* or --db-file .*not both"):
+        Settings(home=tmp_path, db_url="sqlite:///a.db", db_file=str(path)).validate()
+    lax = secret_file(tmp_path, "sqlite:///x.db", 0o644)
+    with pytest.raises(ValueError, match="mode 0644"):
+        Settings(home=tmp_path, db_file=str(lax)).validate()
+
+
+def test_the_cli_takes_db_file_and_refuses_one_others_may_read(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'from-file.db'}"
+    private = secret_file(tmp_path, url, 0o600)
+    result = CliRunner().invoke(app, ["db", "current", "--db-file", str(private), "--json"])
+    assert result.exit_code == 0, result.output
+    assert "from-file.db" in result.stdout
+    result = CliRunner().invoke(
+        app, ["db", "current", "--json"], env={"TRAINHOUSE_DB_FILE": str(private)}
+    )
+    assert result.exit_code == 0 and "from-file.db" in result.stdout, result.output
+    lax = secret_file(tmp_path, url, 0o644)
+    for argv in (
+        ["db", "upgrade", "--db-file", str(lax)],
+        ["admin", "init", "--home", str(tmp_path), "--db-file", str(lax)],
+        ["server", "--home", str(tmp_path), "--db-file", str(lax)],
+    ):
+        result = CliRunner().invoke(app, argv)
+        assert result.exit_code == 2, (argv, result.output)
+        assert "mode 0644" in result.output and "chmod 600" in result.output, result.output
+    result = CliRunner().invoke(
+        app, ["db", "current", "--db", url, "--db-file", str(private)], env={"COLUMNS": "200"}
+    )
+    assert result.exit_code == 2 and "not both" in result.output, result.output
+
+
+# -- the supervisor --------------------------------------------------------------------------
+def test_the_supervisors_command_line_names_its_exit_file() -> None:
+    exit_file = Path("/h/jobs/1/attempts/2/exit-launcher")
+    assert supervised(torchrun.command(exit_file, ["python", "t.py"], procs=1)) == exit_file
+    assert supervised([sys.executable, "-m", "torch.distributed.run", "x"]) is None
+    assert supervised([]) is None
+
+
+def test_the_supervisor_is_not_dumpable(tmp_path: Path) -> None:
+    """A process of the supervisor's user (its launcher here) cannot read its environment."""
+    peek = "import os; print(os.getppid()); print(open(f'/proc/{os.getppid()}/environ').read())"
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "trainhouse.executors.supervise",
+            str(tmp_path / "exit-launcher"),
+            *unprivileged([sys.executable, "-c", peek]),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 1 and "PermissionError" in result.stderr, result.stdout
