@@ -10,7 +10,10 @@ kernel then refuses those files, ``ptrace`` and core dumps to every process with
 ``status`` stay world-readable, so no secret may ever be put in an argv. The flag is reset by
 ``execve``: the programs the process starts are dumpable again unless they call it themselves.
 
-:func:`read_private_file` reads a secret from a file only its owner can read (``--db-file``).
+:func:`child_subreaper` makes orphans of the caller's descendants its children instead of
+init's (``PR_SET_CHILD_SUBREAPER``), so a supervisor finds the processes that left its
+session. :func:`read_private_file` reads a secret from a file only its owner can read
+(``--db-file``).
 """
 
 from __future__ import annotations
@@ -19,13 +22,14 @@ import os
 import stat
 import sys
 
-__all__ = ["STDIN", "is_dumpable", "no_dump", "read_private_file"]
+__all__ = ["STDIN", "child_subreaper", "is_dumpable", "no_dump", "read_private_file"]
 
 STDIN = "-"  # read_private_file's name for standard input
 MAX_SECRET_BYTES = 64 << 10
 
 _PR_GET_DUMPABLE = 3
 _PR_SET_DUMPABLE = 4
+_PR_SET_CHILD_SUBREAPER = 36
 
 
 def _prctl(option: int, arg: int) -> int | None:
@@ -52,6 +56,11 @@ def is_dumpable() -> bool | None:
     """Whether this process is dumpable (None where it cannot be told)."""
     result = _prctl(_PR_GET_DUMPABLE, 0)
     return None if result is None else result != 0
+
+
+def child_subreaper() -> bool:
+    """Make this process the reaper of its orphaned descendants. True when the kernel agreed."""
+    return _prctl(_PR_SET_CHILD_SUBREAPER, 1) == 0
 
 
 def read_private_file(name: str, what: str = "the file") -> str:

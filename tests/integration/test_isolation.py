@@ -1,19 +1,24 @@
 """What a job cannot reach although it runs as the server's user: the database's secret in the
-server's environment, memory or command line.
+server's environment, memory or command line; processes that escape its end.
 
 The servers here run as an ordinary user's process (:func:`tests.support.processes.unprivileged`:
 no capabilities), so what the kernel refuses them and their jobs is what it refuses a production
-server's.
+server's, and in a cgroup of the test's own: one its user owns (systemd's ``Delegate=yes``), or
+one it may not write to, where it must do without a cgroup per attempt.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import signal
 import subprocess
 import sys
+import time
+import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
@@ -22,6 +27,7 @@ import pytest
 from tests.support.jobs import LONG_SCRIPT, write_job
 from tests.support.processes import effective_caps, marked_processes, unprivileged
 from tests.support.servers import UnprivilegedServer, assert_clean_stop, db_upgrade, free_port
+from trainhouse.executors import cgroups
 
 pytestmark = pytest.mark.integration
 
@@ -55,18 +61,75 @@ with open(os.environ["REPORT"], "w") as fh:
     json.dump(seen, fh)
 """
 
+# rank 0 leaves a process behind that no scan for the marker finds: a grandchild in a session
+# of its own, re-executed with the marker scrubbed from its environment, deaf to SIGTERM; it
+# writes its PID to $ESCAPE_PIDFILE. The script itself never stops by itself.
+ESCAPING_SCRIPT = """
+import os, sys, time
+
+ESCAPEE = '''
+import os, signal, sys, time
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+with open(sys.argv[1] + ".tmp", "w") as fh:
+    fh.write(str(os.getpid()))
+os.replace(sys.argv[1] + ".tmp", sys.argv[1])
+time.sleep(3600)
+'''
+
+if os.fork() == 0:
+    os.setsid()
+    if os.fork() == 0:
+        env = {k: v for k, v in os.environ.items() if k != "TRAINHOUSE_RUN_MARKER"}
+        argv = [sys.executable, "-c", ESCAPEE, os.environ["ESCAPE_PIDFILE"]]
+        os.execve(sys.executable, argv, env)
+    os._exit(0)
+os.wait()
+
+import trainhouse
+
+with trainhouse.init() as run:
+    step = 0
+    while True:
+        run.log({"loss": 1.0 / (step + 1)}, step=step)
+        step += 1
+        time.sleep(0.05)
+"""
+
+ROOT = os.geteuid() == 0
+CGROUPS_HERE, CGROUPS_WHY = cgroups.attempt_root()  # where the test may make cgroups
+
+
+@pytest.fixture(params=[True, False], ids=["cgroup", "no-cgroup"])
+def server_cgroup(request: pytest.FixtureRequest) -> Iterator[tuple[Path, bool]]:
+    """A cgroup for a test's servers, and whether they may make cgroups in it: owned by the
+    servers' user (cgroups per attempt), or by another user (none)."""
+    if not ROOT or CGROUPS_HERE is None:
+        pytest.skip(f"the test cannot make cgroups here: {CGROUPS_WHY}")
+    path = CGROUPS_HERE / f"trainhouse-test-{uuid.uuid4().hex[:12]}"
+    path.mkdir()
+    writable: bool = request.param
+    if not writable:
+        for entry in [path, *path.iterdir()]:
+            os.chown(entry, NOBODY, NOBODY)
+    try:
+        yield path, writable
+    finally:
+        cgroups.kill(path)
+        assert cgroups.remove(path), f"cannot remove the test's cgroup {path}"
+
 
 def unprivileged_server(
     home: Path,
     *args: str,
     env: dict[str, str] | None = None,
     stdin: Path | None = None,
+    cgroup: Path | None = None,
     port: int | None = None,
 ) -> UnprivilegedServer:
     """A started :class:`UnprivilegedServer` offering 2 CPU cores (checked to have no
     capability)."""
     server = UnprivilegedServer(
-        home, port or free_port(), "--cpus", "2", *args, env=env, stdin=stdin
+        home, port or free_port(), "--cpus", "2", *args, env=env, stdin=stdin, cgroup=cgroup
     )
     server.start(timeout=60)
     assert server.proc is not None
@@ -82,6 +145,12 @@ def supervisor_of(job_id: int) -> psutil.Process:
             ) == str(job_id):
                 return proc
     raise AssertionError(f"no supervisor for job {job_id}")
+
+
+def attempt_cgroup(home: Path, job_id: int, attempt: int = 1) -> str:
+    """The name of an attempt's cgroup (LocalExecutor.cgroup)."""
+    home_id = hashlib.sha256(str(home.resolve()).encode()).hexdigest()[:12]
+    return f"{cgroups.PREFIX}{home_id}-{job_id}-{attempt}"
 
 
 def read_as_server(path: str) -> str:
@@ -156,12 +225,74 @@ def test_a_job_finds_no_database_secret_in_its_parents(
         assert_clean_stop(server)
 
 
-# -- re-adoption ------------------------------------------------------------------------------
-def test_an_unprivileged_server_readopts_and_cancels_its_jobs(tmp_path: Path) -> None:
+# -- processes that escape -------------------------------------------------------------------
+def test_a_process_that_escapes_its_session_and_marker_dies_with_its_job(
+    tmp_path: Path, server_cgroup: tuple[Path, bool]
+) -> None:
+    """A rank leaves a daemon that is in no scan for the marker and in no process group of the
+    attempt: it is counted as the job's while it runs, and gone once the job is canceled."""
+    cgroup, per_attempt = server_cgroup
+    pidfile = tmp_path / "escapee.pid"
+    home = tmp_path / "home"
+    server = unprivileged_server(
+        home, "--cancel-grace", "1", "--monitor-interval", "0.3", cgroup=cgroup
+    )
+    escapee: tuple[int, float] | None = None
+    try:
+        spec = write_job(
+            tmp_path,
+            ESCAPING_SCRIPT,
+            f"""
+            name: escaping
+            entrypoint: python train.py
+            env: {{ESCAPE_PIDFILE: "{pidfile}"}}
+            """,
+        )
+        job = server.cli_json("submit", str(spec), "--detach")
+        server.wait_step(job["id"], 3)
+        pid = int(pidfile.read_text())
+        proc = psutil.Process(pid)
+        escapee = (pid, proc.create_time())
+        supervisor = supervisor_of(job["id"])
+        assert "TRAINHOUSE_RUN_MARKER" not in proc.environ()
+        assert os.getsid(pid) != os.getsid(supervisor.pid)
+        in_cgroup = (cgroups.own_cgroup(pid) or "").rpartition("/")[2]
+        assert (in_cgroup == attempt_cgroup(home, job["id"])) == per_attempt, in_cgroup
+
+        # counted as the job's: one process more than those carrying the marker
+        marked = len(marked_processes())
+        deadline = time.monotonic() + 30
+        while True:
+            counted = [j.get("processes") or 0 for j in server.cli_json("top")["jobs"]]
+            if counted and counted[0] >= marked + 1:
+                break
+            assert time.monotonic() < deadline, (
+                f"the escaped process is not counted as the job's: {counted}, {marked} marked"
+            )
+            time.sleep(0.3)
+
+        result = server.cli("cancel", str(job["id"]))
+        assert result.returncode == 0 and "CANCELED" in result.stdout, result.stdout
+        deadline = time.monotonic() + 10
+        while alive(*escapee):
+            assert time.monotonic() < deadline, f"the escaped process {pid} outlived its job"
+            time.sleep(0.1)
+        assert not marked_processes()
+        assert not (cgroup / attempt_cgroup(home, job["id"])).exists()
+    finally:
+        if escapee is not None and alive(*escapee):  # leave nothing behind when it fails
+            os.kill(escapee[0], signal.SIGKILL)
+        assert_clean_stop(server)
+
+
+def test_an_unprivileged_server_readopts_and_cancels_its_jobs(
+    tmp_path: Path, server_cgroup: tuple[Path, bool]
+) -> None:
     """The supervisors are non-dumpable: a server that cannot read their environment still
     re-adopts them after a crash (by PID, start time and command line) and stops them."""
+    cgroup, per_attempt = server_cgroup
     home = tmp_path / "home"
-    server = unprivileged_server(home, "--cancel-grace", "1")
+    server = unprivileged_server(home, "--cancel-grace", "1", cgroup=cgroup)
     spec = write_job(tmp_path, LONG_SCRIPT, "name: adoptee\nentrypoint: python train.py\n")
     try:
         job = server.cli_json("submit", str(spec), "--detach")
@@ -169,13 +300,14 @@ def test_an_unprivileged_server_readopts_and_cancels_its_jobs(tmp_path: Path) ->
         supervisor = supervisor_of(job["id"])
         # what the server's user cannot read: it knows the supervisor by its command line
         assert read_as_server(f"/proc/{supervisor.pid}/environ") == "<PermissionError>"
+        assert ("--cgroup" in supervisor.cmdline()) == per_attempt
         assert server.proc is not None
         server.proc.send_signal(signal.SIGKILL)
         server.proc.wait()
     except BaseException:
         server.stop()  # it leaves no process behind when the test fails
         raise
-    server = unprivileged_server(home, "--cancel-grace", "1", port=server.port)
+    server = unprivileged_server(home, "--cancel-grace", "1", cgroup=cgroup, port=server.port)
     try:
         at = server.cli_json("show", str(job["id"]))["last_step"] or 0
         server.wait_step(job["id"], at + 5)  # the same attempt trains on
@@ -186,5 +318,6 @@ def test_an_unprivileged_server_readopts_and_cancels_its_jobs(tmp_path: Path) ->
         assert result.returncode == 0 and "CANCELED" in result.stdout, result.stdout
         assert not alive(supervisor.pid, supervisor.create_time())
         assert not marked_processes()
+        assert not (cgroup / attempt_cgroup(home, job["id"])).exists()
     finally:
         assert_clean_stop(server)

@@ -1,21 +1,28 @@
 """The server's and the supervisors' hardening: non-dumpable processes, the database URL from a
-private file."""
+private file, a supervisor that leaves nothing behind."""
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
 import subprocess
 import sys
 import textwrap
+import threading
+import time
+import uuid
 from pathlib import Path
 
+import psutil
 import pytest
 from typer.testing import CliRunner
 
 from tests.support.processes import unprivileged
 from trainhouse import _hardening
 from trainhouse.cli.app import app
-from trainhouse.executors import torchrun
-from trainhouse.executors.supervise import supervised
+from trainhouse.executors import cgroups, torchrun
+from trainhouse.executors.supervise import read_record, supervised
 from trainhouse.server.settings import Settings
 
 
@@ -128,9 +135,103 @@ def test_the_cli_takes_db_file_and_refuses_one_others_may_read(tmp_path: Path) -
 
 
 # -- the supervisor --------------------------------------------------------------------------
-def test_the_supervisors_command_line_names_its_exit_file() -> None:
+# the launcher leaves a grandchild in a session of its own, with no marker, deaf to SIGTERM
+ESCAPING_LAUNCHER = """
+import os, signal, sys, time
+if os.fork() == 0:
+    os.setsid()
+    if os.fork() == 0:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        with open(sys.argv[1] + ".tmp", "w") as fh:
+            fh.write(str(os.getpid()))
+        os.replace(sys.argv[1] + ".tmp", sys.argv[1])
+        time.sleep(3600)
+    os._exit(0)
+os.wait()
+while not os.path.exists(sys.argv[1]):
+    time.sleep(0.01)
+time.sleep(0.5)  # the test looks at the escapee meanwhile
+sys.exit(3)
+"""
+
+
+def supervise(tmp_path: Path, *extra: str) -> tuple[int, int, float]:
+    """Run the escaping launcher under the supervisor: its exit code and the escapee's PID and
+    start time (read while it ran)."""
+    pidfile = tmp_path / "escapee.pid"
+    exit_file = tmp_path / "exit-launcher"
+    cmd = [sys.executable, "-c", ESCAPING_LAUNCHER, str(pidfile)]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "trainhouse.executors.supervise", *extra, str(exit_file), *cmd]
+    )
+    deadline = time.monotonic() + 30
+    while not pidfile.exists():
+        assert time.monotonic() < deadline, "the escapee never started"
+        time.sleep(0.01)
+    pid = int(pidfile.read_text())
+    created = psutil.Process(pid).create_time()
+    try:
+        code = proc.wait(timeout=60)
+    finally:
+        with contextlib.suppress(OSError):
+            if alive(pid, created):
+                os.kill(pid, signal.SIGKILL)  # leave nothing behind when the test fails
+    recorded = read_record(exit_file)
+    assert recorded is not None and recorded[0] == 3 and code == 3
+    return code, pid, created
+
+
+def alive(pid: int, created: float) -> bool:
+    with contextlib.suppress(psutil.Error):
+        proc = psutil.Process(pid)
+        return proc.create_time() == created and proc.status() != psutil.STATUS_ZOMBIE
+    return False
+
+
+def test_the_supervisor_kills_what_escaped_its_session_on_its_way_out(tmp_path: Path) -> None:
+    _code, pid, created = supervise(tmp_path)
+    assert not alive(pid, created), "the escaped grandchild outlived its supervisor"
+
+
+CGROUP_ROOT, CGROUP_WHY = cgroups.attempt_root()
+
+
+@pytest.mark.skipif(CGROUP_ROOT is None, reason=f"no cgroups here: {CGROUP_WHY}")
+def test_the_supervisor_runs_the_launcher_in_a_cgroup_and_removes_it(tmp_path: Path) -> None:
+    assert CGROUP_ROOT is not None
+    cgroup = CGROUP_ROOT / f"{cgroups.PREFIX}unit-{uuid.uuid4().hex[:12]}"
+    seen: list[str] = []
+
+    def watch() -> None:  # the escapee's cgroup while it runs
+        pidfile = tmp_path / "escapee.pid"
+        while not pidfile.exists():
+            time.sleep(0.005)
+        seen.append(cgroups.own_cgroup(int(pidfile.read_text())) or "")
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        _code, pid, created = supervise(tmp_path, "--cgroup", str(cgroup))
+    finally:
+        watcher.join(timeout=30)
+        cgroups.kill(cgroup)
+        cgroups.remove(cgroup)
+    assert seen and seen[0].endswith("/" + cgroup.name), seen
+    assert not alive(pid, created)
+    assert not cgroup.exists(), "the supervisor should remove the attempt's cgroup"
+
+
+def test_a_cgroup_the_supervisor_cannot_make_is_done_without(tmp_path: Path) -> None:
+    _code, pid, created = supervise(tmp_path, "--cgroup", str(tmp_path / "no" / "such"))
+    assert not alive(pid, created)
+
+
+def test_the_supervisors_command_line_names_its_exit_file_and_cgroup() -> None:
     exit_file = Path("/h/jobs/1/attempts/2/exit-launcher")
-    assert supervised(torchrun.command(exit_file, ["python", "t.py"], procs=1)) == exit_file
+    plain = torchrun.command(exit_file, ["python", "t.py"], procs=1)
+    assert supervised(plain) == (exit_file, None)
+    grouped = torchrun.command(exit_file, ["t"], procs=1, cgroup=Path("/sys/fs/cgroup/th-1"))
+    assert supervised(grouped) == (exit_file, Path("/sys/fs/cgroup/th-1"))
     assert supervised([sys.executable, "-m", "torch.distributed.run", "x"]) is None
     assert supervised([]) is None
 

@@ -20,7 +20,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from tests.support.fakes import FakeExecutor
 from tests.support.records import new_job as make_job
 from trainhouse.cluster import Node
-from trainhouse.executors.local import LocalExecutor, marked_pids
+from trainhouse.executors.local import LocalExecutor
+from trainhouse.executors.markers import marked_pids
 from trainhouse.monitoring import names
 from trainhouse.monitoring.sampler import Nvml, Sampler
 from trainhouse.monitoring.telemetry import Telemetry
