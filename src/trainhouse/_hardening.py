@@ -1,5 +1,5 @@
-"""What the server and the attempts' supervisors do to keep their secrets to themselves (standard
-library only; Linux, a no-op elsewhere).
+"""What the server and the attempts' supervisors do to keep their secrets and state to themselves
+(standard library only; Linux, a no-op elsewhere).
 
 Jobs run as the server's OS user, and the kernel lets a process read the ``/proc/<pid>/environ``
 and ``mem`` of every *dumpable* process of its own user: a training script could read the
@@ -12,8 +12,8 @@ kernel then refuses those files, ``ptrace`` and core dumps to every process with
 
 :func:`child_subreaper` makes orphans of the caller's descendants its children instead of
 init's (``PR_SET_CHILD_SUBREAPER``), so a supervisor finds the processes that left its
-session. :func:`read_private_file` reads a secret from a file only its owner can read
-(``--db-file``).
+session. :data:`PRIVATE_UMASK` is the umask of the server and its jobs, and
+:func:`read_private_file` reads a secret from a file only its owner can read (``--db-file``).
 """
 
 from __future__ import annotations
@@ -21,9 +21,22 @@ from __future__ import annotations
 import os
 import stat
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
 
-__all__ = ["STDIN", "child_subreaper", "is_dumpable", "no_dump", "read_private_file"]
+__all__ = [
+    "PRIVATE_UMASK",
+    "STDIN",
+    "child_subreaper",
+    "is_dumpable",
+    "no_dump",
+    "private_umask",
+    "read_private_file",
+    "umask",
+]
 
+PRIVATE_UMASK = 0o077  # files 0600, directories 0700
 STDIN = "-"  # read_private_file's name for standard input
 MAX_SECRET_BYTES = 64 << 10
 
@@ -61,6 +74,31 @@ def is_dumpable() -> bool | None:
 def child_subreaper() -> bool:
     """Make this process the reaper of its orphaned descendants. True when the kernel agreed."""
     return _prctl(_PR_SET_CHILD_SUBREAPER, 1) == 0
+
+
+def umask() -> int:
+    """This process's umask (read from ``/proc/self/status`` where it can be, so that no
+    other thread ever sees it changed)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    current = os.umask(PRIVATE_UMASK)
+    os.umask(current)
+    return current
+
+
+@contextmanager
+def private_umask() -> Iterator[None]:
+    """:data:`PRIVATE_UMASK` while the block runs (what it creates is its user's alone), the
+    umask before it afterwards (for commands that run inside another program, tests)."""
+    before = os.umask(PRIVATE_UMASK)
+    try:
+        yield
+    finally:
+        os.umask(before)
 
 
 def read_private_file(name: str, what: str = "the file") -> str:

@@ -63,7 +63,7 @@ class ServerProcess:
         return subprocess.DEVNULL
 
     def start(self, *, timeout: float = 120) -> Self:
-        self.home.mkdir(parents=True, exist_ok=True)
+        self.home.mkdir(parents=True, exist_ok=True, mode=0o700)  # as the server makes it
         with self.log.open("ab") as fh:
             self.proc = subprocess.Popen(
                 self.command(),

@@ -1,5 +1,6 @@
 """What a job cannot reach although it runs as the server's user: the database's secret in the
-server's environment, memory or command line; processes that escape its end.
+server's environment, memory or command line; processes that escape its end; the server's state
+through other users' eyes.
 
 The servers here run as an ordinary user's process (:func:`tests.support.processes.unprivileged`:
 no capabilities), so what the kernel refuses them and their jobs is what it refuses a production
@@ -14,6 +15,7 @@ import hashlib
 import json
 import os
 import signal
+import stat
 import subprocess
 import sys
 import time
@@ -24,9 +26,15 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.support.jobs import LONG_SCRIPT, write_job
+from tests.support.jobs import LONG_SCRIPT, RESUMABLE, write_job
 from tests.support.processes import effective_caps, marked_processes, unprivileged
-from tests.support.servers import UnprivilegedServer, assert_clean_stop, db_upgrade, free_port
+from tests.support.servers import (
+    UnprivilegedServer,
+    assert_clean_stop,
+    db_upgrade,
+    free_port,
+    start_server,
+)
 from trainhouse.executors import cgroups
 
 pytestmark = pytest.mark.integration
@@ -321,3 +329,34 @@ def test_an_unprivileged_server_readopts_and_cancels_its_jobs(
         assert not (cgroup / attempt_cgroup(home, job["id"])).exists()
     finally:
         assert_clean_stop(server)
+
+
+# -- the server's state ----------------------------------------------------------------------
+def _tree(root: Path) -> Iterator[Path]:
+    yield root
+    for dirpath, dirs, files in os.walk(root):
+        for name in [*dirs, *files]:
+            yield Path(dirpath) / name
+
+
+def test_a_fresh_home_is_private_to_the_servers_user(tmp_path: Path) -> None:
+    """After a job ran (code unpacked, logs, checkpoints, exit records, the SQLite database),
+    nothing in HOME is open to the server user's group or to other users."""
+    home = tmp_path / "home"
+    server = start_server(home, "--cpus", "2")
+    try:
+        spec = write_job(tmp_path, RESUMABLE, "name: private\nentrypoint: python train.py\n")
+        job = server.cli_json("submit", str(spec), "--detach", "--set", "hparams.steps=6")
+        final = server.wait(job["id"], {"COMPLETED", "FAILED"})
+        assert final["state"] == "COMPLETED", final
+    finally:
+        assert_clean_stop(server)
+    modes = {
+        str(path.relative_to(tmp_path)): stat.S_IMODE(path.lstat().st_mode) for path in _tree(home)
+    }
+    for expected in ("home/trainhouse.db", "home/blobs", "home/jobs/1/logs/rank-0.log"):
+        assert expected in modes, sorted(modes)
+    assert any("/checkpoints/" in p for p in modes), sorted(modes)
+    assert any("/workdir/train.py" in p for p in modes), sorted(modes)
+    shared = {path: f"{mode:04o}" for path, mode in modes.items() if mode & 0o077}
+    assert not shared, f"readable or writable by group or others: {shared}"

@@ -1,11 +1,12 @@
 """The server's and the supervisors' hardening: non-dumpable processes, the database URL from a
-private file, a supervisor that leaves nothing behind."""
+private file, a supervisor that leaves nothing behind, state private to its user."""
 
 from __future__ import annotations
 
 import contextlib
 import os
 import signal
+import stat
 import subprocess
 import sys
 import textwrap
@@ -252,3 +253,48 @@ def test_the_supervisor_is_not_dumpable(tmp_path: Path) -> None:
         timeout=60,
     )
     assert result.returncode == 1 and "PermissionError" in result.stderr, result.stdout
+
+
+# -- private state ---------------------------------------------------------------------------
+def test_the_umask_is_read_without_changing_it() -> None:
+    before = os.umask(0o027)
+    try:
+        assert _hardening.umask() == 0o027
+        with _hardening.private_umask():
+            assert _hardening.umask() == 0o077
+        assert _hardening.umask() == 0o027
+    finally:
+        os.umask(before)
+
+
+def test_a_new_sqlite_database_is_private_whatever_the_umask(tmp_path: Path) -> None:
+    from trainhouse.store import Store
+
+    before = os.umask(0o022)
+    try:
+        Store(f"sqlite:///{tmp_path / 'trainhouse.db'}", migrate="auto").close()
+    finally:
+        os.umask(before)
+    for name in ("trainhouse.db", "trainhouse.db-wal", "trainhouse.db-shm"):
+        path = tmp_path / name
+        if path.exists():
+            assert stat.S_IMODE(path.stat().st_mode) == 0o600, name
+
+
+def test_unpacked_code_gets_no_bit_the_umask_takes_away(tmp_path: Path) -> None:
+    from trainhouse.workdir import extract, pack
+
+    src = tmp_path / "src"
+    (src / "pkg").mkdir(parents=True)
+    (src / "run.sh").write_text("#!/bin/sh\n")
+    (src / "run.sh").chmod(0o755)
+    (src / "pkg" / "model.py").write_text("x = 1\n")
+    archive = tmp_path / "w.tar.gz"
+    archive.write_bytes(pack(src).data)
+    with _hardening.private_umask():
+        extract(archive, tmp_path / "out")
+    modes = {
+        str(p.relative_to(tmp_path / "out")): stat.S_IMODE(p.stat().st_mode)
+        for p in (tmp_path / "out").rglob("*")
+    }
+    assert modes == {"run.sh": 0o700, "pkg": 0o700, "pkg/model.py": 0o600}

@@ -87,6 +87,7 @@ def admin_init(
 ) -> None:
     """Make the first admin and their token, on the server's machine (no token needed)."""
     from trainhouse._credentials import save_token
+    from trainhouse._hardening import private_umask
     from trainhouse.cli.db import database_url
     from trainhouse.client import default_url
     from trainhouse.server.settings import default_home
@@ -94,8 +95,10 @@ def admin_init(
     from trainhouse.tokens import issue
 
     url_of_db = database_url(db, home, db_file)  # this process is non-dumpable from here on
-    with errors():
-        (home or default_home()).expanduser().resolve().mkdir(parents=True, exist_ok=True)
+    with errors(), private_umask():  # a new home and SQLite database: this user's alone
+        (home or default_home()).expanduser().resolve().mkdir(
+            parents=True, exist_ok=True, mode=0o700
+        )
         store = Store(url_of_db, migrate="auto")  # PostgreSQL: db upgrade first
         try:
             accounts = store.accounts

@@ -6,7 +6,8 @@ and a server refuses to start on a schema older or newer than its own.
 
 These commands open the database directly; the store and the server's settings load when one
 runs, not when the CLI starts. Like the server, they are non-dumpable (other processes of their
-user cannot read their environment or memory).
+user cannot read their environment or memory) and create a SQLite database readable by their
+user only.
 """
 
 from __future__ import annotations
@@ -90,10 +91,12 @@ def head_revision(store: Store) -> str:
 @app.command("upgrade")
 def upgrade_cmd(db_url: DbOpt = None, db_file: DbFile = None, home: Home = None) -> None:
     """Apply the migrations the database lacks, up to this trainhouse's schema."""
+    from trainhouse._hardening import private_umask
+
     store = open_store(database_url(db_url, home, db_file))
     path = sqlite_file(store)
     if path is not None:
-        path.parent.mkdir(parents=True, exist_ok=True)  # as the server creates its home
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)  # as the server does
     try:
         before = store.schema_status()
         if before.up_to_date:
@@ -103,7 +106,8 @@ def upgrade_cmd(db_url: DbOpt = None, db_file: DbFile = None, home: Home = None)
                 soft_wrap=True,
             )
             return
-        store.upgrade()
+        with private_umask():  # a new SQLite file: its user's alone
+            store.upgrade()
         after = store.schema_status()
     except StoreError as exc:
         render.fail(str(exc))

@@ -56,23 +56,37 @@ def check_database(settings: Settings) -> None:
     other database must already be (an operator runs ``trainhouse db upgrade``)."""
     from trainhouse.store.store import Store
 
-    settings.home.mkdir(parents=True, exist_ok=True)
+    settings.home.mkdir(parents=True, exist_ok=True, mode=0o700)
     Store(settings.database_url, migrate="auto").close()
 
 
 def serve(settings: Settings, *, log_level: str = "info") -> None:
+    """Run the server in this process, which it then is: from here on everything it (and the
+    jobs it starts) creates is private to its user (umask 077)."""
     import logging
+    import os
+    import stat
 
     import uvicorn
 
+    from trainhouse._hardening import PRIVATE_UMASK
     from trainhouse.server import create_app
 
+    os.umask(PRIVATE_UMASK)
     logging.basicConfig(
         level=getattr(logging, log_level.upper(), logging.INFO),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     logging.getLogger("alembic").setLevel(logging.WARNING)
     check_database(settings)
+    mode = stat.S_IMODE(settings.home.stat().st_mode)
+    if mode & 0o007:
+        logging.getLogger("trainhouse.server").warning(
+            "the server's home %s has mode %04o: other users of this machine can read what "
+            "is in it that is not private itself (chmod 700 it)",
+            settings.home,
+            mode,
+        )
     uvicorn.run(
         create_app(settings),
         host=settings.host,

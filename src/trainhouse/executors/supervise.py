@@ -17,8 +17,9 @@ launcher has ended the supervisor kills every child it has left and reaps them. 
 kills and removes on its way out as well; a cgroup it cannot create or enter is reported in the
 launcher's log and done without.
 
-It is also non-dumpable: the attempt's processes, which run as the same user, cannot read its
-environment or memory. Imports the standard library only.
+It is also non-dumpable (the attempt's processes cannot read its environment or memory), and
+sets the umask of the attempt to :data:`~trainhouse._hardening.PRIVATE_UMASK`: what the ranks
+create is their user's alone. Imports the standard library only.
 """
 
 from __future__ import annotations
@@ -162,6 +163,7 @@ def main(argv: list[str]) -> int:
     exit_file = Path(argv[0])
     _hardening.no_dump()
     _hardening.child_subreaper()
+    os.umask(_hardening.PRIVATE_UMASK)
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda _signum, _frame: None)
     try:
