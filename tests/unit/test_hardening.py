@@ -61,7 +61,7 @@ def test_a_private_file_is_read_stripped(tmp_path: Path) -> None:
     assert _hardening.read_private_file(str(secret_file(tmp_path, "x", 0o400))) == "x"
 
 
-@pytest.mark.parametrize("mode", [0o644, 0o640, 0o604, 0o620, 0o602])
+@pytest.mark.parametrize("mode", [0o644, 0o640, 0o604, 0o620, 0o602], ids=lambda m: f"{m:04o}")
 def test_a_file_others_may_read_or_change_is_refused(tmp_path: Path, mode: int) -> None:
     path = secret_file(tmp_path, "postgresql://u:pw@h/db", mode)
     with pytest.raises(ValueError, match=rf"mode {mode:04o}.*chmod 600 {path}"):
