@@ -12,7 +12,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Self
+from typing import IO, Self
 
 from trainhouse.client import Client
 from trainhouse.errors import ServerStartError, ServerUnreachable
@@ -57,14 +57,19 @@ class ServerProcess:
     def environment(self) -> dict[str, str]:
         return {**os.environ, "TRAINHOUSE_HOME": str(self.home)}
 
+    def stdin(self) -> int | IO[bytes]:
+        """What the server reads on standard input: nothing (a subclass may hand it a file,
+        for ``--db-file -``)."""
+        return subprocess.DEVNULL
+
     def start(self, *, timeout: float = 120) -> Self:
-        self.home.mkdir(parents=True, exist_ok=True)
+        self.home.mkdir(parents=True, exist_ok=True, mode=0o700)  # as the server makes it
         with self.log.open("ab") as fh:
             self.proc = subprocess.Popen(
                 self.command(),
                 stdout=fh,
                 stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
+                stdin=self.stdin(),
                 env=self.environment(),
             )
         deadline = time.monotonic() + timeout

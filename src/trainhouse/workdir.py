@@ -20,7 +20,9 @@ Unpacking treats the upload as hostile. The archive is read once, front to back,
   that inflates more than ``ratio`` times the upload once past ``ratio_floor``.
 
 Each file is created with ``O_EXCL | O_NOFOLLOW`` in a directory whose real path is checked to
-lie inside the target, so even a link planted in the target cannot redirect a write.
+lie inside the target, so even a link planted in the target cannot redirect a write. A file keeps
+its owner's and group's and others' read and execute bits, less those the process's umask takes
+away (the server's is 077: only its user may read a job's code).
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ from typing import Any, ClassVar
 
 import pathspec
 
+from trainhouse._hardening import umask
 from trainhouse.errors import ArchiveError
 
 _MIB = 1024 * 1024
@@ -516,6 +519,7 @@ def extract(archive: Path, target: Path, limits: ArchiveLimits | None = None) ->
     """
     limits = limits or DEFAULT_LIMITS
     target.mkdir(parents=True, exist_ok=False)
+    masked = umask()  # no file gets bits the process's umask takes away (the server's: 077)
     try:
         list_members(archive, limits)
         root = target.resolve(strict=True)
@@ -545,7 +549,7 @@ def extract(archive: Path, target: Path, limits: ArchiveLimits | None = None) ->
                             f"(while writing {_show(member.name)})"
                         )
                     out.write(chunk)
-                os.fchmod(out.fileno(), stat.S_IMODE(member.mode) & 0o755 | 0o600)
+                os.fchmod(out.fileno(), (stat.S_IMODE(member.mode) & 0o755 | 0o600) & ~masked)
     except ArchiveError:
         shutil.rmtree(target, ignore_errors=True)
         raise

@@ -35,6 +35,9 @@ SINGLE_BACKEND = {
     "runs on both backends in test_recovery.py, and chaos is the suite's most expensive test",
     "test_training.py::test_postgres_backed_server": "picks its own PostgreSQL database",
     "test_postgres.py::test_a_server_refuses_an_unmigrated": "an unmigrated PostgreSQL database",
+    "test_isolation.py": "the processes and files of a server are under test, not its store: "
+    "the secret's test picks its own PostgreSQL database, and the SQLite file is among the "
+    "files whose modes are checked",
 }
 
 

@@ -1,10 +1,12 @@
 """Processes a test session's servers started for their jobs (the leak check and the fault
-tests find them by their marker)."""
+tests find them by their marker), and running a process as an ordinary user would be."""
 
 from __future__ import annotations
 
 import contextlib
+import sys
 import tempfile
+from pathlib import Path
 
 import psutil
 
@@ -26,3 +28,34 @@ def marked_processes() -> list[psutil.Process]:
             if MARKER_ENV in env and env.get("TRAINHOUSE_LOG_DIR", "").startswith(session_tmp):
                 found.append(proc)
     return found
+
+
+_UNPRIVILEGED = """
+import ctypes, os, sys
+if sys.argv[1]:
+    with open(os.path.join(sys.argv[1], "cgroup.procs"), "w") as fh:
+        fh.write(str(os.getpid()))
+libc = ctypes.CDLL(None)
+with open("/proc/sys/kernel/cap_last_cap") as fh:
+    last = int(fh.read())
+for cap in range(last + 1):
+    libc.prctl(24, cap, 0, 0, 0)  # PR_CAPBSET_DROP: refused, and harmless, when not root
+os.execv(sys.argv[2], sys.argv[2:])
+"""
+
+
+def unprivileged(command: list[str], *, cgroup: Path | None = None) -> list[str]:
+    """``command`` run as an ordinary user's process, first moved into ``cgroup`` (as systemd
+    starts a unit). The suite runs as root in a container: root without any capability is,
+    to the kernel, any other user (it reads no non-dumpable process's environment, no file
+    whose mode shuts out everyone but its owner unless it owns it). Run by an ordinary user,
+    nothing changes."""
+    return [sys.executable, "-c", _UNPRIVILEGED, str(cgroup or ""), *command]
+
+
+def effective_caps(pid: int) -> int:
+    """The effective capability set of process ``pid`` (a bit per capability)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("CapEff:"):
+            return int(line.split()[1], 16)
+    raise AssertionError(f"no CapEff in /proc/{pid}/status")

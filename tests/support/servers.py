@@ -16,11 +16,12 @@ import sys
 import time
 import uuid
 from pathlib import Path
-from typing import Any, Self
+from typing import IO, Any, Self
 
 import psycopg
 
 from tests.support.postgres import PG_ADMIN
+from tests.support.processes import unprivileged
 from trainhouse.client import Client
 from trainhouse.serverprocess import ServerProcess, free_port
 
@@ -195,6 +196,47 @@ class Server(ServerProcess):
                     return job
                 time.sleep(0.3)
         raise AssertionError(f"job {job_id} still {job['state']} after {timeout}s: {job}")
+
+
+class UnprivilegedServer(Server):
+    """A server run as an ordinary user's would be (:func:`unprivileged`: it and its jobs
+    cannot read other processes' environment and memory nor other users' files) in
+    ``cgroup`` (None: the test's), with ``env`` added to its environment and ``stdin`` (a file
+    the test opens) as its standard input."""
+
+    def __init__(
+        self,
+        home: Path,
+        port: int,
+        *args: str,
+        env: dict[str, str] | None = None,
+        stdin: Path | None = None,
+        cgroup: Path | None = None,
+    ) -> None:
+        super().__init__(home, port, *args, log=home.parent / f"{home.name}-server.log")
+        self.env = env or {}
+        self.stdin_file = stdin
+        self.cgroup = cgroup
+        self._stdin: IO[bytes] | None = None
+
+    def command(self) -> list[str]:
+        return unprivileged(super().command(), cgroup=self.cgroup)
+
+    def environment(self) -> dict[str, str]:
+        return {**super().environment(), **self.env}
+
+    def stdin(self) -> int | IO[bytes]:
+        return self._stdin if self._stdin is not None else super().stdin()
+
+    def start(self, *, timeout: float = 120) -> Self:
+        # opened here, with the test's privileges (as systemd opens StandardInput=file:)
+        self._stdin = self.stdin_file.open("rb") if self.stdin_file is not None else None
+        try:
+            return super().start(timeout=timeout)
+        finally:
+            if self._stdin is not None:
+                self._stdin.close()
+                self._stdin = None
 
 
 def start_server(home: Path, *args: str, port: int | None = None) -> Server:

@@ -22,7 +22,8 @@ from tests.support.fakes import FakeExecutor
 from tests.support.nvml import FakeGpu, FakeNvml, FakeProcess
 from tests.support.records import new_job as make_job
 from trainhouse.cluster import Node
-from trainhouse.executors.local import LocalExecutor, marked_pids
+from trainhouse.executors.local import LocalExecutor
+from trainhouse.executors.markers import marked_pids
 from trainhouse.monitoring import names
 from trainhouse.monitoring.sampler import Nvml, Sampler
 from trainhouse.monitoring.telemetry import Telemetry

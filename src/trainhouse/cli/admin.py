@@ -18,7 +18,7 @@ import typer
 from rich.table import Table
 
 from trainhouse.cli import options
-from trainhouse.cli.options import Json, Url, db_option, home_option, json_option
+from trainhouse.cli.options import DbFile, Json, Url, db_option, home_option, json_option
 from trainhouse.cli.render import ago, console, err_console, errors, fail, print_json
 
 app = typer.Typer(
@@ -78,6 +78,7 @@ def admin_init(
     db: Annotated[
         str | None, db_option("The server's database URL (default: SQLite under --home)")
     ] = None,
+    db_file: DbFile = None,
     login: Annotated[
         bool, typer.Option("--login", help="Also store the token for --url (this user only)")
     ] = False,
@@ -86,15 +87,19 @@ def admin_init(
 ) -> None:
     """Make the first admin and their token, on the server's machine (no token needed)."""
     from trainhouse._credentials import save_token
+    from trainhouse._hardening import private_umask
+    from trainhouse.cli.db import database_url
     from trainhouse.client import default_url
-    from trainhouse.server.settings import Settings, default_home
+    from trainhouse.server.settings import default_home
     from trainhouse.store import Store
     from trainhouse.tokens import issue
 
-    settings = Settings(home=(home or default_home()).expanduser().resolve(), db_url=db)
-    with errors():
-        settings.home.mkdir(parents=True, exist_ok=True)
-        store = Store(settings.database_url, migrate="auto")  # PostgreSQL: db upgrade first
+    url_of_db = database_url(db, home, db_file)  # this process is non-dumpable from here on
+    with errors(), private_umask():  # a new home and SQLite database: this user's alone
+        (home or default_home()).expanduser().resolve().mkdir(
+            parents=True, exist_ok=True, mode=0o700
+        )
+        store = Store(url_of_db, migrate="auto")  # PostgreSQL: db upgrade first
         try:
             accounts = store.accounts
             if accounts.has_admin():

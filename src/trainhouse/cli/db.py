@@ -5,7 +5,9 @@ The embedded SQLite database upgrades itself when the server starts; any other d
 and a server refuses to start on a schema older or newer than its own.
 
 These commands open the database directly; the store and the server's settings load when one
-runs, not when the CLI starts.
+runs, not when the CLI starts. Like the server, they are non-dumpable (other processes of their
+user cannot read their environment or memory) and create a SQLite database readable by their
+user only.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import typer
 from rich.markup import escape
 
 from trainhouse.cli import render
-from trainhouse.cli.options import Home, db_option, json_option
+from trainhouse.cli.options import DbFile, Home, db_option, json_option
 from trainhouse.cli.render import console, print_json
 from trainhouse.errors import StoreError
 
@@ -39,11 +41,26 @@ DbOpt = Annotated[
 ]
 
 
-def database_url(url: str | None, home: Path | None) -> str:
-    """The URL the server would use with the same ``--db`` and ``--home``."""
+def database_url(url: str | None, home: Path | None, db_file: str | None = None) -> str:
+    """The URL the server would use with the same ``--db``, ``--db-file`` and ``--home``
+    (exit 2 naming the problem if they conflict, or the file cannot be read or is not
+    private). Makes this process non-dumpable first."""
+    from trainhouse._hardening import no_dump
     from trainhouse.server.settings import Settings, default_home
 
-    return Settings(home=(home or default_home()).expanduser().resolve(), db_url=url).database_url
+    no_dump()
+    if url and db_file:
+        render.fail(
+            "give the database as --db (TRAINHOUSE_DB) or --db-file (TRAINHOUSE_DB_FILE), not both",
+            render.EXIT_BAD_INPUT,
+        )
+    settings = Settings(
+        home=(home or default_home()).expanduser().resolve(), db_url=url, db_file=db_file
+    )
+    try:
+        return settings.database_url
+    except ValueError as exc:
+        render.fail(str(exc), render.EXIT_BAD_INPUT)
 
 
 def sqlite_file(store: Store) -> Path | None:
@@ -72,12 +89,14 @@ def head_revision(store: Store) -> str:
 
 
 @app.command("upgrade")
-def upgrade_cmd(db_url: DbOpt = None, home: Home = None) -> None:
+def upgrade_cmd(db_url: DbOpt = None, db_file: DbFile = None, home: Home = None) -> None:
     """Apply the migrations the database lacks, up to this trainhouse's schema."""
-    store = open_store(database_url(db_url, home))
+    from trainhouse._hardening import private_umask
+
+    store = open_store(database_url(db_url, home, db_file))
     path = sqlite_file(store)
     if path is not None:
-        path.parent.mkdir(parents=True, exist_ok=True)  # as the server creates its home
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)  # as the server does
     try:
         before = store.schema_status()
         if before.up_to_date:
@@ -87,7 +106,8 @@ def upgrade_cmd(db_url: DbOpt = None, home: Home = None) -> None:
                 soft_wrap=True,
             )
             return
-        store.upgrade()
+        with private_umask():  # a new SQLite file: its user's alone
+            store.upgrade()
         after = store.schema_status()
     except StoreError as exc:
         render.fail(str(exc))
@@ -104,13 +124,14 @@ def upgrade_cmd(db_url: DbOpt = None, home: Home = None) -> None:
 @app.command("current")
 def current_cmd(
     db_url: DbOpt = None,
+    db_file: DbFile = None,
     home: Home = None,
     as_json: Annotated[bool, json_option("Print JSON")] = False,
 ) -> None:
     """The database's schema revision, this trainhouse's head, and whether to upgrade."""
     from trainhouse.store import SchemaStatus
 
-    store = open_store(database_url(db_url, home))
+    store = open_store(database_url(db_url, home, db_file))
     path = sqlite_file(store)
     try:
         if path is not None and not path.exists():  # nothing to ask, and no file to create

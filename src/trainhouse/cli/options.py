@@ -1,6 +1,6 @@
 """The options many commands share, each declared once: ``--url`` (and the client it names),
-``--json``, ``--home`` and ``--db``; and :func:`settings_default`, for options whose default
-belongs to the server's ``Settings``.
+``--json``, ``--home``, ``--db`` and ``--db-file``; and :func:`settings_default`, for options
+whose default belongs to the server's ``Settings``.
 
 Each shared option is a function returning the ``typer.Option`` (so a command may word its help
 its own way) and, for the common wording, a ready ``Annotated`` type: ``url: Url = None``.
@@ -44,9 +44,20 @@ def db_option(help: str, *, show_default: bool | str = False) -> Any:
     return typer.Option("--db", envvar="TRAINHOUSE_DB", help=help, show_default=show_default)
 
 
+def db_file_option(
+    help: str = "A file holding the database URL, readable by its owner only (chmod 600; "
+    "- reads it from standard input): the password is then on no command line and in no "
+    "environment",
+) -> Any:
+    """``--db-file`` (``TRAINHOUSE_DB_FILE``): the server's database URL, read from a file
+    (Settings' ``db_file``); instead of ``--db``."""
+    return typer.Option("--db-file", envvar="TRAINHOUSE_DB_FILE", help=help, show_default=False)
+
+
 Url = Annotated[str | None, url_option()]
 Json = Annotated[bool, json_option()]
 Home = Annotated[Path | None, home_option()]
+DbFile = Annotated[str | None, db_file_option()]
 
 
 class _SettingsDefault:

@@ -16,7 +16,14 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from trainhouse.cli import render
-from trainhouse.cli.options import Home, db_option, home_option, settings_default, url_option
+from trainhouse.cli.options import (
+    DbFile,
+    Home,
+    db_option,
+    home_option,
+    settings_default,
+    url_option,
+)
 from trainhouse.cli.render import console, errors
 from trainhouse.errors import ServerUnreachable
 from trainhouse.executors.registry import EXECUTORS
@@ -49,23 +56,37 @@ def check_database(settings: Settings) -> None:
     other database must already be (an operator runs ``trainhouse db upgrade``)."""
     from trainhouse.store.store import Store
 
-    settings.home.mkdir(parents=True, exist_ok=True)
+    settings.home.mkdir(parents=True, exist_ok=True, mode=0o700)
     Store(settings.database_url, migrate="auto").close()
 
 
 def serve(settings: Settings, *, log_level: str = "info") -> None:
+    """Run the server in this process, which it then is: from here on everything it (and the
+    jobs it starts) creates is private to its user (umask 077)."""
     import logging
+    import os
+    import stat
 
     import uvicorn
 
+    from trainhouse._hardening import PRIVATE_UMASK
     from trainhouse.server import create_app
 
+    os.umask(PRIVATE_UMASK)
     logging.basicConfig(
         level=getattr(logging, log_level.upper(), logging.INFO),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     logging.getLogger("alembic").setLevel(logging.WARNING)
     check_database(settings)
+    mode = stat.S_IMODE(settings.home.stat().st_mode)
+    if mode & 0o007:
+        logging.getLogger("trainhouse.server").warning(
+            "the server's home %s has mode %04o: other users of this machine can read what "
+            "is in it that is not private itself (chmod 700 it)",
+            settings.home,
+            mode,
+        )
     uvicorn.run(
         create_app(settings),
         host=settings.host,
@@ -85,10 +106,11 @@ def server(
     db: Annotated[
         str | None,
         db_option(
-            "Database URL (default: SQLite under --home); TRAINHOUSE_DB keeps a password off the "
-            "command line, and jobs never see TRAINHOUSE_* variables"
+            "Database URL (default: SQLite under --home); --db-file or TRAINHOUSE_DB keep a "
+            "password off the command line, and jobs never see TRAINHOUSE_* variables"
         ),
     ] = None,
+    db_file: DbFile = None,
     home: Home = None,
     gpus: Annotated[
         str | None, typer.Option(help="GPUs to offer: a count or indices (0,1); 0 for none")
@@ -210,12 +232,16 @@ def server(
     log_level: Annotated[str, typer.Option(help="debug, info, warning")] = "info",
 ) -> None:
     """Run the trainhouse server in the foreground."""
+    from trainhouse._hardening import no_dump
     from trainhouse.server.settings import Settings, default_home
 
+    # first: the processes of this user (jobs) cannot read this one's environment or memory
+    no_dump()
     given: dict[str, Any] = {
         "host": host,
         "port": port,
         "db_url": db,
+        "db_file": db_file,
         "cpus": cpus,
         "gpus": gpus,
         "executor": executor,

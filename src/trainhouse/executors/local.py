@@ -11,7 +11,15 @@ torchrun starts every rank through
 
 torchrun puts each worker in a session of its own too, so a process group signal does not reach
 them; every process of an attempt therefore carries ``TRAINHOUSE_RUN_MARKER`` in its environment,
-and stopping an attempt signals every process that carries its marker. Nothing survives a stop.
+and stopping an attempt signals every process that carries its marker, every process under its
+supervisor (a child subreaper: orphans of the attempt become its children, whatever their
+session or environment) and, where the machine allows, every process in the attempt's cgroup
+(:mod:`trainhouse.executors.cgroups`; ``cgroup.kill`` for SIGKILL). The same three find the
+attempt's processes for the resource monitor (:meth:`pids`). Nothing survives a stop.
+
+The supervisor is non-dumpable, so its environment cannot be read by the server's user (only by
+root): a re-adopted supervisor is recognised by its PID, start time and command line, which
+names the attempt's exit file.
 """
 
 from __future__ import annotations
@@ -32,12 +40,12 @@ import psutil
 
 from trainhouse import jobfiles
 from trainhouse.cluster import Node
-from trainhouse.executors import torchrun
+from trainhouse.executors import cgroups, torchrun
 from trainhouse.executors.base import Exit, Launch, ProcessInfo
-from trainhouse.executors.markers import find_marked, kill_marked, marked_pids, signal_all
+from trainhouse.executors.markers import Scan, find_marked, kill_marked, processes, scan, signal_all
 from trainhouse.executors.stopping import StopTimer
-from trainhouse.executors.supervise import read_record
-from trainhouse.layout import LAUNCHER, MARKER_ENV, AttemptLayout, JobLayout
+from trainhouse.executors.supervise import read_record, supervised
+from trainhouse.layout import LAUNCHER, AttemptLayout, JobLayout
 from trainhouse.lifecycle import StopReason
 
 log = logging.getLogger(__name__)
@@ -47,6 +55,7 @@ _OVERDUE = {
     signal.SIGKILL: "is still running after SIGTERM: SIGKILL",
 }
 PID_SCAN_TTL = 0.5  # seconds one scan of every process's marker serves pids() calls
+CGROUP_REMOVE_TIMEOUT = 1.0  # seconds the executor waits for an ended attempt's cgroup to empty
 
 
 class _Handle:
@@ -55,6 +64,10 @@ class _Handle:
     pid: int
 
     def poll(self) -> int | None:
+        raise NotImplementedError
+
+    def root(self) -> int | None:
+        """The supervisor's PID while it is that process (not a PID reused since)."""
         raise NotImplementedError
 
 
@@ -66,6 +79,10 @@ class _Child(_Handle):
         self.pid = proc.pid
         self.exit_file = exit_file
         self.home = home
+
+    def root(self) -> int | None:
+        # our child: its PID is not reused before poll() reaps it
+        return self.pid if self.proc.returncode is None else None
 
     def poll(self) -> int | None:
         code = self.proc.poll()
@@ -83,6 +100,12 @@ class _Adopted(_Handle):
         self.pid = pid
         self.exit_file = exit_file
         self.home = home
+
+    def root(self) -> int | None:
+        with contextlib.suppress(psutil.Error):
+            if self.proc is not None and self.proc.is_running():  # same PID and start time
+                return self.pid
+        return None
 
     def poll(self) -> int | None:
         with contextlib.suppress(psutil.Error):
@@ -105,6 +128,7 @@ class _Attempt:
     handle: _Handle
     marker: str
     log_file: IO[bytes] | None
+    cgroup: Path | None  # the attempt's cgroup (None: the machine allows none)
     stopping: StopTimer = field(default_factory=StopTimer)
     started: float = field(default_factory=time.monotonic)
 
@@ -121,8 +145,18 @@ class LocalExecutor:
         self.home_id = hashlib.sha256(str(home.resolve()).encode()).hexdigest()[:12]
         self._attempts: dict[int, _Attempt] = {}
         self._lock = threading.RLock()
-        self._scan: tuple[float, dict[str, list[int]]] | None = None  # (when, marked_pids())
+        self._scan: tuple[float, Scan] | None = None  # (when, scan())
         self._scan_lock = threading.Lock()
+        # a cgroup per attempt where the machine allows it
+        self.cgroup_root, why = cgroups.attempt_root()
+        if self.cgroup_root is None:
+            log.warning(
+                "no cgroup per attempt: %s. An attempt's processes are found by their parent "
+                "(its supervisor) and marker instead",
+                why,
+            )
+        else:
+            log.info("%s", why)
 
     def nodes(self) -> list[Node]:
         return [self.node]
@@ -136,9 +170,18 @@ class LocalExecutor:
     def marker(self, job_id: int, attempt: int) -> str:
         return f"{self.home_id}:{job_id}:{attempt}"
 
+    def cgroup(self, job_id: int, attempt: int) -> Path | None:
+        """The attempt's cgroup (None where this machine allows none)."""
+        if self.cgroup_root is None:
+            return None
+        return self.cgroup_root / f"{cgroups.PREFIX}{self.home_id}-{job_id}-{attempt}"
+
     def command(self, launch: Launch) -> list[str]:
         return torchrun.command(
-            launch.attempt_layout.launcher_exit, launch.spec.argv, procs=launch.placements[0].procs
+            launch.attempt_layout.launcher_exit,
+            launch.spec.argv,
+            procs=launch.placements[0].procs,
+            cgroup=self.cgroup(launch.job_id, launch.attempt),
         )
 
     def environment(self, launch: Launch, marker: str) -> dict[str, str]:
@@ -183,6 +226,7 @@ class LocalExecutor:
                 _Child(proc, launch.attempt_layout.launcher_exit, self.home),
                 marker,
                 log_file,
+                self.cgroup(launch.job_id, launch.attempt),
             )
         try:
             create_time = psutil.Process(proc.pid).create_time()
@@ -192,23 +236,32 @@ class LocalExecutor:
 
     def adopt(self, job_id: int, attempt: int, info: ProcessInfo) -> bool:
         """Take over an attempt a previous server started. A launcher that still runs (the
-        same PID, start time and the attempt's marker: a reused PID is never taken) is
-        watched; one that ended while no server watched it is reported by the next ``poll``
-        with the result it recorded. False when it is gone without a record."""
+        same PID and start time, and the command line of the attempt's supervisor: a reused
+        PID is never taken) is watched; one that ended while no server watched it is reported
+        by the next ``poll`` with the result it recorded. False when it is gone without a
+        record."""
         marker = self.marker(job_id, attempt)
         layout = JobLayout(self.home, job_id).attempt(attempt)
         exit_file = layout.launcher_exit
         proc: psutil.Process | None = None
+        cgroup = self.cgroup(job_id, attempt)
         with contextlib.suppress(psutil.Error, OSError):
             candidate = psutil.Process(info.pid)
+            found = supervised(candidate.cmdline())
             if (
                 abs(candidate.create_time() - info.create_time) < 1.0
                 and candidate.status() != psutil.STATUS_ZOMBIE
-                and candidate.environ().get(MARKER_ENV) == marker
+                and found is not None
+                and found[0] == exit_file
             ):
                 proc = candidate
+                # the previous server's cgroup for it (this one may run in another cgroup)
+                if found[1] is not None and found[1].name.startswith(cgroups.PREFIX):
+                    cgroup = found[1]
         if proc is None and read_record(exit_file, within=self.home) is None:
             return False
+        if cgroup is not None and not cgroup.is_dir():
+            cgroup = None
         with self._lock:
             self._attempts[job_id] = _Attempt(
                 job_id,
@@ -217,6 +270,7 @@ class LocalExecutor:
                 _Adopted(info.pid, proc, exit_file, self.home),
                 marker,
                 None,
+                cgroup,
             )
         if proc is not None:
             log.info("job %s: re-adopted attempt %s (pid %s)", job_id, attempt, info.pid)
@@ -249,14 +303,21 @@ class LocalExecutor:
     def _signal(self, att: _Attempt, sig: int) -> None:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(att.handle.pid, sig)
-        signal_all(find_marked(att.marker), sig)
+        if att.cgroup is not None:
+            cgroups.kill(att.cgroup, sig)
+        signal_all(processes(scan().of(att.marker, att.handle.root())), sig)
 
     def _reap(self, att: _Attempt, code: int) -> Exit:
-        # the launcher is gone; no rank of the attempt may outlive it
+        # the launcher is gone; no rank of the attempt may outlive it (its supervisor killed
+        # what it could; a supervisor that was killed itself could not)
+        if att.cgroup is not None:
+            cgroups.kill(att.cgroup)
         leftovers = find_marked(att.marker)
         if leftovers:
             signal_all(leftovers, signal.SIGKILL)
             psutil.wait_procs(leftovers, timeout=5)
+        if att.cgroup is not None:
+            cgroups.remove(att.cgroup, timeout=CGROUP_REMOVE_TIMEOUT)
         if att.log_file is not None:
             with contextlib.suppress(OSError):
                 att.log_file.close()
@@ -290,20 +351,28 @@ class LocalExecutor:
         return exits
 
     def pids(self, job_id: int) -> list[int]:
-        """Processes carrying the attempt's marker (supervisor, torchrun, ranks, their children).
-        Every process's environment is read once per :data:`PID_SCAN_TTL` for all jobs."""
+        """The attempt's processes: its supervisor and every process under it, those carrying
+        its marker, and those in its cgroup. Every process's environment and parent are read
+        once per :data:`PID_SCAN_TTL` for all jobs."""
         with self._lock:
             att = self._attempts.get(job_id)
         if att is None:
             return []
         with self._scan_lock:  # not self._lock: the scheduler's poll() need not wait for it
             if self._scan is None or time.monotonic() - self._scan[0] > PID_SCAN_TTL:
-                found = marked_pids()
-                self._scan = (time.monotonic(), found)
-            return list(self._scan[1].get(att.marker, []))
+                self._scan = (time.monotonic(), scan())
+            found = self._scan[1].of(att.marker, att.handle.root())
+        if att.cgroup is not None:
+            found.extend(pid for pid in cgroups.procs(att.cgroup) if pid not in found)
+        return found
 
     def kill_orphans(self, job_id: int, attempt: int) -> int:
-        return kill_marked(self.marker(job_id, attempt))
+        killed = kill_marked(self.marker(job_id, attempt))
+        cgroup = self.cgroup(job_id, attempt)
+        if cgroup is not None and cgroup.is_dir():
+            killed += cgroups.kill(cgroup)
+            cgroups.remove(cgroup, timeout=CGROUP_REMOVE_TIMEOUT)
+        return killed
 
     def shutdown(self, *, grace: float) -> list[Exit]:
         for job_id in self.running():

@@ -1,5 +1,5 @@
 """Runs an attempt's launcher and records how it ended: ``python -m trainhouse.executors.supervise
-EXIT_FILE COMMAND...``.
+[--cgroup DIR] EXIT_FILE COMMAND...``.
 
 The local executor starts every attempt through this small process, the leader of the attempt's
 session. It writes the launcher's exit code to ``EXIT_FILE`` as "CODE TIME" (negative: killed by
@@ -7,12 +7,26 @@ that signal), so a server that restarts while the attempt runs can re-adopt it a
 result once it ends: the attempt is no longer the new server's child, so its exit status cannot be
 waited for. SIGTERM and SIGINT are not forwarded: trainhouse signals the whole session, which
 already reaches the launcher, and a second signal would cut the launcher's own clean-up short.
-The job's processes can replace an exit record, so :func:`read_record` reads it through
-:mod:`trainhouse.jobfiles`. Imports the standard library and that module only.
+
+Nothing of the attempt outlives it. The supervisor is a child subreaper: a process of the attempt
+whose parent ends (a daemon that double-forked, started a session of its own and dropped
+``TRAINHOUSE_RUN_MARKER``) becomes the supervisor's child instead of init's, and once the
+launcher has ended the supervisor kills every child it has left and reaps them. With
+``--cgroup DIR`` (the local executor passes it where the machine allows,
+:mod:`trainhouse.executors.cgroups`) the launcher starts in that cgroup, which the supervisor
+kills and removes on its way out as well; a cgroup it cannot create or enter is reported in the
+launcher's log and done without.
+
+It is also non-dumpable (the attempt's processes cannot read its environment or memory), and
+sets the umask of the attempt to :data:`~trainhouse._hardening.PRIVATE_UMASK`: what the ranks
+create is their user's alone. The job's processes can replace an exit record, so
+:func:`read_record` reads it through :mod:`trainhouse.jobfiles`. Imports the standard library
+and trainhouse's modules of the same kind only.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -20,7 +34,12 @@ import sys
 import time
 from pathlib import Path
 
-from trainhouse import jobfiles
+from trainhouse import _hardening, jobfiles
+from trainhouse.executors import cgroups
+
+MODULE = "trainhouse.executors.supervise"
+USAGE = f"usage: python -m {MODULE} [--cgroup DIR] EXIT_FILE COMMAND [ARGS...]"
+CLEANUP_TIMEOUT = 10.0  # seconds the supervisor spends killing what is left before it exits
 
 #: an exit record is "CODE TIME": a longer one is not read
 MAX_EXIT_RECORD = 4096
@@ -48,29 +67,126 @@ def read_record(path: Path, *, within: Path) -> tuple[int, float | None] | None:
         return None
 
 
+def children(parent: int) -> list[int]:
+    """The PIDs whose parent is ``parent`` (from ``/proc/<pid>/stat``, which anyone may read)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as fh:
+                fields = fh.read().rpartition(b")")[2].split()
+        except OSError:
+            continue
+        if len(fields) > 1 and int(fields[1]) == parent:
+            found.append(int(entry))
+    return found
+
+
+def end_orphans(timeout: float = CLEANUP_TIMEOUT) -> int:
+    """SIGKILL every child this process still has (orphans of the attempt it adopted as a
+    subreaper, and their children as they become orphans in turn) and reap them, until it has
+    none or ``timeout`` has passed; how many it killed."""
+    me = os.getpid()
+    killed: set[int] = set()
+    deadline = time.monotonic() + timeout
+    while True:
+        for pid in children(me):
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+                killed.add(pid)
+        while True:
+            try:
+                pid, _ = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return len(killed)  # no children left at all
+            if pid == 0:
+                break
+        if time.monotonic() > deadline:
+            return len(killed)
+        time.sleep(0.02)
+
+
+def _start(command: list[str], cgroup: Path | None) -> tuple[subprocess.Popen[bytes], Path | None]:
+    """Start the launcher, in ``cgroup`` if one is given and can be made and entered; the
+    launcher and the cgroup it runs in (None: none)."""
+    if cgroup is not None:
+        try:
+            cgroup.mkdir(exist_ok=True)
+            return (
+                subprocess.Popen(
+                    command, stdin=subprocess.DEVNULL, preexec_fn=lambda: cgroups.enter(cgroup)
+                ),
+                cgroup,
+            )
+        except (OSError, subprocess.SubprocessError) as exc:
+            if not isinstance(exc, subprocess.SubprocessError) and cgroup.is_dir():
+                raise  # the cgroup is there: the command itself cannot start
+            print(
+                f"trainhouse: cannot run the attempt in the cgroup {cgroup} ({exc}); its "
+                "processes are found by their parent and marker instead",
+                file=sys.stderr,
+                flush=True,
+            )
+            with contextlib.suppress(OSError):
+                cgroup.rmdir()
+    return subprocess.Popen(command, stdin=subprocess.DEVNULL), None
+
+
+def _wait(child: subprocess.Popen[bytes]) -> int:
+    """Wait for ``child``, reaping every other child (adopted orphans) that ends meanwhile."""
+    while True:
+        try:
+            pid, status = os.waitpid(-1, 0)
+        except InterruptedError:  # pragma: no cover - PEP 475 retries, kept for safety
+            continue
+        except ChildProcessError:  # pragma: no cover - someone else reaped it
+            return child.wait()
+        if pid == child.pid:
+            child.returncode = os.waitstatus_to_exitcode(status)
+            return child.returncode
+
+
+def _options(argv: list[str]) -> tuple[Path | None, list[str]]:
+    """``--cgroup DIR`` if ``argv`` starts with it, and the arguments after it."""
+    if argv[:1] == ["--cgroup"] and len(argv) > 1:
+        return Path(argv[1]), argv[2:]
+    return None, argv
+
+
+def supervised(cmdline: list[str]) -> tuple[Path, Path | None] | None:
+    """The exit file and the cgroup (None: none) of a supervisor's command line, as
+    ``/proc/<pid>/cmdline`` shows it to anyone; None if it is not a supervisor's."""
+    if len(cmdline) < 3 or cmdline[1:3] != ["-m", MODULE]:
+        return None
+    cgroup, rest = _options(cmdline[3:])
+    return (Path(rest[0]), cgroup) if rest else None
+
+
 def main(argv: list[str]) -> int:
+    cgroup, argv = _options(argv)
     if len(argv) < 2:
-        print(
-            "usage: python -m trainhouse.executors.supervise EXIT_FILE COMMAND [ARGS...]",
-            file=sys.stderr,
-        )
+        print(USAGE, file=sys.stderr)
         return 2
     exit_file = Path(argv[0])
+    _hardening.no_dump()
+    _hardening.child_subreaper()
+    os.umask(_hardening.PRIVATE_UMASK)
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda _signum, _frame: None)
     try:
-        child = subprocess.Popen(argv[1:], stdin=subprocess.DEVNULL)
+        child, cgroup = _start(argv[1:], cgroup)
     except OSError as exc:
         print(f"trainhouse: cannot start {argv[1]!r}: {exc}", file=sys.stderr)
         code = 127
     else:
-        while True:
-            try:
-                code = child.wait()
-                break
-            except InterruptedError:  # pragma: no cover - PEP 475 retries, kept for safety
-                continue
+        code = _wait(child)
     record(exit_file, code)
+    if cgroup is not None:
+        cgroups.kill(cgroup)
+    end_orphans()
+    if cgroup is not None:
+        cgroups.remove(cgroup)
     return code if code >= 0 else 128 - code
 
 

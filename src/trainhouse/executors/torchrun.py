@@ -2,7 +2,7 @@
 
 ::
 
-    python -m trainhouse.executors.supervise EXIT_FILE        records torchrun's exit code
+    python -m trainhouse.executors.supervise [--cgroup DIR] EXIT_FILE   torchrun's exit code
       python -m torch.distributed.run ...                      torchrun for this node
         python -m trainhouse.executors.rank ARGV...             one per rank: log file, exit code
           ARGV (the job's entrypoint)
@@ -37,12 +37,14 @@ def command(
     nodes: int = 1,
     node_rank: int = 0,
     master: tuple[str, int] | None = None,
+    cgroup: Path | None = None,
 ) -> list[str]:
     """The supervised torchrun command of one node running ``argv`` in each of ``procs`` ranks.
 
     One node rendezvouses standalone; several need ``master`` (node 0's address and a free
     port there) for a static rendezvous. torchrun never restarts ranks itself
-    (``--max-restarts=0``): trainhouse restarts the whole gang from a checkpoint.
+    (``--max-restarts=0``): trainhouse restarts the whole gang from a checkpoint. ``cgroup``:
+    the attempt's cgroup, which the supervisor makes and runs torchrun in.
     """
     if nodes > 1 or master is not None:
         if master is None:
@@ -61,6 +63,7 @@ def command(
         sys.executable,
         "-m",
         "trainhouse.executors.supervise",
+        *(["--cgroup", str(cgroup)] if cgroup is not None else []),
         str(exit_file),
         sys.executable,
         "-m",

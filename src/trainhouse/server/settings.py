@@ -10,11 +10,12 @@ from __future__ import annotations
 import ipaddress
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal, get_args
 from urllib.parse import urlsplit
 
+from trainhouse._hardening import read_private_file
 from trainhouse.executors import registry
 from trainhouse.scheduler.failures import DEFAULT_MAX_INFRA_RESTARTS
 from trainhouse.scheduler.fairshare import DEFAULT_HALF_LIFE
@@ -38,6 +39,9 @@ def default_home() -> Path:
 class Settings:
     home: Path
     db_url: str | None = None
+    # a file holding the database URL (mode 0600 or stricter; "-": standard input), read once
+    # on first use instead of db_url, so the password is in no command line or environment
+    db_file: str | None = None
     host: str = "127.0.0.1"
     port: int = DEFAULT_PORT
     cpus: int | None = None
@@ -75,6 +79,7 @@ class Settings:
     # open log streams (GET /jobs/{id}/logs/stream) per user and in all; past either, 429
     log_streams_per_user: int = 8
     log_streams: int = 64
+    _db_file_url: str | None = field(default=None, init=False, repr=False, compare=False)
 
     @property
     def auth_enabled(self) -> bool:
@@ -88,6 +93,12 @@ class Settings:
         """Raise ValueError, naming the option and the value, for settings the server cannot
         run with: the executor's own checks (:mod:`trainhouse.executors.registry`), auth, and
         every number's range."""
+        if self.db_url and self.db_file:
+            raise ValueError(
+                "give the database as --db (TRAINHOUSE_DB) or --db-file (TRAINHOUSE_DB_FILE), "
+                "not both"
+            )
+        self.database_url  # noqa: B018 - reads --db-file now, refusing a file others can read
         if self.job_visibility not in VISIBILITIES:
             raise ValueError(
                 f"--job-visibility must be own, list or all; got {self.job_visibility!r}"
@@ -174,7 +185,15 @@ class Settings:
 
     @property
     def database_url(self) -> str:
-        return self.db_url or f"sqlite:///{self.home / 'trainhouse.db'}"
+        """``db_url``; else the URL in ``db_file`` (read on first use, then kept; ValueError
+        if the file cannot be read or others may read it); else SQLite under ``home``."""
+        if self.db_url:
+            return self.db_url
+        if self.db_file is not None:
+            if self._db_file_url is None:
+                self._db_file_url = read_private_file(self.db_file, "--db-file")
+            return self._db_file_url
+        return f"sqlite:///{self.home / 'trainhouse.db'}"
 
     @property
     def url(self) -> str:

@@ -5,10 +5,11 @@ transaction every repository writes in (:meth:`Database.transaction`).
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -44,6 +45,16 @@ def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
     cur.execute("PRAGMA foreign_keys=ON")
     cur.execute("PRAGMA busy_timeout=30000")
     cur.close()
+
+
+def _private_file(database: str | None) -> None:
+    """Create a SQLite database file that does not exist yet readable by its user only (SQLite
+    gives its -wal and -shm files the database's mode): it holds every token hash."""
+    if database in (None, "", ":memory:") or database.startswith("file:"):
+        return
+    # it may exist, or its directory not: SQLite then says what is wrong, if anything
+    with suppress(OSError):
+        os.close(os.open(database, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600))
 
 
 MigrateMode = Literal["always", "auto", "never"]
@@ -110,6 +121,8 @@ class Database:
         self.safe_url = self.engine.url.render_as_string(hide_password=True)
         if self.dialect == "sqlite":
             event.listen(self.engine, "connect", _sqlite_pragmas)
+            if mode != "never":
+                _private_file(self.engine.url.database)
         if mode != "never":
             try:
                 self.prepare_schema(upgrade=mode == "always" or self.dialect == "sqlite")
