@@ -177,7 +177,7 @@ def supervise(tmp_path: Path, *extra: str) -> tuple[int, int, float]:
         with contextlib.suppress(OSError):
             if alive(pid, created):
                 os.kill(pid, signal.SIGKILL)  # leave nothing behind when the test fails
-    recorded = read_record(exit_file)
+    recorded = read_record(exit_file, within=tmp_path)
     assert recorded is not None and recorded[0] == 3 and code == 3
     return code, pid, created
 
