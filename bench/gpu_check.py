@@ -107,13 +107,15 @@ def run_step(step: Step, tmp: Path, timeout: float, smoke: bool, url: str | None
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
+        code: int | None = None
         try:
-            code: int | None = proc.wait(timeout=timeout)
+            code = proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
-            code = None
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)  # the step and anything it left behind
-        proc.wait()
+            pass
+        finally:  # even on Ctrl-C: the step's session does not get the terminal's signals
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)  # the step and anything it left behind
+            proc.wait()
     items = read_items(result)
     failed = any(i.status == "FAIL" for i in items)
     if code is None:
@@ -157,10 +159,12 @@ def server_client(server: Any) -> Any:
 
 
 def settle(server: Any, timeout: float = 20.0) -> None:
-    """Cancel what an earlier step left running on the server, and wait for it to end."""
+    """Cancel what an earlier step left running on the server, and wait for it to end (a
+    server that does not answer has nothing to settle: the next step reports it)."""
+    from trainhouse.errors import ClientError
     from trainhouse.lifecycle import TERMINAL
 
-    with server_client(server) as client:
+    with server_client(server) as client, contextlib.suppress(ClientError):
         active = [j["id"] for j in client.jobs() if j["state"] not in TERMINAL]
         for job_id in active:
             client.cancel(job_id)
@@ -191,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         parser.error(f"unknown steps: {', '.join(sorted(unknown))}")
     chosen = [s for s in STEPS if s.name in names]
-    for key in [k for k in os.environ if k.startswith("TRAINHOUSE_")]:
+    for key in set(os.environ) - set(clean_env()):
         del os.environ[key]  # the server and its jobs are the check's own, standalone runs too
     os.environ["PYTHONPATH"] = os.pathsep.join(
         p for p in (str(SRC), os.environ.get("PYTHONPATH", "")) if p

@@ -166,10 +166,14 @@ def millions(n: float) -> str:
 
 
 def clean_env(**extra: str) -> dict[str, str]:
-    """This process's environment without trainhouse's or torchrun's variables (a run of its
-    own is standalone), plus ``extra``."""
+    """This process's environment without trainhouse's variables (but where clients keep their
+    tokens) or torchrun's: a run started with it is standalone. Plus ``extra``."""
     drop = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TRAINHOUSE_") and k not in drop}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in drop and (not k.startswith("TRAINHOUSE_") or k == "TRAINHOUSE_CONFIG_DIR")
+    }
     env.update(extra)
     return env
 
