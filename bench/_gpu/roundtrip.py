@@ -48,8 +48,10 @@ def snapshot(state: State) -> dict[str, Any]:
     return out
 
 
-def nbytes(snap: dict[str, Any]) -> int:
-    return sum(v.numel() * v.element_size() for v in snap.values() if isinstance(v, torch.Tensor))
+def nbytes(state: Any) -> int:
+    """The bytes of the tensors in ``state`` (a DTensor's local shard), or in a snapshot."""
+    tensors = [_local(v) for _, v in leaves(state) if isinstance(v, torch.Tensor)]
+    return sum(t.numel() * t.element_size() for t in tensors)
 
 
 def _bits(t: torch.Tensor) -> torch.Tensor:

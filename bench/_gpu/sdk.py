@@ -17,7 +17,7 @@ import torch
 
 from _gpu.common import Results, gib, millions, sizes, step_main
 from _gpu.gpt import GPT, batches, optimizer, sync
-from _gpu.roundtrip import State, Trainer, check_saves, leaves, nbytes, snapshot
+from _gpu.roundtrip import State, Trainer, check_saves, leaves, nbytes
 
 
 def body(results: Results, args: argparse.Namespace) -> None:
@@ -55,7 +55,7 @@ def body(results: Results, args: argparse.Namespace) -> None:
         results.info(
             "model",
             f"GPT of {millions(cfg.params)} parameters ({cfg.layers} layers, d_model "
-            f"{cfg.d_model}), bf16, Adam: {gib(nbytes(snapshot(state())))} of state",
+            f"{cfg.d_model}), bf16, Adam: {gib(nbytes(state()))} of state",
             params=cfg.params,
         )
         check_saves(
@@ -78,7 +78,7 @@ def staging(results: Results, state: State, device: torch.device) -> None:
     from trainhouse.sdk.checkpoint._support import Stager
 
     stager = Stager()
-    size = sum(t.numel() * t.element_size() for _, t in _tensors(state))
+    size = nbytes(state)
     rates = []
     staged: Any = None
     for _ in range(2):
