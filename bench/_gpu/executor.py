@@ -12,6 +12,7 @@ back within 1 GiB of what it was before the job started.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import time
 from pathlib import Path
@@ -65,6 +66,7 @@ def exited(pid: int) -> bool:
 
 def body(results: Results, args: argparse.Namespace) -> None:
     from trainhouse.client import Client
+    from trainhouse.errors import ClientError
     from trainhouse.monitoring.nvml import Nvml
 
     size = sizes(args.smoke).executor_bytes
@@ -88,7 +90,8 @@ def body(results: Results, args: argparse.Namespace) -> None:
         allocated = wait_for_line(client, job_id, ALLOCATED, timeout=args.budget / 4)
         if line is None or allocated is None:
             results.add("FAIL", "job started", f"no {ALLOCATED!r} line:\n{tail(client, job_id)}")
-            client.cancel(job_id)
+            with contextlib.suppress(ClientError):  # it may have ended already
+                client.cancel(job_id)
             return
         seen = json.loads(line[len(HELD) :])
         gpu, expected = visible_id(client, client.job(job_id))
