@@ -167,7 +167,8 @@ def settle(server: Any, timeout: float = 20.0) -> None:
     with server_client(server) as client, contextlib.suppress(ClientError):
         active = [j["id"] for j in client.jobs() if j["state"] not in TERMINAL]
         for job_id in active:
-            client.cancel(job_id)
+            with contextlib.suppress(ClientError):  # it may have ended meanwhile
+                client.cancel(job_id)
         deadline = time.monotonic() + timeout
         while active and time.monotonic() < deadline:
             active = [i for i in active if client.job(i)["state"] not in TERMINAL]

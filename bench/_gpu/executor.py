@@ -175,11 +175,15 @@ def cancel(
         if exit_at is not None and ended_at is not None and (nvml is None or empty_at):
             break
         time.sleep(0.05)
+    if ended_at is None:
+        ended = f"still {state} {timeout:.0f} s after the cancel"
+    else:
+        ended = f"{state} {ended_at - start:.2f} s after the cancel"
     results.check(
         "job canceled",
         state == "CANCELED" and exit_at is not None,
-        f"{state} {_after(ended_at, start)} after the cancel; its rank's process exited "
-        f"{_after(exit_at, start)} after it (the server's cancel grace, then SIGTERM)",
+        f"{ended}; its rank's process exited {_after(exit_at, start)} after it (the server's "
+        "cancel grace, then SIGTERM)",
         seconds=(ended_at or deadline) - start,
     )
     name = f"GPU empty within {EMPTY_WITHIN:.0f} s of the job's exit"
