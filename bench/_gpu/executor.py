@@ -81,8 +81,15 @@ def body(results: Results, args: argparse.Namespace) -> None:
         "entrypoint": f"python alloc.py {size}",
         "resources": {"nodes": 1, "gpus_per_node": 1, "cpus_per_proc": 1},
     }
-    # each GPU's used memory before the job: what "empty" comes back to
-    baseline = {g.index: fb_used(nvml, g.index) for g in nvml.gpus()} if nvml else {}
+    # each GPU's used memory before the job (once the steps before have let go of it): what
+    # "empty" comes back to
+    baseline: dict[int, float] = {}
+    if nvml is not None:
+        indices = [g.index for g in nvml.gpus()]
+        deadline = time.monotonic() + 10
+        while any(nvml.holders(indices).values()) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        baseline = {i: fb_used(nvml, i) for i in indices}
     with Client(args.url) as client:
         job = submit(client, workdir, spec)
         job_id = int(job["id"])

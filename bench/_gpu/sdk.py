@@ -42,6 +42,8 @@ def body(results: Results, args: argparse.Namespace) -> None:
 
         def reload() -> State:
             loaded = run.checkpoint.load()
+            if loaded is None:
+                raise RuntimeError("run.checkpoint.load() found no checkpoint")
             with torch.device("meta"):
                 fresh = GPT(cfg).to(torch.bfloat16)
             fresh = fresh.to_empty(device=device)
