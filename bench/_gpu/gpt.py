@@ -3,7 +3,7 @@
 The SDK and FSDP steps of ``bench/gpu_check.py`` build their models from it. As a script it is
 the throughput step's training run, the same file bare and through trainhouse:
 
-    python gpt.py --config '{"layers": 6}' --batch 16 --steps 0 --seconds 25
+    python gpt.py --config '{"layers": 6}' --batch 16 --steps 0 --seconds 30
     python gpt.py ... --steps 300 --trainhouse     # as a trainhouse job, reporting with run.log
 
 It is copied alone into the job's workdir, so it imports torch and the standard library only
@@ -204,7 +204,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=int, default=10, help="untimed steps first")
     parser.add_argument("--calibrate", type=int, default=10, help="untimed steps that size --steps")
     parser.add_argument("--steps", type=int, default=0, help="timed steps (0: about --seconds)")
-    parser.add_argument("--seconds", type=float, default=25.0)
+    parser.add_argument("--seconds", type=float, default=30.0)
     parser.add_argument("--log-every", type=int, default=10)
     parser.add_argument("--trainhouse", action="store_true", help="report through the SDK")
     result = throughput(parser.parse_args(argv))
