@@ -50,6 +50,7 @@ class Node:
     memory_bytes: int
     gpus: tuple[Gpu, ...] = ()
     labels: tuple[str, ...] = ()  # custom resources a Ray node offers ("name=amount")
+    held: tuple[str, ...] = ()  # why GPUs it has are not offered now (not in ``gpus`` then)
 
     def describe(self) -> str:
         gpu = f"{len(self.gpus)} GPU(s)" if self.gpus else "no GPUs"

@@ -7,6 +7,7 @@ back. Each name below is defined once and used by every writer and reader::
     HOME/jobs/<id>/logs/rank-<N>.log            every rank's stdout+stderr, across attempts
     HOME/jobs/<id>/logs/launcher.log            torchrun's own output
     HOME/jobs/<id>/checkpoints/                 written by the SDK, registered with the server
+    HOME/jobs/<id>/cache/                       compilers' caches, kept across attempts
     HOME/jobs/<id>/attempts/<n>/workdir/        a fresh copy of the uploaded code per attempt
     HOME/jobs/<id>/attempts/<n>/tmp/            TMPDIR of the attempt's processes
     HOME/jobs/<id>/attempts/<n>/exit-launcher   "CODE TIME" of torchrun (its supervisor writes it)
@@ -128,6 +129,11 @@ class JobLayout:
     @property
     def checkpoints(self) -> Path:
         return self.root / "checkpoints"
+
+    @property
+    def cache(self) -> Path:
+        """The compilers' caches of every attempt (removed when the job ends)."""
+        return self.root / "cache"
 
     def attempt(self, number: int) -> AttemptLayout:
         return AttemptLayout(self.root / "attempts" / str(number))

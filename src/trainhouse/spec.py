@@ -90,6 +90,7 @@ RESERVED_ENV = frozenset(
         "MASTER_PORT",
         "GROUP_RANK",
         "CUDA_VISIBLE_DEVICES",
+        "CUDA_DEVICE_ORDER",
     }
 )
 

@@ -5,12 +5,16 @@ own, and per-job GPU memory matched across PID namespaces. NVML is a fake here
 
 from __future__ import annotations
 
+import hashlib
 import os
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
+from tests.support.api import app_client, services, submit, wait_state, workdir
 from tests.support.fakes import FakeExecutor
 from tests.support.nvml import FakeGpu, FakeMig, FakeNvml, FakeProcess
 from tests.support.records import new_job
@@ -209,3 +213,93 @@ def test_memory_of_pids_the_server_cannot_see_counts_for_the_job_holding_the_gpu
         assert (names.GPU_MEMORY, 1) not in job
     finally:
         store.close()
+
+
+# -- a GPU is offered once free (item 7); a job names its GPU by UUID (6); caches (10) ------
+LEFTOVER_AWARE_JOB = """\
+import os, pathlib, sys
+cache = pathlib.Path(os.environ["TORCHINDUCTOR_CACHE_DIR"])
+attempt = os.environ["TRAINHOUSE_ATTEMPT"]
+print("visible", os.environ["CUDA_VISIBLE_DEVICES"], os.environ["CUDA_DEVICE_ORDER"],
+      "attempt", attempt, "kept", (cache / "kernel").exists(), flush=True)
+cache.mkdir(parents=True, exist_ok=True)
+(cache / "kernel").write_text("compiled")
+sys.exit(1 if attempt == "1" else 0)
+"""
+
+
+def test_a_gpu_an_ended_attempt_still_holds_waits_until_released(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A rank of an ended attempt (stuck in the kernel, say) still holds GPU 0: a job that needs
+    it waits, saying why, instead of starting into an out-of-memory failure, and starts once the
+    process is gone. The job sees its GPU by UUID in PCI bus order, and its compilers' cache
+    is kept from its failed first attempt to its second, then removed with the job."""
+    from trainhouse.executors.gpu_release import GpuRelease
+    from trainhouse.layout import MARKER_ENV, JobLayout
+
+    home = tmp_path / "home"
+    home_id = hashlib.sha256(str(home.resolve()).encode()).hexdigest()[:12]
+    leftover = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(300)"],
+        env={**os.environ, MARKER_ENV: f"{home_id}:99:1"},  # job 99's first attempt
+    )
+    gpu = FakeGpu(UUIDS[0], processes=[FakeProcess(leftover.pid, 20 << 30)])
+    monkeypatch.setitem(sys.modules, "pynvml", FakeNvml([gpu]).module())
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.setattr("trainhouse.executors.gpu_release.CHECK_EVERY", 0.0)
+    try:
+        with app_client(tmp_path, real=True, gpus=None) as api:
+            assert services(api).scheduler.executor.capacity()[0].gpus[0].uuid == UUIDS[0]
+            spec = "entrypoint: python train.py\nresources: {gpus_per_node: 1}\nmax_restarts: 1\n"
+            job = submit(api, spec, workdir(tmp_path, LEFTOVER_AWARE_JOB)).json()
+            deadline = time.monotonic() + 30
+            while "held by process" not in (
+                api.get(f"/api/v1/jobs/{job['id']}").json()["reason"] or ""
+            ):
+                assert time.monotonic() < deadline, api.get(f"/api/v1/jobs/{job['id']}").json()
+                time.sleep(0.1)
+            shown = api.get(f"/api/v1/jobs/{job['id']}").json()
+            assert shown["state"] == "QUEUED"
+            assert (
+                f"GPU 0 is still held by process {leftover.pid} of job 99's attempt 1"
+                in (shown["reason"])
+            )
+            (node,) = api.get("/api/v1/nodes").json()["nodes"]
+            assert node["free_gpus"] == [] and "held by process" in node["held"][0]
+
+            leftover.kill()
+            leftover.wait()
+            gpu.processes.clear()
+            final = wait_state(api, job["id"], {"COMPLETED", "FAILED"}, timeout=120)
+            assert final["state"] == "COMPLETED", final
+            log = api.get(f"/api/v1/jobs/{job['id']}/logs").text
+            assert f"visible {UUIDS[0]} PCI_BUS_ID attempt 1 kept False" in log, log
+            assert f"visible {UUIDS[0]} PCI_BUS_ID attempt 2 kept True" in log, log
+            assert not JobLayout(home, job["id"]).cache.exists()
+    finally:
+        leftover.kill()
+        leftover.wait()
+    assert GpuRelease  # imported for the reader: the module that holds GPUs back
+
+
+def test_only_processes_of_ended_attempts_of_this_server_hold_a_gpu_back() -> None:
+    from trainhouse.executors.gpu_release import GpuRelease
+
+    class Holders:
+        def holders(self, gpus: object) -> dict[int, set[int]]:
+            return {0: {10}, 1: {11}, 2: {12}, 3: {13}}
+
+        def close(self) -> None:
+            pass
+
+    markers = {10: "me:5:2", 11: "me:6:1", 12: "other:5:1", 13: None}
+    release = GpuRelease("me", open_nvml=lambda: Holders(), read_marker=markers.get)  # type: ignore[arg-type,return-value]
+    node = Node("n", 8, 1 << 30, tuple(Gpu(i, uuid=f"GPU-{i}") for i in range(4)))
+    held = release.held(node, running={"me:6:1"})
+    # job 6's attempt 1 runs (its GPU is the scheduler's business); another server's process
+    # and a process of nobody's are not trainhouse's to judge
+    assert list(held) == [0]
+    assert "process 10 of job 5's attempt 2" in held[0]
+    declared = Node("n", 8, 1 << 30, (Gpu(0),))
+    assert release.held(declared, running=set()) == {}  # declared GPUs: no NVML to ask

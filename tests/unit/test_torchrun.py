@@ -59,13 +59,19 @@ def test_a_rank_gets_the_spec_then_trainhouse_then_its_node() -> None:
         gpus=["1", "3"],
         log_dir=Path("/node/logs"),
         attempt=attempt,
+        cache=Path("/node/caches/12"),
         drop_prefixes=("RAY_",),
+        pci_order=False,
     )
     assert env["PATH"] == "/usr/bin" and "RANK" not in env and "RAY_ADDRESS" not in env
     assert "TRAINHOUSE_DB" not in env
     assert (env["OMP_NUM_THREADS"], env["PYTHONUNBUFFERED"], env["MY_FLAG"]) == ("3", "1", "on")
     assert env[MARKER_ENV] == "home:12:3:1" and env["CUDA_VISIBLE_DEVICES"] == "1,3"
     assert env["TMPDIR"] == "/node/attempt/tmp"
+    assert "CUDA_DEVICE_ORDER" not in env  # Ray's GPU ids: the node's own order
+    # compiled kernels outlive the attempt: a restart does not compile again
+    assert env["TORCHINDUCTOR_CACHE_DIR"] == "/node/caches/12/inductor"
+    assert env["TRITON_CACHE_DIR"] == "/node/caches/12/triton"
     # the SDK and the rank wrapper read the same values back
     assert JobEnv.from_env(env) == JOB.on_node("/node/logs", "/node/attempt")
     assert env["TRAINHOUSE_TOKEN"] == env["TRAINHOUSE_JOB_TOKEN"] == "thj_12_secret"
@@ -74,11 +80,29 @@ def test_a_rank_gets_the_spec_then_trainhouse_then_its_node() -> None:
         {},
         JOB,
         marker="m",
+        gpus=["GPU-8c9d0e1f-2222"],
+        log_dir=Path("/l"),
+        attempt=attempt,
+        cache=Path("/c"),
+    )
+    assert local["RAY_ADDRESS"] == "10.0.0.1:6379"
+    # GPUs by UUID, numbered in PCI bus order as NVML numbers them (CUDA's default is fastest
+    # first)
+    assert local["CUDA_VISIBLE_DEVICES"] == "GPU-8c9d0e1f-2222"
+    assert local["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
+    chosen = torchrun.rank_environment(
+        {"TRITON_CACHE_DIR": "/fast/triton"},
+        {"TORCHINDUCTOR_CACHE_DIR": "/mine"},
+        JOB,
+        marker="m",
         gpus=[],
         log_dir=Path("/l"),
         attempt=attempt,
+        cache=Path("/c"),
     )
-    assert local["RAY_ADDRESS"] == "10.0.0.1:6379" and local["CUDA_VISIBLE_DEVICES"] == ""
+    # a cache the spec or the node chose is kept
+    assert chosen["TORCHINDUCTOR_CACHE_DIR"] == "/mine"
+    assert chosen["TRITON_CACHE_DIR"] == "/fast/triton"
 
 
 def test_a_checkpoint_url_and_a_standalone_process() -> None:

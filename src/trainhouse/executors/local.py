@@ -32,7 +32,7 @@ import signal
 import subprocess
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import IO, ClassVar
 
@@ -42,6 +42,7 @@ from trainhouse import jobfiles
 from trainhouse.cluster import Node
 from trainhouse.executors import cgroups, torchrun
 from trainhouse.executors.base import Exit, Launch, ProcessInfo
+from trainhouse.executors.gpu_release import GpuRelease
 from trainhouse.executors.markers import Scan, find_marked, kill_marked, processes, scan, signal_all
 from trainhouse.executors.stopping import StopTimer
 from trainhouse.executors.supervise import read_record, supervised
@@ -147,6 +148,7 @@ class LocalExecutor:
         self._lock = threading.RLock()
         self._scan: tuple[float, Scan] | None = None  # (when, scan())
         self._scan_lock = threading.Lock()
+        self.gpu_release = GpuRelease(self.home_id)
         # a cgroup per attempt where the machine allows it
         self.cgroup_root, why = cgroups.attempt_root()
         if self.cgroup_root is None:
@@ -159,7 +161,15 @@ class LocalExecutor:
             log.info("%s", why)
 
     def nodes(self) -> list[Node]:
-        return [self.node]
+        """This machine without the GPUs a process of an ended attempt still holds
+        (:mod:`trainhouse.executors.gpu_release`), which ``held`` explains."""
+        with self._lock:
+            running = {a.marker for a in self._attempts.values()}
+        held = self.gpu_release.held(self.node, running)
+        if not held:
+            return [self.node]
+        gpus = tuple(g for g in self.node.gpus if g.index not in held)
+        return [replace(self.node, gpus=gpus, held=tuple(held.values()))]
 
     def capacity(self) -> list[Node]:
         return [self.node]
@@ -193,6 +203,7 @@ class LocalExecutor:
             gpus=self.node.visible_ids(launch.placements[0].gpus),
             log_dir=launch.layout.logs,
             attempt=launch.attempt_layout,
+            cache=launch.layout.cache,
         )
 
     def launch(self, launch: Launch) -> ProcessInfo:
@@ -382,4 +393,5 @@ class LocalExecutor:
         while self.running() and time.monotonic() < deadline:
             exits.extend(self.poll())
             time.sleep(0.1)
+        self.gpu_release.close()
         return exits

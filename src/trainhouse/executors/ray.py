@@ -271,7 +271,12 @@ class RayExecutor:
                     scheduling_strategy=PlacementGroupSchedulingStrategy(
                         pg, placement_group_bundle_index=m.index
                     ),
-                ).remote(self.node_dir, self._tag(att, m.index), self._marker(att, m.index))
+                ).remote(
+                    self.node_dir,
+                    self._tag(att, m.index),
+                    self._marker(att, m.index),
+                    f"{self.home_id}-{att.job_id}",
+                )
             archive = ray.put(pack(launch.workdir))
             infos = self._wait(att, [m.actor.prepare.remote(archive) for m in att.members])
             if infos is None:

@@ -56,6 +56,33 @@ def boot_id() -> str:
         return socket.gethostname()
 
 
+CACHES = "caches"  # under the node's directory: one per job (the compilers' caches)
+CACHE_IDLE = 7 * 86400.0  # seconds a job's caches stay on a node unused
+
+
+def prune_caches(directory: Path, *, keep: Path, idle: float = CACHE_IDLE) -> int:
+    """Remove the jobs' caches in ``directory`` not used for ``idle`` seconds (a job's cache is
+    touched whenever one of its attempts starts here), except ``keep``; how many went. A node
+    does not know when a job has ended for good: age is what tells."""
+    removed = 0
+    try:
+        entries = list(os.scandir(directory))
+    except OSError:
+        return 0
+    now = time.time()
+    for entry in entries:
+        try:
+            if entry.path == str(keep) or not entry.is_dir(follow_symlinks=False):
+                continue
+            if now - entry.stat(follow_symlinks=False).st_mtime < idle:
+                continue
+        except OSError:
+            continue
+        shutil.rmtree(entry.path, ignore_errors=True)
+        removed += 1
+    return removed
+
+
 def interface_of(ip: str) -> str | None:
     """The network interface that holds the address ``ip`` (None where none does)."""
     for name, addresses in psutil.net_if_addrs().items():
@@ -88,12 +115,15 @@ def free_port(host: str) -> int:
 class NodeAgent:
     """One node of one attempt (wrapped with ``ray.remote`` by the executor)."""
 
-    def __init__(self, root: str | None, tag: str, marker: str) -> None:
+    def __init__(self, root: str | None, tag: str, marker: str, cache: str = "") -> None:
         import tempfile
 
         self.default_base = not root
         base = Path(root) if root else Path(tempfile.gettempdir()) / "trainhouse-ray"
         self.root = base / tag
+        # the job's compilers' caches on this node, kept across its attempts (``cache`` names
+        # it: one per job and server; the attempt's own directory without one)
+        self.cache = base / CACHES / cache if cache else self.root / "cache"
         self.marker = marker
         self.ip = ""  # this node's Ray address, known once prepared
         self.proc: subprocess.Popen[bytes] | None = None
@@ -132,6 +162,9 @@ class NodeAgent:
         packed.write_bytes(archive)
         extract(packed, self.workdir)
         packed.unlink()
+        prune_caches(self.cache.parent, keep=self.cache)
+        self.cache.mkdir(parents=True, exist_ok=True)
+        os.utime(self.cache)  # in use: not pruned for CACHE_IDLE from now
         ip = ray.util.get_node_ip_address()
         self.ip = ip
         return {
@@ -194,7 +227,9 @@ class NodeAgent:
             gpus=gpus,
             log_dir=self.logs,
             attempt=self.attempt,
+            cache=self.cache,
             drop_prefixes=("RAY_",),
+            pci_order=False,  # Ray's GPU ids follow the node's order (inherited), not NVML's
         )
         full.update(socket_interfaces(self.ip, full) if self.ip else {})
         cmd = torchrun.command(

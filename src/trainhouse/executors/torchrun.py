@@ -77,6 +77,10 @@ def command(
     ]
 
 
+#: the compilers' cache variables and their directories under a job's cache
+COMPILE_CACHES = {"TORCHINDUCTOR_CACHE_DIR": "inductor", "TRITON_CACHE_DIR": "triton"}
+
+
 def spec_environment(spec: JobSpec) -> dict[str, str]:
     """What the spec gives every rank on every node: thread and output settings, then its own
     ``env``."""
@@ -96,14 +100,23 @@ def rank_environment(
     gpus: Sequence[str],
     log_dir: Path,
     attempt: AttemptLayout,
+    cache: Path,
     drop_prefixes: tuple[str, ...] = (),
+    pci_order: bool = True,
 ) -> dict[str, str]:
     """The environment of a node's processes: ``base`` (the environment of whoever starts
     them) without variables trainhouse or torchrun set for ranks (nor those starting with
     ``drop_prefixes``), then the spec's (:func:`spec_environment`), then trainhouse's with this
     node's log and attempt directories (which a spec can never override), then the node's
     own: the attempt's marker, its GPUs, and a TMPDIR of the attempt's, removed when it
-    ends."""
+    ends.
+
+    ``gpus`` name the node's GPUs as ``CUDA_VISIBLE_DEVICES`` takes them (UUIDs where NVML gave
+    them); with ``pci_order`` CUDA numbers them in PCI bus order as NVML does
+    (``CUDA_DEVICE_ORDER=PCI_BUS_ID``, not CUDA's fastest first), so an index means the same
+    GPU to the job, to NVML and to trainhouse. The compilers' caches (Inductor's, Triton's) go
+    to ``cache``, which outlives the attempt: a restarted ``torch.compile`` job does not
+    compile again from scratch (unless the spec or the node chose caches of its own)."""
     env = {
         k: v
         for k, v in base.items()
@@ -118,4 +131,8 @@ def rank_environment(
             "TMPDIR": str(attempt.tmp),
         }
     )
+    if pci_order:
+        env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
+    for variable, sub in COMPILE_CACHES.items():
+        env.setdefault(variable, str(cache / sub))
     return env

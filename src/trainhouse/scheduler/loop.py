@@ -61,6 +61,20 @@ class SchedulerConfig:
     max_infra_restarts: int = DEFAULT_MAX_INFRA_RESTARTS  # restarts after infra failures, per job
 
 
+def with_held_gpus(waiting: dict[int, str], snap: Snapshot, jobs: dict[int, Job]) -> dict[int, str]:
+    """The reasons of jobs waiting for GPUs, with why GPUs the nodes have are held back (a
+    process of an ended attempt still holds them: ``Node.held``)."""
+    held = "; ".join(note for node in snap.nodes for note in node.held)
+    if not held:
+        return waiting
+    return {
+        job_id: f"{reason}; {held}"
+        if job_id in jobs and Demand.of(jobs[job_id].spec.resources).gpus
+        else reason
+        for job_id, reason in waiting.items()
+    }
+
+
 class SchedulerLoop(Service):
     name = "trainhouse-scheduler"
 
@@ -215,6 +229,11 @@ class SchedulerLoop(Service):
             self.store.jobs.transition(
                 job.id, out.state, reason=out.reason, exit_code=out.exit_code
             )
+            # the compilers' caches only serve the job's next attempts: there are none
+            try:
+                jobfiles.remove(self.home, JobLayout(self.home, job.id).cache)
+            except OSError as exc:
+                log.warning("job %s: its caches were not removed: %s", job.id, exc)
 
     # -- stops -----------------------------------------------------------------------------
     def _enforce_stops(self) -> None:
@@ -335,12 +354,12 @@ class SchedulerLoop(Service):
                 self.usage.charge_start(job.owner, cost_rate(demand, *totals))
         for pre in decisions.preemptions:
             self._preempt(pre.victim, pre.reason)
-        self.waiting = decisions.waiting
+        self.waiting = with_held_gpus(decisions.waiting, snap, by_id)
         # the store keeps each waiting job's reason too, but a queue of thousands shifts its
         # positions at every start: write only reasons that changed beyond the position,
         # a bounded number per tick (readers take the live ones from `waiting`)
         written = 0
-        for job_id, reason in decisions.waiting.items():
+        for job_id, reason in self.waiting.items():
             gist = reason.split(": ", 1)[-1]
             if self._reasons.get(job_id) != gist and written < REASON_WRITES_PER_TICK:
                 self._reasons[job_id] = gist

@@ -238,6 +238,9 @@ class NodeOut(BaseModel):
     gpus: list[dict[str, Any]]
     free_cpus: int
     free_gpus: list[int]
+    held: list[str] = Field(
+        default_factory=list, description="Why GPUs of the node are not offered now"
+    )
     # the latest resource sample (null/empty when the node has none)
     cpu_percent: float | None = Field(None, description="Of all cores, 0-100")
     memory_used_bytes: int | None = Field(None, description="Total minus available")

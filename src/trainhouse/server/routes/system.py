@@ -108,6 +108,7 @@ def nodes(_p: Principal = Depends(signed_in), svc: Services = Depends(services))
                 ],
                 free_cpus=free[n.name].cpus,
                 free_gpus=sorted(free[n.name].gpus),
+                held=list(n.held),
                 **_live(svc.store.system.latest(node=n.name)),
             )
             for n in snap.nodes
