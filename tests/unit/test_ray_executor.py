@@ -282,3 +282,21 @@ def test_ranks_are_told_the_interface_of_the_nodes_ray_address() -> None:
         "GLOO_SOCKET_IFNAME": "lo"
     }
     assert socket_interfaces("198.51.100.254", {}) == {}  # an address no interface holds
+
+
+def test_a_nodes_job_caches_are_pruned_after_days_unused(tmp_path: Path) -> None:
+    """A Ray node keeps each job's compilers' caches across its attempts; it cannot know when
+    a job ended for good, so caches unused for a week go when another attempt starts there."""
+    from trainhouse.executors.ray_node import CACHE_IDLE, prune_caches
+
+    caches = tmp_path / "caches"
+    for name in ("old", "recent", "mine"):
+        (caches / name / "inductor").mkdir(parents=True)
+    week_ago = time.time() - CACHE_IDLE - 60
+    for name in ("old", "mine"):
+        os.utime(caches / name, (week_ago, week_ago))
+    (caches / "link").symlink_to(tmp_path / "elsewhere")
+    (tmp_path / "elsewhere").mkdir()
+    assert prune_caches(caches, keep=caches / "mine") == 1
+    assert sorted(p.name for p in caches.iterdir()) == ["link", "mine", "recent"]
+    assert (tmp_path / "elsewhere").is_dir()
