@@ -11,6 +11,7 @@ The trainhouse servers connect to it by address.
 from __future__ import annotations
 
 import contextlib
+import os
 import shutil
 import signal
 import tempfile
@@ -69,7 +70,8 @@ with trainhouse.init(hparams={"steps": 40, "sleep": 0.1, "fail_at": -1}) as run:
     print(
         f"rank {run.rank} world {run.world_size} node {os.environ['GROUP_RANK']} "
         f"local {run.local_rank} attempt {run.attempt} starts at step {start} "
-        f"on {os.environ.get('GLOO_SOCKET_IFNAME')}/{os.environ.get('NCCL_SOCKET_IFNAME')}",
+        f"on {os.environ.get('GLOO_SOCKET_IFNAME')}/{os.environ.get('NCCL_SOCKET_IFNAME')} "
+        f"cache {os.environ['TORCHINDUCTOR_CACHE_DIR']}",
         flush=True,
     )
     for step in range(start, steps):
@@ -177,6 +179,20 @@ def ray_server(home: Path, cluster: RayCluster, *extra: str, port: int | None = 
     )
 
 
+@pytest.fixture(autouse=True)
+def node_caches() -> Iterator[None]:
+    """A Ray node keeps its jobs' compilers' caches in ``caches/`` of its directory (by default
+    ``$TMPDIR/trainhouse-ray``) across attempts, on purpose; everything else there goes with
+    each attempt. The test leaves neither behind."""
+    yield
+    base = Path(tempfile.gettempdir()) / "trainhouse-ray"
+    deadline = time.monotonic() + 15
+    while base.exists() and set(os.listdir(base)) - {"caches"}:
+        assert time.monotonic() < deadline, f"attempts left {sorted(os.listdir(base))} behind"
+        time.sleep(0.2)
+    shutil.rmtree(base, ignore_errors=True)
+
+
 @pytest.fixture(scope="module")
 def server(ray_cluster: RayCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     root = tmp_path_factory.mktemp("ray-server")
@@ -228,6 +244,8 @@ def test_two_nodes_train_ddp(server: Server, ray_cluster: RayCluster, tmp_path: 
     assert interface is not None
     for log in logs:
         assert f"on {interface}/{interface}" in log, log
+        # the compilers' cache outlives the attempt: in the node's caches/, one per job
+        assert "trainhouse-ray/caches/" in log and f"-{job['id']}/inductor" in log, log
     assert steps_of(server, job["id"]) == list(range(12))
     wait_gone("node agents", agents)
     assert not marked_processes()
