@@ -52,7 +52,7 @@ def test_every_test_the_threat_model_cites_exists() -> None:
         if not line.startswith("| "):
             continue
         module = None
-        for path, name in re.findall(r"`(tests/[\w/]+\.py)?::(\w+)", line):
+        for path, name in re.findall(r"`(tests/[\w/]+\.py)?::(test_\w+)", line):
             module = path or module
             assert module is not None, line
             if f"def {name}(" not in (repo / module).read_text():
