@@ -11,17 +11,15 @@ other users' rows in the job list and the queue carried it.
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 import os
-import tarfile
 from pathlib import Path
 
 from fastapi.testclient import TestClient
 
 from tests.support.api import services, submit, wait_state, workdir
 from tests.support.fakes import FakeExecutor
-from tests.support.records import new_job
+from tests.support.records import new_job, stored_archive
 from tests.support.team import make_team
 from trainhouse.layout import JobLayout
 from trainhouse.lifecycle import JobState
@@ -68,13 +66,7 @@ def test_a_failing_rank_whose_log_holds_nul_bytes_fails_as_its_exit_code_says(
     ``no_restart_on.exit_codes`` ends the job at once (it was "lost" and restarted on
     PostgreSQL)."""
     blobs = BlobStore(tmp_path / "blobs")
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
-        info = tarfile.TarInfo("train.py")
-        info.size = 1
-        tar.addfile(info, io.BytesIO(b"x"))
-    buf.seek(0)
-    digest, _ = blobs.put(buf, 1 << 20)
+    digest = stored_archive(blobs)
     executor = FakeExecutor()
     sched = SchedulerLoop(store, blobs, executor, home=tmp_path, server_url="http://x")
     spec = {

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import io
-import tarfile
 from pathlib import Path
 
 import pytest
 
 from tests.support.fakes import FakeExecutor
+from tests.support.records import stored_archive
 from trainhouse.executors.base import Exit
 from trainhouse.layout import JobLayout
 from trainhouse.lifecycle import JobState
@@ -20,13 +19,7 @@ from trainhouse.store import BlobStore, Store
 def loop(tmp_path: Path) -> tuple[SchedulerLoop, FakeExecutor]:
     store = Store(f"sqlite:///{tmp_path / 'db.sqlite'}")
     blobs = BlobStore(tmp_path / "blobs")
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
-        info = tarfile.TarInfo("train.py")
-        info.size = 1
-        tar.addfile(info, io.BytesIO(b"x"))
-    buf.seek(0)
-    digest, _ = blobs.put(buf, 1 << 20)
+    digest = stored_archive(blobs)
     executor = FakeExecutor()
     sched = SchedulerLoop(store, blobs, executor, home=tmp_path, server_url="http://x")
     sched.digest = digest  # type: ignore[attr-defined]

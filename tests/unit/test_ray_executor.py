@@ -19,6 +19,7 @@ import psutil
 import pytest
 
 from tests.support.fakes import FakeExecutor
+from tests.support.records import stored_archive
 from trainhouse.cluster import Node
 from trainhouse.errors import ResourceError
 from trainhouse.executors.base import Exit, Launch, ProcessInfo
@@ -246,13 +247,7 @@ def test_an_unplaced_attempt_goes_back_to_the_queue_without_a_restart(tmp_path: 
     store = Store(f"sqlite:///{tmp_path / 'db.sqlite'}")
     try:
         blobs = BlobStore(tmp_path / "blobs")
-        buf = io.BytesIO()
-        with tarfile.open(fileobj=buf, mode="w:gz") as tar:
-            info = tarfile.TarInfo("train.py")
-            info.size = 1
-            tar.addfile(info, io.BytesIO(b"x"))
-        buf.seek(0)
-        digest, _ = blobs.put(buf, 1 << 20)
+        digest = stored_archive(blobs)
         sched = SchedulerLoop(store, blobs, Unplaceable(), home=tmp_path, server_url="http://x")
         spec = {"entrypoint": "python train.py", "max_restarts": 0}
         job_id = store.jobs.create(

@@ -50,18 +50,7 @@ def find_marked(marker: str) -> list[psutil.Process]:
 
 def marked_pids() -> dict[str, list[int]]:
     """Marker -> PIDs of every live process carrying one: one scan for all attempts."""
-    found: dict[str, list[int]] = {}
-    me = os.getpid()
-    for proc in psutil.process_iter(["pid"]):
-        if proc.pid == me:
-            continue
-        try:
-            marker = proc.environ().get(MARKER_ENV)
-        except (psutil.Error, OSError):
-            continue
-        if marker:
-            found.setdefault(marker, []).append(proc.pid)
-    return found
+    return scan().marked
 
 
 @dataclass(frozen=True)
