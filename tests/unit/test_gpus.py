@@ -303,3 +303,24 @@ def test_only_processes_of_ended_attempts_of_this_server_hold_a_gpu_back() -> No
     assert "process 10 of job 5's attempt 2" in held[0]
     declared = Node("n", 8, 1 << 30, (Gpu(0),))
     assert release.held(declared, running=set()) == {}  # declared GPUs: no NVML to ask
+
+
+def test_top_shows_why_a_gpu_is_held_back() -> None:
+    from rich.console import Console
+
+    from trainhouse.cli.top import render
+
+    node = {
+        "name": "gpu-box",
+        "cpus": 32,
+        "memory_bytes": 1 << 40,
+        "gpus": [{"index": 0, "uuid": UUIDS[0]}],
+        "free_cpus": 32,
+        "free_gpus": [],
+        "held": ["GPU 0 is still held by process 4242 of job 7's attempt 1, which has ended"],
+        "gpus_live": [{"index": 0, "util": 0.0, "fb_used": 20480.0, "power": 90.0, "temp": 40.0}],
+        "sampled_at": None,
+    }
+    console = Console(record=True, width=200)
+    console.print(render({"nodes": [node], "jobs": []}))
+    assert "held by process 4242 of job 7's attempt 1" in console.export_text()

@@ -92,6 +92,7 @@ def render(data: dict[str, Any]) -> Group:
             gpus.append(f"{g['index']}: {_pct(g['util'])} {fb} {power} {temp}")
         if not gpus:
             gpus = [f"{len(n['gpus'])} declared, not sampled" if n["gpus"] else "none"]
+        gpus.extend(n.get("held") or [])  # GPUs a process of an ended attempt still holds
         nodes.add_row(
             n["name"],
             f"{_pct(n.get('cpu_percent'))} of {n['cpus']}",
