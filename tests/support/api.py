@@ -101,3 +101,16 @@ def wait_state(api: TestClient, job_id: int, states: set[str], timeout: float = 
             return job
         time.sleep(0.1)
     raise AssertionError(f"job {job_id} stuck in {job['state']}")
+
+
+def wait_launched(api: TestClient, job_id: int, timeout: float = 60) -> Any:
+    """The job once RUNNING and launched by the fake executor: the store says RUNNING before
+    the scheduler unpacks the code, makes the checkpoint directory and launches the attempt."""
+    job = wait_state(api, job_id, {"RUNNING"}, timeout)
+    fake = services(api).scheduler.executor
+    assert isinstance(fake, FakeExecutor)
+    deadline = time.monotonic() + timeout
+    while job_id not in fake.live:
+        assert time.monotonic() < deadline, f"job {job_id} RUNNING but never launched"
+        time.sleep(0.01)
+    return job

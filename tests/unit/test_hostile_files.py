@@ -17,7 +17,15 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from tests.support.api import app_client, error_of, services, submit, wait_state, workdir
+from tests.support.api import (
+    app_client,
+    error_of,
+    services,
+    submit,
+    wait_launched,
+    wait_state,
+    workdir,
+)
 from tests.support.hostile import Fifos, finishes, socket_file
 from trainhouse.layout import JobLayout
 from trainhouse.server.housekeeping import expire_logs
@@ -31,7 +39,10 @@ def new_job(api: TestClient, tmp_path: Path, until: str = "COMPLETED", spec: str
     """A job in state ``until`` whose credential is "known": its id, API URL, checkpoint
     directory and job directory."""
     created = submit(api, spec, workdir(tmp_path)).json()
-    wait_state(api, created["id"], {until})
+    if until == "RUNNING":
+        wait_launched(api, created["id"])
+    else:
+        wait_state(api, created["id"], {until})
     svc = services(api)
     svc.store.jobs.update(created["id"], token_hash=hash_token("known"))
     url = f"/api/v1/jobs/{created['id']}"

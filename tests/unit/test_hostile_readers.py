@@ -31,12 +31,12 @@ REPO = Path(__file__).resolve().parents[2]
 MEMORY_CHILD = r"""
 import json, resource, sys
 from pathlib import Path
-from tests.support.api import app_client, services, submit, wait_state, workdir
+from tests.support.api import app_client, services, submit, wait_launched, wait_state, workdir
 
 tmp, case = Path(sys.argv[1]), sys.argv[2]
 with app_client(tmp, exit_code=None) as api:
     job = submit(api, "entrypoint: python train.py", workdir(tmp)).json()
-    wait_state(api, job["id"], {"RUNNING"})
+    wait_launched(api, job["id"])
     svc = services(api)
     directory = Path(svc.checkpoints.location(job["id"]))
     (directory / "step-000000001.pt").write_bytes(b"weights")
