@@ -4,6 +4,10 @@ VENV ?= .venv
 TORCH_SPEC ?= torch==2.13.0
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
+# pytest-xdist workers for `make test`; tests are handed out one by one, but those marked with
+# one xdist_group (a module's Ray cluster) stay on one worker; TEST_WORKERS=0 runs the suite in
+# this process
+TEST_WORKERS ?= 2
 
 .PHONY: venv demo test test-unit check format bench clean
 
@@ -21,10 +25,10 @@ demo: venv
 	$(VENV)/bin/trainhouse demo --example examples/digits
 
 test: venv
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
 
 test-unit: venv
-	$(PY) -m pytest tests/unit $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup tests/unit $(PYTEST_ARGS)
 
 check: venv
 	$(VENV)/bin/ruff check src tests bench examples

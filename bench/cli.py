@@ -246,6 +246,9 @@ def print_report(r: dict[str, Any]) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="How fast trainhouse --help and ps start.")
     parser.add_argument("--quick", action="store_true", help="5 runs per case")
+    parser.add_argument(
+        "--smoke", action="store_true", help="1 run per case, no quiet wait (the suite's check)"
+    )
     parser.add_argument("--repeats", type=int, help="timed runs per case (20; --quick: 5)")
     parser.add_argument(
         "--no-server", action="store_true", help="skip ps against a real server (saves its start)"
@@ -259,9 +262,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
     args = parser.parse_args(argv)
     if args.repeats is None:
-        args.repeats = 5 if args.quick else 20
+        args.repeats = 1 if args.smoke else 5 if args.quick else 20
     if args.quiet_wait is None:
-        args.quiet_wait = 5.0 if args.quick else 30.0
+        args.quiet_wait = 0.0 if args.smoke else 5.0 if args.quick else 30.0
     if args.repeats < 1:
         parser.error("--repeats must be >= 1")
     results = measure(args)

@@ -214,6 +214,9 @@ def print_report(s: dict[str, Any]) -> None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="1 run each, 200 steps")
+    parser.add_argument(
+        "--smoke", action="store_true", help="1 run each, 75 steps, no quiet wait (the suite's)"
+    )
     parser.add_argument("--repeats", type=int, default=2, help="runs per executor")
     parser.add_argument("--steps", type=int, default=400)
     parser.add_argument("--procs", type=int, default=2, help="DDP ranks of the job")
@@ -225,6 +228,8 @@ def main() -> int:
     args = parser.parse_args()
     if args.quick:
         args.repeats, args.steps = 1, 200
+    if args.smoke:
+        args.repeats, args.steps, args.warmup, args.quiet_wait = 1, 75, 1, 0.0
     try:
         import ray  # noqa: F401
     except ImportError:

@@ -60,7 +60,7 @@ from _machine import BUSY_PERCENT, log, wait_quiet
 from trainhouse.client import Client
 from trainhouse.serverprocess import ServerProcess, free_port
 from trainhouse.store import Store
-from trainhouse.store.store import _sqlite_pragmas
+from trainhouse.store.database import _sqlite_pragmas
 
 TARGET_RATE = 100_000
 TARGET_RATIO = 0.5
@@ -251,6 +251,11 @@ def verdict(ok: bool) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Metric ingestion vs raw SQLite inserts.")
     parser.add_argument("--quick", action="store_true", help="300,000 points (< 60 s)")
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="20,000 points, 1 run, no quiet wait (the suite's check)",
+    )
     parser.add_argument("--points", type=int, help="total points, all series and ranks (1e6)")
     parser.add_argument("--series", type=int, default=8, help="metrics per step (8)")
     parser.add_argument("--ranks", type=int, default=1, help="ranks of the job (1)")
@@ -268,6 +273,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
     args = parser.parse_args(argv)
+    if args.smoke:
+        args.points = args.points or 20_000
+        args.batch = min(args.batch, 5_000)
+        args.quick = True
+        args.quiet_wait = 0.0 if args.quiet_wait is None else args.quiet_wait
+        args.op_wait = 0.0 if args.op_wait is None else args.op_wait
     total = args.points or (300_000 if args.quick else 1_000_000)
     repeats = args.repeats or (1 if args.quick else 2)
     op_wait = args.op_wait if args.op_wait is not None else (2.0 if args.quick else 10.0)

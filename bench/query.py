@@ -106,6 +106,11 @@ def check(points: list[Any], max_points: int, lo: int, hi: int, low: float, high
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Downsampled query time of a large series.")
     parser.add_argument("--quick", action="store_true", help="5 repeats (still 1e6 points)")
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="20,000 points, 1 repeat, no quiet wait (the suite's check)",
+    )
     parser.add_argument("--points", type=int, default=1_000_000, help="loss points (1e6)")
     parser.add_argument("--others", type=int, default=3, help="other series (3)")
     parser.add_argument("--other-points", type=int, default=100_000, help="their points (1e5)")
@@ -116,6 +121,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
     args = parser.parse_args(argv)
+    if args.smoke:
+        args.points, args.other_points, args.others = 20_000, 2_000, 1
+        args.repeats = args.repeats or 1
+        args.quiet_wait = 0.0 if args.quiet_wait is None else args.quiet_wait
     repeats = args.repeats or (5 if args.quick else 15)
     quiet = args.quiet_wait if args.quiet_wait is not None else (5.0 if args.quick else 30.0)
     if args.points < 2 or args.max_points < 4 or repeats < 1 or args.others < 0:

@@ -442,6 +442,11 @@ def main(argv: list[str] | None = None) -> int:
         description="Time from a SIGKILLed rank to the next training step vs a cold start."
     )
     parser.add_argument("--quick", action="store_true", help="1 job, 1 kill, 10 warm steps")
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="1 job, 1 kill, 4 warm steps, no quiet wait (the suite's check)",
+    )
     parser.add_argument("--jobs", type=int, help="jobs run one after the other (3)")
     parser.add_argument("--kills", type=int, default=1, help="kills of rank 1 per job (1)")
     parser.add_argument("--every", type=int, default=5, help="checkpoint every N steps (5)")
@@ -454,6 +459,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
     args = parser.parse_args(argv)
+    if args.smoke:
+        args.quick = True
+        args.warm_steps = args.warm_steps or 4
+        args.every = min(args.every, 2)
+        args.quiet_wait = 0.0 if args.quiet_wait is None else args.quiet_wait
     args.jobs = args.jobs or (1 if args.quick else 3)
     args.warm_steps = args.warm_steps or (10 if args.quick else 15)
     if args.quiet_wait is None:

@@ -267,6 +267,11 @@ def run_shape(
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Rollup cost of small wide metric batches.")
     parser.add_argument("--batches", type=int, default=60, help="timed batches per side")
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="3 batches per side after 1 warm-up (the suite's check)",
+    )
     parser.add_argument("--warmup", type=int, default=5, help="untimed batches per side first")
     parser.add_argument("--db", choices=sorted(BACKENDS), default="both")
     parser.add_argument("--pg", default=DEFAULT_PG, help="a PostgreSQL admin URL")
@@ -278,6 +283,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
     args = parser.parse_args(argv)
+    if args.smoke:
+        args.batches, args.warmup = 3, 1
     shapes = [tuple(int(x) for x in s.split("x")) for s in args.shapes.split(",")]
     impls = {"before": before_module(args.before), "after": rollup}
     busy = machine_busy()

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import signal
 import tempfile
 import threading
 import time
@@ -22,7 +23,7 @@ import pytest
 
 from tests.support.hostile import Fifos
 from tests.support.postgres import PG_ADMIN
-from tests.support.processes import marked_processes
+from tests.support.processes import add_session_root, marked_processes
 from tests.support.servers import Server, assert_clean_stop, start_server
 
 _LEAK_TMP = Path(tempfile.mkdtemp(prefix="trainhouse-tests-"))
@@ -31,6 +32,10 @@ os.environ["TMPDIR"] = str(_LEAK_TMP)
 os.environ["TRAINHOUSE_CONFIG_DIR"] = str(_LEAK_TMP / "client-config")
 os.environ.pop("TRAINHOUSE_TOKEN", None)
 tempfile.tempdir = str(_LEAK_TMP)
+# A suite started in the background (`make test &` in a script) inherits SIGINT ignored, and so
+# would every CLI a test starts: a test that presses Ctrl-C needs a terminal's default.
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 # pytest's own tmp_path directories live here too; they are not leaks
 _PYTEST_TMP_PREFIX = "pytest-of-"
 
@@ -50,6 +55,13 @@ def _describe(procs: list[psutil.Process]) -> str:
         with contextlib.suppress(psutil.Error):
             parts.append(f"{p.pid}: {' '.join(p.cmdline())[:160]}")
     return "\n".join(parts)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def session_roots(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """The leak check and the fault tests find this session's job processes by where their
+    directories lie: TMPDIR, and pytest's temp root, which pytest-xdist puts elsewhere."""
+    add_session_root(tmp_path_factory.getbasetemp())
 
 
 @pytest.fixture(autouse=True)

@@ -35,6 +35,10 @@ SINGLE_BACKEND = {
     "runs on both backends in test_recovery.py, and chaos is the suite's most expensive test",
     "test_training.py::test_postgres_backed_server": "picks its own PostgreSQL database",
     "test_postgres.py::test_a_server_refuses_an_unmigrated": "an unmigrated PostgreSQL database",
+    "test_faults.py::test_a_killed_rank_resumes_bit_identically": "a rank SIGKILLed mid-run: "
+    "the processes, the RNG and sampler states and the weights are under test; the store's side "
+    "of a killed rank (its attempt's end, the restart from the checkpoint, every step stored "
+    "once) runs on both backends in test_training.py and test_recovery.py",
     "test_isolation.py": "the processes and files of a server are under test, not its store: "
     "the secret's test picks its own PostgreSQL database, and the SQLite file is among the "
     "files whose modes are checked",

@@ -28,7 +28,8 @@ from tests.support.processes import marked_processes
 from tests.support.servers import Server, assert_clean_stop, start_server
 from trainhouse.executors.ray_node import interface_of
 
-pytestmark = pytest.mark.ray
+# one Ray cluster for the module: under pytest-xdist its tests stay on one worker
+pytestmark = [pytest.mark.ray, pytest.mark.xdist_group("ray-cluster")]
 
 OBJECT_STORE = 80 * 1024 * 1024
 FAST_DEATH = {  # a removed node is declared dead in about 1.5 s (Ray's default: 15 s or more)

@@ -4,6 +4,7 @@ tests find them by their marker), and running a process as an ordinary user woul
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
 import tempfile
 from pathlib import Path
@@ -12,20 +13,33 @@ import psutil
 
 from trainhouse.layout import MARKER_ENV
 
+_SESSION_ROOTS: list[str] = []
+
+
+def add_session_root(path: Path | str) -> None:
+    """Count jobs whose directory lies under ``path`` as this session's too: pytest's own
+    ``tmp_path`` root, which under pytest-xdist is the controller's, one folder per worker,
+    outside the worker's TMPDIR (tests/conftest.py registers it)."""
+    root = os.path.join(os.path.realpath(path), "")
+    if root not in _SESSION_ROOTS:
+        _SESSION_ROOTS.append(root)
+
 
 def marked_processes() -> list[psutil.Process]:
     """Processes a trainhouse executor started for this test session's servers.
 
     They carry TRAINHOUSE_RUN_MARKER, and their job directory lies under the session's temp
-    directory (tests/conftest.py points TMPDIR there), so jobs of other trainhouse servers on
-    the machine are not counted.
+    directory (tests/conftest.py points TMPDIR there) or pytest's temp root for this session
+    (its worker's, under pytest-xdist), so jobs of other trainhouse servers on the machine, and
+    of the other workers of the same run, are not counted.
     """
-    session_tmp = tempfile.gettempdir()
+    roots = (os.path.join(os.path.realpath(tempfile.gettempdir()), ""), *_SESSION_ROOTS)
     found = []
     for proc in psutil.process_iter(["pid"]):
         with contextlib.suppress(psutil.Error, OSError):
             env = proc.environ()
-            if MARKER_ENV in env and env.get("TRAINHOUSE_LOG_DIR", "").startswith(session_tmp):
+            log_dir = os.path.realpath(env.get("TRAINHOUSE_LOG_DIR", "/nonexistent"))
+            if MARKER_ENV in env and log_dir.startswith(roots):
                 found.append(proc)
     return found
 

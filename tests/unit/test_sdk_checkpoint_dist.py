@@ -166,6 +166,10 @@ def _env(tmp_path: Path) -> dict[str, str]:
     return env
 
 
+# one torchrun of two ranks serves the module: under pytest-xdist its tests stay on one worker
+pytestmark = pytest.mark.xdist_group("two-ranks")
+
+
 @pytest.fixture(scope="module")
 def two_ranks(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
     tmp = tmp_path_factory.mktemp("two-ranks")
