@@ -19,13 +19,22 @@ pytestmark = [pytest.mark.integration]
 
 REPO = Path(__file__).resolve().parents[2]
 BENCHMARKS = sorted(p.name for p in (REPO / "bench").glob("*.py") if not p.name.startswith("_"))
+# benchmarks that start a Ray cluster run on the worker of test_ray.py's, never beside it
+ON_RAY = {"executors.py"}
 
 
 def test_the_benchmarks_are_found() -> None:
     assert {"checkpoint.py", "load.py", "overhead.py", "scheduler.py"} <= set(BENCHMARKS)
+    assert set(BENCHMARKS) >= ON_RAY
 
 
-@pytest.mark.parametrize("script", BENCHMARKS)
+@pytest.mark.parametrize(
+    "script",
+    [
+        pytest.param(name, marks=[pytest.mark.xdist_group("ray-cluster")] if name in ON_RAY else [])
+        for name in BENCHMARKS
+    ],
+)
 def test_benchmark_smoke_mode_runs(script: str, pg_server: str) -> None:
     result = subprocess.run(
         [sys.executable, str(REPO / "bench" / script), "--smoke"],
