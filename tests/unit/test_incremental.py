@@ -205,7 +205,8 @@ def test_walk_stops_early_but_gives_every_job_a_reason() -> None:
     node = Node("a", 64, 1 << 34, tuple(Gpu(g) for g in range(8)))
     busy = RunningJob(1, (Placement("a", 7, tuple(range(7)), 1),), "x", "urgent", 0.0, 100.0)
     backlog = [QueuedJob(10 + i, "normal", 2.0 + i, Demand(1, 2, 2), "bob") for i in range(50)]
-    queued = (QueuedJob(2, "high", 1.0, Demand(1, 8, 8), "ann"), *backlog)
+    low = [QueuedJob(100 + i, "low", 0.5, Demand(1, 2, 2), "cy") for i in range(3)]
+    queued = (QueuedJob(2, "high", 1.0, Demand(1, 8, 8), "ann"), *backlog, *low)
     snap = Snapshot((node,), (busy,), queued, now=10.0)
     got = Scheduler().decide(snap)
     assert got == decide(snap)
@@ -215,6 +216,11 @@ def test_walk_stops_early_but_gives_every_job_a_reason() -> None:
         "queue position 51: needs 2 GPU(s) and 2 CPU cores on one node; largest free block: "
         "1 GPU(s), 57 CPU cores on a; job 2 is reserved to start first; "
         "1 waiting job(s) ahead with higher priority"
+    )
+    assert got.waiting[102] == (
+        "queue position 54: needs 2 GPU(s) and 2 CPU cores on one node; largest free block: "
+        "1 GPU(s), 57 CPU cores on a; job 2 is reserved to start first; "
+        "51 waiting job(s) ahead with higher priority"
     )
     ordered = order(snap)
     assert walk(snap, ordered) == walk(snap, ordered, QueueIndex(queued))

@@ -37,6 +37,7 @@ from trainhouse.scheduler.policy import (
     INF,
     Decisions,
     QueuedJob,
+    Quota,
     Reservation,
     Snapshot,
     block_head,
@@ -49,10 +50,11 @@ from trainhouse.scheduler.policy import (
     quota_block,
 )
 from trainhouse.scheduler.resources import Demand, Free
-from trainhouse.spec import tier_rank
+from trainhouse.spec import PRIORITY_TIERS, tier_rank
 
 __all__ = ["QueueIndex", "Scheduler", "walk"]
 
+RANKS = {tier: tier_rank(tier) for tier in PRIORITY_TIERS}
 Shape = tuple[int, int, int]  # (nodes, cpus, gpus) of a demand
 Entry = tuple[float, int, QueuedJob]  # (created_at, id, job): an owner's lane sorts by age
 
@@ -223,6 +225,8 @@ def walk(
         used[r.owner][0] += r.cpus
         used[r.owner][1] += r.gpus
     quotas, default_quota = snapshot.quotas, snapshot.default_quota
+    # whose quota can block a job: everyone's with a default quota, else those with a quota
+    limited = None if limits(default_quota) else {o for o, q in quotas.items() if limits(q)}
     shapes = set(index.shapes) if index is not None else {shape_of(j.demand) for j in ordered}
     reservation: Reservation | None = None
     # per epoch: where a shape goes (None: it does not fit), whether it delays the
@@ -231,9 +235,8 @@ def walk(
     delays: dict[tuple[Shape, bool], bool] = {}
     gists: dict[tuple[Shape, bool, int], str] = {}
     blocks: dict[bool, str] = {}
-    waiting_by_tier: dict[int, int] = defaultdict(int)
+    waiting_by_tier = [0] * len(RANKS)
     tier, higher = -1, 0  # the order is by tier first: the count ahead is fixed within a tier
-    nothing_fits = False  # a reservation stands and no queued shape fits the free capacity
 
     def block(d: Demand) -> str:
         key = d.gpus > 0
@@ -241,21 +244,19 @@ def walk(
             blocks[key] = largest_block(free, d)
         return blocks[key]
 
+    position = 0
     for position, job in enumerate(ordered, start=1):
         d = job.demand
-        quota = quotas.get(job.owner, default_quota)
-        if quota.gpus is not None or quota.cpus is not None:
+        if limited is None or job.owner in limited:
+            quota = quotas.get(job.owner, default_quota)
             blocked = quota_block(job, quota, used[job.owner])
             if blocked:
                 waiting[job.id] = f"queue position {position}: {blocked}"
                 continue
         shape = (d.nodes, d.cpus, d.gpus)
-        if nothing_fits:
-            nodes = None
-        else:
-            if shape not in fits:
-                fits[shape] = place(free, d)
-            nodes = fits[shape]
+        if shape not in fits:
+            fits[shape] = place(free, d)
+        nodes = fits[shape]
         if nodes is not None:
             if reservation is None:
                 can_start = True
@@ -275,18 +276,19 @@ def walk(
                 blocks.clear()
                 used[job.owner][0] += d.nodes * d.cpus
                 used[job.owner][1] += d.nodes * d.gpus
-                if reservation is not None:
-                    nothing_fits = stuck(free, shapes, fits)
+                if reservation is not None and stuck(free, shapes, fits):
+                    break
                 continue
-        rank = tier_rank(job.priority)
+        rank = RANKS[job.priority]
         if rank != tier:
-            tier, higher = rank, sum(n for t, n in waiting_by_tier.items() if t > rank)
+            tier, higher = rank, sum(waiting_by_tier[rank + 1 :])
         waiting_by_tier[rank] += 1
         if reservation is None:
             where = f"queue position {position}"
             reservation = block_head(snapshot, job, free, decisions, where, block(d))
             gists.clear()
-            nothing_fits = stuck(free, shapes, fits)
+            if stuck(free, shapes, fits):
+                break
             continue
         key = (shape, bool(job.max_runtime), rank)
         gist = gists.get(key)
@@ -303,4 +305,37 @@ def walk(
                 )
             gists[key] = gist
         waiting[job.id] = f"queue position {position}: {gist}"
+    else:
+        return decisions
+    # Nothing more can start: a reservation stands and no queued shape fits. Every job after
+    # ``position`` waits, for its quota or with its shape's reason in its tier.
+    assert reservation is not None
+    head = reservation.job
+    tail_gists: dict[tuple[Shape, int], str] = {}
+    done = position
+    for position, job in enumerate(ordered[done:], start=done + 1):
+        if limited is None or job.owner in limited:
+            quota = quotas.get(job.owner, default_quota)
+            blocked = quota_block(job, quota, used[job.owner])
+            if blocked:
+                waiting[job.id] = f"queue position {position}: {blocked}"
+                continue
+        d = job.demand
+        rank = RANKS[job.priority]
+        if rank != tier:
+            tier, higher = rank, sum(waiting_by_tier[rank + 1 :])
+        waiting_by_tier[rank] += 1
+        shape = (d.nodes, d.cpus, d.gpus)
+        gist = tail_gists.get((shape, rank))
+        if gist is None:
+            ahead = f"; {higher} waiting job(s) ahead with higher priority" if higher else ""
+            gist = (
+                f"needs {need_text(d)}; {block(d)}; job {head.id} is reserved to start first{ahead}"
+            )
+            tail_gists[shape, rank] = gist
+        waiting[job.id] = f"queue position {position}: {gist}"
     return decisions
+
+
+def limits(quota: Quota) -> bool:
+    return quota.gpus is not None or quota.cpus is not None
