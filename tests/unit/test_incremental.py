@@ -257,3 +257,20 @@ def test_a_simulated_day_is_the_same_with_either_path() -> None:
         assert a.finished == b.finished
         assert a.preemptions == b.preemptions
         assert a.gpu_seconds == b.gpu_seconds
+
+
+def test_deltas_reported_by_the_caller_keep_the_index_exact() -> None:
+    """Scheduler.queued/removed and decide(sync=False): what a caller that knows the changes
+    does (no diff of the whole queue at each tick)."""
+    for seed in range(40):
+        scheduler = Scheduler()
+        held: dict[int, QueuedJob] = {}
+        for snap in snapshots(seed, 6):
+            fresh = {j.id: j for j in snap.queued}
+            for job_id in set(held) - set(fresh):
+                scheduler.removed(job_id)
+            for job in fresh.values():
+                if held.get(job.id) != job:
+                    scheduler.queued(job)
+            held = fresh
+            assert scheduler.decide(snap, sync=False) == decide(snap)
