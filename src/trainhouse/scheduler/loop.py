@@ -15,7 +15,6 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from trainhouse import jobfiles
 from trainhouse.cluster import Placements
@@ -76,8 +75,9 @@ def with_held_gpus(waiting: dict[int, str], snap: Snapshot) -> dict[int, str]:
     }
 
 
-# what of a stored job the policy's QueuedJob depends on, besides its id
-_QueuedKey = tuple[dict[str, Any], str, float, str]
+# what a stored job's QueuedJob is kept by: a job's spec changes only with its tier
+# (JobRepo.set_priority), and every write of a job sets updated_at
+_QueuedKey = tuple[float, str, float, str]
 
 
 class SchedulerLoop(Service):
@@ -294,7 +294,7 @@ class SchedulerLoop(Service):
         for job in queued:
             if job.cancel_requested:
                 continue  # _schedule ends it
-            key = (job.spec_data, job.priority, job.created_at, job.owner)
+            key = (job.updated_at, job.priority, job.created_at, job.owner)
             cached = known.get(job.id)
             if cached is not None and cached[0] == key:
                 entry = cached[1]
