@@ -1,27 +1,38 @@
 """How fast is one scheduling decision, and how well does the policy use a cluster?
 
 Part 1: decision time
-    A simulated cluster of 25 nodes x 8 GPUs (64 CPU cores each) and a snapshot of it as the
-    scheduler loop would build one: running jobs on concrete, non-overlapping GPUs filling most
-    of the cluster (about 90% of the GPUs; low to urgent tiers, some with a ``max_runtime``, a
-    few already stopping), and a queue of mixed jobs: gangs of 1, 2, 4 or 8 GPUs on one node and
-    some of 2-4 nodes x 8 GPUs; mostly ``normal`` tier, some ``low``/``high``, few ``urgent``;
-    ~50 users with different decayed usage, a few with a share of 2 and a few with a GPU quota;
-    some jobs declare a ``max_runtime``. ``decide(snapshot)`` (the pure policy function in
-    ``trainhouse.scheduler.policy``) is timed with ``time.perf_counter`` around the call (and
-    ``time.process_time``, this process's CPU time, as a cross-check), after one untimed warm-up
-    call and a ``gc.collect()`` before each call; the snapshots are built beforehand and not
-    timed. Every timed call gets a different snapshot: a fresh running set (which jobs run
-    where, and since when), a different draw of the queue from a slightly larger pool, and
-    ``now`` moved on. That is done at 1,000 and at 10,000 queued jobs to show how the time
-    scales; the median and p99 (linear interpolation between order statistics: with 30 calls the
-    p99 is close to the slowest call) at 10,000 are compared with the target, median < 50 ms.
+    A simulated cluster of 25 nodes x 8 GPUs (64 CPU cores each) and a sequence of snapshots
+    of it as the scheduler loop would build them, one per tick: running jobs on concrete,
+    non-overlapping GPUs filling most of the cluster (about 90% of the GPUs; low to urgent
+    tiers, some with a ``max_runtime``, a few already stopping), and a queue of mixed jobs:
+    gangs of 1, 2, 4 or 8 GPUs on one node and some of 2-4 nodes x 8 GPUs; mostly ``normal``
+    tier, some ``low``/``high``, few ``urgent``; ~50 users with different decayed usage, a few
+    with a share of 2 and a few with a GPU quota; some jobs declare a ``max_runtime``. From one
+    tick to the next the queue changes as a busy server's does (``--churn``, 8: that many jobs
+    leave it, started or canceled, and as many new ones arrive; one job in 1,000 changes
+    priority), the running set is drawn afresh, the usage moves by up to 5% and ``now`` moves
+    on 30 s. Two paths decide on every snapshot:
+
+    * ``decide(snapshot)``, the pure from-scratch reference (``trainhouse.scheduler.policy``):
+      it groups and sorts the whole queue and walks all of it every time;
+    * ``Scheduler.decide(snapshot)`` (``trainhouse.scheduler.incremental``), what the loop
+      and the simulation use: it keeps the queue indexed between ticks, takes the snapshot's
+      queue by its differences (``QueueIndex.sync``, timed as part of the call), and walks
+      once per epoch between starts. Its first call, which builds the index, is timed apart.
+
+    Each call is timed with ``time.perf_counter`` (and ``time.process_time``, this process's
+    CPU time, as a cross-check) after a ``gc.collect()``; the snapshots are built beforehand.
+    After each pair of calls (untimed) the two decisions are compared: they must be equal. At
+    1,000, 10,000 and 100,000 queued jobs it prints the median and the p99 (linear
+    interpolation between order statistics: with 30 calls the p99 is close to the slowest
+    call), and for the incremental path the median over the target: < 50 ms at 10,000 and
+    < 500 ms at 100,000, with PASS or BELOW TARGET.
 
     The times are only as good as the machine is quiet. Before part 1 the benchmark waits up to
     ``--quiet-wait`` (60 s) for other processes to leave the CPUs, measures how much of the
     CPUs other processes used during the timed calls, and warns above 15%.
 
-Part 2: GPU utilisation over a simulated day
+Part 2: GPU utilisation over a simulated day (``_scheduler_day.py``)
     Seeded Poisson arrivals over a day (``--hours``, 24), at a rate chosen so that the expected
     GPU-seconds demanded equal ``--load`` (1.05) times the cluster's capacity over that span
     (the realised demand varies with the seed; it is printed): the same size and tier mix as
@@ -29,23 +40,29 @@ Part 2: GPU utilisation over a simulated day
     a little above (<= 1.25x) their real runtime, ~5% a generous one (3-10x), the rest none;
     checkpoints every 10-30 minutes. The arrivals are run through
     ``trainhouse.scheduler.simulate.simulate`` (discrete events, from an empty cluster of
-    ``--sim-nodes`` x 8 GPUs, 25) with the real policy and with ``fifo_decide`` (submission
-    order, head of line blocks, no backfill, no preemption), both up to the end of the day.
-    Utilisation is GPU-seconds held (work later lost to a preemption included) / (GPUs x span).
-    The upper bound is min(1, GPU-seconds demanded by the jobs arriving that day / (GPUs x
-    span)); it is loose, since a job arriving at 23:00 cannot do 8 hours of work that day, and
-    the cluster starts empty. It prints both utilisations, the ratios policy/FIFO and
-    policy/bound, the preemptions, and the median queue wait per tier and per job size (first
-    start - submission; a job not started by the end of the day counts as waiting until then,
-    so for a group with such jobs the median is a lower bound).
+    ``--sim-nodes`` x 8 GPUs, 25) with the real policy (the incremental path) and with
+    ``fifo_decide`` (submission order, head of line blocks, no backfill, no preemption), both
+    up to the end of the day. Utilisation is GPU-seconds held (work later lost to a preemption
+    included) / (GPUs x span), over the **steady-state window**: from the moment the policy's
+    queue first stays non-empty after a decision to the last arrival, the same window for
+    FIFO and the bound; the whole day is printed too. The upper bound over a window credits
+    each job with at most its GPUs x min(runtime, time left in the window after it arrives).
+    It prints utilisations, the ratios policy/FIFO and policy/bound (and FIFO/bound), the
+    preemptions, and the median and p90 queue wait per tier and per gang size of the jobs
+    arriving in the window (first start - submission; a job not started by the end of the day
+    counts as waiting until then, so for a group with such jobs the figures are lower bounds).
 
-    python bench/scheduler.py [--quick] [--repeats 30] [--hours 24] [--load 1.05] [--seed 1]
+    python bench/scheduler.py [--quick | --smoke] [--repeats 30] [--hours 24] [--load 1.05]
+                              [--churn 8] [--sizes 1000,10000,100000] [--seed 1]
                               [--sim-nodes 25] [--quiet-wait 60] [--profile] [--json]
 
-``--quick`` makes 5 timed calls per queue size and simulates 6 hours instead of 24. Seeded and
-deterministic apart from the timings. It is a benchmark, not a test: it exits 0 whatever the
-numbers and prints PASS or BELOW TARGET. ``--profile`` adds a cProfile of one decision with
-10,000 queued jobs (by own time; profiling inflates the cost of small function calls).
+``--quick`` makes 5 timed calls per queue size and simulates 6 hours instead of 24.
+``--smoke`` checks that everything runs, in a few seconds: 2 calls at 1,000 and 10,000 queued
+only, no waiting for a quiet machine, a 2-hour day on 8 nodes; its numbers mean nothing.
+Seeded and deterministic apart from the timings. It is a benchmark, not a test: it exits 0
+whatever the numbers and prints PASS or BELOW TARGET (it exits 1 only if the two paths ever
+decide differently). ``--profile`` adds a cProfile of one decision of each path with 10,000
+queued jobs (by own time; profiling inflates the cost of small function calls).
 """
 
 from __future__ import annotations
@@ -55,94 +72,39 @@ import cProfile
 import gc
 import io
 import json
-import math
 import pstats
 import random
 import statistics
 import sys
 import time
 from collections import defaultdict
-from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import psutil
 from _machine import BUSY_PERCENT, log, wait_quiet
+from _scheduler_day import part2, print_day
+from _scheduler_mix import (
+    CPUS_PER_NODE,
+    DAY,
+    GPUS_PER_NODE,
+    NODES,
+    TIERS,
+    Users,
+    cluster,
+    demand,
+    make_users,
+    percentile,
+    pick,
+)
 
-from trainhouse.cluster import Gpu, Node, Placement
-from trainhouse.scheduler.policy import Decisions, QueuedJob, Quota, RunningJob, Snapshot, decide
-from trainhouse.scheduler.resources import Demand
-from trainhouse.scheduler.simulate import SimJob, SimResult, fifo_decide, simulate
-from trainhouse.spec import PRIORITY_TIERS
+from trainhouse.cluster import Node, Placement
+from trainhouse.scheduler.incremental import Scheduler
+from trainhouse.scheduler.policy import QueuedJob, RunningJob, Snapshot, decide
 
-TARGET_MS = 50.0
-NODES = 25
-GPUS_PER_NODE = 8
-CPUS_PER_NODE = 64
-CPUS_PER_GPU = 6  # leaves a few cores per node for the node itself
-USERS = 50
-DAY = 86400.0
-
-# (nodes, gpus per node) -> weight: single-node gangs of 1-8 GPUs, some 2-4 node gangs of 8
-SIZES: list[tuple[tuple[int, int], float]] = [
-    ((1, 1), 0.35),
-    ((1, 2), 0.20),
-    ((1, 4), 0.20),
-    ((1, 8), 0.15),
-    ((2, 8), 0.05),
-    ((3, 8), 0.02),
-    ((4, 8), 0.03),
-]
-TIERS: list[tuple[str, float]] = [("low", 0.12), ("normal", 0.78), ("high", 0.09), ("urgent", 0.01)]
-
-
-def percentile(values: list[float], q: float) -> float:
-    """The q-th percentile (0-100), linear interpolation between order statistics."""
-    xs = sorted(values)
-    if len(xs) == 1:
-        return xs[0]
-    pos = (len(xs) - 1) * q / 100
-    lo = math.floor(pos)
-    hi = min(lo + 1, len(xs) - 1)
-    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
-
-
-def pick(rng: random.Random, table: list[tuple[Any, float]]) -> Any:
-    return rng.choices([v for v, _ in table], weights=[w for _, w in table])[0]
-
-
-def demand(rng: random.Random) -> Demand:
-    nodes, gpus = pick(rng, SIZES)
-    return Demand(nodes, gpus * CPUS_PER_GPU, gpus, gpus)
-
-
-def cluster(n: int = NODES, gpus: int = GPUS_PER_NODE, cpus: int = CPUS_PER_NODE) -> list[Node]:
-    return [
-        Node(f"node{i:02d}", cpus, 1 << 40, tuple(Gpu(g, "H100", 80 << 30) for g in range(gpus)))
-        for i in range(n)
-    ]
-
-
-@dataclass
-class Users:
-    names: list[str]
-    weights: list[float]  # how much each submits (Zipf-like: a few heavy users)
-    usage: dict[str, float]  # decayed cluster-seconds
-    shares: dict[str, float]
-    quotas: dict[str, Quota]
-
-
-def make_users(rng: random.Random) -> Users:
-    names = [f"user{i:02d}" for i in range(USERS)]
-    weights = [1.0 / (i + 1) ** 0.8 for i in range(USERS)]
-    # decayed usage in cluster-seconds (1.0 = the whole cluster for a second): new users with
-    # none, most with up to a few cluster-hours, a few heavy ones
-    usage = {
-        n: 0.0 if rng.random() < 0.1 else rng.lognormvariate(math.log(1800), 1.5) for n in names
-    }
-    shares = {n: 2.0 for n in rng.sample(names, 4)}
-    quotas = {n: Quota(gpus=rng.choice((16, 32, 64))) for n in rng.sample(names, 5)}
-    return Users(names, weights, usage, shares, quotas)
+# queue size -> target for the incremental path's median, ms
+TARGETS_MS: dict[int, float] = {10_000: 50.0, 100_000: 500.0}
+TICK = 30.0  # seconds between two snapshots
 
 
 # -- part 1: decision time -----------------------------------------------------------------
@@ -217,28 +179,40 @@ def running_set(
     return tuple(out)
 
 
-def snapshots(seed: int, queued: int, count: int) -> list[Snapshot]:
-    """``count`` different snapshots of the 25 x 8 cluster with ``queued`` jobs waiting."""
+def snapshots(seed: int, queued: int, count: int, churn: int = 8) -> list[Snapshot]:
+    """``count`` consecutive snapshots of the 25 x 8 cluster with ``queued`` jobs waiting."""
     rng = random.Random(seed)
     nodes = cluster()
     users = make_users(rng)
     base_now = 30 * DAY
-    pool = queued_pool(rng, users, queued + queued // 20, base_now)
+    pool = queued_pool(rng, users, queued + churn * count, base_now)
+    queue, arriving = pool[:queued], iter(pool[queued:])
+    usage = dict(users.usage)
     out = []
     for i in range(count):
-        now = base_now + 30.0 * i
-        usage = {u: v * rng.uniform(0.95, 1.05) for u, v in users.usage.items()}
+        now = base_now + TICK * i
         out.append(
             Snapshot(
                 nodes=tuple(nodes),
                 running=running_set(rng, nodes, users, now),
-                queued=tuple(rng.sample(pool, queued)),
+                queued=tuple(queue),
                 now=now,
-                usage=usage,
+                usage=dict(usage),
                 shares=users.shares,
                 quotas=users.quotas,
             )
         )
+        # to the next tick: `churn` jobs leave (started, canceled), as many arrive, a few
+        # change priority, usage moves
+        for _ in range(churn):
+            k = rng.randrange(len(queue))
+            queue[k] = queue[-1]
+            queue.pop()
+            queue.append(replace(next(arriving), created_at=now + rng.uniform(0, TICK)))
+        for _ in range(len(queue) // 1000):
+            k = rng.randrange(len(queue))
+            queue[k] = replace(queue[k], priority=pick(rng, TIERS))
+        usage = {u: v * rng.uniform(0.95, 1.05) for u, v in usage.items()}
     return out
 
 
@@ -246,8 +220,18 @@ def snapshots(seed: int, queued: int, count: int) -> list[Snapshot]:
 class Timed:
     wall: list[float]  # seconds of each call, perf_counter
     cpu: list[float]  # CPU seconds of this process in each call, process_time
-    outcome: dict[str, float]  # mean starts, preemptions, ... per decision
-    others_percent: float  # CPU use by other processes meanwhile, % of all CPUs
+
+
+def summary(timed: Timed) -> dict[str, float]:
+    ms = [t * 1000 for t in timed.wall]
+    return {
+        "calls": len(ms),
+        "median_ms": statistics.median(ms),
+        "p99_ms": percentile(ms, 99),
+        "min_ms": min(ms),
+        "max_ms": max(ms),
+        "median_cpu_ms": statistics.median(timed.cpu) * 1000,
+    }
 
 
 def busy_cpu_seconds() -> float:
@@ -255,292 +239,137 @@ def busy_cpu_seconds() -> float:
     return float(sum(t) - t.idle - getattr(t, "iowait", 0.0))
 
 
-def time_decisions(snaps: list[Snapshot]) -> Timed:
+def time_both(snaps: list[Snapshot]) -> dict[str, Any]:
+    """Both paths on every snapshot (the incremental one in sequence), and their outcome."""
     decide(snaps[0])  # warm-up, not timed
+    scheduler = Scheduler()
+    gc.collect()
+    t0 = time.perf_counter()
+    first = scheduler.decide(snaps[0])  # builds the index
+    build = time.perf_counter() - t0
+    if first != decide(snaps[0]):
+        raise SystemExit("the incremental path decided differently from decide(); a bug")
     me = psutil.Process()
-    wall, cpu = [], []
+    ref, inc = Timed([], []), Timed([], [])
     outcome: dict[str, float] = defaultdict(float)
     own0, all0, t_start = sum(me.cpu_times()[:2]), busy_cpu_seconds(), time.perf_counter()
-    for snap in snaps:
-        gc.collect()
-        c0, t0 = time.process_time(), time.perf_counter()
-        d = decide(snap)
-        wall.append(time.perf_counter() - t0)
-        cpu.append(time.process_time() - c0)
-        outcome["starts"] += len(d.starts) / len(snaps)
-        outcome["preemptions"] += len(d.preemptions) / len(snaps)
-        outcome["waiting"] += len(d.waiting) / len(snaps)
-        outcome["running"] += len(snap.running) / len(snaps)
-        busy = sum(len(p.gpus) for r in snap.running for p in r.placements)
-        outcome["busy_gpus"] += busy / len(snaps)
+    for snap in snaps[1:]:
+        results = []
+        for timed, call in ((ref, decide), (inc, scheduler.decide)):
+            gc.collect()
+            c0, w0 = time.process_time(), time.perf_counter()
+            results.append(call(snap))
+            timed.wall.append(time.perf_counter() - w0)
+            timed.cpu.append(time.process_time() - c0)
+        if results[0] != results[1]:
+            raise SystemExit("the incremental path decided differently from decide(); a bug")
+        d, n = results[0], len(snaps) - 1
+        outcome["starts"] += len(d.starts) / n
+        outcome["preemptions"] += len(d.preemptions) / n
+        outcome["waiting"] += len(d.waiting) / n
+        outcome["running"] += len(snap.running) / n
+        outcome["busy_gpus"] += sum(len(p.gpus) for r in snap.running for p in r.placements) / n
     span = time.perf_counter() - t_start
     others = busy_cpu_seconds() - all0 - (sum(me.cpu_times()[:2]) - own0)
-    others_percent = max(100 * others / (span * (psutil.cpu_count() or 1)), 0.0)
-    return Timed(wall, cpu, dict(outcome), others_percent)
+    return {
+        "reference": summary(ref),
+        "incremental": summary(inc),
+        "index_build_ms": build * 1000,
+        "mean_outcome": dict(outcome),
+        "others_cpu_percent": max(100 * others / (span * (psutil.cpu_count() or 1)), 0.0),
+    }
+
+
+def profile(snap: Snapshot, call: Any) -> str:
+    call(snap)
+    prof = cProfile.Profile()
+    prof.enable()
+    call(snap)
+    prof.disable()
+    out = io.StringIO()
+    pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(12)
+    return out.getvalue()
 
 
 def part1(args: argparse.Namespace) -> dict[str, Any]:
     sizes: dict[str, Any] = {}
     busy_before = wait_quiet(args.quiet_wait)
-    for queued in (1_000, 10_000):
-        log(f"part 1: building {args.repeats} snapshots with {queued} queued jobs ...")
-        snaps = snapshots(args.seed, queued, args.repeats)
-        log("part 1: timing decide() on them ...")
-        timed = time_decisions(snaps)
-        ms = [t * 1000 for t in timed.wall]
-        sizes[str(queued)] = {
-            "queued": queued,
-            "calls": len(ms),
-            "median_ms": statistics.median(ms),
-            "p99_ms": percentile(ms, 99),
-            "min_ms": min(ms),
-            "max_ms": max(ms),
-            "median_cpu_ms": statistics.median(timed.cpu) * 1000,
-            "others_cpu_percent": timed.others_percent,
-            "mean_outcome": timed.outcome,
-        }
-    main = sizes["10000"]
+    for queued in args.sizes:
+        log(f"part 1: building {args.repeats + 1} snapshots with {queued} queued jobs ...")
+        snaps = snapshots(args.seed, queued, args.repeats + 1, args.churn)
+        log("part 1: timing both paths on them ...")
+        row = {"queued": queued, **time_both(snaps)}
+        target = TARGETS_MS.get(queued)
+        if target is not None:
+            median = row["incremental"]["median_ms"]
+            row.update(target_ms=target, over_target=median / target, met=median < target)
+        sizes[str(queued)] = row
     result: dict[str, Any] = {
         "cluster": f"{NODES} nodes x {GPUS_PER_NODE} GPUs, {CPUS_PER_NODE} CPU cores each",
+        "churn": args.churn,
         "sizes": sizes,
-        "target_ms": TARGET_MS,
-        "median_over_target": main["median_ms"] / TARGET_MS,
         "busy_before_percent": busy_before,
         "busy": max(busy_before, *(r["others_cpu_percent"] for r in sizes.values())) > BUSY_PERCENT,
-        "pass": main["median_ms"] < TARGET_MS,
     }
     if args.profile:
-        snap = snapshots(args.seed, 10_000, 1)[0]
-        decide(snap)
-        prof = cProfile.Profile()
-        prof.enable()
-        decide(snap)
-        prof.disable()
-        out = io.StringIO()
-        pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(15)
-        result["profile"] = out.getvalue()
-    return result
-
-
-# -- part 2: a simulated day ---------------------------------------------------------------
-
-
-def sim_job(rng: random.Random, users: Users, job_id: int, submit_at: float) -> SimJob:
-    runtime = math.exp(rng.uniform(math.log(300), math.log(8 * 3600)))
-    r = rng.random()
-    if r < 0.20:
-        max_runtime: float | None = runtime * rng.uniform(1.0, 1.25)
-    elif r < 0.25:
-        max_runtime = runtime * rng.uniform(3, 10)
-    else:
-        max_runtime = None
-    return SimJob(
-        id=job_id,
-        owner=rng.choices(users.names, users.weights)[0],
-        priority=pick(rng, TIERS),
-        submit_at=submit_at,
-        demand=demand(rng),
-        runtime=runtime,
-        max_runtime=max_runtime,
-        checkpoint_every=rng.choice((600.0, 900.0, 1800.0)),
-    )
-
-
-def mean_gpu_seconds(seed: int, users: Users, samples: int = 20_000) -> float:
-    """Expected GPU-seconds per job of the arrival mix (a sample from its own stream)."""
-    rng = random.Random(seed + 7919)
-    total = 0.0
-    for i in range(samples):
-        j = sim_job(rng, users, i, 0.0)
-        total += j.demand.nodes * j.demand.gpus * j.runtime
-    return total / samples
-
-
-def arrivals(seed: int, span: float, load: float, total_gpus: int) -> list[SimJob]:
-    rng = random.Random(seed)
-    users = make_users(rng)
-    rate = load * total_gpus / mean_gpu_seconds(seed, users)  # jobs per second
-    jobs: list[SimJob] = []
-    t = rng.expovariate(rate)
-    while t < span:
-        jobs.append(sim_job(rng, users, len(jobs) + 1, t))
-        t += rng.expovariate(rate)
-    return jobs
-
-
-def by_tier(job: SimJob) -> tuple[int, str]:
-    return -PRIORITY_TIERS.index(job.priority), job.priority
-
-
-def by_size(job: SimJob) -> tuple[int, str]:
-    d = job.demand
-    return d.nodes * d.gpus, f"{d.nodes}x{d.gpus} GPU"
-
-
-def waits(
-    jobs: list[SimJob],
-    result: SimResult,
-    span: float,
-    group_of: Callable[[SimJob], tuple[int, str]],
-) -> dict[str, dict[str, float]]:
-    """Median wait (first start - submission) per group; unstarted jobs wait until ``span``.
-
-    ``group_of`` gives a job's (sort key, group name).
-    """
-    groups: dict[tuple[int, str], list[float]] = defaultdict(list)
-    unstarted: dict[tuple[int, str], int] = defaultdict(int)
-    for j in jobs:
-        start = result.started.get(j.id)
-        if start is None:
-            unstarted[group_of(j)] += 1
-            start = span
-        groups[group_of(j)].append(start - j.submit_at)
-    return {
-        name: {
-            "jobs": len(groups[(key, name)]),
-            "median_wait_s": statistics.median(groups[(key, name)]),
-            "not_started": unstarted[(key, name)],
+        snaps = snapshots(args.seed, 10_000, 2, args.churn)
+        scheduler = Scheduler()
+        scheduler.decide(snaps[0])
+        result["profile"] = {
+            "decide": profile(snaps[1], decide),
+            "incremental": profile(snaps[1], scheduler.decide),
         }
-        for key, name in sorted(groups)
-    }
-
-
-def run_sim(
-    name: str,
-    nodes: list[Node],
-    jobs: list[SimJob],
-    span: float,
-    policy: Callable[[Snapshot], Decisions],
-) -> dict[str, Any]:
-    log(f"part 2: simulating the day with {name} ...")
-    t0 = time.perf_counter()
-    result = simulate(nodes, jobs, policy=policy, until=span)
-    wall = time.perf_counter() - t0
-    total_gpus = sum(len(n.gpus) for n in nodes)
-    ms = [t * 1000 for t in result.decision_seconds] or [0.0]
-    return {
-        "utilisation": result.utilisation(total_gpus, until=span),
-        "preemptions": len(result.preemptions),
-        "lost_job_seconds": result.lost_seconds,
-        "finished": len(result.finished),
-        "started": len(result.started),
-        "decisions": len(result.decision_seconds),
-        "decision_median_ms": statistics.median(ms),
-        "decision_p99_ms": percentile(ms, 99),
-        "wall_s": wall,
-        "waits_by_tier": waits(jobs, result, span, by_tier),
-        "waits_by_size": waits(jobs, result, span, by_size),
-    }
-
-
-def part2(args: argparse.Namespace) -> dict[str, Any]:
-    nodes = cluster(args.sim_nodes)
-    total_gpus = sum(len(n.gpus) for n in nodes)
-    span = args.hours * 3600.0
-    jobs = arrivals(args.seed, span, args.load, total_gpus)
-    demanded = sum(j.demand.nodes * j.demand.gpus * j.runtime for j in jobs)
-    capacity = total_gpus * span
-    bound = min(1.0, demanded / capacity)
-    policy = run_sim("the policy", nodes, jobs, span, decide)
-    fifo = run_sim("FIFO without backfill", nodes, jobs, span, fifo_decide)
-    return {
-        "cluster": f"{len(nodes)} nodes x {GPUS_PER_NODE} GPUs",
-        "reduced": len(nodes) != NODES or args.hours != 24,
-        "hours": args.hours,
-        "arrivals": len(jobs),
-        "load_target": args.load,
-        "demand_over_capacity": demanded / capacity,
-        "upper_bound": bound,
-        "policy": policy,
-        "fifo": fifo,
-        "policy_over_fifo": policy["utilisation"] / fifo["utilisation"],
-        "policy_over_bound": policy["utilisation"] / bound,
-    }
+    return result
 
 
 # -- report --------------------------------------------------------------------------------
 
 
-def hms(seconds: float) -> str:
-    if seconds < 90:
-        return f"{seconds:.0f} s"
-    if seconds < 5400:
-        return f"{seconds / 60:.1f} min"
-    return f"{seconds / 3600:.2f} h"
-
-
-def print_report(s: dict[str, Any]) -> None:
-    p1 = s["decision"]
-    print(f"Part 1: one scheduling decision, {p1['cluster']}")
+def print_decisions(p1: dict[str, Any]) -> None:
+    print(f"Part 1: one scheduling decision, {p1['cluster']}; {p1['churn']} jobs in/out per tick")
     print(
-        f"{'queued':>8}{'calls':>7}{'median ms':>11}{'p99 ms':>9}{'min ms':>9}{'max ms':>9}"
-        f"{'median CPU ms':>15}{'others CPU %':>14}"
+        f"{'queued':>8}{'path':>13}{'calls':>7}{'median ms':>11}{'p99 ms':>9}{'min ms':>9}"
+        f"{'max ms':>9}{'median CPU ms':>15}{'others CPU %':>14}"
     )
     for row in p1["sizes"].values():
-        print(
-            f"{row['queued']:>8}{row['calls']:>7}{row['median_ms']:>11.1f}{row['p99_ms']:>9.1f}"
-            f"{row['min_ms']:>9.1f}{row['max_ms']:>9.1f}{row['median_cpu_ms']:>15.1f}"
-            f"{row['others_cpu_percent']:>14.0f}"
-        )
+        for path in ("reference", "incremental"):
+            t = row[path]
+            print(
+                f"{row['queued']:>8}{path:>13}{t['calls']:>7}{t['median_ms']:>11.1f}"
+                f"{t['p99_ms']:>9.1f}{t['min_ms']:>9.1f}{t['max_ms']:>9.1f}"
+                f"{t['median_cpu_ms']:>15.1f}{row['others_cpu_percent']:>14.0f}"
+            )
     for row in p1["sizes"].values():
         o = row["mean_outcome"]
         print(
             f"  {row['queued']} queued, per decision on average: {o['running']:.0f} running jobs "
             f"on {o['busy_gpus']:.0f} GPUs; {o['starts']:.1f} starts, "
-            f"{o['preemptions']:.1f} preemptions, {o['waiting']:.0f} keep waiting"
+            f"{o['preemptions']:.1f} preemptions, {o['waiting']:.0f} keep waiting; the "
+            f"incremental path's first call (building its index) took "
+            f"{row['index_build_ms']:.0f} ms"
         )
-    main = p1["sizes"]["10000"]
-    per_k = (main["median_ms"] - p1["sizes"]["1000"]["median_ms"]) / 9
-    print(f"scaling: about {per_k:.1f} ms more per 1,000 more queued jobs")
+    print("both paths made the same decisions on every snapshot")
     if p1["busy"]:
         print(
             f"warning: other processes used > {BUSY_PERCENT:.0f}% of the CPUs before or during "
             "the timed calls; the times are inflated and noisy, rerun on a quiet machine"
         )
-    verdict = "PASS" if p1["pass"] else "BELOW TARGET"
-    print(
-        f"median / target = {main['median_ms']:.1f} ms / {p1['target_ms']:.0f} ms = "
-        f"{p1['median_over_target']:.2f}: {verdict}"
-    )
-    if "profile" in p1:
-        print()
-        print("cProfile of one decision with 10,000 queued jobs (by own time):")
-        print(p1["profile"].rstrip())
-    p2 = s["day"]
-    print()
-    print(
-        f"Part 2: {p2['hours']:g} h of Poisson arrivals on {p2['cluster']}: {p2['arrivals']} jobs, "
-        f"demand {p2['demand_over_capacity']:.2f} x capacity (target {p2['load_target']:.2f})"
-    )
-    if p2["reduced"]:
-        print("note: REDUCED from the full 25 x 8 cluster and 24 h day")
-    pol, fifo = p2["policy"], p2["fifo"]
-    print(f"{'':<26}{'policy':>12}{'FIFO':>12}")
-    print(f"{'GPU utilisation':<26}{pol['utilisation']:>12.3f}{fifo['utilisation']:>12.3f}")
-    print(f"{'jobs started':<26}{pol['started']:>12}{fifo['started']:>12}")
-    print(f"{'jobs finished':<26}{pol['finished']:>12}{fifo['finished']:>12}")
-    print(f"{'preemptions':<26}{pol['preemptions']:>12}{fifo['preemptions']:>12}")
-    print(
-        f"{'work lost (job-hours)':<26}{pol['lost_job_seconds'] / 3600:>12.1f}"
-        f"{fifo['lost_job_seconds'] / 3600:>12.1f}"
-    )
-    print(f"{'decisions':<26}{pol['decisions']:>12}{fifo['decisions']:>12}")
-    dp = f"{pol['decision_median_ms']:.1f} / {pol['decision_p99_ms']:.1f}"
-    df = f"{fifo['decision_median_ms']:.1f} / {fifo['decision_p99_ms']:.1f}"
-    print(f"{'decision median / p99 ms':<26}{dp:>12}{df:>12}")
-    print(f"{'simulation wall time':<26}{pol['wall_s']:>11.1f}s{fifo['wall_s']:>11.1f}s")
-    print("median queue wait (jobs); a job not started by the end waits until then:")
-    for key in ("waits_by_tier", "waits_by_size"):
-        for group, w in pol[key].items():
-            f = fifo[key][group]
-            label = f"  {group} ({w['jobs']})"
+    for row in p1["sizes"].values():
+        if "target_ms" in row:
+            verdict = "PASS" if row["met"] else "BELOW TARGET"
+            inc = row["incremental"]
             print(
-                f"{label:<26}{hms(w['median_wait_s']):>12}{hms(f['median_wait_s']):>12}"
-                f"   not started: {w['not_started']} / {f['not_started']}"
+                f"{row['queued']:>7} queued: incremental median / target = "
+                f"{inc['median_ms']:.1f} ms / {row['target_ms']:.0f} ms = "
+                f"{row['over_target']:.2f}: {verdict} (its CPU time: "
+                f"{inc['median_cpu_ms']:.1f} ms = {inc['median_cpu_ms'] / row['target_ms']:.2f}"
+                f"; the reference's median {row['reference']['median_ms']:.1f} ms = "
+                f"{row['reference']['median_ms'] / row['target_ms']:.2f})"
             )
-    print(f"upper bound min(1, demand / capacity) = {p2['upper_bound']:.3f}")
-    print(f"utilisation policy / FIFO        = {p2['policy_over_fifo']:.3f}")
-    print(f"utilisation policy / upper bound = {p2['policy_over_bound']:.3f}")
+    for name, text in p1.get("profile", {}).items():
+        print()
+        print(f"cProfile of one {name} decision with 10,000 queued jobs (by own time):")
+        print(text.rstrip())
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -548,31 +377,44 @@ def main(argv: list[str] | None = None) -> int:
         description="Scheduling decision time on 25 x 8 GPUs, and a simulated day's utilisation."
     )
     parser.add_argument("--quick", action="store_true", help="5 calls per size and a 6 h day")
-    parser.add_argument("--repeats", type=int, help="timed decide() calls per size (30)")
+    parser.add_argument("--smoke", action="store_true", help="runs at all, in a few seconds")
+    parser.add_argument("--repeats", type=int, help="timed calls per size and path (30)")
     parser.add_argument("--hours", type=float, help="length of the simulated day (24)")
     parser.add_argument("--load", type=float, default=1.05, help="demand / capacity (1.05)")
-    parser.add_argument("--sim-nodes", type=int, default=NODES, help="nodes in part 2 (25)")
+    parser.add_argument("--churn", type=int, default=8, help="jobs in and out per tick (8)")
+    parser.add_argument("--sizes", help="queue sizes to time, comma-separated (1000,10000,100000)")
+    parser.add_argument("--sim-nodes", type=int, help="nodes in part 2 (25)")
     parser.add_argument("--seed", type=int, default=1, help="random seed (1)")
     parser.add_argument(
         "--quiet-wait",
         type=float,
-        default=60.0,
         help="seconds to wait before part 1 for other processes to leave the CPUs (60)",
     )
     parser.add_argument("--profile", action="store_true", help="cProfile one decision")
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
     args = parser.parse_args(argv)
     if args.repeats is None:
-        args.repeats = 5 if args.quick else 30
+        args.repeats = 2 if args.smoke else 5 if args.quick else 30
     if args.hours is None:
-        args.hours = 6.0 if args.quick else 24.0
-    if args.repeats < 1 or args.hours <= 0 or args.sim_nodes < 4:
-        parser.error("--repeats must be >= 1, --hours > 0 and --sim-nodes >= 4")
+        args.hours = 2.0 if args.smoke else 6.0 if args.quick else 24.0
+    if args.sim_nodes is None:
+        args.sim_nodes = 8 if args.smoke else NODES
+    if args.quiet_wait is None:
+        args.quiet_wait = 0.0 if args.smoke else 60.0
+    if args.sizes is None:
+        args.sizes = "1000,10000" if args.smoke else "1000,10000,100000"
+    args.sizes = [int(n) for n in args.sizes.split(",")]
+    if args.repeats < 1 or args.hours <= 0 or args.sim_nodes < 4 or args.churn < 0:
+        parser.error("--repeats must be >= 1, --hours > 0, --sim-nodes >= 4, --churn >= 0")
+    if not args.sizes or min(args.sizes) < 1:
+        parser.error("--sizes must be queue sizes >= 1")
     summary = {"seed": args.seed, "decision": part1(args), "day": part2(args)}
     if args.json:
         print(json.dumps(summary, indent=2))
     else:
-        print_report(summary)
+        print_decisions(summary["decision"])
+        print()
+        print_day(summary["day"])
     return 0
 
 

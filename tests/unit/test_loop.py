@@ -8,10 +8,13 @@ import pytest
 
 from tests.support.fakes import FakeExecutor
 from tests.support.records import stored_archive
+from trainhouse.cluster import Node
 from trainhouse.executors.base import Exit
 from trainhouse.layout import JobLayout
 from trainhouse.lifecycle import JobState
-from trainhouse.scheduler.loop import SchedulerConfig, SchedulerLoop
+from trainhouse.scheduler.loop import SchedulerConfig, SchedulerLoop, with_held_gpus
+from trainhouse.scheduler.policy import QueuedJob, Snapshot, decide
+from trainhouse.scheduler.resources import Demand
 from trainhouse.store import BlobStore, Store
 
 
@@ -249,3 +252,59 @@ def test_a_sigkilled_rank_is_the_cause_even_when_a_peer_was_recorded_first(
     attempt = sched.store.jobs.attempts(job_id)[0]
     assert (attempt.failure, attempt.failed_rank) == ("infra", 1)
     assert "rank 1 was killed by signal 9" in (attempt.reason or "")
+
+
+def submit_gpu_job(sched: SchedulerLoop, owner: str = "ann") -> int:
+    spec = {
+        "entrypoint": "python train.py",
+        "resources": {"nodes": 1, "procs_per_node": 1, "gpus_per_node": 1, "cpus_per_proc": 1},
+    }
+    return sched.store.jobs.create(
+        name="g", owner=owner, priority="normal", spec=spec, archive_sha256=sched.digest
+    ).id  # type: ignore[attr-defined]
+
+
+def test_the_loop_decides_as_decide_would_and_keeps_its_queue_between_ticks(
+    loop: tuple[SchedulerLoop, FakeExecutor],
+) -> None:
+    sched, ex = loop  # one node, 4 CPU cores, no GPUs: GPU jobs wait
+    ids = [submit_gpu_job(sched, owner) for owner in ("ann", "bob", "ann")]
+    cpu = submit(sched)
+    sched.tick()
+    assert ex.running() == {cpu}
+    assert set(sched.scheduler.index.jobs) == set(ids)
+    snap, _ = sched.snapshot()
+    assert sched.scheduler.decide(snap) == decide(snap)
+    assert set(sched.waiting) == set(ids)
+    # a parsed spec is kept between snapshots; a change makes a new entry
+    first = {j.id: j for j in snap.queued}
+    sched.store.jobs.set_priority(ids[1], "high")
+    again, _ = sched.snapshot()
+    by_id = {j.id: j for j in again.queued}
+    assert by_id[ids[0]] is first[ids[0]] and by_id[ids[2]] is first[ids[2]]
+    assert by_id[ids[1]].priority == "high"
+    sched.tick()
+    assert sched.scheduler.index.jobs[ids[1]].priority == "high"
+    assert sched.waiting[ids[1]].startswith("queue position 1:")
+    # canceled in the queue: ended by the next tick, gone from the index
+    sched.store.jobs.update(ids[0], cancel_requested=True)
+    sched.tick()
+    assert sched.store.jobs.get(ids[0]).state is JobState.CANCELED
+    assert set(sched.scheduler.index.jobs) == {ids[1], ids[2]}
+
+
+def test_held_gpus_are_named_only_in_the_reasons_of_jobs_that_want_gpus() -> None:
+    held = Node("a", 4, 1 << 30, (), held=("GPU 0 is held by pid 7 of an ended attempt",))
+    snap = Snapshot(
+        (held,),
+        (),
+        (
+            QueuedJob(1, "normal", 1.0, Demand(1, 1, 1)),
+            QueuedJob(2, "normal", 2.0, Demand(1, 8, 0)),
+        ),
+    )
+    out = with_held_gpus({1: "needs a GPU", 2: "needs 8 CPU cores"}, snap)
+    assert out == {
+        1: "needs a GPU; GPU 0 is held by pid 7 of an ended attempt",
+        2: "needs 8 CPU cores",
+    }

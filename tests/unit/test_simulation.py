@@ -137,3 +137,20 @@ def test_preempted_job_loses_at_most_its_checkpoint_interval() -> None:
     assert 0 < result.lost_seconds <= 600.0
     assert result.finished[2] == 1000.0 + 1800.0
     assert result.unfinished == []
+
+
+def test_utilisation_over_a_window_counts_only_what_was_held_in_it() -> None:
+    # one 8-GPU node; job 1 (4 GPUs) runs 0-100 s, job 2 (8 GPUs) arrives at 10 s and waits
+    nodes = gpu_cluster(1, 8)
+    jobs = [
+        SimJob(1, "a", "normal", 0.0, Demand(1, 1, 4, 1), 100.0),
+        SimJob(2, "b", "normal", 10.0, Demand(1, 1, 8, 1), 50.0),
+    ]
+    result = simulate(nodes, jobs, policy=fifo_decide, until=200.0)
+    assert result.first_wait == 10.0  # the queue first stays non-empty when job 2 arrives
+    assert sorted(result.segments) == [(0.0, 100.0, 4), (100.0, 150.0, 8)]
+    assert sum(g * (b - a) for a, b, g in result.segments) == sum(result.gpu_seconds.values())
+    assert result.utilisation_between(0.0, 100.0, 8) == 0.5
+    assert result.utilisation_between(50.0, 150.0, 8) == (4 * 50 + 8 * 50) / 800
+    assert result.utilisation_between(150.0, 200.0, 8) == 0.0
+    assert result.utilisation_between(5.0, 5.0, 8) == 0.0

@@ -25,6 +25,7 @@ from trainhouse.lifecycle import AttemptResult, JobState, StopReason
 from trainhouse.scheduler import outcome
 from trainhouse.scheduler.failures import DEFAULT_MAX_INFRA_RESTARTS, analyse
 from trainhouse.scheduler.fairshare import DEFAULT_ENTRY_SECONDS, DEFAULT_HALF_LIFE, UsageLedger
+from trainhouse.scheduler.incremental import Scheduler
 from trainhouse.scheduler.policy import (
     Decisions,
     QueuedJob,
@@ -61,18 +62,22 @@ class SchedulerConfig:
     max_infra_restarts: int = DEFAULT_MAX_INFRA_RESTARTS  # restarts after infra failures, per job
 
 
-def with_held_gpus(waiting: dict[int, str], snap: Snapshot, jobs: dict[int, Job]) -> dict[int, str]:
+def with_held_gpus(waiting: dict[int, str], snap: Snapshot) -> dict[int, str]:
     """The reasons of jobs waiting for GPUs, with why GPUs the nodes have are held back (a
     process of an ended attempt still holds them: ``Node.held``)."""
     held = "; ".join(note for node in snap.nodes for note in node.held)
     if not held:
         return waiting
+    wants_gpus = {job.id for job in snap.queued if job.demand.gpus}
     return {
-        job_id: f"{reason}; {held}"
-        if job_id in jobs and Demand.of(jobs[job_id].spec.resources).gpus
-        else reason
+        job_id: f"{reason}; {held}" if job_id in wants_gpus else reason
         for job_id, reason in waiting.items()
     }
+
+
+# what a stored job's QueuedJob is kept by: a job's spec changes only with its tier
+# (JobRepo.set_priority), and every write of a job sets updated_at
+_QueuedKey = tuple[float, str, float, str]
 
 
 class SchedulerLoop(Service):
@@ -119,6 +124,11 @@ class SchedulerLoop(Service):
             entry_seconds=self.config.entry_seconds,
         )
         self._usage_saved = time.time()
+        # the policy with its queue index kept between ticks (the loop thread's only)
+        self.scheduler = Scheduler()
+        # job id -> (what it was built from, the QueuedJob): a stored spec is parsed (pydantic,
+        # ~70 us) once, not at every tick; replaced whole at each snapshot, never mutated
+        self._queued_jobs: dict[int, tuple[_QueuedKey, QueuedJob]] = {}
         # called with the seconds each policy decision took (the server's Prometheus histogram)
         self.decision_observer: Callable[[float], object] | None = None
 
@@ -270,17 +280,27 @@ class SchedulerLoop(Service):
             self.store.quotas.save_usage(self.usage.snapshot(), now)
             self._usage_saved = now
 
-    def snapshot(self, extra: QueuedJob | None = None) -> tuple[Snapshot, dict[int, Job]]:
-        """The policy's input, read from the store (no side effects)."""
+    def snapshot(
+        self, extra: QueuedJob | None = None, queued: list[Job] | None = None
+    ) -> tuple[Snapshot, dict[int, Job]]:
+        """The policy's input, read from the store (no side effects but a cache of parsed
+        specs). ``queued``: the QUEUED jobs, when the caller has just listed them."""
         now = time.time()
         queued_jobs = []
         by_id: dict[int, Job] = {}
-        for job in self.store.jobs.list(states=[JobState.QUEUED]):
+        known, kept = self._queued_jobs, {}
+        if queued is None:
+            queued = self.store.jobs.list(states=[JobState.QUEUED])
+        for job in queued:
             if job.cancel_requested:
                 continue  # _schedule ends it
-            spec = job.spec
-            queued_jobs.append(
-                QueuedJob(
+            key = (job.updated_at, job.priority, job.created_at, job.owner)
+            cached = known.get(job.id)
+            if cached is not None and cached[0] == key:
+                entry = cached[1]
+            else:
+                spec = job.spec
+                entry = QueuedJob(
                     job.id,
                     job.priority,
                     job.created_at,
@@ -288,8 +308,10 @@ class SchedulerLoop(Service):
                     owner=job.owner,
                     max_runtime=spec.max_runtime,
                 )
-            )
+            kept[job.id] = (key, entry)
+            queued_jobs.append(entry)
             by_id[job.id] = job
+        self._queued_jobs = kept
         if extra is not None:
             queued_jobs.append(extra)
         running_jobs = self.store.jobs.list(states=[JobState.RUNNING])
@@ -334,27 +356,30 @@ class SchedulerLoop(Service):
         return decide(snap)
 
     def _schedule(self) -> None:
-        for job in self.store.jobs.list(states=[JobState.QUEUED]):
+        queued = self.store.jobs.list(states=[JobState.QUEUED])
+        for job in queued:
             if job.cancel_requested:
                 with contextlib.suppress(InvalidTransition, StoreError):
                     self.store.jobs.transition(job.id, JobState.CANCELED, reason=outcome.CANCELED)
-        snap, by_id = self.snapshot()
+        snap, by_id = self.snapshot(queued=queued)  # leaves out what was canceled
         totals = cluster_totals(snap.nodes)
         self._advance_usage(snap.now, snap.running, totals)
         if not snap.queued:
             return
         began = time.perf_counter()
-        decisions = decide(snap)
+        # the same decisions as decide(snap), with the queue kept indexed between ticks
+        decisions = self.scheduler.decide(snap)
         if self.decision_observer is not None:
             self.decision_observer(time.perf_counter() - began)
         for job_id, placements in decisions.starts:
+            self.scheduler.removed(job_id)  # if it did not start after all, sync brings it back
             job = by_id[job_id]
             if self._start(job, placements):
                 demand = Demand(len(placements), placements[0].cpus, len(placements[0].gpus))
                 self.usage.charge_start(job.owner, cost_rate(demand, *totals))
         for pre in decisions.preemptions:
             self._preempt(pre.victim, pre.reason)
-        self.waiting = with_held_gpus(decisions.waiting, snap, by_id)
+        self.waiting = with_held_gpus(decisions.waiting, snap)
         # the store keeps each waiting job's reason too, but a queue of thousands shifts its
         # positions at every start: write only reasons that changed beyond the position,
         # a bounded number per tick (readers take the live ones from `waiting`)

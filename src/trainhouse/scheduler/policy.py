@@ -367,38 +367,54 @@ def decide(snapshot: Snapshot) -> Decisions:
                 )
             continue
         # the first job that does not fit: preempt for it, or reserve for it
-        note = ""
-        if snapshot.preemption:
-            victims = choose_victims(job, free, snapshot.running, now)
-            if victims is not None:
-                names = ", ".join(str(v.id) for v in victims)
-                for v in victims:
-                    decisions.preemptions.append(
-                        Preemption(
-                            v.id,
-                            job.id,
-                            f"preempted by job {job.id} ({job.priority} priority), which needs "
-                            f"its resources; resumes from its checkpoint",
-                        )
+        reservation = block_head(snapshot, job, free, decisions, where, block(d))
+    return decisions
+
+
+def block_head(
+    snapshot: Snapshot,
+    job: QueuedJob,
+    free: dict[str, Free],
+    decisions: Decisions,
+    where: str,
+    block_text: str,
+) -> Reservation:
+    """The first job that does not fit: preempt for it (recorded in ``decisions``), reserve
+    for it, and say why it waits."""
+    now = snapshot.now
+    d = job.demand
+    note = ""
+    if snapshot.preemption:
+        victims = choose_victims(job, free, snapshot.running, now)
+        if victims is not None:
+            names = ", ".join(str(v.id) for v in victims)
+            for v in victims:
+                decisions.preemptions.append(
+                    Preemption(
+                        v.id,
+                        job.id,
+                        f"preempted by job {job.id} ({job.priority} priority), which needs "
+                        f"its resources; resumes from its checkpoint",
                     )
-                running = tuple(
-                    RunningJob(**{**r.__dict__, "stopping": True, "stop_deadline": now})
-                    if r in victims
-                    else r
-                    for r in snapshot.running
                 )
-                note = f"; preempting lower-priority job(s) {names}, which checkpoint first"
-            else:
-                running = snapshot.running
-                waiting_for = [r.id for r in snapshot.running if r.stopping]
-                if waiting_for:
-                    note = f"; waiting for job(s) {', '.join(map(str, waiting_for))} to stop"
+            running = tuple(
+                RunningJob(**{**r.__dict__, "stopping": True, "stop_deadline": now})
+                if r in victims
+                else r
+                for r in snapshot.running
+            )
+            note = f"; preempting lower-priority job(s) {names}, which checkpoint first"
         else:
             running = snapshot.running
-        reservation = reserve(job, free, running, now)
-        target = ", ".join(sorted(reservation.spare)) or "no node"
-        decisions.waiting[job.id] = (
-            f"{where}: needs {need_text(d)}; {block(d)}; reserved to start on "
-            f"{target} {when_text(reservation.at, now)}{note}"
-        )
-    return decisions
+            waiting_for = [r.id for r in snapshot.running if r.stopping]
+            if waiting_for:
+                note = f"; waiting for job(s) {', '.join(map(str, waiting_for))} to stop"
+    else:
+        running = snapshot.running
+    reservation = reserve(job, free, running, now)
+    target = ", ".join(sorted(reservation.spare)) or "no node"
+    decisions.waiting[job.id] = (
+        f"{where}: needs {need_text(d)}; {block_text}; reserved to start on "
+        f"{target} {when_text(reservation.at, now)}{note}"
+    )
+    return reservation

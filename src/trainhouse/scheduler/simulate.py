@@ -51,10 +51,21 @@ class SimResult:
     lost_seconds: float = 0.0
     decision_seconds: list[float] = field(default_factory=list)
     unfinished: list[int] = field(default_factory=list)
+    # (start, end, GPUs) of every stretch a job held GPUs, preempted stretches included
+    segments: list[tuple[float, float, int]] = field(default_factory=list)
+    # the first time a decision left a job waiting (the queue first stayed non-empty)
+    first_wait: float | None = None
 
     def utilisation(self, total_gpus: int, until: float | None = None) -> float:
         span = until or self.makespan
         return sum(self.gpu_seconds.values()) / (total_gpus * span) if span else 0.0
+
+    def utilisation_between(self, start: float, end: float, total_gpus: int) -> float:
+        """GPU-seconds held within [start, end] / (GPUs x (end - start))."""
+        if end <= start or not total_gpus:
+            return 0.0
+        held = sum(g * max(min(b, end) - max(a, start), 0.0) for a, b, g in self.segments)
+        return held / (total_gpus * (end - start))
 
 
 def fifo_decide(snapshot: Snapshot) -> Decisions:
@@ -95,7 +106,9 @@ def simulate(
     pending = sorted(jobs, key=lambda j: (j.submit_at, j.id))
     by_id = {j.id: j for j in jobs}
     remaining = {j.id: j.runtime for j in jobs}
-    queued: dict[int, float] = {}  # id -> queued since (fair share age)
+    # id -> what the policy sees of it (queued since: its fair-share age); built when the job
+    # enters the queue, so that an incremental policy recognises the unchanged queue
+    queued: dict[int, QueuedJob] = {}
     running: dict[int, _Run] = {}
     ledger = UsageLedger(at=0.0, half_life=half_life, entry_seconds=entry_seconds)
     result = SimResult(makespan=0.0)
@@ -103,7 +116,7 @@ def simulate(
     arrival = 0
     for _ in range(max_events):
         while arrival < len(pending) and pending[arrival].submit_at <= now:
-            queued[pending[arrival].id] = pending[arrival].submit_at
+            queued[pending[arrival].id] = _queued(pending[arrival], pending[arrival].submit_at)
             arrival += 1
         # finish what is done
         for job_id, run in list(running.items()):
@@ -135,17 +148,7 @@ def simulate(
                     )
                     for r in running.values()
                 ),
-                tuple(
-                    QueuedJob(
-                        j,
-                        by_id[j].priority,
-                        since,
-                        by_id[j].demand,
-                        by_id[j].owner,
-                        by_id[j].max_runtime,
-                    )
-                    for j, since in queued.items()
-                ),
+                tuple(queued.values()),
                 now=now,
                 usage=ledger.snapshot(),
             )
@@ -160,7 +163,7 @@ def simulate(
                 _account(result, run, now)
                 result.lost_seconds += since_ckpt
                 remaining[pre.victim] = run.remaining_at_start - kept
-                queued[pre.victim] = now
+                queued[pre.victim] = _queued(run.job, now)
                 result.preemptions.append((pre.victim, pre.for_job))
             for job_id, placements in decisions.starts:
                 job = by_id[job_id]
@@ -168,6 +171,8 @@ def simulate(
                 result.started.setdefault(job_id, now)
                 del queued[job_id]
                 ledger.charge_start(job.owner, cost_rate(job.demand, total_gpus, total_cpus))
+            if queued and result.first_wait is None:
+                result.first_wait = now
             if decisions.preemptions:
                 continue  # the freed room is handed out at the same instant
         nxt = [r.started + r.remaining_at_start for r in running.values()]
@@ -184,9 +189,14 @@ def simulate(
     return result
 
 
+def _queued(job: SimJob, since: float) -> QueuedJob:
+    return QueuedJob(job.id, job.priority, since, job.demand, job.owner, job.max_runtime)
+
+
 def _account(result: SimResult, run: _Run, now: float) -> None:
     seconds = max(now - run.started, 0.0)
     gpus = sum(len(p.gpus) for p in run.placements)
+    result.segments.append((run.started, run.started + seconds, gpus))
     cpus = sum(p.cpus for p in run.placements)
     owner = run.job.owner
     result.gpu_seconds[owner] = result.gpu_seconds.get(owner, 0.0) + gpus * seconds
