@@ -96,7 +96,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="What a scheduler loop tick spends its time on")
     parser.add_argument("--queued", type=int, default=10_000, help="queued jobs (10000)")
     parser.add_argument("--repeats", type=int, default=5, help="timed calls of each (5)")
+    parser.add_argument(
+        "--smoke", action="store_true", help="200 queued jobs, 1 call each (the suite's check)"
+    )
     args = parser.parse_args(argv)
+    if args.smoke:
+        args.queued, args.repeats = 200, 1
     with tempfile.TemporaryDirectory() as tmp:
         home = Path(tmp)
         store = Store(f"sqlite:///{home / 'db.sqlite'}")
