@@ -26,7 +26,7 @@ from trainhouse.spec import JobSpec
 
 __all__ = ["command", "rank_environment", "spec_environment"]
 
-MONITOR_INTERVAL = "0.2"  # seconds between torchrun's checks of its ranks
+MONITOR_INTERVAL = "0.1"  # seconds between torchrun's checks of its ranks (its default)
 
 
 def command(
