@@ -4,7 +4,7 @@
 
     python -m trainhouse.executors.supervise [--cgroup DIR] EXIT_FILE   torchrun's exit code
       python -m torch.distributed.run ...                      torchrun for this node
-        python -m trainhouse.executors.rank ARGV...             one per rank: log file, exit code
+        python -I -S .../executors/rank.py ARGV...              one per rank: log file, exit code
           ARGV (the job's entrypoint)
 
 :func:`command` builds that command line (a standalone rendezvous for one node, a static one at
@@ -21,11 +21,15 @@ import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from trainhouse.executors import rank
 from trainhouse.layout import MARKER_ENV, AttemptLayout, JobEnv, is_job_variable
 from trainhouse.spec import JobSpec
 
 __all__ = ["command", "rank_environment", "spec_environment"]
 
+#: the rank wrapper as torchrun starts it (``--no-python``): a file of the standard library only,
+#: without ``site`` (:mod:`trainhouse.executors.rank`)
+RANK_WRAPPER = (sys.executable, "-I", "-S", str(Path(rank.__file__).resolve()))
 MONITOR_INTERVAL = "0.1"  # seconds between torchrun's checks of its ranks (its default)
 
 
@@ -71,8 +75,8 @@ def command(
         *rendezvous,
         "--max-restarts=0",
         f"--monitor-interval={MONITOR_INTERVAL}",
-        "-m",
-        "trainhouse.executors.rank",
+        "--no-python",
+        *RANK_WRAPPER,
         *argv,
     ]
 
