@@ -1,7 +1,7 @@
 """The local executor: one torchrun per job on this machine.
 
-Each attempt is started as ``python -m torch.distributed.run --standalone ...`` in a session of
-its own (its own process group), under :mod:`trainhouse.executors.supervise`, which records the
+Each attempt is started as ``python -m torch.distributed.run --standalone ...`` (through
+:mod:`trainhouse.executors.launch`) in a session of its own (its own process group), under :mod:`trainhouse.executors.supervise`, which records the
 launcher's exit code in the attempt's directory. The attempt does not depend on the server: a
 server killed with SIGKILL leaves it training, and the next server re-adopts it (:meth:`adopt`)
 by its PID, start time and marker, and reads its result from that file when it ends.

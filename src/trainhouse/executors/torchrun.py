@@ -3,7 +3,7 @@
 ::
 
     python -m trainhouse.executors.supervise [--cgroup DIR] EXIT_FILE   torchrun's exit code
-      python -m torch.distributed.run ...                      torchrun for this node
+      python -m trainhouse.executors.launch torch.distributed.run ...   torchrun for this node
         python -I -S .../executors/rank.py ARGV...              one per rank: log file, exit code
           ARGV (the job's entrypoint)
 
@@ -27,6 +27,9 @@ from trainhouse.spec import JobSpec
 
 __all__ = ["command", "rank_environment", "spec_environment"]
 
+#: how the supervisor starts torchrun: ``python -m torch.distributed.run`` that skips the last
+#: garbage collections of torch's objects at exit (:mod:`trainhouse.executors.launch`)
+LAUNCH = (sys.executable, "-m", "trainhouse.executors.launch")
 #: the rank wrapper as torchrun starts it (``--no-python``): a file of the standard library only,
 #: without ``site`` (:mod:`trainhouse.executors.rank`)
 RANK_WRAPPER = (sys.executable, "-I", "-S", str(Path(rank.__file__).resolve()))
@@ -69,8 +72,7 @@ def command(
         "trainhouse.executors.supervise",
         *(["--cgroup", str(cgroup)] if cgroup is not None else []),
         str(exit_file),
-        sys.executable,
-        "-m",
+        *LAUNCH,
         "torch.distributed.run",
         *rendezvous,
         "--max-restarts=0",
