@@ -9,6 +9,7 @@ times to ``$BENCH_START_STAMPS/rank-$RANK.json``:
 - ``script``: this file's first line ran (the interpreter had started);
 - ``imported``: torch, scikit-learn, trainhouse and ``train.py`` were imported;
 - ``init_called`` / ``init_done``: around ``trainhouse.init()``;
+- ``load_called`` / ``load_done``: around ``run.checkpoint.load()`` (the latest checkpoint: none);
 - ``first_step``: the first optimizer step returned (before its ``run.log``);
 - ``main_done``: ``main()`` returned (the run finished: its last checkpoint and metrics);
 - ``chain``: this process and its ancestors, each ``[pid, start time, command line]``, start
@@ -78,6 +79,16 @@ class _Init:
         STAMPS["init_called"] = time.time()
         run = _real_init(**kwargs)
         STAMPS["init_done"] = time.time()
+        load = run.checkpoint.load
+
+        def timed_load(*args: Any, **kwargs: Any) -> Any:
+            STAMPS["load_called"] = time.time()
+            try:
+                return load(*args, **kwargs)
+            finally:
+                STAMPS["load_done"] = time.time()
+
+        run.checkpoint.load = timed_load
         return run
 
 
