@@ -1,13 +1,14 @@
 """The local executor: one torchrun per job on this machine.
 
 Each attempt is started as ``python -m torch.distributed.run --standalone ...`` (through
-:mod:`trainhouse.executors.launch`) in a session of its own (its own process group), under :mod:`trainhouse.executors.supervise`, which records the
-launcher's exit code in the attempt's directory. The attempt does not depend on the server: a
-server killed with SIGKILL leaves it training, and the next server re-adopts it (:meth:`adopt`)
-by its PID, start time and marker, and reads its result from that file when it ends.
-torchrun starts every rank through
+:mod:`trainhouse.executors.launch`) in a session of its own (its own process group), under
+:mod:`trainhouse.executors.supervise`, which records the launcher's exit code in the attempt's
+directory. The attempt does not depend on the server: a server killed with SIGKILL leaves it
+training, and the next server re-adopts it (:meth:`adopt`) by its PID, start time and marker,
+and reads its result from that file when it ends. torchrun starts every rank through
 :mod:`trainhouse.executors.rank`, which sends the rank's stdout and stderr to
-``logs/rank-N.log`` and records its exit code.
+``logs/rank-N.log`` and records its exit code. The server learns of an attempt's end when its
+supervisor exits (a pidfd, :func:`watch_exit`), not at the scheduler loop's next poll.
 
 torchrun puts each worker in a session of its own too, so a process group signal does not reach
 them; every process of an attempt therefore carries ``TRAINHOUSE_RUN_MARKER`` in its environment,
