@@ -9,8 +9,10 @@ What is measured
 
 The two sides
     bare        ``python -m torch.distributed.run --standalone`` starts this file with
-                ``--bare-worker`` on every rank. The worker loads ``train.py`` by path (with a stub
-                in place of the ``trainhouse`` package, so no SDK code is even imported), sets up
+                ``--bare-worker`` on every rank. The worker loads ``train.py`` by path (the real
+                ``trainhouse`` package, so the SDK's pure helpers the training loop uses, such
+                as ``trainhouse.sdk.data.ResumableSampler``, are the same on both sides; the
+                module's ``trainhouse.init`` is replaced by a guard that raises), sets up
                 gloo itself, and runs the same seed, model, optimizer, loaders, epochs and
                 evaluation as ``train.py`` with ``train_epoch(..., on_step=None)``. Rank 0 prints
                 its per-epoch samples/s as JSON. No trainhouse server runs meanwhile.
@@ -36,6 +38,7 @@ Steady state
     benchmark, not a test: it exits 0 whatever the ratio (non-zero only when a run fails).
 
     python bench/overhead.py [--epochs 20] [--repeats 2] [--warmup 3] [--quiet-wait 60] [--json]
+    python bench/overhead.py --smoke     # both sides run once, 2 epochs: a check, not a number
 """
 
 from __future__ import annotations
@@ -68,26 +71,25 @@ METRIC = "samples_per_s"
 
 # -- the bare worker (one rank, started by torchrun) -------------------------------------------
 def _load_example(train_py: Path) -> types.ModuleType:
-    """Import the example's train.py by path, without importing trainhouse."""
+    """Import the example's train.py by path, with the real ``trainhouse`` package.
+
+    The example's training functions use pure helpers of the SDK (``trainhouse.sdk.data``'s
+    ``ResumableSampler``), which are part of the training loop on both sides; what the bare side
+    must not do is start a run. ``trainhouse.init`` is the only way to one, so the loaded
+    module's ``trainhouse`` is replaced by a guard whose ``init`` raises.
+    """
 
     def _no_sdk(**_kwargs: Any) -> Any:
-        raise RuntimeError("the bare benchmark must not use the trainhouse SDK")
+        raise RuntimeError("the bare benchmark must not start a trainhouse run")
 
-    stub = types.ModuleType("trainhouse")
-    stub.init = _no_sdk  # type: ignore[attr-defined]
-    saved = sys.modules.get("trainhouse")
-    sys.modules["trainhouse"] = stub
-    try:
-        spec = importlib.util.spec_from_file_location("bench_digits_train", train_py)
-        if spec is None or spec.loader is None:
-            raise ImportError(f"cannot import {train_py}")
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-    finally:
-        if saved is None:
-            sys.modules.pop("trainhouse", None)
-        else:
-            sys.modules["trainhouse"] = saved
+    spec = importlib.util.spec_from_file_location("bench_digits_train", train_py)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot import {train_py}")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    guard = types.ModuleType("trainhouse")
+    guard.init = _no_sdk  # type: ignore[attr-defined]
+    module.trainhouse = guard  # type: ignore[attr-defined]
     return module
 
 
@@ -116,7 +118,9 @@ def bare_worker(train_py: Path, hparams: dict[str, Any]) -> None:
         for epoch in range(int(hp["epochs"])):
             sampler.set_epoch(epoch)
             first = epoch * steps_per_epoch
-            _loss, samples, seconds = ex.train_epoch(ddp, optim, train_loader, first, None)
+            _loss, samples, seconds, _stopped = ex.train_epoch(
+                ddp, optim, train_loader, first, None
+            )
             ex.evaluate(model, val_loader)
             rates.append(samples * world_size / seconds)
         if world_size > 1:
@@ -425,6 +429,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=2, help="runs per side (default 2)")
     parser.add_argument("--warmup", type=int, default=3, help="epochs dropped per run (3)")
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="a quick check that both sides run: 2 epochs (1 dropped), 1 run per side, no "
+        "quiet-wait (the numbers mean nothing)",
+    )
     parser.add_argument("--example", type=Path, default=DEFAULT_EXAMPLE, help=argparse.SUPPRESS)
     parser.add_argument(
         "--quiet-wait",
@@ -440,6 +450,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.bare_worker:
         bare_worker(args.train_py, json.loads(args.hparams))
         return 0
+    if args.smoke:
+        args.epochs, args.warmup, args.repeats, args.quiet_wait = 2, 1, 1, 0.0
     if args.repeats < 1:
         parser.error("--repeats must be >= 1")
     return drive(args)

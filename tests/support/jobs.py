@@ -13,6 +13,9 @@ from pathlib import Path
 import psutil
 
 from tests.support.processes import marked_processes
+from trainhouse.executors.torchrun import RANK_WRAPPER
+
+RANK_WRAPPER_FILE = RANK_WRAPPER[-1]
 
 LONG_SCRIPT = """
 import time
@@ -104,7 +107,7 @@ def rank_process(job_id: int, rank: int) -> psutil.Process | None:
                 env.get("TRAINHOUSE_JOB_ID") == str(job_id)
                 and env.get("RANK") == str(rank)
                 and "train.py" in " ".join(cmd)
-                and "trainhouse.executors.rank" not in cmd
+                and RANK_WRAPPER_FILE not in cmd
             ):
                 return proc
     return None

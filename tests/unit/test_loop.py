@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -308,3 +310,38 @@ def test_held_gpus_are_named_only_in_the_reasons_of_jobs_that_want_gpus() -> Non
         1: "needs a GPU; GPU 0 is held by pid 7 of an ended attempt",
         2: "needs 8 CPU cores",
     }
+
+
+class _Notifying(FakeExecutor):
+    """A fake executor that, like the local one, can tell when an attempt ends."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.callback: Callable[[], object] | None = None
+
+    def notify_exits(self, callback: Callable[[], object]) -> None:
+        self.callback = callback
+
+
+def test_an_attempt_that_ends_is_recorded_at_once_not_at_the_next_tick(tmp_path: Path) -> None:
+    """Regression: the end of an attempt waited for the loop's next poll (0.5 s by default)."""
+    store = Store(f"sqlite:///{tmp_path / 'db.sqlite'}")
+    blobs = BlobStore(tmp_path / "blobs")
+    executor = _Notifying()
+    sched = SchedulerLoop(store, blobs, executor, home=tmp_path, server_url="http://x", tick=60)
+    sched.digest = stored_archive(blobs)  # type: ignore[attr-defined]
+    job = submit(sched)
+    sched.start()
+    try:
+        deadline = time.monotonic() + 10
+        while job not in executor.running() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert executor.callback is not None
+        executor.end(job, 0)
+        executor.callback()
+        while store.jobs.get(job).state is not JobState.COMPLETED:
+            assert time.monotonic() < deadline, store.jobs.get(job).state
+            time.sleep(0.02)
+    finally:
+        sched.stop()
+        store.close()

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from trainhouse.executors import torchrun
+from trainhouse.executors import rank, torchrun
 from trainhouse.layout import MARKER_ENV, AttemptLayout, JobEnv
 from trainhouse.spec import parse_spec
 
@@ -26,9 +26,11 @@ JOB = JobEnv(
 def test_one_node_rendezvous_standalone_several_at_node_0() -> None:
     one = torchrun.command(Path("/a/exit-launcher"), ["python", "train.py"], procs=2)
     assert one[:4] == [sys.executable, "-m", "trainhouse.executors.supervise", "/a/exit-launcher"]
-    assert one[4:7] == [sys.executable, "-m", "torch.distributed.run"]
+    launch = [sys.executable, "-m", "trainhouse.executors.launch", "torch.distributed.run"]
+    assert one[4:8] == launch
     assert "--standalone" in one and "--nproc-per-node=2" in one and "--max-restarts=0" in one
-    assert one[-4:] == ["-m", "trainhouse.executors.rank", "python", "train.py"]
+    wrapper = str(Path(rank.__file__).resolve())
+    assert one[-7:] == ["--no-python", sys.executable, "-I", "-S", wrapper, "python", "train.py"]
     many = torchrun.command(
         Path("/a/x"), ["python", "t.py"], procs=4, nodes=3, node_rank=2, master=("10.0.0.1", 29500)
     )

@@ -126,5 +126,9 @@ class Executor(Protocol):
     def kill_orphans(self, job_id: int, attempt: int) -> int:
         """Kill processes of an attempt this executor no longer tracks; returns how many."""
 
+    # Optional: ``notify_exits(callback)``. An executor that can tell when an attempt ends
+    # calls ``callback`` (from any thread) then, and the scheduler loop, which passes its
+    # ``wake``, polls at once instead of at its next tick (the local executor has it).
+
     def shutdown(self, *, grace: float) -> list[Exit]:
         """Stop every attempt and wait for them; returns their exits."""

@@ -1,13 +1,14 @@
 """The local executor: one torchrun per job on this machine.
 
-Each attempt is started as ``python -m torch.distributed.run --standalone ...`` in a session of
-its own (its own process group), under :mod:`trainhouse.executors.supervise`, which records the
-launcher's exit code in the attempt's directory. The attempt does not depend on the server: a
-server killed with SIGKILL leaves it training, and the next server re-adopts it (:meth:`adopt`)
-by its PID, start time and marker, and reads its result from that file when it ends.
-torchrun starts every rank through
+Each attempt is started as ``python -m torch.distributed.run --standalone ...`` (through
+:mod:`trainhouse.executors.launch`) in a session of its own (its own process group), under
+:mod:`trainhouse.executors.supervise`, which records the launcher's exit code in the attempt's
+directory. The attempt does not depend on the server: a server killed with SIGKILL leaves it
+training, and the next server re-adopts it (:meth:`adopt`) by its PID, start time and marker,
+and reads its result from that file when it ends. torchrun starts every rank through
 :mod:`trainhouse.executors.rank`, which sends the rank's stdout and stderr to
-``logs/rank-N.log`` and records its exit code.
+``logs/rank-N.log`` and records its exit code. The server learns of an attempt's end when its
+supervisor exits (a pidfd, :func:`watch_exit`), not at the scheduler loop's next poll.
 
 torchrun puts each worker in a session of its own too, so a process group signal does not reach
 them; every process of an attempt therefore carries ``TRAINHOUSE_RUN_MARKER`` in its environment,
@@ -28,10 +29,12 @@ import contextlib
 import hashlib
 import logging
 import os
+import select
 import signal
 import subprocess
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import IO, ClassVar
@@ -57,6 +60,32 @@ _OVERDUE = {
 }
 PID_SCAN_TTL = 0.5  # seconds one scan of every process's marker serves pids() calls
 CGROUP_REMOVE_TIMEOUT = 1.0  # seconds the executor waits for an ended attempt's cgroup to empty
+
+
+def watch_exit(pid: int, notify: Callable[[], object]) -> bool:
+    """Call ``notify`` once process ``pid`` has ended, from a thread blocked on its pidfd (it
+    becomes readable when the process ends, before anyone reaps it). False, and nothing
+    watched, where the kernel has no pidfds or the process is already gone: the caller's
+    polling finds the end all the same, only later."""
+    try:
+        fd = os.pidfd_open(pid)
+    except (OSError, AttributeError):
+        return False
+
+    def wait() -> None:
+        try:
+            select.select([fd], [], [])
+        except OSError:  # pragma: no cover - the descriptor is ours alone
+            pass
+        finally:
+            os.close(fd)
+        try:
+            notify()
+        except Exception:  # pragma: no cover - the poll finds the end all the same
+            log.exception("process %s ended; the callback failed", pid)
+
+    threading.Thread(target=wait, name=f"trainhouse-exit-{pid}", daemon=True).start()
+    return True
 
 
 class _Handle:
@@ -149,6 +178,9 @@ class LocalExecutor:
         self._scan: tuple[float, Scan] | None = None  # (when, scan())
         self._scan_lock = threading.Lock()
         self.gpu_release = GpuRelease(self.home_id)
+        # called when an attempt's supervisor ends (the scheduler loop's wake: the end is
+        # recorded at once, not at the loop's next poll)
+        self._on_exit: Callable[[], object] | None = None
         # a cgroup per attempt where the machine allows it
         self.cgroup_root, why = cgroups.attempt_root()
         if self.cgroup_root is None:
@@ -159,6 +191,15 @@ class LocalExecutor:
             )
         else:
             log.info("%s", why)
+
+    def notify_exits(self, callback: Callable[[], object]) -> None:
+        """Call ``callback`` (from another thread) whenever an attempt's supervisor ends, so
+        that the next :meth:`poll` reports it without waiting for the caller's interval."""
+        self._on_exit = callback
+
+    def _watch(self, pid: int) -> None:
+        if self._on_exit is not None:
+            watch_exit(pid, self._on_exit)
 
     def nodes(self) -> list[Node]:
         """This machine without the GPUs a process of an ended attempt still holds
@@ -239,6 +280,7 @@ class LocalExecutor:
                 log_file,
                 self.cgroup(launch.job_id, launch.attempt),
             )
+        self._watch(proc.pid)
         try:
             create_time = psutil.Process(proc.pid).create_time()
         except psutil.Error:
@@ -284,6 +326,7 @@ class LocalExecutor:
                 cgroup,
             )
         if proc is not None:
+            self._watch(info.pid)
             log.info("job %s: re-adopted attempt %s (pid %s)", job_id, attempt, info.pid)
         else:
             log.info("job %s: attempt %s ended while the server was down", job_id, attempt)

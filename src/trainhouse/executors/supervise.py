@@ -36,6 +36,7 @@ from pathlib import Path
 
 from trainhouse import _hardening, jobfiles
 from trainhouse.executors import cgroups
+from trainhouse.executors.rank import record
 
 MODULE = "trainhouse.executors.supervise"
 USAGE = f"usage: python -m {MODULE} [--cgroup DIR] EXIT_FILE COMMAND [ARGS...]"
@@ -45,20 +46,10 @@ CLEANUP_TIMEOUT = 10.0  # seconds the supervisor spends killing what is left bef
 MAX_EXIT_RECORD = 4096
 
 
-def record(path: Path, code: int) -> None:
-    """Write "CODE TIME" to ``path`` atomically (a reader never sees half a line)."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    try:
-        tmp.write_text(f"{code} {time.time():.6f}")
-        os.replace(tmp, path)
-    except OSError:
-        pass
-
-
 def read_record(path: Path, *, within: Path) -> tuple[int, float | None] | None:
-    """The (code, time) ``record`` wrote, or None when there is none (yet), or when it is not
-    a small regular file reached from ``within`` (the directory above the attempt's that the
-    job cannot replace) without a link."""
+    """The (code, time) :func:`~trainhouse.executors.rank.record` wrote, or None when there is
+    none (yet), or when it is not a small regular file reached from ``within`` (the directory
+    above the attempt's that the job cannot replace) without a link."""
     try:
         text = jobfiles.read_file(within, path, max_size=MAX_EXIT_RECORD).decode()
         code_text, _, time_text = text.strip().partition(" ")

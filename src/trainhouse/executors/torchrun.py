@@ -3,8 +3,8 @@
 ::
 
     python -m trainhouse.executors.supervise [--cgroup DIR] EXIT_FILE   torchrun's exit code
-      python -m torch.distributed.run ...                      torchrun for this node
-        python -m trainhouse.executors.rank ARGV...             one per rank: log file, exit code
+      python -m trainhouse.executors.launch torch.distributed.run ...   torchrun for this node
+        python -I -S .../executors/rank.py ARGV...              one per rank: log file, exit code
           ARGV (the job's entrypoint)
 
 :func:`command` builds that command line (a standalone rendezvous for one node, a static one at
@@ -21,12 +21,19 @@ import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from trainhouse.executors import rank
 from trainhouse.layout import MARKER_ENV, AttemptLayout, JobEnv, is_job_variable
 from trainhouse.spec import JobSpec
 
 __all__ = ["command", "rank_environment", "spec_environment"]
 
-MONITOR_INTERVAL = "0.2"  # seconds between torchrun's checks of its ranks
+#: how the supervisor starts torchrun: ``python -m torch.distributed.run`` that skips the last
+#: garbage collections of torch's objects at exit (:mod:`trainhouse.executors.launch`)
+LAUNCH = (sys.executable, "-m", "trainhouse.executors.launch")
+#: the rank wrapper as torchrun starts it (``--no-python``): a file of the standard library only,
+#: without ``site`` (:mod:`trainhouse.executors.rank`)
+RANK_WRAPPER = (sys.executable, "-I", "-S", str(Path(rank.__file__).resolve()))
+MONITOR_INTERVAL = "0.1"  # seconds between torchrun's checks of its ranks (its default)
 
 
 def command(
@@ -65,14 +72,13 @@ def command(
         "trainhouse.executors.supervise",
         *(["--cgroup", str(cgroup)] if cgroup is not None else []),
         str(exit_file),
-        sys.executable,
-        "-m",
+        *LAUNCH,
         "torch.distributed.run",
         *rendezvous,
         "--max-restarts=0",
         f"--monitor-interval={MONITOR_INTERVAL}",
-        "-m",
-        "trainhouse.executors.rank",
+        "--no-python",
+        *RANK_WRAPPER,
         *argv,
     ]
 

@@ -4,7 +4,8 @@ Every tick it (1) records attempts that ended, (2) stops attempts that were canc
 ``max_runtime``, and (3) asks the pure policy (:mod:`~trainhouse.scheduler.policy`) which queued
 jobs start now, then launches them. What an attempt's end means is decided by the pure
 :mod:`~trainhouse.scheduler.outcome`; the loop only applies it. API handlers only write
-requests into the store and :meth:`SchedulerLoop.wake` it.
+requests into the store and :meth:`SchedulerLoop.wake` it; an executor with ``notify_exits``
+(the local one) wakes it when an attempt ends.
 """
 
 from __future__ import annotations
@@ -131,6 +132,11 @@ class SchedulerLoop(Service):
         self._queued_jobs: dict[int, tuple[_QueuedKey, QueuedJob]] = {}
         # called with the seconds each policy decision took (the server's Prometheus histogram)
         self.decision_observer: Callable[[float], object] | None = None
+        # an executor that can tell when an attempt ends wakes the loop: the end is recorded
+        # (and the GPUs go to the next job) at once rather than at the next tick
+        notify_exits = getattr(executor, "notify_exits", None)
+        if callable(notify_exits):
+            notify_exits(self.wake)
 
     @property
     def tick_seconds(self) -> float:

@@ -1,0 +1,77 @@
+"""The rank wrapper (trainhouse.executors.rank) as torchrun starts it: log, exit record, signals."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from trainhouse import layout
+from trainhouse.executors import rank, torchrun
+from trainhouse.executors.supervise import read_record
+
+
+def test_its_names_are_the_layouts() -> None:
+    assert rank.LOG_DIR_ENV == layout.LOG_DIR_ENV
+    assert rank.ATTEMPT_DIR_ENV == layout.ATTEMPT_DIR_ENV
+    assert rank.ATTEMPT_ENV == layout.ATTEMPT_ENV
+    assert rank.RANK_EXIT_PREFIX == layout.RANK_EXIT_PREFIX
+    assert rank.log_name("3") == layout.log_name(3)
+    attempt = layout.AttemptLayout(Path("/x"))
+    assert attempt.rank_exit(3).name == f"{rank.RANK_EXIT_PREFIX}3"
+
+
+def start(tmp_path: Path, code: str) -> subprocess.Popen[bytes]:
+    """The wrapper as torchrun starts it for rank 1 (no site: nothing of trainhouse importable)."""
+    env = {
+        **os.environ,
+        "RANK": "1",
+        layout.LOG_DIR_ENV: str(tmp_path / "logs"),
+        layout.ATTEMPT_DIR_ENV: str(tmp_path),
+        layout.ATTEMPT_ENV: "2",
+    }
+    return subprocess.Popen([*torchrun.RANK_WRAPPER, "python", "-c", code], env=env)
+
+
+def test_it_logs_the_rank_and_records_its_exit(tmp_path: Path) -> None:
+    proc = start(tmp_path, "import sys; print('hello'); print('oops', file=sys.stderr); exit(3)")
+    assert proc.wait(30) == 3
+    text = (tmp_path / "logs" / "rank-1.log").read_text()
+    assert text.startswith("=== trainhouse: attempt 2, rank 1, ")
+    assert "hello\n" in text and "oops\n" in text
+    recorded = read_record(tmp_path / "exit-rank-1", within=tmp_path)
+    assert recorded is not None and recorded[0] == 3
+    assert recorded[1] is not None and abs(recorded[1] - time.time()) < 30
+
+
+def test_it_forwards_sigterm_and_records_the_signal(tmp_path: Path) -> None:
+    ready = tmp_path / "ready"
+    code = f"import pathlib, time; pathlib.Path({str(ready)!r}).touch(); time.sleep(60)"
+    proc = start(tmp_path, code)
+    deadline = time.monotonic() + 30
+    while not ready.exists():
+        assert time.monotonic() < deadline and proc.poll() is None
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(30) == 128 + signal.SIGTERM
+    recorded = read_record(tmp_path / "exit-rank-1", within=tmp_path)
+    assert recorded is not None and recorded[0] == -signal.SIGTERM
+
+
+def test_a_command_that_cannot_start_is_127(tmp_path: Path) -> None:
+    env = {**os.environ, "RANK": "0", layout.ATTEMPT_DIR_ENV: str(tmp_path)}
+    env[layout.LOG_DIR_ENV] = str(tmp_path / "logs")
+    proc = subprocess.run([*torchrun.RANK_WRAPPER, str(tmp_path / "missing")], env=env)
+    assert proc.returncode == 127
+    assert "cannot start" in (tmp_path / "logs" / "rank-0.log").read_text()
+    recorded = read_record(tmp_path / "exit-rank-0", within=tmp_path)
+    assert recorded is not None and recorded[0] == 127
+
+
+def test_python_means_the_servers_interpreter() -> None:
+    assert rank._argv(["python", "t.py"]) == [sys.executable, "t.py"]
+    assert rank._argv(["/usr/bin/python3", "t.py"]) == [sys.executable, "t.py"]
+    assert rank._argv(["bash", "t.sh"]) == ["bash", "t.sh"]
