@@ -19,6 +19,7 @@ from trainhouse.server.housekeeping import Housekeeper
 from trainhouse.server.settings import Settings
 from trainhouse.service import Service
 from trainhouse.store import BlobStore, Store
+from trainhouse.store.groupcommit import ReportWriter
 
 if TYPE_CHECKING:
     from trainhouse.server.auth import Authenticator
@@ -82,6 +83,7 @@ class Services:
     housekeeper: Housekeeper  # log retention
     telemetry: Telemetry  # /metrics
     auth: Authenticator  # tokens -> principals (trainhouse.server.auth)
+    reports: ReportWriter  # metric reports, stored in group commits
     streams: StreamSlots = field(default_factory=StreamSlots)  # open log streams
 
     @property

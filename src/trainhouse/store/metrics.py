@@ -185,6 +185,9 @@ def _insert_points(
                 for row in staged:
                     copy.write_row(row)
             cursor.execute(_PG_FROM_STAGE, (job_id,))
+            # dropped now, not at the commit: a group commit stores more reports in this
+            # transaction (trainhouse.store.groupcommit), and the next large one stages again
+            cursor.execute("DROP TABLE trainhouse_metrics_in")
     finally:
         cursor.close()
 
