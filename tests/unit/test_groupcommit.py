@@ -17,10 +17,13 @@ from sqlalchemy import event
 
 from tests.support.api import app_client, error_of, services, submit, wait_launched, workdir
 from tests.support.records import new_job
-from trainhouse.errors import InvalidMetrics, ServerBusy
+from trainhouse.errors import InvalidMetrics, NotFound, ServerBusy
 from trainhouse.store import Store
 from trainhouse.store import groupcommit as gc
 from trainhouse.store.reports import MAX_SERIES, Columns, Report, check_columns
+from trainhouse.tokens import hash_token
+
+TOKEN = "thj_test-credential"
 
 
 def report(
@@ -39,6 +42,28 @@ def report(
     n = len(steps)
     columns = check_columns(Columns(steps, named, values, [None] * n, [1.0] * n, 1))
     return Report(batch_id or uuid.uuid4().hex, 1, columns)
+
+
+def running(store: Store) -> int:
+    """A job whose current credential is TOKEN."""
+    job = new_job(store)
+    store.jobs.update(job, token_hash=hash_token(TOKEN))
+    return job
+
+
+def put(writer: gc.ReportWriter, job: int, r: Report, token: str = TOKEN) -> Future[int]:
+    """Submit ``r`` with ``token``; the future gives the points written."""
+    out: Future[int] = Future()
+
+    def done(f: Future[gc.Stored]) -> None:
+        exc = f.exception()
+        if exc is not None:
+            out.set_exception(exc)
+        else:
+            out.set_result(f.result().accepted)
+
+    writer.submit(job, r, hash_token(token)).add_done_callback(done)
+    return out
 
 
 class Gate:
@@ -76,7 +101,7 @@ def held(writer: gc.ReportWriter, job: int) -> tuple[Gate, Future[int]]:
     """The writer held in a batch of one report of ``job`` (steps 10000 on)."""
     gate = Gate()
     writer.before_batch = gate
-    first = writer.submit(job, report(10_000))
+    first = put(writer, job, report(10_000))
     assert gate.entered.wait(10)
     return gate, first
 
@@ -86,10 +111,10 @@ def steps_of(store: Store, job: int, name: str = "loss") -> list[tuple[int, floa
 
 
 def test_concurrent_reports_share_transactions(store: Store, writer: gc.ReportWriter) -> None:
-    jobs = [new_job(store) for _ in range(5)]
+    jobs = [running(store) for _ in range(5)]
     gate, first = held(writer, jobs[0])
     counted = commits(store)
-    futures = [writer.submit(job, report(10 * k)) for k in range(8) for job in jobs]
+    futures = [put(writer, job, report(10 * k)) for k in range(8) for job in jobs]
     gate.opened.set()
     assert [f.result(30) for f in futures] == [10] * 40
     assert first.result(30) == 10
@@ -102,16 +127,16 @@ def test_concurrent_reports_share_transactions(store: Store, writer: gc.ReportWr
 
 
 def test_a_bad_report_fails_alone(store: Store, writer: gc.ReportWriter) -> None:
-    full, other = new_job(store), new_job(store)
+    full, other = running(store), running(store)
     many = [f"m{i:05d}" for i in range(MAX_SERIES)]
     n = MAX_SERIES
     store.metrics.add(full, check_columns(Columns([0] * n, many, [1.0] * n, [None] * n, [1.0] * n)))
     gate, _ = held(writer, other)
     counted = commits(store)
-    before = writer.submit(other, report(0))
-    bad = writer.submit(full, report(1, names=["one too many"]))
-    fine = writer.submit(full, report(1, names=[many[0]]))
-    after = writer.submit(other, report(20))
+    before = put(writer, other, report(0))
+    bad = put(writer, full, report(1, names=["one too many"]))
+    fine = put(writer, full, report(1, names=[many[0]]))
+    after = put(writer, other, report(20))
     gate.opened.set()
     with pytest.raises(InvalidMetrics, match=f"at most {MAX_SERIES} metric series"):
         bad.result(30)
@@ -128,10 +153,31 @@ def test_a_bad_report_fails_alone(store: Store, writer: gc.ReportWriter) -> None
     assert len(counted) <= 3 and gate.sizes[1] == 4
 
 
+def test_a_stale_credential_or_a_missing_job_fails_alone(
+    store: Store, writer: gc.ReportWriter
+) -> None:
+    ok, ended = running(store), running(store)
+    gate, _ = held(writer, ok)
+    store.jobs.update(ended, token_hash=None)  # its attempt ended: the credential is dead
+    good = put(writer, ok, report(0))
+    stale = put(writer, ended, report(0))
+    wrong = put(writer, ok, report(20), token="thj_someone-else")
+    missing = put(writer, 10**9, report(0))
+    gate.opened.set()
+    assert good.result(30) == 10
+    for refused in (stale, wrong):
+        with pytest.raises(gc.Refused, match="not valid for job"):
+            refused.result(30)
+    with pytest.raises(NotFound):
+        missing.result(30)
+    assert [s for s, _ in steps_of(store, ok)] == [*range(10), *range(10_000, 10_010)]
+    assert store.metrics.count(ended) == 0
+
+
 def test_an_unexpected_error_stays_with_its_report(
     store: Store, writer: gc.ReportWriter, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    jobs = [new_job(store) for _ in range(4)]
+    jobs = [running(store) for _ in range(4)]
     add = gc.metrics.add
 
     def failing(conn: Any, dialect: str, job_id: int, columns: Columns, **kw: Any) -> int:
@@ -141,7 +187,7 @@ def test_an_unexpected_error_stays_with_its_report(
 
     gate, _ = held(writer, jobs[0])
     monkeypatch.setattr(gc.metrics, "add", failing)
-    futures = [writer.submit(job, report(0)) for job in jobs]
+    futures = [put(writer, job, report(0)) for job in jobs]
     gate.opened.set()
     with pytest.raises(RuntimeError, match="on fire"):
         futures[2].result(30)
@@ -152,15 +198,15 @@ def test_an_unexpected_error_stays_with_its_report(
 def test_each_batch_id_is_stored_once_within_a_batch_and_across(
     store: Store, writer: gc.ReportWriter
 ) -> None:
-    job = new_job(store)
+    job = running(store)
     gate, _ = held(writer, job)
-    once = writer.submit(job, report(0, value=0.5, batch_id="b1"))
-    again = writer.submit(job, report(0, value=0.25, batch_id="b1"))  # a retry: ignored
-    later = writer.submit(job, report(5, value=0.75))  # steps 5-14: replaces 5-9, in order
+    once = put(writer, job, report(0, value=0.5, batch_id="b1"))
+    again = put(writer, job, report(0, value=0.25, batch_id="b1"))  # a retry: ignored
+    later = put(writer, job, report(5, value=0.75))  # steps 5-14: replaces 5-9, in order
     gate.opened.set()
     assert (once.result(30), again.result(30), later.result(30)) == (10, 0, 10)
     assert gate.sizes == [1, 3]
-    assert writer.submit(job, report(0, value=9.0, batch_id="b1")).result(30) == 0
+    assert put(writer, job, report(0, value=9.0, batch_id="b1")).result(30) == 0
     stored = steps_of(store, job)
     assert stored[:15] == [(s, s + 0.5) for s in range(5)] + [(s, s + 0.75) for s in range(5, 15)]
     progress = store.jobs.get(job)
@@ -170,10 +216,10 @@ def test_each_batch_id_is_stored_once_within_a_batch_and_across(
 
 def test_large_reports_share_a_transaction(store: Store, writer: gc.ReportWriter) -> None:
     """Two reports past PostgreSQL's COPY threshold in one transaction (each stages its own)."""
-    jobs = [new_job(store) for _ in range(2)]
+    jobs = [running(store) for _ in range(2)]
     gate, _ = held(writer, jobs[0])
-    futures = [writer.submit(job, report(0, 3000)) for job in jobs]
-    futures.append(writer.submit(jobs[1], report(3000, 3000)))
+    futures = [put(writer, job, report(0, 3000)) for job in jobs]
+    futures.append(put(writer, jobs[1], report(3000, 3000)))
     gate.opened.set()
     assert [f.result(30) for f in futures] == [3000, 3000, 3000]
     assert gate.sizes == [1, 3]
@@ -183,18 +229,18 @@ def test_large_reports_share_a_transaction(store: Store, writer: gc.ReportWriter
 def test_a_full_queue_refuses_and_stop_drains(store: Store) -> None:
     writer = gc.ReportWriter(store, queue_points=15)
     with pytest.raises(ServerBusy):  # not started
-        writer.submit(new_job(store), report(0))
+        put(writer, running(store), report(0))
     writer.start()
-    job = new_job(store)
+    job = running(store)
     gate, first = held(writer, job)
-    queued = writer.submit(job, report(0))  # 10 of 15 points
+    queued = put(writer, job, report(0))  # 10 of 15 points
     with pytest.raises(ServerBusy, match="points queued") as busy:
-        writer.submit(job, report(10))
+        put(writer, job, report(10))
     assert busy.value.status == 503 and busy.value.retry_after > 0
     stopper = threading.Thread(target=writer.stop)
     stopper.start()
     with pytest.raises(ServerBusy, match="shutting down"):
-        writer.submit(job, report(20))
+        put(writer, job, report(20))
     gate.opened.set()
     stopper.join(30)
     assert not stopper.is_alive()
@@ -206,7 +252,7 @@ def test_a_report_bigger_than_the_queue_goes_into_an_empty_one(store: Store) -> 
     writer = gc.ReportWriter(store, queue_points=5)
     writer.start()
     try:
-        assert writer.submit(new_job(store), report(0)).result(30) == 10
+        assert put(writer, running(store), report(0)).result(30) == 10
     finally:
         writer.stop()
 

@@ -1,13 +1,18 @@
 """Group commit of metric reports: many requests' reports stored in one transaction.
 
-The report route checks a request (the job's credential, the body) and hands the parsed
-:class:`~trainhouse.store.reports.Report` to :meth:`ReportWriter.submit`, which queues it and
-returns a future. A writer thread takes everything queued (up to :attr:`ReportWriter.batch_points`
-points), stores each report with :func:`trainhouse.store.metrics.add` in ONE transaction,
-commits, and only then resolves the futures: an answered request is durable (SQLite's
-``synchronous=FULL``, PostgreSQL's commit), and a batch costs one commit (one fsync) however
-many requests it holds. Nothing waits to fill a batch: a writer that is idle takes the first
-report at once, and the reports that arrive while it commits make the next batch.
+The report route checks a request's body and hands the parsed
+:class:`~trainhouse.store.reports.Report`, with the hash of the credential the request
+presented, to :meth:`ReportWriter.submit`, which queues it and returns a future. A writer thread
+takes everything queued (up to :attr:`ReportWriter.batch_points` points), reads the batch's jobs
+in one query and refuses each report whose job does not exist (:class:`NotFound`) or whose
+credential is not its job's current one (:class:`Refused`: the route answers it as any refused
+token, a 401 counted against the client's address), then stores the others, each with
+:func:`trainhouse.store.metrics.add`, in ONE transaction, commits, and only then resolves the
+futures with what was written and the job as read (for the route's answer: should the job
+stop?). An answered request is durable (SQLite's ``synchronous=FULL``, PostgreSQL's commit),
+and a batch costs one commit (one fsync) and one credential query however many requests it
+holds. Nothing waits to fill a batch: a writer that is idle takes the first report at once, and
+the reports that arrive while it commits make the next batch.
 
 Semantics are those of one transaction per report:
 
@@ -33,6 +38,7 @@ then ends the threads.
 
 from __future__ import annotations
 
+import hmac
 import logging
 import threading
 from collections import deque
@@ -41,14 +47,15 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from trainhouse.errors import ServerBusy
+from trainhouse.errors import NotFound, ServerBusy
 from trainhouse.store import metrics
+from trainhouse.store.records import Job
 from trainhouse.store.reports import Report
 
 if TYPE_CHECKING:
-    from trainhouse.store.database import Database
+    from trainhouse.store.store import Store
 
-__all__ = ["ReportWriter"]
+__all__ = ["Refused", "ReportWriter", "Stored"]
 
 log = logging.getLogger(__name__)
 
@@ -60,11 +67,31 @@ BATCH_POINTS = 50_000
 RETRY_AFTER = 1.0  # seconds, in the 503's Retry-After
 
 
+@dataclass(frozen=True)
+class Stored:
+    """A report committed: the points written (0 for a batch id seen before) and its job as
+    read before the write."""
+
+    accepted: int
+    job: Job
+
+
+class Refused(Exception):
+    """The credential a report came with is not its job's current one (a stranger's, or the
+    job's attempt ended)."""
+
+    def __init__(self, job: Job) -> None:
+        super().__init__(f"the credential is not valid for job {job.id}'s current attempt")
+        self.job = job
+
+
 @dataclass
 class _Pending:
     job_id: int
     report: Report
-    future: Future[int] = field(default_factory=Future)
+    credential: str  # the hash of the token the request presented
+    future: Future[Stored] = field(default_factory=Future)
+    job: Job | None = None  # read by the writer
 
     @property
     def points(self) -> int:
@@ -129,7 +156,9 @@ class _Lane:
             if batch:
                 batch.sort(key=lambda p: p.job_id)  # stable: a job's reports keep their order
                 try:
-                    self.writer.store(batch)
+                    batch = self.writer.admit(batch)
+                    if batch:
+                        self.writer.store(batch)
                 except BaseException as exc:  # never leave a request waiting
                     log.exception("the report writer failed")
                     for p in batch:
@@ -142,7 +171,7 @@ class ReportWriter:
 
     def __init__(
         self,
-        db: Database,
+        db: Store,
         *,
         writers: int = 1,
         queue_points: int = QUEUE_POINTS,
@@ -182,17 +211,35 @@ class ReportWriter:
         """Reports waiting to be stored."""
         return sum(len(lane.queue) for lane in self._lanes)
 
-    def submit(self, job_id: int, report: Report) -> Future[int]:
-        """Queue ``report`` (checked) for ``job_id``; the future gives the points written once
-        they are committed, or the error storing them raised. Raises
+    def submit(self, job_id: int, report: Report, credential: str) -> Future[Stored]:
+        """Queue ``report`` (checked) for ``job_id``, sent with the token whose hash is
+        ``credential``; the future gives :class:`Stored` once the points are committed, or
+        raises :class:`NotFound`, :class:`Refused` or the error storing them raised. Raises
         :class:`~trainhouse.errors.ServerBusy` when the queue is full or the writer stopping."""
         if not self._started:
             raise ServerBusy("the report writer is not running", retry_after=RETRY_AFTER)
-        item = _Pending(job_id, report)
+        item = _Pending(job_id, report, credential)
         self._lanes[job_id % len(self._lanes)].put(item)
         return item.future
 
     # -- storing ---------------------------------------------------------------------------
+    def admit(self, batch: list[_Pending]) -> list[_Pending]:
+        """The reports of ``batch`` whose job exists and whose credential is its job's current
+        one (read in one query); the others' futures get :class:`NotFound` or
+        :class:`Refused`."""
+        jobs = self.db.jobs.get_many(p.job_id for p in batch)
+        admitted = []
+        for p in batch:
+            job = jobs.get(p.job_id)
+            if job is None:
+                p.future.set_exception(NotFound(f"job {p.job_id} does not exist"))
+            elif job.token_hash is None or not hmac.compare_digest(p.credential, job.token_hash):
+                p.future.set_exception(Refused(job))
+            else:
+                p.job = job
+                admitted.append(p)
+        return admitted
+
     def store(self, batch: Sequence[_Pending]) -> None:
         """Store ``batch`` in one transaction, else in parts (errors stay per report)."""
         if self.before_batch is not None:
@@ -214,7 +261,8 @@ class ReportWriter:
                     self.store(batch[i + 1 :])
             return
         for p, accepted in zip(batch, results, strict=True):
-            p.future.set_result(accepted)
+            assert p.job is not None
+            p.future.set_result(Stored(accepted, p.job))
 
     def _transaction(self, batch: Sequence[_Pending]) -> list[int]:
         results: list[int] = []
