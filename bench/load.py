@@ -381,9 +381,9 @@ def print_report(
     if "postgresql" in first and "sqlite" in first:
         pg, lite = first["postgresql"], first["sqlite"]
         print(
-            f"  PostgreSQL/SQLite ({pg['clients']} clients, {pg['mode']}): points/s "
-            f"{pg['points_per_s'] / lite['points_per_s']:.2f}, "
-            f"p99 latency {pg['p99_ms'] / lite['p99_ms']:.2f}"
+            f"  PostgreSQL/SQLite: points/s {pg['points_per_s'] / lite['points_per_s']:.2f}, "
+            f"p99 latency {pg['p99_ms'] / lite['p99_ms']:.2f} ({pg['clients']} clients, "
+            f"{pg['mode']})"
         )
     for r in runs:
         print(
