@@ -96,6 +96,8 @@ class Services:
         return JobLayout(self.settings.home, job_id)
 
 
-def services(request: Request) -> Services:
+async def services(request: Request) -> Services:
+    """The app's services (async: a plain def dependency costs every request a hop to a
+    worker thread and back)."""
     svc: Services = request.app.state.services
     return svc
