@@ -52,10 +52,13 @@ Counting
 It prints a table (backend, clients, requests, points/s, p50 ms, p99 ms, errors, lost points,
 the way of storing), the PostgreSQL/SQLite ratios of points/s and p99, ``<backend>: lost
 points: N``, and issue 19's goal per backend and client count: the points/s of group commit
-over this run's baseline (with ``--no-baseline``, over the issue's own numbers for 100 clients,
-10,000 points/s on SQLite and 5,000 on PostgreSQL), p99, lost points, and PASS (>= 5x, nothing
-lost) or BELOW TARGET. It exits 1 if an acknowledged point is missing, the counts disagree, a
-request was refused (4xx) or a run could not be made; 0 otherwise, whatever the speed.
+over the issue's numbers for 100 clients (10,000 points/s on SQLite, 5,000 on PostgreSQL), p99,
+lost points and PASS (>= 5x, nothing lost) or BELOW TARGET, with the ratio to this run's
+one-transaction-per-report run: group commit's own share (that run has the rest of this
+version's report path, faster than the one the issue measured; the version before issue 19 is
+measured by running this benchmark from its checkout). It exits 1 if an acknowledged point is
+missing, the counts disagree, a request was refused (4xx) or a run could not be made; 0
+otherwise, whatever the speed.
 
 ``--smoke`` (a few seconds, for the test suite): 4 clients x 2 s, SQLite only unless ``--db``
 says otherwise, no baseline, no waiting for a quiet machine.
@@ -330,33 +333,54 @@ def failures(r: dict[str, Any]) -> list[str]:
 
 
 def goals(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Issue 19's goal per backend and client count: group commit's points/s over this run's
-    one-transaction-per-report baseline (else over the issue's numbers), nothing lost."""
+    """Issue 19's goal per backend and client count: group commit's points/s at least 5x the
+    issue's numbers for 100 clients, nothing lost; with the ratio to this run's
+    one-transaction-per-report run (group commit's own share: that run has the rest of this
+    version's report path, so it is faster than the version the issue measured)."""
     out = []
     by = {(r["backend"], r["clients"], r["mode"]): r for r in runs}
     for (backend, clients, mode), r in by.items():
         if mode != "group":
             continue
         base = by.get((backend, clients, "one-each"))
-        issue = ISSUE_POINTS_PER_S[backend]
-        ratio = r["points_per_s"] / (base["points_per_s"] if base else issue)
-        met = ratio >= TARGET and not r["lost_points"]
+        ratio = r["points_per_s"] / ISSUE_POINTS_PER_S[backend]
         out.append(
             {
                 "backend": backend,
                 "clients": clients,
                 "points_per_s": r["points_per_s"],
-                "baseline_points_per_s": base["points_per_s"] if base else None,
                 "ratio": ratio,
-                "against": "this run's one-each" if base else "the issue's numbers",
-                "ratio_to_issue": r["points_per_s"] / issue,
+                "one_each_points_per_s": base["points_per_s"] if base else None,
+                "ratio_to_one_each": r["points_per_s"] / base["points_per_s"] if base else None,
                 "p99_ms": r["p99_ms"],
-                "baseline_p99_ms": base["p99_ms"] if base else None,
+                "one_each_p99_ms": base["p99_ms"] if base else None,
                 "lost_points": r["lost_points"],
-                "met": met,
+                "met": ratio >= TARGET and not r["lost_points"],
             }
         )
     return out
+
+
+def print_goals(met: list[dict[str, Any]]) -> None:
+    if met:
+        print(
+            f"  goal (issue 19): >= {TARGET:g}x the issue's points/s for 100 clients (SQLite "
+            f"{ISSUE_POINTS_PER_S['sqlite']:,.0f}, PostgreSQL "
+            f"{ISSUE_POINTS_PER_S['postgresql']:,.0f}), 0 points lost"
+        )
+    for g in met:
+        share = ""
+        if g["one_each_points_per_s"] is not None:
+            share = (
+                f"; {g['ratio_to_one_each']:.1f}x this run's one transaction per report "
+                f"({g['one_each_points_per_s']:,.0f} points/s, p99 {g['one_each_p99_ms']:.1f} ms)"
+            )
+        print(
+            f"  {g['backend']} {g['clients']} clients: {g['points_per_s']:,.0f} points/s = "
+            f"{g['ratio']:.1f}x the issue's {ISSUE_POINTS_PER_S[g['backend']]:,.0f}{share}; "
+            f"p99 {g['p99_ms']:.1f} ms; lost {g['lost_points']}: "
+            f"{'PASS' if g['met'] else 'BELOW TARGET'}"
+        )
 
 
 def print_report(
@@ -400,24 +424,7 @@ def print_report(
             print(f"    {r['errors']} failed requests (retried), e.g. {r['error_samples'][:2]}")
         if r["server_log_errors"]:
             print(f"    the server logged {r['server_log_errors']} errors")
-    if met:
-        print(
-            f"  goal (issue 19): group commit >= {TARGET:g}x the points/s of one transaction "
-            "per report, 0 points lost"
-        )
-    for g in met:
-        issue = f"{g['ratio_to_issue']:.1f}x the issue's {ISSUE_POINTS_PER_S[g['backend']]:,.0f}"
-        against = issue
-        if g["baseline_points_per_s"] is not None:
-            against = (
-                f"{g['ratio']:.1f}x this run's one-each {g['baseline_points_per_s']:,.0f} (p99 "
-                f"{g['baseline_p99_ms']:.1f} ms); {issue}"
-            )
-        print(
-            f"  {g['backend']} {g['clients']} clients: {g['points_per_s']:,.0f} points/s = "
-            f"{against}; p99 {g['p99_ms']:.1f} ms; lost {g['lost_points']}: "
-            f"{'PASS' if g['met'] else 'BELOW TARGET'}"
-        )
+    print_goals(met)
 
 
 # -- main ------------------------------------------------------------------------------------
