@@ -91,7 +91,9 @@ async def report(
             )
         except Refused as refused:
             why = f"the credential is not valid for job {refused.job.id}'s current attempt"
-            raise svc.auth.refuse(client_address(request), why, token) from None
+            # counted and audited (a write): in a thread, not on the event loop
+            error = await run_in_threadpool(svc.auth.refuse, client_address(request), why, token)
+            raise error from None
         job, accepted = stored.job, stored.accepted
     svc.telemetry.points.inc(accepted)
     started = None
