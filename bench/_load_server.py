@@ -11,6 +11,10 @@ ingest). Only the executor is replaced, by one more entry in the executors' regi
 ``$TRAINHOUSE_BENCH_TOKENS``, and reports the attempt as running until the scheduler stops it
 (cancel, preemption, max_runtime, shutdown), so the benchmark can report metrics for 100
 "running" jobs with their real per-attempt credentials without starting 100 torch processes.
+
+With ``$TRAINHOUSE_BENCH_ONE_PER_TRANSACTION`` set, the server's ``report_group_commit``
+setting is off (a setting without a command-line option): each report is stored in a
+transaction of its own, as before group commit (bench/load.py's baseline runs).
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import signal
 import sys
 import threading
 from pathlib import Path
+from typing import Any
 
 import psutil
 
@@ -31,6 +36,7 @@ from trainhouse.executors.inventory import local_node
 from trainhouse.lifecycle import StopReason
 
 TOKENS_ENV = "TRAINHOUSE_BENCH_TOKENS"
+ONE_PER_TRANSACTION_ENV = "TRAINHOUSE_BENCH_ONE_PER_TRANSACTION"
 
 
 class StandInExecutor:
@@ -114,10 +120,26 @@ def build(options: registry.ExecutorOptions) -> StandInExecutor:
     return StandInExecutor(local_node(options.cpus, options.gpus), Path(tokens))
 
 
+def one_per_transaction() -> None:
+    """Make the app ``trainhouse server`` builds store each report in its own transaction."""
+    import trainhouse.server
+    from trainhouse.server import Settings
+
+    create_app = trainhouse.server.create_app
+
+    def one_each(settings: Settings, **kwargs: Any) -> Any:
+        settings.report_group_commit = False
+        return create_app(settings, **kwargs)
+
+    trainhouse.server.create_app = one_each  # what the command's serve() imports
+
+
 def main() -> None:
     registry.EXECUTORS[StandInExecutor.name] = registry.ExecutorEntry(
         StandInExecutor.name, "no processes (bench/load.py)", build, lambda _options: None
     )
+    if os.environ.get(ONE_PER_TRANSACTION_ENV):
+        one_per_transaction()
     from trainhouse.cli.app import app
 
     app(args=["server", "--executor", StandInExecutor.name, *sys.argv[1:]], prog_name="trainhouse")

@@ -14,6 +14,7 @@
     ├── Unauthorized                no token, or one that does not work (401)
     ├── Forbidden                   a token that may not do this (403)
     ├── RateLimited                 too many failed token uses from one address (429)
+    ├── ServerBusy                  the server cannot take this now; retry (503, Retry-After)
     ├── StoreError                  the store refused an operation
     │   ├── NotFound                no such job / checkpoint
     │   └── InvalidTransition       a job state change the lifecycle table forbids
@@ -41,6 +42,7 @@ __all__ = [
     "RateLimited",
     "RayUnavailable",
     "ResourceError",
+    "ServerBusy",
     "ServerStartError",
     "ServerUnreachable",
     "SpecError",
@@ -129,6 +131,18 @@ class Forbidden(TrainhouseError):
 class RateLimited(TrainhouseError):
     code = "rate_limited"
     status = 429
+
+
+class ServerBusy(TrainhouseError):
+    """The server cannot take the request now (a full queue, a shutdown): retry after
+    ``retry_after`` seconds (the answer's ``Retry-After``)."""
+
+    code = "busy"
+    status = 503
+
+    def __init__(self, message: str, *, retry_after: float = 1.0) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
 
 
 class StoreError(TrainhouseError):

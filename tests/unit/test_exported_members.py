@@ -43,6 +43,7 @@ PUBLIC: dict[str, list[str]] = {
         "RateLimited",
         "RayUnavailable",
         "ResourceError",
+        "ServerBusy",
         "ServerStartError",
         "ServerUnreachable",
         "SpecError",

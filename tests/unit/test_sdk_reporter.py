@@ -16,7 +16,7 @@ from tests.support.records import new_job
 from trainhouse.errors import ClientError
 from trainhouse.layout import AttemptLayout
 from trainhouse.sdk import _run as sdk_run
-from trainhouse.sdk._metrics import Reporter
+from trainhouse.sdk._metrics import MAX_SERVER_ERRORS, Reporter
 from trainhouse.sdk._transport import JobAPI
 from trainhouse.store import MetricPoint, Store
 from trainhouse.store.reports import COLUMN_KEYS
@@ -137,6 +137,31 @@ def test_a_batch_the_server_always_fails_on_is_dropped(caplog: pytest.LogCapture
     rep.close()
     api.close()
     assert any("refused 1 metric points" in r.message for r in caplog.records)
+
+
+def test_a_busy_server_never_makes_a_batch_dropped() -> None:
+    """A 503 (the server's report queue is full) is backpressure, not a failure of the batch:
+    however many in a row, the batch is sent again, under its id, until it is stored."""
+    answers: list[int] = []
+
+    def busy(request: httpx.Request) -> httpx.Response:
+        body = report_body(request.content)
+        answers.append(len(answers))
+        if len(answers) <= 3 * MAX_SERVER_ERRORS:
+            return httpx.Response(
+                503,
+                json={"error": {"code": "busy", "message": "queue full"}},
+                headers={"Retry-After": "1"},
+            )
+        return httpx.Response(200, json={"accepted": len(body["points"]), "stop": True})
+
+    api = JobAPI("http://server", 7, "tok", transport=httpx.MockTransport(busy))
+    rep = Reporter(api, attempt=1, interval=0.01)
+    rep.add([(0, "loss", 1.0, None, 0.0)])
+    assert rep.stop_requested.wait(30), "the batch never got through"
+    rep.close()
+    api.close()
+    assert rep.sent_points == 1 and len(answers) > 3 * MAX_SERVER_ERRORS
 
 
 def test_checkpoint_is_registered_only_after_the_metrics_before_it(

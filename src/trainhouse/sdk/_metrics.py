@@ -37,6 +37,7 @@ log = logging.getLogger("trainhouse")
 
 Point = tuple[int, str, float | None, int | None, float]
 MAX_SERVER_ERRORS = 10  # a batch the server fails on this many times in a row is dropped
+BUSY = 503  # the server cannot take a report now (a full queue): never counted as a failure
 
 
 def finite_or_none(value: float) -> float | None:
@@ -208,6 +209,8 @@ class Reporter:
             try:
                 answer = self.api.report(payload, retry_for=retry_for)
             except ClientError as exc:
+                if exc.status == BUSY:  # the server's queue is full: the batch is fine, resend
+                    raise
                 self._failures += 1
                 if 400 <= exc.status < 500 or (
                     exc.status >= 500 and self._failures >= MAX_SERVER_ERRORS

@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -17,7 +18,7 @@ from sqlalchemy.exc import DataError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from trainhouse._version import __version__
-from trainhouse.errors import TrainhouseError
+from trainhouse.errors import ServerBusy, TrainhouseError
 from trainhouse.executors import registry
 from trainhouse.executors.base import Executor
 from trainhouse.executors.inventory import server_mask
@@ -35,6 +36,7 @@ from trainhouse.server.routes import accounts, jobs, logs, queue, report, system
 from trainhouse.server.schemas import NO_NUL
 from trainhouse.server.settings import Settings
 from trainhouse.store import BlobStore, Store
+from trainhouse.store.groupcommit import ReportWriter
 
 log = logging.getLogger(__name__)
 
@@ -114,6 +116,8 @@ def build_services(settings: Settings, executor: Executor | None = None) -> Serv
         log.warning(
             "auth is on and there is no admin yet: run `trainhouse admin init` on this machine"
         )
+    writers = settings.report_writers or (1 if store.dialect == "sqlite" else 4)
+    reports = ReportWriter(store, writers=writers, queue_points=settings.report_queue_points)
     return Services(
         settings,
         store,
@@ -124,6 +128,7 @@ def build_services(settings: Settings, executor: Executor | None = None) -> Serv
         Housekeeper(store, settings.home, settings.log_retention),
         telemetry,
         auth,
+        reports,
     )
 
 
@@ -136,6 +141,7 @@ def create_app(settings: Settings, *, executor: Executor | None = None) -> FastA
         app.state.services = svc
         started = []
         try:
+            svc.reports.start()  # first and last: reports answered before the end are stored
             for service in svc.background:
                 service.start()
                 started.append(service)
@@ -144,6 +150,7 @@ def create_app(settings: Settings, *, executor: Executor | None = None) -> FastA
         finally:
             for service in reversed(started):
                 service.stop()
+            svc.reports.stop()  # stores what is queued
             svc.store.close()
 
     app = FastAPI(
@@ -157,7 +164,10 @@ def create_app(settings: Settings, *, executor: Executor | None = None) -> FastA
 
     @app.exception_handler(TrainhouseError)
     async def _domain_error(_request: Request, exc: TrainhouseError) -> JSONResponse:
-        return error(exc.status, exc.code, str(exc))
+        answer = error(exc.status, exc.code, str(exc))
+        if isinstance(exc, ServerBusy):
+            answer.headers["Retry-After"] = str(max(1, math.ceil(exc.retry_after)))
+        return answer
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(_request: Request, exc: RequestValidationError) -> JSONResponse:

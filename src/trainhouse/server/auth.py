@@ -276,6 +276,13 @@ def readable_job(
 AuthHeader = Header(None, alias="Authorization", include_in_schema=False)
 
 
+def bearer_token(authorization: str | None) -> str | None:
+    """The token of an ``Authorization: Bearer <token>`` header (None: no such header)."""
+    if not authorization or not authorization.startswith("Bearer "):
+        return None
+    return authorization.removeprefix("Bearer ").strip()
+
+
 def reporting_job(
     job_id: RowId,
     request: Request,
@@ -286,9 +293,9 @@ def reporting_job(
     checks out, with auth on or off. A wrong one is refused as any token is: counted against
     the client's address (429 past the limit) and audited."""
     job = svc.store.jobs.get(job_id)
-    if not authorization or not authorization.startswith("Bearer "):
+    token = bearer_token(authorization)
+    if token is None:
         raise Unauthorized("this endpoint needs the job's credential (Authorization: Bearer ...)")
-    token = authorization.removeprefix("Bearer ").strip()
     if not job_credential(job, token):
         why = f"the credential is not valid for job {job.id}'s current attempt"
         raise svc.auth.refuse(client_address(request), why, token)

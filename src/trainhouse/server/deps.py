@@ -19,6 +19,7 @@ from trainhouse.server.housekeeping import Housekeeper
 from trainhouse.server.settings import Settings
 from trainhouse.service import Service
 from trainhouse.store import BlobStore, Store
+from trainhouse.store.groupcommit import ReportWriter
 
 if TYPE_CHECKING:
     from trainhouse.server.auth import Authenticator
@@ -82,6 +83,7 @@ class Services:
     housekeeper: Housekeeper  # log retention
     telemetry: Telemetry  # /metrics
     auth: Authenticator  # tokens -> principals (trainhouse.server.auth)
+    reports: ReportWriter  # metric reports, stored in group commits
     streams: StreamSlots = field(default_factory=StreamSlots)  # open log streams
 
     @property
@@ -94,6 +96,8 @@ class Services:
         return JobLayout(self.settings.home, job_id)
 
 
-def services(request: Request) -> Services:
+async def services(request: Request) -> Services:
+    """The app's services (async: a plain def dependency costs every request a hop to a
+    worker thread and back)."""
     svc: Services = request.app.state.services
     return svc

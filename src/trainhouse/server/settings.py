@@ -19,6 +19,7 @@ from trainhouse._hardening import read_private_file
 from trainhouse.executors import registry
 from trainhouse.scheduler.failures import DEFAULT_MAX_INFRA_RESTARTS
 from trainhouse.scheduler.fairshare import DEFAULT_HALF_LIFE
+from trainhouse.store.groupcommit import QUEUE_POINTS
 from trainhouse.workdir import MAX_ARCHIVE_BYTES
 
 DEFAULT_PORT = 8470
@@ -79,6 +80,15 @@ class Settings:
     # open log streams (GET /jobs/{id}/logs/stream) per user and in all; past either, 429
     log_streams_per_user: int = 8
     log_streams: int = 64
+    # metric reports: stored in group commits (trainhouse.store.groupcommit), many requests in
+    # one transaction; False: one transaction per report in the request's thread (the path
+    # before group commit, kept for comparison: bench/load.py --baseline)
+    report_group_commit: bool = True
+    # writer threads (a job always goes to the same one); None: 1 on SQLite (one writer at a
+    # time anyway), 4 on PostgreSQL
+    report_writers: int | None = None
+    # metric points queued per writer at most before reports get 503 (Retry-After)
+    report_queue_points: int = QUEUE_POINTS
     _db_file_url: str | None = field(default=None, init=False, repr=False, compare=False)
 
     @property
@@ -114,6 +124,8 @@ class Settings:
             ("--auth-failures", self.auth_failures, 1),
             ("log_streams_per_user", self.log_streams_per_user, 1),
             ("log_streams", self.log_streams, 1),
+            ("report_writers", self.report_writers or 1, 1),
+            ("report_queue_points", self.report_queue_points, 1),
         ):
             if value < low:
                 raise ValueError(f"{option} must be >= {low:g}, got {value:g}")

@@ -154,6 +154,12 @@ class JobRepo:
             raise NotFound(f"job {job_id} does not exist")
         return _job(row)
 
+    def get_many(self, job_ids: Iterable[int]) -> dict[int, Job]:
+        """The jobs of ``job_ids`` that exist, by id (one query)."""
+        with self.db.connect() as conn:
+            rows = conn.execute(select(t.jobs).where(t.jobs.c.id.in_(set(job_ids)))).mappings()
+            return {row["id"]: _job(row) for row in rows}
+
     def list(
         self,
         *,

@@ -39,9 +39,8 @@ import time
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import Connection, delete, select, update
-from sqlalchemy.dialects.postgresql import insert as pg_insert
-from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+import orjson
+from sqlalchemy import Connection, delete
 
 from trainhouse.errors import InvalidMetrics
 from trainhouse.store import rollup
@@ -68,10 +67,15 @@ _INSERT = "INSERT INTO metrics (job_id, attempt, rank, step, name, value, wall_t
 # parameters per SQLite INSERT of many rows: the smallest limit a build may have (before 3.32);
 # ~200 rows per statement store a batch about a quarter faster than one row per statement
 SQLITE_VARIABLES = 999
+# a report of fewer than COPY_FROM points: one statement, the columns as arrays in binary (the
+# last of two points of one key wins, as through COPY; per-row executemany cost ~15 us a point)
 _PG_INSERT = (
     "INSERT INTO metrics (job_id, attempt, rank, step, name, value, wall_time) "
-    "VALUES (%s, %s, coalesce(%s::integer, -1), %s::bigint, %s, %s::double precision, "
-    "%s::double precision)" + _UPSERT
+    "SELECT DISTINCT ON (name, rank, step) %b::bigint, attempt, coalesce(rank, -1), step, name, "
+    "value, wall_time FROM unnest(%b::integer[], %b::integer[], %b::bigint[], %b::text[], "
+    "%b::double precision[], %b::double precision[]) WITH ORDINALITY "
+    "AS p(attempt, rank, step, name, value, wall_time, seq) ORDER BY name, rank, step, seq DESC"
+    + _UPSERT
 )
 _PG_STAGE = (
     "CREATE TEMPORARY TABLE trainhouse_metrics_in (seq BIGINT GENERATED ALWAYS AS IDENTITY, "
@@ -157,16 +161,19 @@ def _insert_points(
         if dialect == "sqlite":
             _insert_sqlite(cursor, job_id, columns, order)
         elif len(columns) < COPY_FROM:
-            rows = zip(
-                itertools.repeat(job_id),
-                _attempt_column(columns),
-                columns.ranks,
-                columns.steps,
-                columns.names,
-                columns.values,
-                columns.walls,
+            attempts = columns.attempts
+            cursor.execute(
+                _PG_INSERT,
+                [
+                    job_id,
+                    [attempts] * len(columns) if isinstance(attempts, int) else list(attempts),
+                    list(columns.ranks),
+                    list(columns.steps),
+                    list(columns.names),
+                    list(columns.values),
+                    list(columns.walls),
+                ],
             )
-            cursor.executemany(_PG_INSERT, list(rows))
         else:  # COPY into a transaction's temporary table, then one upsert (last one wins)
             cursor.execute(_PG_STAGE)
             staged = zip(
@@ -185,6 +192,9 @@ def _insert_points(
                 for row in staged:
                     copy.write_row(row)
             cursor.execute(_PG_FROM_STAGE, (job_id,))
+            # dropped now, not at the commit: a group commit stores more reports in this
+            # transaction (trainhouse.store.groupcommit), and the next large one stages again
+            cursor.execute("DROP TABLE trainhouse_metrics_in")
     finally:
         cursor.close()
 
@@ -288,6 +298,42 @@ def _progress(columns: Columns) -> tuple[int, dict[str, float | None]] | None:
     return max(steps), {n: v for n, (_, v) in at.items()}
 
 
+# the statements of every report, in the driver's own SQL (SQLAlchemy's Core costs more per
+# statement than the statement does for a batch of 100 points); :func:`rollup.driver_sql`
+# turns ``:name`` into psycopg's ``%(name)s``
+_NEW_BATCH = (
+    "INSERT INTO report_batches (job_id, batch_id, at) VALUES (:job, :batch, :at) "
+    "ON CONFLICT DO NOTHING RETURNING batch_id"
+)
+_LATEST = {
+    "sqlite": "SELECT latest_metrics FROM jobs WHERE id = :job",
+    # FOR NO KEY UPDATE, as the UPDATE below takes (a scheduler's transition waits, not fails)
+    "postgresql": "SELECT latest_metrics FROM jobs WHERE id = :job FOR NO KEY UPDATE",
+}
+_JSON_PARAM = {"sqlite": ":{}", "postgresql": "CAST(:{} AS json)"}
+
+
+def _json_in(dialect: str, value: Any) -> Any:
+    """A JSON column's value as the driver returned it, parsed (psycopg parses json itself)."""
+    return orjson.loads(value) if isinstance(value, str | bytes) else value
+
+
+def _progress_update(
+    cursor: Any, dialect: str, job_id: int, progress: dict[str, Any], now: float
+) -> None:
+    """``UPDATE jobs`` with the columns of ``progress`` (``latest_metrics`` a dict)."""
+    params: dict[str, Any] = {**progress, "updated_at": now, "job": job_id}
+    sets = []
+    for column in (*progress, "updated_at"):
+        if column == "latest_metrics":
+            params[column] = orjson.dumps(progress[column]).decode()
+            sets.append(f"latest_metrics = {_JSON_PARAM[dialect].format(column)}")
+        else:
+            sets.append(f"{column} = :{column}")
+    sql = f"UPDATE jobs SET {', '.join(sets)} WHERE id = :job"
+    cursor.execute(rollup.driver_sql(dialect, sql), params)
+
+
 def add(
     conn: Connection,
     dialect: str,
@@ -301,16 +347,33 @@ def add(
 ) -> int:
     """Store checked ``columns`` in the caller's transaction; returns the points written.
     Raises :class:`InvalidMetrics` if they would take the job past ``max_series`` series."""
+    cursor = conn.connection.cursor()
+    try:
+        return _add(
+            cursor, conn, dialect, job_id, columns, batch_id, total_steps, resume, max_series
+        )
+    finally:
+        cursor.close()
+
+
+def _add(
+    cursor: Any,
+    conn: Connection,
+    dialect: str,
+    job_id: int,
+    columns: Columns,
+    batch_id: str | None,
+    total_steps: int | None,
+    resume: tuple[int, int] | None,
+    max_series: int,
+) -> int:
     now = time.time()
     if batch_id is not None:
         # the transaction's first write: SQLite takes its write lock here, before any read
-        ins = (pg_insert if dialect == "postgresql" else sqlite_insert)(t.report_batches)
-        new = conn.execute(
-            ins.values(job_id=job_id, batch_id=batch_id, at=now)
-            .on_conflict_do_nothing()
-            .returning(t.report_batches.c.batch_id)
-        ).first()
-        if new is None:  # seen before: a retry
+        cursor.execute(
+            rollup.driver_sql(dialect, _NEW_BATCH), {"job": job_id, "batch": batch_id, "at": now}
+        )
+        if cursor.fetchone() is None:  # seen before: a retry
             return 0
     ranks = _series_ranks(columns) if len(columns) else None
     if len(columns):
@@ -319,11 +382,7 @@ def add(
             if ranks is None
             else set(zip(columns.names, ranks, strict=True))
         )
-        cursor = conn.connection.cursor()
-        try:
-            _register_series(cursor, dialect, job_id, keys, max_series)
-        finally:
-            cursor.close()
+        _register_series(cursor, dialect, job_id, keys, max_series)
     touched: dict[tuple[str, int], tuple[int, int]] = {}  # series -> step range to roll up
     if resume is not None:
         attempt, step = resume
@@ -335,12 +394,8 @@ def add(
             )
         ).rowcount
         if dropped:
-            cursor = conn.connection.cursor()
-            try:
-                for key in rollup.series_of(cursor, dialect, job_id):
-                    touched[key] = (step + 1, INT64)
-            finally:
-                cursor.close()
+            for key in rollup.series_of(cursor, dialect, job_id):
+                touched[key] = (step + 1, INT64)
     fresh: dict[Series, tuple[Sequence[int], Sequence[float | None]]] = {}
     if len(columns):
         order = _series_order(columns.names, ranks) if len(columns) > 1 else None
@@ -354,27 +409,22 @@ def add(
             was = touched.get(key)
             touched[key] = (lo, hi) if was is None else (min(lo, was[0]), max(hi, was[1]))
     if touched:
-        cursor = conn.connection.cursor()
-        try:
-            rollup.refresh_many(cursor, dialect, job_id, touched, fresh)
-        finally:
-            cursor.close()
+        rollup.refresh_many(cursor, dialect, job_id, touched, fresh)
     progress: dict[str, Any] = {}
     found = _progress(columns)
     if found is not None:
         last, latest = found
-        current = conn.execute(
-            select(t.jobs.c.latest_metrics)
-            .where(t.jobs.c.id == job_id)
-            .with_for_update(key_share=True)  # FOR NO KEY UPDATE, as the UPDATE below takes
-        ).first()
+        cursor.execute(rollup.driver_sql(dialect, _LATEST[dialect]), {"job": job_id})
+        current = cursor.fetchone()
         if current is not None:  # (the last step moves back after a restart)
-            progress.update(last_step=last, latest_metrics={**(current[0] or {}), **latest})
+            progress.update(
+                last_step=last,
+                latest_metrics={**(_json_in(dialect, current[0]) or {}), **latest},
+            )
     if total_steps is not None:
         progress["total_steps"] = total_steps
     if progress:
-        progress["updated_at"] = now
-        conn.execute(update(t.jobs).where(t.jobs.c.id == job_id).values(**progress))
+        _progress_update(cursor, dialect, job_id, progress, now)
     return len(columns)
 
 
