@@ -4,7 +4,6 @@ and telling a full disk from other write errors."""
 from __future__ import annotations
 
 import errno
-import hashlib
 import re
 import weakref
 from collections.abc import Iterable, Iterator
@@ -13,6 +12,7 @@ from typing import IO, Any
 
 from trainhouse.errors import CheckpointError
 from trainhouse.sdk._distributed import DistributedContext
+from trainhouse.storage import new_hash
 
 DISK_FULL = "the disk is full (No space left on device)"
 
@@ -196,18 +196,21 @@ def estimate_bytes(obj: Any) -> int:
 
 
 class HashingWriter:
-    """A write-only file wrapper that hashes and counts what goes through and remembers the
-    first OSError (torch turns it into a RuntimeError whose message lost the errno).
+    """A write-only file wrapper that hashes (``algorithm``: sha256 or blake3) and counts what
+    goes through and remembers the first OSError (torch turns it into a RuntimeError whose
+    message lost the errno).
 
     A large chunk is hashed on a helper thread while it is being written (both release the
-    GIL), and finished before ``write`` returns: the chunk's memory is only borrowed.
+    GIL), and finished before ``write`` returns: the chunk's memory is only borrowed. The bytes
+    hashed are the ones written, from the same buffer: the file is never read back to hash it.
     """
 
     PARALLEL_MIN = 1 << 20
 
-    def __init__(self, fh: IO[bytes]) -> None:
+    def __init__(self, fh: IO[bytes], algorithm: str = "sha256") -> None:
         self._fh = fh
-        self._hash = hashlib.sha256()
+        self.algorithm = algorithm
+        self._hash = new_hash(algorithm)
         self.size = 0
         self.error: OSError | None = None
         self._pool: ThreadPoolExecutor | None = None
@@ -227,7 +230,7 @@ class HashingWriter:
         view = memoryview(data)
         if view.nbytes >= self.PARALLEL_MIN and view.c_contiguous:
             if self._pool is None:
-                self._pool = ThreadPoolExecutor(1, thread_name_prefix="trainhouse-sha256")
+                self._pool = ThreadPoolExecutor(1, thread_name_prefix="trainhouse-hash")
             hashed = self._pool.submit(self._hash.update, view)
             try:
                 written = self._write(view)
@@ -257,7 +260,7 @@ class HashingWriter:
         return True
 
     def hexdigest(self) -> str:
-        return self._hash.hexdigest()
+        return str(self._hash.hexdigest())
 
 
 _WRITE_FAILED = re.compile(r"writ|unexpected pos|iostream|I/O|space", re.IGNORECASE)
