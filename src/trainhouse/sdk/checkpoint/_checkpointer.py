@@ -235,7 +235,7 @@ class Checkpointer(Finder):
             if encoded is None:
                 with storage.open_read(tmp) as fh:
                     refuse_unloadable(fh)
-            del encoded  # the CPU copies of CUDA tensors go before the fsync
+            del encoded
             storage.publish(tmp, name)
         except BaseException as exc:
             mapped = self._failed(exc, tmp, name, estimate_bytes(payload), writer)

@@ -10,15 +10,20 @@ node}``; a node is a JSON scalar (None, bool, int, float, str) or ``[tag, payloa
     t tensor (payload: its blob's index; the same tensor object twice is stored once)
     a numpy array   s numpy scalar (a blob index)   b bytes (hex)   z torch.Size   y torch.dtype
 
-Like safetensors, but with the state's structure and its non-tensor values alongside, and
-numpy arrays, so a whole training state (state_dicts, RNG states, counters) fits. Writing
-serializes nothing but the header: the bytes go from each tensor's memory to the file (a
-non-contiguous tensor is made contiguous first; distinct views of one storage are stored as
-their own data). Reading parses the header with ``json`` only (no pickle, no code), checks
-every blob's dtype (an allow-list), shape and size against its bounds in the file, and returns
-tensors that are views of the one buffer the file was read into. A state holding anything else
-(a tensor subclass, a sparse tensor, a set, a custom class) is not encodable: :func:`plan`
-returns None and the caller writes it with ``torch.save`` as before.
+Like safetensors (a JSON header of dtype, shape and offsets, then the raw bytes), but one file
+holds a whole training state: its structure and non-tensor values (optimizer hyperparameters,
+RNG states, counters, numpy arrays) go in the header beside the tensor table. The safetensors
+package holds only a flat dict of tensors with string metadata, refuses tensors that share
+memory, and is one more dependency; the few hundred lines here do what a checkpoint needs.
+
+Writing serializes nothing but the header: the bytes go from each tensor's memory to the file
+(a non-contiguous or CUDA tensor is copied to contiguous CPU memory first, one at a time, as it
+is written; distinct views of one storage are stored as their own data). Reading parses the
+header with ``json`` only (no pickle, no code), checks every blob's dtype (an allow-list),
+shape and size against its bounds in the file, and returns tensors whose storage is the part
+of the one buffer the file was read into (no copy). A state holding anything else (a tensor
+subclass, a sparse tensor, a set, a custom class) is not encodable: :func:`plan` returns None
+and the caller writes it with ``torch.save`` as before.
 """
 
 from __future__ import annotations
@@ -76,24 +81,49 @@ class NotEncodable(Exception):
     """The state holds something this format does not store (torch.save writes it instead)."""
 
 
-class Plan:
-    """A state encoded for writing: its header, and the arrays whose bytes follow it."""
+def _tensor_bytes(t: Any) -> memoryview:
+    """The bytes of tensor ``t`` as a view of CPU memory: its own where it is a contiguous CPU
+    tensor, else a contiguous CPU copy (made now, one tensor at a time)."""
+    import torch
 
-    def __init__(self, header: bytes, blobs: list[memoryview], keep: list[Any]) -> None:
+    data = t.detach().resolve_conj().resolve_neg()
+    if data.device.type != "cpu":
+        data = data.cpu()
+    raw: Any = data.contiguous().reshape(-1).view(torch.uint8).numpy()
+    return memoryview(raw).cast("B")  # keeps the numpy array, which keeps the tensor
+
+
+def _array_bytes(a: Any) -> memoryview:
+    import numpy as np
+
+    data: Any = np.ascontiguousarray(a).reshape(-1).view(np.uint8)
+    return memoryview(data)
+
+
+class Plan:
+    """A state encoded for writing: its header, and the tensors and arrays whose bytes follow
+    it (each turned into bytes only as it is written)."""
+
+    def __init__(self, header: bytes, blobs: list[tuple[Any, int]]) -> None:
         self.header = header
-        self.blobs = blobs
-        self._keep = keep  # the CPU tensors and arrays the memoryviews point into
+        self.blobs = blobs  # (a tensor or a numpy array, its size in bytes)
         head = len(MAGIC) + _LEN.size + len(header)
-        self.size = head + _pad(head) + sum(len(b) + _pad(len(b)) for b in blobs)
+        self.size = head + _pad(head) + sum(n + _pad(n) for _, n in blobs)
 
     def chunks(self) -> Iterator[memoryview | bytes]:
         """The file's bytes, in order; the tensors' as views of their memory."""
+        import numpy as np
+
         head = MAGIC + _LEN.pack(len(self.header)) + self.header
         yield head + bytes(_pad(len(head)))
-        for blob in self.blobs:
-            yield blob
-            if _pad(len(blob)):
-                yield bytes(_pad(len(blob)))
+        for value, nbytes in self.blobs:
+            data = _array_bytes(value) if isinstance(value, np.ndarray) else _tensor_bytes(value)
+            if len(data) != nbytes:  # changed since it was planned
+                raise CheckpointError(f"a tensor changed size while it was written: {nbytes}")
+            yield data
+            del data  # a CUDA tensor's CPU copy goes before the next one is made
+            if _pad(nbytes):
+                yield bytes(_pad(nbytes))
 
     def write(self, write: Callable[[Any], Any]) -> None:
         for chunk in self.chunks():
@@ -107,15 +137,13 @@ class _Encoder:
         self.torch = torch
         self.names = {dt: name for name, dt in _torch_dtypes().items()}
         self.entries: list[list[Any]] = []
-        self.blobs: list[memoryview] = []
-        self.keep: list[Any] = []
+        self.blobs: list[tuple[Any, int]] = []
         self.seen: dict[int, int] = {}  # id of a tensor -> its blob index
         self.offset = 0
 
-    def _blob(self, dtype: str, shape: list[int], data: memoryview, grad: bool) -> int:
-        nbytes = len(data)
+    def _blob(self, dtype: str, shape: list[int], value: Any, nbytes: int, grad: bool) -> int:
         self.entries.append([dtype, shape, self.offset, nbytes, grad])
-        self.blobs.append(data)
+        self.blobs.append((value, nbytes))
         self.offset += nbytes + _pad(nbytes)
         return len(self.entries) - 1
 
@@ -133,27 +161,16 @@ class _Encoder:
             or t.device.type == "meta"
         ):
             raise NotEncodable(f"a tensor of type {type(t).__name__}, {t.dtype}, {t.layout}")
-        grad = bool(t.requires_grad)
-        data = t.detach().resolve_conj().resolve_neg()
-        if data.device.type != "cpu":
-            data = data.cpu()
-        data = data.contiguous()
-        raw: Any = data.reshape(-1).view(torch.uint8).numpy()
-        self.keep.append(data)
-        index = self._blob(name, list(t.shape), memoryview(raw).cast("B"), grad)
-        self.keep.append(t)  # ids stay unique while the plan lives
-        self.seen[id(t)] = index
+        nbytes = t.numel() * t.element_size()
+        index = self._blob(name, list(t.shape), t, nbytes, bool(t.requires_grad))
+        self.seen[id(t)] = index  # the plan keeps t: ids stay unique while it lives
         return index
 
     def array(self, a: Any) -> int:
-        import numpy as np
-
         dt = a.dtype
         if dt.kind not in "biufc" or dt.hasobject or dt.fields is not None:
             raise NotEncodable(f"a numpy array of dtype {dt}")
-        data: Any = np.ascontiguousarray(a).reshape(-1).view(np.uint8)
-        self.keep.append(data)
-        return self._blob("np:" + dt.str, list(a.shape), memoryview(data), False)
+        return self._blob("np:" + dt.str, list(a.shape), a, int(a.nbytes), False)
 
     def node(self, obj: Any) -> Any:
         torch = self.torch
@@ -195,7 +212,7 @@ def plan(state: Any) -> Plan | None:
         return None
     header = {"format": FORMAT, "blobs": enc.entries, "tree": tree}
     data = json.dumps(header, separators=(",", ":"), allow_nan=True).encode()
-    return Plan(data, enc.blobs, enc.keep)
+    return Plan(data, enc.blobs)
 
 
 # -- reading -----------------------------------------------------------------------------------
