@@ -6,10 +6,14 @@ temp directory) and no ``TRAINHOUSE_*``, ``RANK`` or ``WORLD_SIZE`` in the envir
 checkpoints go to ``./checkpoints`` there. The state is a dict of float32 tensors of about
 ``--size-mb`` MB (200; 20 MB in ``--quick``), like a model's and an optimizer's state_dicts.
 
+First the speed of each digest algorithm a record may name (sha256, blake3) over the state's
+tensor bytes in memory, one thread: no target, it shows what hashing costs.
+
 Part 1: write throughput, SDK vs a raw durable write
-    sdk  ``run.checkpoint.save(state, step=i)`` (blocking): torch.save through the SDK's
-         hashing writer into a temp file, the read-back safety check, fsync, rename, fsync of
-         the directory, the sidecar record. Timed around the call; the bytes are the size of the
+    sdk  ``run.checkpoint.save(state, step=i)`` (blocking): the trainhouse format (tensors
+         raw from their memory) through the SDK's hashing writer (blake3, on a helper thread,
+         while each tensor is written) into a temp file, fsync, rename, fsync of the
+         directory, the sidecar record. Timed around the call; the bytes are the size of the
          checkpoint file it wrote.
     raw  The same number of bytes written sequentially to the same directory with the same
          durability: the tensors' own memory (then zeros up to the SDK file's size) written to a
@@ -349,6 +353,27 @@ class Bench:
         return t1 - t0, t2 - t0
 
 
+def part_digest(state: dict[str, Any], repeats: int) -> dict[str, Any]:
+    """MB/s of each digest algorithm over the state's tensor bytes, in memory, one thread."""
+    from trainhouse.storage import DIGESTS, new_hash
+
+    views = [memoryview(t.numpy()).cast("B") for t in tensors(state)]
+    nbytes = sum(len(v) for v in views)
+    rates: dict[str, float] = {}
+    for algorithm in DIGESTS:
+        best = float("inf")
+        for _ in range(max(1, min(repeats, 3))):
+            hasher = new_hash(algorithm)
+            t0 = time.perf_counter()
+            for view in views:
+                hasher.update(view)
+            hasher.hexdigest()
+            best = min(best, time.perf_counter() - t0)
+        rates[algorithm] = nbytes / MB / best
+        log(f"    digest {algorithm}: {rates[algorithm]:.0f} MB/s")
+    return {"bytes": nbytes, "mb_s": rates}
+
+
 def part_write(b: Bench, repeats: int) -> dict[str, Any]:
     _, nbytes = b.sdk_save()  # warm-up, and the size the raw write must match
     b.raw_save(nbytes)
@@ -536,12 +561,14 @@ def verdict(ok: bool) -> str:
 
 
 def print_report(s: dict[str, Any]) -> None:
-    w, ld, st, lps = s["write"], s["load"], s["stall"], s["loop"]
+    w, ld, st, lps, dg = s["write"], s["load"], s["stall"], s["loop"], s["digest"]
     print(
         f"state: {s['tensors']} float32 tensors, {s['tensor_bytes'] / MB:.0f} MB of data "
         f"(checkpoint file {w['bytes'] / MB:.0f} MB); {s['repeats']} timed runs per side, "
         f"ABBA order; directory {s['directory']} ({s['filesystem']})"
     )
+    rates = ", ".join(f"{name} {rate:.0f} MB/s" for name, rate in dg["mb_s"].items())
+    print(f"digest speed (in memory, one thread, best of up to 3): {rates}")
     print()
     print("1. write throughput (MB/s = 10^6 bytes/s, median; both fsync + rename)")
     print(f"   sdk run.checkpoint.save  {w['sdk_median']:8.0f} MB/s   runs: {fmt(w['sdk_mb_s'])}")
@@ -677,6 +704,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with standalone_run(root) as run:
             b = Bench(run, state, root, load, op_wait)
+            log("digest speed ...")
+            digest = part_digest(state, repeats)
             log("part 1: write throughput, sdk vs raw ...")
             write = part_write(b, repeats)
             log("part 2: load throughput, sdk vs raw ...")
@@ -695,6 +724,7 @@ def main(argv: list[str] | None = None) -> int:
         "repeats": repeats,
         "directory": str(base),
         "filesystem": filesystem(base),
+        "digest": digest,
         "write": write,
         "load": loaded,
         "stall": stall,
