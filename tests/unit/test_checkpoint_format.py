@@ -182,6 +182,14 @@ def test_saves_write_the_format_and_load_it_from_one_read(
         assert RESERVED not in loaded
 
 
+def test_only_a_load_keeps_the_bytes_it_verified(standalone: Path) -> None:
+    with trainhouse.init() as run:
+        run.checkpoint.save({"w": torch.ones(1000)}, step=1)
+        assert run.checkpoint.latest() is not None
+        assert run.checkpoint._read is None  # latest() alone holds no copy of the file
+        assert run.checkpoint.load() is not None and run.checkpoint._read is None
+
+
 def test_a_corrupt_blake3_checkpoint_is_skipped(standalone: Path) -> None:
     ckpts = standalone / "checkpoints"
     with trainhouse.init() as run:
