@@ -537,13 +537,13 @@ class Checkpointer(Finder):
         chosen = self._find(comm)
         # the run goes on from here: steps logged after it by earlier attempts are dropped
         self._registry.resume_from(chosen)
+        if chosen is None or chosen.get("kind") == "sharded":
+            self._read = None  # the bytes _find kept are only for a file checkpoint
         if chosen is None:
-            self._read = None
             return None
         path = chosen["path"]
         where = self.storage.location(path)
         if chosen.get("kind") == "sharded":
-            self._read = None
             loaded = self._load_sharded(state, path, where, comm.group)
             states = shards.read_rng(self.storage, path) if restore_rng else None
         else:
