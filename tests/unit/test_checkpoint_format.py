@@ -19,6 +19,7 @@ import trainhouse
 from trainhouse.errors import CheckpointError
 from trainhouse.sdk.checkpoint import RESERVED, _safety, load_checkpoint, refuse_unloadable
 from trainhouse.sdk.checkpoint import _format as fmt
+from trainhouse.sdk.checkpoint import _support as support
 from trainhouse.storage import new_hash
 
 
@@ -307,3 +308,31 @@ def test_a_truncated_file_is_refused(tmp_path: Path) -> None:
     with pytest.raises(CheckpointError, match="past the file's end"):
         load_checkpoint(path)
     refuse_unloadable(io.BytesIO(data))  # a whole file in the format is loadable by design
+
+
+def test_the_hashing_writer_starts_writeback_of_a_local_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every 8 MB written to a local file start the disk writing them (no wait); a file
+    object without a descriptor (fsspec, BytesIO) just gets written."""
+    calls: list[tuple[int, int, int, int]] = []
+
+    def sync_file_range(fd: int, offset: int, nbytes: int, flags: int) -> int:
+        calls.append((fd, offset, nbytes, flags))
+        return 0
+
+    monkeypatch.setattr(support, "_SYNC_FILE_RANGE", sync_file_range)
+    chunk = bytes(3 << 20)
+    with (tmp_path / "f").open("wb") as fh, support.HashingWriter(fh, "blake3") as writer:
+        for _ in range(6):
+            writer.write(chunk)
+    assert [c[1:] for c in calls] == [(0, 0, 2), (0, 0, 2)]  # after 9 MB and after 18 MB
+    assert (tmp_path / "f").stat().st_size == 18 << 20
+    hasher = new_hash("blake3")
+    hasher.update(chunk * 6)
+    assert writer.hexdigest() == hasher.hexdigest()
+    calls.clear()
+    with support.HashingWriter(io.BytesIO()) as writer:
+        for _ in range(6):
+            writer.write(chunk)
+    assert calls == []
