@@ -6,10 +6,14 @@ temp directory) and no ``TRAINHOUSE_*``, ``RANK`` or ``WORLD_SIZE`` in the envir
 checkpoints go to ``./checkpoints`` there. The state is a dict of float32 tensors of about
 ``--size-mb`` MB (200; 20 MB in ``--quick``), like a model's and an optimizer's state_dicts.
 
+First the speed of each digest algorithm a record may name (sha256, blake3) over the state's
+tensor bytes in memory, one thread: no target, it shows what hashing costs.
+
 Part 1: write throughput, SDK vs a raw durable write
-    sdk  ``run.checkpoint.save(state, step=i)`` (blocking): torch.save through the SDK's
-         hashing writer into a temp file, the read-back safety check, fsync, rename, fsync of
-         the directory, the sidecar record. Timed around the call; the bytes are the size of the
+    sdk  ``run.checkpoint.save(state, step=i)`` (blocking): the trainhouse format (tensors
+         raw from their memory) through the SDK's hashing writer (blake3, on a helper thread,
+         while each tensor is written) into a temp file, fsync, rename, fsync of the
+         directory, the sidecar record. Timed around the call; the bytes are the size of the
          checkpoint file it wrote.
     raw  The same number of bytes written sequentially to the same directory with the same
          durability: the tensors' own memory (then zeros up to the SDK file's size) written to a
@@ -22,16 +26,25 @@ Part 1: write throughput, SDK vs a raw durable write
     order (``--repeats`` each); MB/s (10^6 bytes) is per write, and the medians are compared:
     sdk / raw, target >= 0.8.
 
-Part 2: how long save() blocks the caller, synchronous vs ``blocking=False``
+Part 2: load throughput, SDK vs a raw read
+    sdk  ``run.checkpoint.load()`` of the checkpoint part 1 wrote last: finding it, verifying
+         its digest against its record and loading it into a state dict, timed together.
+    raw  The same file read into one buffer of its size (``readinto``), nothing else.
+
+    Before every timed read ``os.sync()`` runs and the file's pages are dropped from the page
+    cache (``posix_fadvise(DONTNEED)``), so both read from the disk. ABBA order after one
+    warm-up each; the medians' ratio sdk / raw, target >= 0.8.
+
+Part 3: how long save() blocks the caller, synchronous vs ``blocking=False``
     sync   ``save(state, step=i)``: the caller waits for the whole write.
     async  ``save(state, step=i, blocking=False)``: the caller waits while the state is copied
            to CPU memory; the write goes on in a background thread. The time until the
            returned handle's ``wait()`` returns (the checkpoint is durable) is shown too.
 
-    Same cache treatment and ABBA order as part 1. The ratio is the median async block time
+    Same cache treatment and ABBA order as part 1. The stall ratio is the median async block time
     over the median sync block time; target <= 0.1.
 
-Part 3: does the training loop keep running while the background write proceeds?
+Part 4: does the training loop keep running while the background write proceeds?
     A loop of a few matmuls per step (``--matmul`` square float32 matrices, 4 per step) counts
     its steps/s while an asynchronous save is being written (from ``save()`` returning until
     the handle is done) and, alternately, for as long as the last write took with nothing being
@@ -46,13 +59,15 @@ The numbers are only as good as the machine is quiet. The benchmark waits up to
 ``--op-wait`` (10 s) before every timed run, measures the CPU time all other processes used
 during the timed runs (``psutil``), prints it with the number of runs during which they used
 more than 15% of the CPUs, and warns when they did on average. It is a benchmark, not a test:
-it exits 0 whatever the numbers (non-zero only if something crashes).
+it exits 0 whatever the numbers (non-zero only if something crashes). Each goal's line prints
+its ratio and PASS or BELOW TARGET.
 
-    python bench/checkpoint.py [--quick] [--size-mb 200] [--repeats 7] [--matmul 256]
+    python bench/checkpoint.py [--quick | --smoke] [--size-mb 200] [--repeats 7] [--matmul 256]
                                [--threads 1 2] [--dir DIR] [--quiet-wait 30] [--op-wait 10]
                                [--json]
 
 ``--quick``: 20 MB, 3 runs per side, shorter waits (well under a minute on 2 cores).
+``--smoke``: 2 MB, 1 run per side, no waits, one loop variant: only shows that it runs (seconds).
 """
 
 from __future__ import annotations
@@ -74,6 +89,7 @@ import psutil
 from _machine import BUSY_PERCENT, log, wait_quiet
 
 WRITE_TARGET = 0.8  # sdk MB/s / raw MB/s, at least
+LOAD_TARGET = 0.8  # sdk load MB/s / raw read MB/s, at least
 STALL_TARGET = 0.1  # async block time / sync block time, at most
 LOOP_FLOOR = 0.5  # loop steps/s during a background write / without, at least
 TENSOR_MB = 8  # size of most tensors in the state
@@ -147,6 +163,11 @@ def raw_write(directory: Path, state: dict[str, Any], nbytes: int) -> None:
         os.close(fd)
 
 
+#: os.sync() before timed runs (off with --smoke, where the numbers mean nothing and a sync on
+#: a busy machine can take seconds)
+SYNC = [True]
+
+
 def clean(directory: Path) -> None:
     """Delete every file a write left in ``directory``, then flush the machine's dirty pages."""
     for path in directory.iterdir():
@@ -154,13 +175,53 @@ def clean(directory: Path) -> None:
             shutil.rmtree(path, ignore_errors=True)
         else:
             path.unlink(missing_ok=True)
-    os.sync()
+    if SYNC[0]:
+        os.sync()
+
+
+def evict(path: Path) -> None:
+    """Drop ``path``'s pages from the page cache (after ``os.sync()``, they are all clean), so
+    the next read of it comes from the disk."""
+    if SYNC[0]:
+        os.sync()
+    else:
+        fsync_path(path)  # dirty pages are not dropped
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+def fsync_path(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def raw_read(path: Path) -> int:
+    """The whole file read into one buffer, as a loader that knows its size would."""
+    size = path.stat().st_size
+    buf = bytearray(size)
+    with path.open("rb", buffering=0) as fh:
+        view = memoryview(buf)
+        got = 0
+        while got < size:
+            n = fh.readinto(view[got:])
+            if not n:
+                break
+            got += n
+    return got
 
 
 # -- load from other processes -----------------------------------------------------------------
 def wait_idle(limit: float, sample: float = 0.25) -> float:
     """Wait (at least one ``sample``, at most about ``limit`` seconds) until other processes use
     at most BUSY_PERCENT of the CPUs; their last use, %. This process sleeps meanwhile."""
+    if limit <= 0:
+        return 0.0
     deadline = time.monotonic() + limit
     while True:
         busy = float(psutil.cpu_percent(interval=sample))
@@ -272,6 +333,31 @@ class Bench:
             seconds, _ = timed(lambda: raw_write(self.raw_dir, self.state, nbytes))
         return seconds
 
+    def saved_file(self) -> Path:
+        """The one checkpoint file in the checkpoint directory (after a save)."""
+        (path,) = [p for p in self.ckpt_dir.iterdir() if p.suffix == ".pt"]
+        return path
+
+    def sdk_load(self) -> tuple[float, int]:
+        """``run.checkpoint.load()`` of the last save, its file's pages evicted first: the
+        verification (hash) and the load, timed together."""
+        path = self.saved_file()
+        evict(path)
+        wait_idle(self.op_wait)
+        with self.load.measure():
+            seconds, state = timed(lambda: self.run.checkpoint.load())
+        if state is None:
+            raise RuntimeError("run.checkpoint.load() found no checkpoint")
+        return seconds, path.stat().st_size
+
+    def raw_load(self) -> tuple[float, int]:
+        path = self.saved_file()
+        evict(path)
+        wait_idle(self.op_wait)
+        with self.load.measure():
+            seconds, nbytes = timed(lambda: raw_read(path))
+        return seconds, nbytes
+
     def async_save(self) -> tuple[float, float]:
         """(seconds save() blocked, seconds until the handle's wait() returned)."""
         self.settle()
@@ -282,6 +368,27 @@ class Bench:
             handle.wait()
             t2 = time.perf_counter()
         return t1 - t0, t2 - t0
+
+
+def part_digest(state: dict[str, Any], repeats: int) -> dict[str, Any]:
+    """MB/s of each digest algorithm over the state's tensor bytes, in memory, one thread."""
+    from trainhouse.storage import DIGESTS, new_hash
+
+    views = [memoryview(t.numpy()).cast("B") for t in tensors(state)]
+    nbytes = sum(len(v) for v in views)
+    rates: dict[str, float] = {}
+    for algorithm in DIGESTS:
+        best = float("inf")
+        for _ in range(max(1, min(repeats, 3))):
+            hasher = new_hash(algorithm)
+            t0 = time.perf_counter()
+            for view in views:
+                hasher.update(view)
+            hasher.hexdigest()
+            best = min(best, time.perf_counter() - t0)
+        rates[algorithm] = nbytes / MB / best
+        log(f"    digest {algorithm}: {rates[algorithm]:.0f} MB/s")
+    return {"bytes": nbytes, "mb_s": rates}
 
 
 def part_write(b: Bench, repeats: int) -> dict[str, Any]:
@@ -306,6 +413,29 @@ def part_write(b: Bench, repeats: int) -> dict[str, Any]:
         "ratio": sdk / raw,
         "target": WRITE_TARGET,
         "pass": sdk / raw >= WRITE_TARGET,
+    }
+
+
+def part_load(b: Bench, repeats: int) -> dict[str, Any]:
+    b.sdk_save()  # the checkpoint both read
+    b.sdk_load()  # warm-up
+    b.raw_load()
+    rates: dict[str, list[float]] = {"sdk": [], "raw": []}
+    nbytes = 0
+    for side in abba(repeats, "sdk", "raw"):
+        seconds, nbytes = b.sdk_load() if side == "sdk" else b.raw_load()
+        rates[side].append(nbytes / MB / seconds)
+        log(f"    load {side}: {rates[side][-1]:.0f} MB/s")
+    sdk, raw = statistics.median(rates["sdk"]), statistics.median(rates["raw"])
+    return {
+        "bytes": nbytes,
+        "sdk_mb_s": rates["sdk"],
+        "raw_mb_s": rates["raw"],
+        "sdk_median": sdk,
+        "raw_median": raw,
+        "ratio": sdk / raw,
+        "target": LOAD_TARGET,
+        "pass": sdk / raw >= LOAD_TARGET,
     }
 
 
@@ -448,21 +578,32 @@ def verdict(ok: bool) -> str:
 
 
 def print_report(s: dict[str, Any]) -> None:
-    w, st, lps = s["write"], s["stall"], s["loop"]
+    w, ld, st, lps, dg = s["write"], s["load"], s["stall"], s["loop"], s["digest"]
     print(
         f"state: {s['tensors']} float32 tensors, {s['tensor_bytes'] / MB:.0f} MB of data "
         f"(checkpoint file {w['bytes'] / MB:.0f} MB); {s['repeats']} timed runs per side, "
         f"ABBA order; directory {s['directory']} ({s['filesystem']})"
     )
+    rates = ", ".join(f"{name} {rate:.0f} MB/s" for name, rate in dg["mb_s"].items())
+    print(f"digest speed (in memory, one thread, best of up to 3): {rates}")
     print()
     print("1. write throughput (MB/s = 10^6 bytes/s, median; both fsync + rename)")
     print(f"   sdk run.checkpoint.save  {w['sdk_median']:8.0f} MB/s   runs: {fmt(w['sdk_mb_s'])}")
     print(f"   raw write+fsync+rename   {w['raw_median']:8.0f} MB/s   runs: {fmt(w['raw_mb_s'])}")
     print(
-        f"   ratio sdk/raw = {w['ratio']:.3f} (target >= {w['target']:.2f}): {verdict(w['pass'])}"
+        f"   save ratio sdk/raw = {w['ratio']:.3f} (target >= {w['target']:.2f}): "
+        f"{verdict(w['pass'])}"
     )
     print()
-    print("2. time save() blocks the caller (median)")
+    print("2. load throughput (median; the file's pages evicted before each run)")
+    print(f"   sdk run.checkpoint.load  {ld['sdk_median']:8.0f} MB/s   runs: {fmt(ld['sdk_mb_s'])}")
+    print(f"   raw read into a buffer   {ld['raw_median']:8.0f} MB/s   runs: {fmt(ld['raw_mb_s'])}")
+    print(
+        f"   load ratio sdk/raw = {ld['ratio']:.3f} (target >= {ld['target']:.2f}): "
+        f"{verdict(ld['pass'])}"
+    )
+    print()
+    print("3. time save() blocks the caller (median)")
     print(
         f"   sync  save(...)                  {st['sync_median'] * 1000:8.1f} ms   "
         f"runs: {fmt(st['sync_s'], 1000)}"
@@ -474,12 +615,12 @@ def print_report(s: dict[str, Any]) -> None:
     durable = st["async_durable_median"] * 1000
     print(f"   async: durable (handle.wait() returned) after {durable:.0f} ms")
     print(
-        f"   ratio async/sync = {st['ratio']:.3f} (target <= {st['target']:.2f}): "
+        f"   stall ratio async/sync = {st['ratio']:.3f} (target <= {st['target']:.2f}): "
         f"{verdict(st['pass'])}"
     )
     print()
     n = lps[0]["matmul"]
-    print(f"3. training loop (4 matmuls of {n}x{n} per step), median steps/s")
+    print(f"4. training loop (4 matmuls of {n}x{n} per step), median steps/s")
     for lp in lps:
         print(f"   torch threads: {lp['threads']}")
         print(
@@ -527,6 +668,11 @@ def main(argv: list[str] | None = None) -> int:
         description="Checkpoint write throughput vs a raw durable write, and async-save stalls."
     )
     parser.add_argument("--quick", action="store_true", help="20 MB, 3 runs per side")
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="2 MB, 1 run per side, no waits, 1 loop thread: does it run (a few seconds)",
+    )
     parser.add_argument("--size-mb", type=float, help="MB of tensor data in the state (200)")
     parser.add_argument("--repeats", type=int, help="timed runs per side and part (7)")
     parser.add_argument("--matmul", type=int, default=256, help="loop matrix size (256)")
@@ -549,16 +695,25 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
     args = parser.parse_args(argv)
-    size = args.size_mb or (20.0 if args.quick else 200.0)
-    repeats = args.repeats or (3 if args.quick else 7)
-    quiet = args.quiet_wait if args.quiet_wait is not None else (5.0 if args.quick else 30.0)
-    op_wait = args.op_wait if args.op_wait is not None else (0.5 if args.quick else 10.0)
+    size = args.size_mb or (2.0 if args.smoke else 20.0 if args.quick else 200.0)
+    repeats = args.repeats or (1 if args.smoke else 3 if args.quick else 7)
+    quiet = (
+        args.quiet_wait
+        if args.quiet_wait is not None
+        else (0.0 if args.smoke else 5.0 if args.quick else 30.0)
+    )
+    op_wait = (
+        args.op_wait
+        if args.op_wait is not None
+        else (0.0 if args.smoke else 0.5 if args.quick else 10.0)
+    )
     cores = psutil.cpu_count() or 1
-    threads = args.threads or sorted({1, cores})
+    threads = args.threads or ([1] if args.smoke else sorted({1, cores}))
     if repeats < 1 or size <= 0 or min(threads) < 1:
         parser.error("--repeats and --threads must be >= 1 and --size-mb > 0")
 
-    busy = wait_quiet(quiet)
+    SYNC[0] = not args.smoke
+    busy = wait_quiet(quiet) if quiet > 0 else 0.0
     log(f"CPU in use before: {busy:.0f}%; building a {size:.0f} MB state ...")
     state = make_state(size)
     base = args.dir.resolve() if args.dir else Path(tempfile.gettempdir())
@@ -567,11 +722,15 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with standalone_run(root) as run:
             b = Bench(run, state, root, load, op_wait)
+            log("digest speed ...")
+            digest = part_digest(state, repeats)
             log("part 1: write throughput, sdk vs raw ...")
             write = part_write(b, repeats)
-            log("part 2: save() block time, sync vs async ...")
+            log("part 2: load throughput, sdk vs raw ...")
+            loaded = part_load(b, repeats)
+            log("part 3: save() block time, sync vs async ...")
             stall = part_stall(b, repeats)
-            log("part 3: training loop during a background write ...")
+            log("part 4: training loop during a background write ...")
             loop = [part_loop(b, repeats, args.matmul, t) for t in threads]
             b.settle()
     finally:
@@ -583,7 +742,9 @@ def main(argv: list[str] | None = None) -> int:
         "repeats": repeats,
         "directory": str(base),
         "filesystem": filesystem(base),
+        "digest": digest,
         "write": write,
+        "load": loaded,
         "stall": stall,
         "loop": loop,
         "others_percent": load.percent,

@@ -14,7 +14,6 @@ checkpoint storage helpers load with the calls that need them (``submit``, ``dry
 from __future__ import annotations
 
 import getpass
-import hashlib
 import json
 import os
 import shutil
@@ -231,10 +230,11 @@ class Client:
     ) -> Path:
         """Fetch the checkpoint of ``step`` (None: the newest) into the directory ``dest``.
 
-        Checks the sha256 the SDK registered; returns the local file or directory. A
-        partial download never stays under the final name. ``progress(done, total)`` in bytes.
+        Checks the digest the SDK registered (sha256 or blake3); returns the local file or
+        directory. A partial download never stays under the final name. ``progress(done,
+        total)`` in bytes.
         """
-        from trainhouse.storage import confine, tree_digest
+        from trainhouse.storage import confine, new_hash, tree_digest
 
         found = self.checkpoints(job_id)["checkpoints"]
         if not found:
@@ -260,7 +260,9 @@ class Client:
             for name, _size in files:
                 target = tmp / confine(name) if name else tmp
                 target.parent.mkdir(parents=True, exist_ok=True)
-                digest = hashlib.sha256()
+                # a file's digest is the registered algorithm's; a directory's is sha256 all along
+                algorithm = chosen.get("algorithm", "sha256") if not name else "sha256"
+                digest = new_hash(algorithm)
                 url = f"{self.url}/api/v1/jobs/{job_id}/checkpoints/{chosen['id']}/content"
                 with (
                     self._http.stream("GET", url, params={"file": name}) as resp,
@@ -282,7 +284,7 @@ class Client:
             actual = entries[0][1] if chosen["kind"] == "file" else tree_digest(entries)
             if actual != chosen["sha256"]:
                 raise CheckpointError(
-                    f"the downloaded checkpoint of step {chosen['step']} has sha256 "
+                    f"the downloaded checkpoint of step {chosen['step']} has digest "
                     f"{actual[:16]}, not the registered {chosen['sha256'][:16]}: it is corrupt"
                 )
             if final.is_dir():

@@ -4,7 +4,6 @@ undisturbed run, every step stored once, every listed checkpoint intact, no proc
 
 from __future__ import annotations
 
-import hashlib
 import os
 import random
 import signal
@@ -18,6 +17,7 @@ from tests.support.jobs import RANDOM_SCRIPT, rank_process, write_job
 from tests.support.processes import marked_processes
 from tests.support.servers import Server, assert_clean_stop, start_server
 from trainhouse.sdk.checkpoint import load_checkpoint
+from trainhouse.storage import new_hash
 
 pytestmark = pytest.mark.integration
 
@@ -99,7 +99,9 @@ def test_random_kills_change_nothing(tmp_path: Path, seed: int) -> None:
         listing = srv.cli_json("checkpoints", str(job))
         for ck in listing["checkpoints"]:  # every checkpoint marked complete is intact
             data = (Path(listing["directory"]) / ck["path"]).read_bytes()
-            assert hashlib.sha256(data).hexdigest() == ck["sha256"], ck
+            hasher = new_hash(ck["algorithm"])  # blake3 for file checkpoints
+            hasher.update(data)
+            assert hasher.hexdigest() == ck["sha256"], ck
         assert not marked_processes()
     finally:
         assert_clean_stop(srv)

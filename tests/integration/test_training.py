@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 from pathlib import Path
 
@@ -13,6 +12,8 @@ import torch
 from tests.support.jobs import LONG_SCRIPT, write_job
 from tests.support.processes import marked_processes
 from tests.support.servers import EXAMPLE, Server
+from trainhouse.sdk.checkpoint import load_checkpoint
+from trainhouse.storage import new_hash
 
 pytestmark = pytest.mark.integration
 
@@ -39,9 +40,11 @@ def test_example_trains_end_to_end(server: Server) -> None:
     assert [c["step"] for c in ckpts["checkpoints"]]  # keep_last=2 + keep_best=1
     latest = ckpts["checkpoints"][-1]
     path = Path(ckpts["directory"]) / latest["path"]
-    assert hashlib.sha256(path.read_bytes()).hexdigest() == latest["sha256"]
+    hasher = new_hash(latest["algorithm"])
+    hasher.update(path.read_bytes())
+    assert latest["algorithm"] == "blake3" and hasher.hexdigest() == latest["sha256"]
     assert path.stat().st_size == latest["size"]
-    state = torch.load(path, weights_only=True)
+    state = load_checkpoint(path)
     assert state["epoch"] == 2 and "conv1.weight" in state["model"]
 
     for rank in ("0", "1"):
@@ -156,7 +159,10 @@ def test_failed_rank_restarts_from_checkpoint_and_resumes_exactly(
         ck = server.cli_json("checkpoints", str(job_id))
         last = ck["checkpoints"][-1]
         assert last["step"] == 11
-        return torch.load(Path(ck["directory"]) / last["path"], weights_only=True)["model"]
+        weights: dict[str, torch.Tensor] = load_checkpoint(Path(ck["directory"]) / last["path"])[
+            "model"
+        ]
+        return weights
 
     wa, wb = final_weights(clean["id"]), final_weights(crashed["id"])
     assert all(torch.equal(wa[k], wb[k]) for k in wa)

@@ -15,7 +15,7 @@ from fastapi.testclient import TestClient
 from tests.support.api import BASE_URL, submit, wait_state, workdir
 from trainhouse.client import Client
 from trainhouse.errors import CheckpointError, ClientError
-from trainhouse.storage import tree_digest
+from trainhouse.storage import new_hash, tree_digest
 from trainhouse.tokens import hash_token
 
 AUTH = {"Authorization": "Bearer known"}
@@ -206,3 +206,65 @@ def test_checkpoints_left_unregistered_are_registered_at_the_attempts_end(
     assert [c["step"] for c in listed(api, job)] == [1, 2]
     assert listed(api, job)[-1]["metrics"] == {"val_loss": 0.5}
     assert job["services"].checkpoints.register_unlisted(job["id"], 1) == []  # once
+
+
+def blake3_hex(data: bytes) -> str:
+    hasher = new_hash("blake3")
+    hasher.update(data)
+    return str(hasher.hexdigest())
+
+
+def test_blake3_checkpoints_are_registered_verified_and_downloaded(
+    api: TestClient,
+    job: dict[str, Any],
+    tmp_path: Path,
+) -> None:
+    """The record names its digest's algorithm: retention and downloads verify with it; a
+    record without one is sha256 (every checkpoint registered before blake3)."""
+    put(api, job, 1, b"one")  # sha256, no algorithm named
+    for step in (2, 3):
+        data = f"state {step}".encode()
+        put(api, job, step, data, sha256=blake3_hex(data), algorithm="blake3")
+    kept = listed(api, job)
+    assert [(c["step"], c["algorithm"], c["corrupt"]) for c in kept] == [
+        (2, "blake3", None),
+        (3, "blake3", None),
+    ]  # the newest verified with blake3, step 1 deleted
+    assert listed(api, job, all="true")[0]["algorithm"] == "sha256"
+
+    # a sha256 digest registered as blake3 does not verify: retention keeps the older ones
+    data = b"state 4"
+    put(api, job, 4, data, sha256=hashlib.sha256(data).hexdigest(), algorithm="blake3")
+    bad = listed(api, job, all="true")[-1]
+    assert bad["step"] == 4 and "blake3" in bad["corrupt"] and "does not match" in bad["corrupt"]
+    assert [c["step"] for c in listed(api, job)] == [2, 3]
+    body = {"attempt": 1, "step": 5, "path": "step-000000003.pt", "size": 7, "sha256": "0" * 64}
+    resp = api.post(f"{job['url']}/checkpoints", json={**body, "algorithm": "md5"}, headers=AUTH)
+    assert resp.status_code == 422
+    got = client_for(api).download_checkpoint(job["id"], 3, tmp_path / "out")
+    assert got.read_bytes() == b"state 3"
+    (job["dir"] / "step-000000003.pt").write_bytes(b"state 8")  # rots on the server's disk
+    with pytest.raises(CheckpointError, match="corrupt"):
+        client_for(api).download_checkpoint(job["id"], 3, tmp_path / "again")
+
+
+def test_unregistered_blake3_records_keep_their_algorithm(
+    api: TestClient,
+    job: dict[str, Any],
+) -> None:
+    for step, algorithm in ((2, "blake3"), (3, "crc32")):  # 3 names no known algorithm
+        name = f"step-{step:09d}.pt"
+        data = f"state {step}".encode()
+        (job["dir"] / name).write_bytes(data)
+        record = {
+            "attempt": 1,
+            "step": step,
+            "path": name,
+            "size": len(data),
+            "sha256": blake3_hex(data),
+            "algorithm": algorithm,
+            "kind": "file",
+        }
+        (job["dir"] / f"{name}.json").write_text(json.dumps(record))
+    added = job["services"].checkpoints.register_unlisted(job["id"], 1)
+    assert [(c.step, c.algorithm) for c in added] == [(2, "blake3")]

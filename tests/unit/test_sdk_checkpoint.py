@@ -4,7 +4,6 @@ sharded directories and background saves."""
 from __future__ import annotations
 
 import errno
-import hashlib
 import io
 import json
 import logging
@@ -30,7 +29,7 @@ from trainhouse.sdk.checkpoint import RESERVED, Checkpointer, SaveHandle, load_c
 from trainhouse.sdk.checkpoint._registry import ServerRegistry
 from trainhouse.sdk.checkpoint._safety import check_dcp_metadata
 from trainhouse.sdk.checkpoint._support import is_disk_full
-from trainhouse.storage import FsspecStorage, LocalStorage
+from trainhouse.storage import FsspecStorage, LocalStorage, new_hash
 
 DISK_FULL = "the disk is full (No space left on device)"
 
@@ -180,7 +179,7 @@ def test_rng_file_loads_with_plain_weights_only(standalone: Path) -> None:
     with trainhouse.init() as run:
         run.checkpoint.save({"w": torch.ones(2)}, step=1)
     # no numpy allow-list needed: the integration test and users torch.load it directly
-    raw = torch.load(standalone / "checkpoints" / "step-000000001.pt", weights_only=True)
+    raw = load_checkpoint(standalone / "checkpoints" / "step-000000001.pt")
     rng = raw[RESERVED]["rng"]
     assert len(rng) == 1 and set(rng[0]) >= {"python", "numpy", "torch"}
 
@@ -261,14 +260,16 @@ def test_torch_write_failure_counts_as_full_only_without_space(
         f.write(b"x" * 10)
         raise RuntimeError("PytorchStreamWriter failed writing file data/0: file write failed")
 
+    # a set: only torch.save writes it (the trainhouse format does not hold sets)
+    state = {"w": torch.zeros(1000), "tags": {1, 2}}
     with trainhouse.init() as run:
         monkeypatch.setattr(torch, "save", failing_save)
         monkeypatch.setattr(LocalStorage, "free_bytes", lambda self: 5)
         with pytest.raises(CheckpointError, match=r"No space left on device\); 5 bytes free"):
-            run.checkpoint.save({"w": torch.zeros(1000)}, step=1)
+            run.checkpoint.save(state, step=1)
         monkeypatch.setattr(LocalStorage, "free_bytes", lambda self: 10**12)
         with pytest.raises(RuntimeError, match="file write failed"):
-            run.checkpoint.save({"w": torch.zeros(1000)}, step=1)
+            run.checkpoint.save(state, step=1)
     assert list((standalone / "checkpoints").iterdir()) == []
 
 
@@ -305,7 +306,7 @@ def test_corrupt_and_missing_checkpoints_are_reported(standalone: Path) -> None:
         assert loaded is not None and int(loaded["s"]) == 1
         assert [i for i, _ in api.corrupt] == [3, 2]
         assert api.corrupt[0][1].startswith("missing")
-        assert "sha256" in api.corrupt[1][1]
+        assert "blake3 mismatch" in api.corrupt[1][1]
         # an old server without the endpoint: logged, the load goes on
         api.corrupt_status = 404
         loaded = ckpt.load()
@@ -376,7 +377,10 @@ def test_checkpoint_url_memory(
         assert rec is not None
         fs = fsspec.filesystem("memory")
         data = fs.cat(f"{memory_url}/step-000000004.pt")
-        assert hashlib.sha256(data).hexdigest() == rec["sha256"] and len(data) == rec["size"]
+        assert rec["algorithm"] == "blake3"
+        hasher = new_hash("blake3")
+        hasher.update(data)
+        assert hasher.hexdigest() == rec["sha256"] and len(data) == rec["size"]
         assert json.loads(fs.cat(f"{memory_url}/step-000000004.pt.json")) == rec
         h = run.checkpoint.save({"w": torch.arange(3.0) + 1}, step=5, blocking=False)
         h.wait()
@@ -573,13 +577,19 @@ def test_background_saves_reuse_buffers_without_mixing_checkpoints(standalone: P
         assert torch.equal(state["n"][0], torch.full((1000,), 2.0 * step))
 
 
-def test_recorded_sha256_matches_the_file_with_large_tensors(standalone: Path) -> None:
+def test_recorded_digest_matches_the_file_with_large_tensors(standalone: Path) -> None:
+    """The digest hashed while writing (on a helper thread, from the written buffers) is the
+    file's: blake3 for the trainhouse format, sha256 for a state only torch.save writes."""
     with trainhouse.init() as run:
         state = {"big": torch.randn(3_000_000), "small": torch.ones(3)}
         rec = run.checkpoint.save(state, step=1)
-    assert rec is not None
-    data = (standalone / "checkpoints" / "step-000000001.pt").read_bytes()
-    assert rec["size"] == len(data) and rec["sha256"] == hashlib.sha256(data).hexdigest()
+        other = run.checkpoint.save({**state, "tags": {1}}, step=2)
+    for r in (rec, other):
+        assert r is not None and r["algorithm"] == "blake3"
+        data = (standalone / "checkpoints" / r["path"]).read_bytes()
+        hasher = new_hash("blake3")
+        hasher.update(data)
+        assert r["size"] == len(data) and r["sha256"] == hasher.hexdigest()
 
 
 def test_a_world_of_one_the_script_made_is_not_used_by_sharded_checkpoints(

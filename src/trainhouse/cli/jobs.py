@@ -413,7 +413,7 @@ def checkpoints(
             "--download",
             metavar="STEP DIR",
             help="Fetch the checkpoint of STEP ('latest' for the newest) into DIR, checking "
-            "its sha256",
+            "its digest (sha256 or blake3)",
         ),
     ] = None,
     all_: Annotated[
@@ -422,7 +422,7 @@ def checkpoints(
     as_json: Json = False,
     url: Url = None,
 ) -> None:
-    """A job's checkpoints with step, size and sha256; --download STEP DIR fetches one."""
+    """A job's checkpoints with step, size and digest; --download STEP DIR fetches one."""
     from trainhouse.workdir import human_size
 
     if download is not None:
@@ -438,7 +438,7 @@ def checkpoints(
         return
     # where they are (null unless the caller is an admin)
     table = Table(box=None, header_style="bold", title=data.get("directory"), title_justify="left")
-    for col in ("STEP", "ATTEMPT", "SIZE", "SHA256", "METRICS", "PATH", "SAVED"):
+    for col in ("STEP", "ATTEMPT", "SIZE", "DIGEST", "METRICS", "PATH", "SAVED"):
         table.add_column(col, overflow="fold")
     if all_:
         table.add_column("STATUS", overflow="fold")
@@ -447,7 +447,7 @@ def checkpoints(
             str(ck["step"]),
             str(ck["attempt"]),
             human_size(ck["size"]),
-            ck["sha256"][:16],
+            f"{ck.get('algorithm', 'sha256')}:{ck['sha256'][:16]}",
             " ".join(f"{k}={fmt_value(v)}" for k, v in sorted(ck["metrics"].items())),
             ck["path"] + ("/ (sharded)" if ck.get("kind") == "sharded" else ""),
             ago(ck["created_at"]),
@@ -495,4 +495,4 @@ def _download(job_id: int, step_text: str, dest: Path, url: str | None, as_json:
     if as_json:
         print_json({"job_id": job_id, "path": str(path)})
     else:
-        console.print(f"downloaded to {path} (sha256 verified)", highlight=False)
+        console.print(f"downloaded to {path} (digest verified)", highlight=False)

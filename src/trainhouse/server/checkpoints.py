@@ -11,7 +11,8 @@ followed, only regular files are read or downloaded, a sidecar is read only up t
 Retention (the spec's ``checkpoints: {keep_last, keep_best, metric, mode}``) runs on a background
 thread after each registration, and never deletes a checkpoint a restart may need: before anything
 is deleted, the newest checkpoint that is kept (the one a restart loads) is read back and its
-sha256 checked. If it fails, it is marked corrupt and nothing is deleted.
+digest (sha256 or blake3, as registered) checked. If it fails, it is marked corrupt and nothing
+is deleted.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from trainhouse.jobfiles import MAX_RECORD
 from trainhouse.layout import JobLayout
 from trainhouse.service import Service
 from trainhouse.spec import CheckpointPolicy
-from trainhouse.storage import Storage, confine, is_temp, open_storage, sidecar_name
+from trainhouse.storage import DIGESTS, Storage, confine, is_temp, open_storage, sidecar_name
 from trainhouse.store import Checkpoint, Job, Store
 from trainhouse.store.tables import storable
 
@@ -97,6 +98,7 @@ class Checkpoints(Service):
         sha256: str,
         metrics: dict[str, float | None],
         kind: str,
+        algorithm: str = "sha256",
     ) -> Checkpoint:
         storage = self.storage(job.id)
         name = confine(path)  # one spelling per checkpoint; refuses names that escape
@@ -126,6 +128,7 @@ class Checkpoints(Service):
             sha256=sha256,
             metrics=metrics,
             kind=kind,
+            algorithm=algorithm,
         )
         self._collect_later(job.id)
         return ckpt
@@ -163,12 +166,14 @@ class Checkpoints(Service):
                 record = json.loads(storage.read_text(name, max_size=MAX_RECORD))
                 step, size = int(record["step"]), int(record["size"])
                 kind = "sharded" if record.get("kind") == "sharded" else "file"
+                algorithm = str(record.get("algorithm") or "sha256")
                 if (
                     record["path"] != path
                     or not storage.exists(path)
                     or storage.is_dir(path) != (kind == "sharded")
                     or storage.size(path) != size
                     or not re.fullmatch(r"[0-9a-f]{64}", str(record["sha256"]))
+                    or algorithm not in DIGESTS
                 ):
                     continue
                 metrics = {
@@ -195,6 +200,7 @@ class Checkpoints(Service):
                     sha256=str(record["sha256"]),
                     metrics=metrics,
                     kind=kind,
+                    algorithm=algorithm,
                 )
             )
         if added:
@@ -225,14 +231,17 @@ class Checkpoints(Service):
         newest = max((c for c in live if c.id in keep), key=lambda c: (c.step, c.id))
         if newest.id not in self._verified:
             try:  # never more than the registered size: a file grown sparse is not hashed
-                actual = storage.digest(newest.path, max_bytes=newest.size)
+                actual = storage.digest(
+                    newest.path, max_bytes=newest.size, algorithm=newest.algorithm
+                )
             except (OSError, CheckpointError) as exc:
                 actual = f"unreadable ({exc})"
             if actual != newest.sha256:
                 self.mark_corrupt(
                     job,
                     newest.id,
-                    f"sha256 {actual[:16]} does not match the registered {newest.sha256[:16]}; "
+                    f"{newest.algorithm} {actual[:16]} does not match the registered "
+                    f"{newest.sha256[:16]}; "
                     "older checkpoints are kept",
                 )
                 return []

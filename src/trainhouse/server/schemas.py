@@ -142,6 +142,9 @@ class CheckpointOut(BaseModel):
     deleted: bool
     kind: str = Field("file", description='"file" (torch.save) or "sharded" (a DCP directory)')
     corrupt: str | None = Field(None, description="Why a load refused it; null when fine")
+    algorithm: str = Field(
+        "sha256", description='What the digest in "sha256" was made with: "sha256" or "blake3"'
+    )
 
 
 class CheckpointListOut(BaseModel):
@@ -170,6 +173,9 @@ class CheckpointIn(BaseModel):
     sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
     metrics: dict[str, float | None] = Field(default_factory=dict)
     kind: Literal["file", "sharded"] = "file"
+    algorithm: Literal["sha256", "blake3"] = Field(
+        "sha256", description='What the digest in "sha256" was made with'
+    )
 
 
 class CorruptIn(BaseModel):

@@ -39,6 +39,7 @@ def _checkpoint(row: RowMapping) -> Checkpoint:
         deleted=bool(row["deleted"]),
         kind=row["kind"],
         corrupt=row["corrupt"],
+        algorithm=row["algorithm"],
     )
 
 
@@ -57,6 +58,7 @@ class CheckpointRepo:
         sha256: str,
         metrics: dict[str, float | None] | None = None,
         kind: str = "file",
+        algorithm: str = "sha256",
     ) -> Checkpoint:
         with self.db.transaction() as conn:
             ckpt_id = conn.execute(
@@ -72,6 +74,7 @@ class CheckpointRepo:
                     created_at=time.time(),
                     deleted=False,
                     kind=kind,
+                    algorithm=algorithm,
                 )
                 .returning(t.checkpoints.c.id)
             ).scalar_one()

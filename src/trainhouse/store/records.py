@@ -105,6 +105,7 @@ class Checkpoint:
     deleted: bool = False
     kind: str = "file"
     corrupt: str | None = None
+    algorithm: str = "sha256"  # what ``sha256`` (the digest) was made with
 
 
 @dataclass(frozen=True)

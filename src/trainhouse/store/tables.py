@@ -196,13 +196,17 @@ checkpoints = Table(
     Column("step", BigInteger, nullable=False),
     Column("path", Text, nullable=False),
     Column("size", BigInteger, nullable=False),
-    Column("sha256", String(64), nullable=False),
+    Column("sha256", String(64), nullable=False),  # the digest, of the algorithm below
     Column("metrics", JSON),
     Column("created_at", Float, nullable=False),
     Column("deleted", Boolean, nullable=False, default=False),
     # "file" (one torch.save file) | "sharded" (a directory of torch.distributed.checkpoint shards)
     Column("kind", String(16), nullable=False, default="file", server_default=text("'file'")),
     Column("corrupt", JobText),  # why a load refused it (checksum mismatch, missing); NULL = fine
+    # what the digest in "sha256" was made with: "sha256" (all before 0008) | "blake3"
+    Column(
+        "algorithm", String(16), nullable=False, default="sha256", server_default=text("'sha256'")
+    ),
     Index("ix_checkpoints_job_id_step", "job_id", "step"),
 )
 

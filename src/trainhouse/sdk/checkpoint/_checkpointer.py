@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, Literal, overload
 
 from trainhouse.errors import CheckpointError, ClientError, ServerUnreachable
 from trainhouse.sdk._distributed import DistributedContext, SingleProcess
+from trainhouse.sdk.checkpoint import _format as file_format
 from trainhouse.sdk.checkpoint import _rng as rng_mod
 from trainhouse.sdk.checkpoint import _sharded as shards
 from trainhouse.sdk.checkpoint._finding import DIR, FILE, Finder, dir_name, file_name
@@ -39,7 +40,14 @@ from trainhouse.sdk.checkpoint._support import (
     estimate_bytes,
     is_disk_full,
 )
-from trainhouse.storage import EntryList, Storage, open_storage, sidecar_name, tree_digest
+from trainhouse.storage import (
+    FILE_DIGEST,
+    EntryList,
+    Storage,
+    open_storage,
+    sidecar_name,
+    tree_digest,
+)
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -216,10 +224,18 @@ class Checkpointer(Finder):
         tmp = storage.temp_name(name)
         writer: HashingWriter | None = None
         try:
-            with storage.open_write(tmp) as fh, HashingWriter(fh) as writer:
-                torch.save(payload, writer)  # type: ignore[arg-type]
-            with storage.open_read(tmp) as fh:
-                refuse_unloadable(fh)
+            # tensors raw, the rest as JSON (see _format); None: the state holds what only
+            # torch.save can write, which is then read back to refuse what cannot be loaded
+            encoded = file_format.plan(payload)
+            with storage.open_write(tmp) as fh, HashingWriter(fh, FILE_DIGEST) as writer:
+                if encoded is not None:
+                    encoded.write(writer.write)
+                else:
+                    torch.save(payload, writer)  # type: ignore[arg-type]
+            if encoded is None:
+                with storage.open_read(tmp) as fh:
+                    refuse_unloadable(fh)
+            del encoded
             storage.publish(tmp, name)
         except BaseException as exc:
             mapped = self._failed(exc, tmp, name, estimate_bytes(payload), writer)
@@ -227,6 +243,7 @@ class Checkpointer(Finder):
                 raise
             raise mapped from exc
         record = self._record(step, name, writer.size, writer.hexdigest(), metrics, "file")
+        record["algorithm"] = writer.algorithm
         return self._commit(record)
 
     def _failed(
@@ -278,6 +295,7 @@ class Checkpointer(Finder):
             "path": path,
             "size": size,
             "sha256": digest,
+            "algorithm": "sha256",
             "metrics": metrics,
             "kind": kind,
         }
@@ -519,6 +537,8 @@ class Checkpointer(Finder):
         chosen = self._find(comm)
         # the run goes on from here: steps logged after it by earlier attempts are dropped
         self._registry.resume_from(chosen)
+        if chosen is None or chosen.get("kind") == "sharded":
+            self._read = None  # the bytes _find kept are only for a file checkpoint
         if chosen is None:
             return None
         path = chosen["path"]
@@ -535,9 +555,12 @@ class Checkpointer(Finder):
         return loaded
 
     def _load_file(self, path: str, where: str) -> dict[str, Any]:
+        read, self._read = self._read, None
         try:
             local = self.storage.local_path(path)
-            if local is not None:
+            if read is not None and read[0] == path:  # verified in memory by _find
+                state = file_format.parse(read[1])
+            elif local is not None:
                 state = safe_load(local)
             else:
                 state = safe_load(io.BytesIO(self.storage.read_bytes(path)))

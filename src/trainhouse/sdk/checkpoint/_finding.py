@@ -17,9 +17,10 @@ from typing import Any
 
 from trainhouse.errors import CheckpointError, ClientError
 from trainhouse.sdk._distributed import DistributedContext
+from trainhouse.sdk.checkpoint import _format as file_format
 from trainhouse.sdk.checkpoint._registry import CheckpointRegistry
 from trainhouse.sdk.checkpoint._support import Comm
-from trainhouse.storage import EntryList, Storage, is_temp, temp_pid, tree_digest
+from trainhouse.storage import EntryList, Storage, is_temp, new_hash, temp_pid, tree_digest
 
 log = logging.getLogger("trainhouse")
 
@@ -44,6 +45,7 @@ class Finder:
     _dist: DistributedContext
     storage: Storage
     _verifying: Comm | None = None  # a load's collectives while the main rank verifies
+    _read: tuple[str, Any] | None = None  # a verified file's path and bytes, for the load
 
     def _local_records(self) -> list[dict[str, Any]]:
         """Checkpoints found in the storage: sidecar records, then bare files/dirs (unverified)."""
@@ -147,17 +149,34 @@ class Finder:
         return self.storage.hash_files(rel, listing[comm.rank :: comm.world_size])
 
     def _digest(self, cand: dict[str, Any]) -> str:
-        """The sha256 of a candidate as it is in the storage (a tree digest for a directory):
-        while :meth:`_find` runs on several ranks, every rank hashes its share of a sharded
-        candidate's files."""
+        """The digest (the record's ``algorithm``, sha256 where it names none) of a candidate as
+        it is in the storage (a sha256 tree digest for a directory): while :meth:`_find` runs on
+        several ranks, every rank hashes its share of a sharded candidate's files. A local file
+        is read once, into memory, hashed as it is read; a file in the trainhouse format is kept
+        (:attr:`_read`) for the load that follows, which then reads nothing."""
         comm = self._verifying
         path = cand["path"]
-        if comm is None or not comm.active or not self.storage.is_dir(path):
-            return self.storage.digest(path)
-        listing = self.storage.files(path)
-        comm.broadcast((path, listing))
-        parts = comm.all_gather(self._hash_share(path, listing, comm))
-        return tree_digest([entry for part in parts for entry in part])
+        algorithm = str(cand.get("algorithm") or "sha256")
+        self._read = None
+        if self.storage.is_dir(path):
+            if comm is None or not comm.active:
+                return self.storage.digest(path)
+            listing = self.storage.files(path)
+            comm.broadcast((path, listing))
+            parts = comm.all_gather(self._hash_share(path, listing, comm))
+            return tree_digest([entry for part in parts for entry in part])
+        if self.storage.local_root is not None:
+            hasher = new_hash(algorithm)
+            with self.storage.open_read(path) as fh:
+                if file_format.is_ours(fh.read(len(file_format.MAGIC))):
+                    size = fh.seek(0, 2)
+                    fh.seek(0)
+                    buf = file_format.read_buffer(fh, size, hasher)
+                    digest = str(hasher.hexdigest())
+                    if digest == cand.get("sha256") and comm is not None:  # a load's _find
+                        self._read = (path, buf)
+                    return digest
+        return self.storage.digest(path, algorithm=algorithm)
 
     def latest(self) -> dict[str, Any] | None:
         """The newest checkpoint that exists and whose sha256 matches, or None.
@@ -181,17 +200,23 @@ class Finder:
                     "trainhouse: checkpoint %s has no recorded sha256; loading it unverified", where
                 )
                 return self._chosen(cand)
-            actual = self._digest(cand)
+            algorithm = str(cand.get("algorithm") or "sha256")
+            try:
+                actual = self._digest(cand)
+            except CheckpointError as exc:  # an unknown algorithm, a truncated read
+                actual = f"unreadable ({exc})"
             if actual != cand["sha256"]:
                 log.error(
-                    "trainhouse: checkpoint %s is corrupt (sha256 %s, expected %s); "
+                    "trainhouse: checkpoint %s is corrupt (%s %s, expected %s); "
                     "trying an older one",
                     where,
+                    algorithm,
                     actual[:12],
                     cand["sha256"][:12],
                 )
                 self._report_corrupt(
-                    cand, f"sha256 mismatch: {where} has {actual}, expected {cand['sha256']}"
+                    cand,
+                    f"{algorithm} mismatch: {where} has {actual}, expected {cand['sha256']}",
                 )
                 continue
             return self._chosen(cand)

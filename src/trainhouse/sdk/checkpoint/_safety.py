@@ -1,6 +1,8 @@
 """Loading a checkpoint never unpickles arbitrary objects.
 
-Files: ``torch.load(weights_only=True)`` plus the numpy globals plain arrays and scalars need.
+Files in the trainhouse format (:mod:`._format`): a JSON header checked against the file's
+bounds, tensors as views of the bytes read; no pickle at all. Files written with torch.save:
+``torch.load(weights_only=True)`` plus the numpy globals plain arrays and scalars need.
 Sharded (torch.distributed.checkpoint) directories: DCP reads its ``.metadata`` with plain
 ``pickle``, so it is first unpickled here with an allow-list of DCP's own dataclasses and enums,
 torch dtypes and sizes, and paths.
@@ -11,11 +13,13 @@ from __future__ import annotations
 import dataclasses
 import enum
 import io
+import os
 import pickle
 from pathlib import Path
 from typing import IO, Any
 
 from trainhouse.errors import CheckpointError
+from trainhouse.sdk.checkpoint import _format as file_format
 
 
 def _numpy_safe_globals() -> list[Any]:
@@ -38,15 +42,46 @@ def _global_name(obj: Any) -> str:
     return f"{obj.__module__}.{obj.__qualname__}"
 
 
-def load_checkpoint(path: str | Path | IO[bytes]) -> Any:
+def _is_ours(source: Path | IO[bytes]) -> bool:
+    """Whether the file is in the trainhouse format (an open file's position is kept)."""
+    if isinstance(source, Path):
+        with source.open("rb") as fh:
+            return _is_ours(fh)
+    start = source.tell()
+    try:
+        return file_format.is_ours(source.read(len(file_format.MAGIC)))
+    finally:
+        source.seek(start)
+
+
+def _load_ours(source: Path | IO[bytes]) -> Any:
+    if isinstance(source, Path):
+        with source.open("rb", buffering=0) as fh:
+            return _load_ours(fh)
+    start = source.tell()
+    size = source.seek(0, 2) - start
+    source.seek(start)
+    return file_format.parse(file_format.read_buffer(source, size))
+
+
+def _source(path: str | os.PathLike[str] | IO[bytes]) -> Path | IO[bytes]:
+    return Path(path) if isinstance(path, str | os.PathLike) else path
+
+
+def load_checkpoint(path: str | os.PathLike[str] | IO[bytes]) -> Any:
     """Load a checkpoint file written by ``run.checkpoint.save``, outside a run too.
 
-    ``torch.load(weights_only=True)`` that also accepts plain numpy arrays and scalars; it never
-    unpickles arbitrary objects. ``path`` may also be an open binary file.
+    The trainhouse format (:mod:`._format`: tensors raw, the rest JSON) is parsed without any
+    pickle; a file written with ``torch.save`` (older checkpoints, or states the format does
+    not hold) is loaded with ``torch.load(weights_only=True)`` that also accepts plain numpy
+    arrays and scalars. Neither ever unpickles arbitrary objects. ``path`` may also be an open
+    binary file (seekable).
     """
     import torch
 
-    source = path if hasattr(path, "read") else Path(path)
+    source = _source(path)
+    if _is_ours(source):
+        return _load_ours(source)
     with torch.serialization.safe_globals(_numpy_safe_globals()):
         return torch.load(source, map_location="cpu", weights_only=True)
 
@@ -54,12 +89,15 @@ def load_checkpoint(path: str | Path | IO[bytes]) -> Any:
 safe_load = load_checkpoint
 
 
-def refuse_unloadable(path: str | Path | IO[bytes]) -> None:
+def refuse_unloadable(path: str | os.PathLike[str] | IO[bytes]) -> None:
     """Raise if ``load_checkpoint`` could not read ``path`` back (checked before it is kept)."""
     import torch
 
+    source = _source(path)
+    if _is_ours(source):
+        load_checkpoint(source)  # no globals at all: only a malformed file fails
+        return
     allowed = {_global_name(g) for g in _numpy_safe_globals()}
-    source = path if hasattr(path, "read") else Path(path)
     found = torch.serialization.get_unsafe_globals_in_checkpoint(source)
     unsafe = [g for g in found if g not in allowed]
     if unsafe:

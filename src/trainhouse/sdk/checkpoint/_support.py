@@ -3,9 +3,12 @@ and telling a full disk from other write errors."""
 
 from __future__ import annotations
 
+import ctypes
 import errno
-import hashlib
+import os
 import re
+import stat
+import sys
 import weakref
 from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -13,6 +16,7 @@ from typing import IO, Any
 
 from trainhouse.errors import CheckpointError
 from trainhouse.sdk._distributed import DistributedContext
+from trainhouse.storage import new_hash
 
 DISK_FULL = "the disk is full (No space left on device)"
 
@@ -196,21 +200,31 @@ def estimate_bytes(obj: Any) -> int:
 
 
 class HashingWriter:
-    """A write-only file wrapper that hashes and counts what goes through and remembers the
-    first OSError (torch turns it into a RuntimeError whose message lost the errno).
+    """A write-only file wrapper that hashes (``algorithm``: sha256 or blake3) and counts what
+    goes through and remembers the first OSError (torch turns it into a RuntimeError whose
+    message lost the errno).
 
     A large chunk is hashed on a helper thread while it is being written (both release the
-    GIL), and finished before ``write`` returns: the chunk's memory is only borrowed.
+    GIL), and finished before ``write`` returns: the chunk's memory is only borrowed. The bytes
+    hashed are the ones written, from the same buffer: the file is never read back to hash it.
+
+    Where ``fh`` is a local file (Linux), every :data:`WRITEBACK` bytes written start the disk
+    writing them out (``sync_file_range(SYNC_FILE_RANGE_WRITE)``, which does not wait): the
+    disk works while the rest is still being written, and the final fsync has little left.
     """
 
     PARALLEL_MIN = 1 << 20
+    WRITEBACK = 8 << 20
 
-    def __init__(self, fh: IO[bytes]) -> None:
+    def __init__(self, fh: IO[bytes], algorithm: str = "sha256") -> None:
         self._fh = fh
-        self._hash = hashlib.sha256()
+        self.algorithm = algorithm
+        self._hash = new_hash(algorithm)
         self.size = 0
         self.error: OSError | None = None
         self._pool: ThreadPoolExecutor | None = None
+        self._fd = _file_descriptor(fh) if _SYNC_FILE_RANGE is not None else None
+        self._unstarted = 0  # bytes written since writeback was last started
 
     def __enter__(self) -> HashingWriter:
         return self
@@ -227,7 +241,7 @@ class HashingWriter:
         view = memoryview(data)
         if view.nbytes >= self.PARALLEL_MIN and view.c_contiguous:
             if self._pool is None:
-                self._pool = ThreadPoolExecutor(1, thread_name_prefix="trainhouse-sha256")
+                self._pool = ThreadPoolExecutor(1, thread_name_prefix="trainhouse-hash")
             hashed = self._pool.submit(self._hash.update, view)
             try:
                 written = self._write(view)
@@ -237,7 +251,21 @@ class HashingWriter:
             written = self._write(view)
             self._hash.update(view)
         self.size += view.nbytes
+        self._unstarted += view.nbytes
+        if self._fd is not None and self._unstarted >= self.WRITEBACK:
+            self._start_writeback(self._fd)
         return written if written is not None else view.nbytes
+
+    def _start_writeback(self, fd: int) -> None:
+        self._unstarted = 0
+        try:
+            self._fh.flush()  # what the file object buffers reaches the kernel first
+        except OSError as exc:
+            self.error = self.error or exc
+            raise
+        assert _SYNC_FILE_RANGE is not None
+        if _SYNC_FILE_RANGE(fd, 0, 0, _SYNC_FILE_RANGE_WRITE) != 0:
+            self._fd = None  # not on this file system: the final fsync writes it all
 
     def _write(self, view: memoryview) -> int | None:
         try:
@@ -257,7 +285,35 @@ class HashingWriter:
         return True
 
     def hexdigest(self) -> str:
-        return self._hash.hexdigest()
+        return str(self._hash.hexdigest())
+
+
+_SYNC_FILE_RANGE_WRITE = 2  # <linux/fs.h>: start writeback of dirty pages, do not wait
+
+
+def _sync_file_range() -> Any:
+    """libc's ``sync_file_range`` (Linux), or None."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        fn = ctypes.CDLL(None, use_errno=True).sync_file_range
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
+    fn.restype = ctypes.c_int
+    return fn
+
+
+_SYNC_FILE_RANGE = _sync_file_range()
+
+
+def _file_descriptor(fh: IO[bytes]) -> int | None:
+    """The OS file descriptor of a plain local file, else None."""
+    try:
+        fd = fh.fileno()
+    except (AttributeError, OSError, ValueError):  # io.UnsupportedOperation is an OSError
+        return None
+    return fd if isinstance(fd, int) and stat.S_ISREG(os.fstat(fd).st_mode) else None
 
 
 _WRITE_FAILED = re.compile(r"writ|unexpected pos|iostream|I/O|space", re.IGNORECASE)

@@ -124,6 +124,7 @@ def register_checkpoint(
         sha256=body.sha256,
         metrics=body.metrics,
         kind=body.kind,
+        algorithm=body.algorithm,
     )
     return CheckpointOut(**asdict(ckpt))
 
