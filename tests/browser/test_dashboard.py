@@ -3,7 +3,6 @@ pages show is what the API reports."""
 
 from __future__ import annotations
 
-import hashlib
 import re
 import textwrap
 from collections.abc import Iterator
@@ -17,6 +16,7 @@ from playwright.sync_api import Page, expect
 from tests.support.jobs import write_job
 from tests.support.servers import Server, assert_clean_stop, start_server
 from trainhouse.spec import parse_spec
+from trainhouse.storage import new_hash
 from trainhouse.workdir import pack
 
 pytestmark = pytest.mark.browser
@@ -172,7 +172,9 @@ def test_list_shows_the_job_and_its_page_charts_the_apis_points(
     expect(ckpt_row).to_contain_text(ckpts[0]["sha256"][:12])
     href = ckpt_row.get_by_test_id("checkpoint-download").get_attribute("href")
     content = httpx.get(server.url + str(href), timeout=30).content
-    assert hashlib.sha256(content).hexdigest() == ckpts[0]["sha256"]
+    digest = new_hash(ckpts[0]["algorithm"])  # the record names its digest's algorithm
+    digest.update(content)
+    assert ckpts[0]["algorithm"] == "blake3" and digest.hexdigest() == ckpts[0]["sha256"]
 
     # the attempt, and both jobs overlaid on the compare page
     expect(page.get_by_test_id("attempt-row")).to_contain_text("completed")
