@@ -215,7 +215,9 @@ def run_bare(example: Path, spec: Any, timeout: float) -> Run:
         proc = subprocess.Popen(
             cmd,
             cwd=cwd,
-            env=rank_env(spec),
+            # torchrun's and torch's scratch files go where the job's do under trainhouse: a
+            # directory of the run's own, removed with it
+            env={**rank_env(spec), "TMPDIR": cwd},
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,

@@ -136,6 +136,7 @@ def run_bare(work: Path, spec: Any, epochs: int, timeout: float) -> Run:
         stamps.mkdir()
         env = rank_env(spec)
         env[STAMPS_ENV] = str(stamps)
+        env["TMPDIR"] = tmp  # torchrun's and torch's scratch files, removed with the run
         env["BENCH_START_EPOCHS"] = str(epochs)  # standalone, the spec's hparams do not apply
         cmd = [
             sys.executable,
