@@ -91,10 +91,11 @@ def test_queue_priority_and_quota_commands(gpu_server: Server, tmp_path: Path) -
         resources: {gpus_per_node: 2}
     """,
     )
-    first = srv.cli_json("submit", str(long), "--detach")
+    endless = ["--detach", "--set", "hparams.steps=100000"]  # none ends before it is canceled
+    first = srv.cli_json("submit", str(long), *endless)
     srv.wait(first["id"], {"RUNNING"})
-    second = srv.cli_json("submit", str(long), "--detach", "--set", "name=second")
-    third = srv.cli_json("submit", str(long), "--detach", "--set", "name=third")
+    second = srv.cli_json("submit", str(long), *endless, "--set", "name=second")
+    third = srv.cli_json("submit", str(long), *endless, "--set", "name=third")
 
     queue = srv.cli_json("queue")
     assert [j["id"] for j in queue["jobs"]] == [second["id"], third["id"]]
@@ -103,12 +104,17 @@ def test_queue_priority_and_quota_commands(gpu_server: Server, tmp_path: Path) -
     shown = srv.cli_json("show", str(third["id"]))
     assert shown["reason"].startswith("queue position 2")
 
-    assert srv.cli("set-priority", str(third["id"]), "high").returncode == 0
-    queue = srv.cli_json("queue")
-    assert queue["jobs"][0]["id"] == third["id"] and queue["jobs"][0]["priority"] == "high"
+    # a running job's priority is refused (asked before anything of a higher tier can preempt it)
     bad = srv.cli("set-priority", str(first["id"]), "low")
     assert bad.returncode == 2 and "only a queued job's priority can change" in bad.stderr
     assert srv.cli("set-priority", str(third["id"]), "top").returncode == 2
+    # raised to high, the third job preempts the running normal one and starts ahead of the second
+    assert srv.cli("set-priority", str(third["id"]), "high").returncode == 0
+    assert srv.cli_json("show", str(third["id"]))["priority"] == "high"
+    srv.wait(third["id"], {"RUNNING"})
+    assert srv.wait(first["id"], {"QUEUED"})["state"] == "QUEUED"
+    queue = srv.cli_json("queue")
+    assert sorted(j["id"] for j in queue["jobs"]) == [first["id"], second["id"]]
 
     owner = srv.cli_json("show", str(first["id"]))["owner"]
     assert srv.cli("admin", "quota", "set", owner, "--gpus", "1").returncode == 0
