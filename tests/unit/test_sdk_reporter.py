@@ -88,6 +88,33 @@ def test_a_backlog_goes_in_order_in_batches_of_max_batch() -> None:
     rep.api.close()
 
 
+def test_a_flush_sends_what_was_logged_before_it_not_what_is_logged_meanwhile() -> None:
+    """Regression (issue 19, P1): a flush went on sending while the training loop logged
+    during its requests, one report after another for as long as a step took less than a
+    report's round trip: under the server the flush before every checkpoint kept the server and
+    the rank busy with reports for most of the next epoch."""
+    server = FakeServer()
+    rep = reporter(server, interval=3600)
+    logged = iter(range(1, 50))
+
+    def training_meanwhile(request: httpx.Request) -> httpx.Response:
+        answer = server(request)
+        step = next(logged, None)
+        if step is not None:  # the loop logs a step while this report is in flight
+            rep.add([(step, "loss", 1.0, None, 0.0)])
+        return answer
+
+    rep.api.close()
+    rep.api = JobAPI("http://server", 7, "tok", transport=httpx.MockTransport(training_meanwhile))
+    rep.add([(0, "loss", 1.0, None, 0.0)])
+    rep.flush()
+    assert [[p[0] for p in r["points"]] for r in server.requests] == [[0]]
+    rep.flush()  # the next flush sends what was logged meanwhile
+    assert [[p[0] for p in r["points"]] for r in server.requests] == [[0], [1]]
+    rep.close()
+    rep.api.close()
+
+
 def test_failed_batches_are_retried_with_the_same_id(caplog: pytest.LogCaptureFixture) -> None:
     server = FakeServer()
     rep = reporter(server, interval=0.05)

@@ -167,14 +167,16 @@ class Reporter:
                 with self._lock:
                     self._deferred.pop(0)
 
-    def _take_buffer(self) -> list[Point]:
-        """At most ``max_batch`` of the buffered points, taken out of the buffer."""
+    def _take_buffer(self, limit: int | None = None) -> list[Point]:
+        """At most ``max_batch`` (and ``limit``) of the buffered points, taken out of the
+        buffer."""
+        size = self.max_batch if limit is None else min(limit, self.max_batch)
         with self._lock:
-            if len(self._buffer) <= self.max_batch:  # the usual case: no copying
+            if len(self._buffer) <= size:  # the usual case: no copying
                 points, self._buffer = self._buffer, []
             else:
-                points = self._buffer[: self.max_batch]
-                del self._buffer[: self.max_batch]
+                points = self._buffer[:size]
+                del self._buffer[:size]
         return points
 
     def _payload(self, batch: _Batch) -> dict[str, Any]:
@@ -194,14 +196,25 @@ class Reporter:
                 batch.spooled.unlink()
 
     def _send_points(self, retry_for: float) -> None:
-        """Send the batches in line, then the buffered points in batches of at most
-        ``max_batch`` (and a heartbeat when one is due)."""
+        """Send the batches in line, then the points buffered when it was called, in batches of
+        at most ``max_batch`` (and a heartbeat when one is due).
+
+        Points logged while it sends are left for the next flush: a flush that sent them too
+        would go on for as long as the loop logs a step faster than a report's round trip (the
+        flush before each checkpoint kept reporting through most of the next epoch)."""
+        with self._lock:
+            owed = len(self._buffer)  # only the flush lock's holder takes from the buffer
+        if not self._batches and not owed:
+            due = time.monotonic() - self._last_sent >= self.heartbeat
+            if not due and self.total_steps == self._total_sent:
+                return
+            self._batches.append(_Batch(uuid.uuid4().hex, []))
         while True:
             if not self._batches:
-                points = self._take_buffer()
-                due = time.monotonic() - self._last_sent >= self.heartbeat
-                if not points and not due and self.total_steps == self._total_sent:
+                if not owed:
                     return
+                points = self._take_buffer(owed)
+                owed -= len(points)
                 self._batches.append(_Batch(uuid.uuid4().hex, points))
             batch = self._batches[0]
             points = batch.points
@@ -230,11 +243,6 @@ class Reporter:
             if answer.get("stop"):
                 self.stop_reason = answer.get("stop_reason")
                 self.stop_requested.set()
-            if not self._batches:
-                with self._lock:
-                    more = bool(self._buffer)
-                if not more:
-                    return
 
     def persist(self) -> bool:
         """Make every point logged so far durable now, without the server: the batches in line
