@@ -1,11 +1,14 @@
-"""Rows the store tests start from: a job made straight in the store (no upload, no server),
-and a stored workdir archive for a scheduler loop to unpack."""
+"""Rows the store tests start from: a job made straight in the store (no upload, no server), a
+database left at an old revision with one job in it, and a stored workdir archive for a
+scheduler loop to unpack."""
 
 from __future__ import annotations
 
 import io
 import tarfile
 from typing import Any
+
+import sqlalchemy as sa
 
 from trainhouse.store import BlobStore, Store
 
@@ -29,6 +32,22 @@ def new_job(
         spec=TRAIN if spec is None else spec,
         archive_sha256=archive_sha256,
     ).id
+
+
+def old_store(url: str, revision: str) -> Store:
+    """A store at migration ``revision`` (not upgraded further) holding job 1, COMPLETED, as
+    the old schema's own columns put it; close it before opening ``url`` again to upgrade."""
+    old = Store(url, migrate=False)
+    old.upgrade(revision)
+    with old.engine.begin() as conn:
+        conn.execute(
+            sa.text(
+                "INSERT INTO jobs (id, name, owner, state, priority, spec, archive_sha256, "
+                "created_at, attempts, restarts, cancel_requested, updated_at) "
+                "VALUES (1, 'j', 'ann', 'COMPLETED', 'normal', '{}', 'x', 0, 1, 0, 0, 0)"
+            )
+        )
+    return old
 
 
 def stored_archive(blobs: BlobStore) -> str:

@@ -6,21 +6,14 @@ from pathlib import Path
 
 import sqlalchemy as sa
 
+from tests.support.records import old_store
 from trainhouse.store import Store
 
 
 def test_checkpoints_from_before_0008_are_sha256_and_new_ones_keep_theirs(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'old.db'}"
-    old = Store(url, migrate=False)
-    old.upgrade("0007")
+    old = old_store(url, "0007")
     with old.engine.begin() as conn:
-        conn.execute(
-            sa.text(
-                "INSERT INTO jobs (id, name, owner, state, priority, spec, archive_sha256, "
-                "created_at, attempts, restarts, cancel_requested, updated_at) "
-                "VALUES (1, 'j', 'ann', 'COMPLETED', 'normal', '{}', 'x', 0, 1, 0, 0, 0)"
-            )
-        )
         conn.execute(
             sa.text(
                 "INSERT INTO checkpoints (job_id, attempt, step, path, size, sha256, metrics, "

@@ -18,7 +18,7 @@ import pytest
 import sqlalchemy as sa
 from fastapi.testclient import TestClient
 
-from tests.support.records import new_job
+from tests.support.records import new_job, old_store
 from trainhouse.errors import InvalidMetrics
 from trainhouse.lifecycle import JobState
 from trainhouse.store import Store
@@ -142,16 +142,8 @@ def test_the_report_route_refuses_a_series_past_the_cap_with_422(api: TestClient
 
 def test_the_upgrade_records_the_series_already_stored(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'old.db'}"
-    old = Store(url, migrate=False)
-    old.upgrade("0006")
+    old = old_store(url, "0006")
     with old.engine.begin() as conn:
-        conn.execute(
-            sa.text(
-                "INSERT INTO jobs (id, name, owner, state, priority, spec, archive_sha256, "
-                "created_at, attempts, restarts, cancel_requested, updated_at) "
-                "VALUES (1, 'j', 'ann', 'COMPLETED', 'normal', '{}', 'x', 0, 1, 0, 0, 0)"
-            )
-        )
         for name, rank, level, bucket in (
             ("loss", -1, 16, 0),
             ("loss", -1, 65536, 0),

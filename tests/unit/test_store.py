@@ -7,6 +7,7 @@ from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 
 from tests.support.records import new_job as make_job
+from tests.support.records import old_store
 from trainhouse.errors import InvalidTransition, NotFound, StoreError
 from trainhouse.lifecycle import JobState
 from trainhouse.store import MetricPoint, Store
@@ -173,16 +174,8 @@ def test_upgrading_an_old_schema_keeps_every_row(tmp_path: pytest.TempPathFactor
     import sqlalchemy as sa
 
     url = f"sqlite:///{tmp_path}/old.db"  # type: ignore[operator]
-    old = Store(url, migrate=False)
-    old.upgrade("0001")
+    old = old_store(url, "0001")
     with old.engine.begin() as conn:
-        conn.execute(
-            sa.text(
-                "INSERT INTO jobs (id, name, owner, state, priority, spec, archive_sha256, "
-                "created_at, attempts, restarts, cancel_requested, updated_at) "
-                "VALUES (1, 'j', 'ann', 'COMPLETED', 'normal', '{}', 'x', 0, 1, 0, 0, 0)"
-            )
-        )
         conn.execute(sa.text("INSERT INTO attempts (job_id, number, started_at) VALUES (1,1,0)"))
         conn.execute(sa.text("INSERT INTO events (job_id, at, to_state) VALUES (1, 0, 'QUEUED')"))
         conn.execute(
