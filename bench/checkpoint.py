@@ -391,6 +391,21 @@ def part_digest(state: dict[str, Any], repeats: int) -> dict[str, Any]:
     return {"bytes": nbytes, "mb_s": rates}
 
 
+def against_raw(rates: dict[str, list[float]], nbytes: int, target: float) -> dict[str, Any]:
+    """The SDK's median MB/s over the raw side's, and whether it reaches ``target``."""
+    sdk, raw = statistics.median(rates["sdk"]), statistics.median(rates["raw"])
+    return {
+        "bytes": nbytes,
+        "sdk_mb_s": rates["sdk"],
+        "raw_mb_s": rates["raw"],
+        "sdk_median": sdk,
+        "raw_median": raw,
+        "ratio": sdk / raw,
+        "target": target,
+        "pass": sdk / raw >= target,
+    }
+
+
 def part_write(b: Bench, repeats: int) -> dict[str, Any]:
     _, nbytes = b.sdk_save()  # warm-up, and the size the raw write must match
     b.raw_save(nbytes)
@@ -403,17 +418,7 @@ def part_write(b: Bench, repeats: int) -> dict[str, Any]:
             seconds = b.raw_save(nbytes)
             rates["raw"].append(nbytes / MB / seconds)
         log(f"    write {side}: {rates[side][-1]:.0f} MB/s")
-    sdk, raw = statistics.median(rates["sdk"]), statistics.median(rates["raw"])
-    return {
-        "bytes": nbytes,
-        "sdk_mb_s": rates["sdk"],
-        "raw_mb_s": rates["raw"],
-        "sdk_median": sdk,
-        "raw_median": raw,
-        "ratio": sdk / raw,
-        "target": WRITE_TARGET,
-        "pass": sdk / raw >= WRITE_TARGET,
-    }
+    return against_raw(rates, nbytes, WRITE_TARGET)
 
 
 def part_load(b: Bench, repeats: int) -> dict[str, Any]:
@@ -426,17 +431,7 @@ def part_load(b: Bench, repeats: int) -> dict[str, Any]:
         seconds, nbytes = b.sdk_load() if side == "sdk" else b.raw_load()
         rates[side].append(nbytes / MB / seconds)
         log(f"    load {side}: {rates[side][-1]:.0f} MB/s")
-    sdk, raw = statistics.median(rates["sdk"]), statistics.median(rates["raw"])
-    return {
-        "bytes": nbytes,
-        "sdk_mb_s": rates["sdk"],
-        "raw_mb_s": rates["raw"],
-        "sdk_median": sdk,
-        "raw_median": raw,
-        "ratio": sdk / raw,
-        "target": LOAD_TARGET,
-        "pass": sdk / raw >= LOAD_TARGET,
-    }
+    return against_raw(rates, nbytes, LOAD_TARGET)
 
 
 def part_stall(b: Bench, repeats: int) -> dict[str, Any]:
