@@ -6,6 +6,7 @@ Changing a line here changes the public contract: say so in the change's note.
 
 from __future__ import annotations
 
+import ast
 import importlib
 import pkgutil
 from pathlib import Path
@@ -90,6 +91,14 @@ PUBLIC: dict[str, list[str]] = {
         "tier_rank",
     ],
     "trainhouse.server": ["Settings", "create_app"],
+    "trainhouse.integrations": [],
+}
+
+# the integrations of the optional extras: pinned from their source (importing transformers or
+# lightning here would cost the unit tests seconds; the integration tests import them for real)
+PUBLIC_BY_SOURCE: dict[str, list[str]] = {
+    "trainhouse.integrations.transformers": ["TrainhouseCallback"],
+    "trainhouse.integrations.lightning": ["TrainhouseCallback", "TrainhouseLogger"],
 }
 
 # the layers under the public modules (docs/architecture.md): named for what they are, imported
@@ -129,6 +138,25 @@ def test_the_public_surface_is_pinned(module: str) -> None:
         assert name in mod.__all__, f"{module}.{name} is public by name but not in __all__"
 
 
+@pytest.mark.parametrize("module", sorted(PUBLIC_BY_SOURCE))
+def test_the_integrations_surface_is_pinned(module: str) -> None:
+    source = Path(trainhouse.__file__).parent.joinpath(*module.split(".")[1:]).with_suffix(".py")
+    tree = ast.parse(source.read_text())
+    exported: list[str] = []
+    defined: list[str] = []
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(
+            isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets
+        ):
+            exported = list(ast.literal_eval(node.value))
+        elif isinstance(node, ast.ClassDef | ast.FunctionDef):
+            defined.append(node.name)
+    assert sorted(exported) == sorted(PUBLIC_BY_SOURCE[module])
+    assert set(exported) <= set(defined)
+    public = [name for name in defined if not name.startswith("_")]
+    assert sorted(public) == sorted(exported), f"{module} defines public names not in __all__"
+
+
 def _modules(package: str) -> list[str]:
     pkg = importlib.import_module(package)
     return [
@@ -137,13 +165,21 @@ def _modules(package: str) -> list[str]:
     ]
 
 
-@pytest.mark.parametrize("package", ["trainhouse", "trainhouse.sdk", "trainhouse.sdk.checkpoint"])
+@pytest.mark.parametrize(
+    "package",
+    ["trainhouse", "trainhouse.sdk", "trainhouse.sdk.checkpoint", "trainhouse.integrations"],
+)
 def test_modules_of_the_user_facing_packages_are_public_or_private_by_name(package: str) -> None:
     for module in _modules(package):
         short = module.rsplit(".", 1)[1]
         if short.startswith("_"):
             continue
-        assert module in PUBLIC or module in DOMAIN or module in INTERNAL_PACKAGES, (
+        assert (
+            module in PUBLIC
+            or module in PUBLIC_BY_SOURCE
+            or module in DOMAIN
+            or module in INTERNAL_PACKAGES
+        ), (
             f"{module} is neither pinned public, nor a domain module, nor private by name "
             "(a leading underscore)"
         )
