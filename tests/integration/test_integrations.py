@@ -11,19 +11,32 @@ from __future__ import annotations
 
 import re
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.support.jobs import rank_process
-from tests.support.servers import REPO, Server
+from tests.support.servers import REPO, Server, assert_clean_stop, start_server
 from trainhouse.storage import open_storage
 
 pytestmark = pytest.mark.integration
 
 TRANSFORMERS = REPO / "examples" / "transformers" / "trainhouse.yaml"
 LIGHTNING = REPO / "examples" / "lightning" / "trainhouse.yaml"
+
+
+@pytest.fixture
+def slow_stop_server(tmp_path: Path) -> Iterator[Server]:
+    """A real server whose cancel waits 60 s for a job's own stop before SIGTERM (the default
+    10 s: a framework saving on a loaded 2-core machine may take longer, and the test asserts
+    the job stopped by itself)."""
+    srv = start_server(tmp_path / "home", "--cpus", "4", "--cancel-grace", "60")
+    try:
+        yield srv
+    finally:
+        assert_clean_stop(srv)
 
 
 def _wait_checkpoint(server: Server, job_id: int, timeout: float = 240) -> list[dict[str, Any]]:
@@ -109,7 +122,10 @@ def _steps(server: Server, job_id: int, name: str) -> list[int]:
     return [int(p[0]) for p in series[0]["points"]]
 
 
-def test_a_trainer_job_resumes_after_a_kill_and_saves_when_asked_to_stop(server: Server) -> None:
+def test_a_trainer_job_resumes_after_a_kill_and_saves_when_asked_to_stop(
+    slow_stop_server: Server,
+) -> None:
+    server = slow_stop_server
     run = _kill_resume_and_stop(server, TRANSFORMERS, "the Trainer")
     job_id, log = run["id"], run["log"]
     # the Trainer's own count after the restart starts at the checkpoint's step
@@ -128,7 +144,10 @@ def test_a_trainer_job_resumes_after_a_kill_and_saves_when_asked_to_stop(server:
     assert steps == list(range(1, stopped[0] + 1)), steps
 
 
-def test_a_lightning_job_resumes_after_a_kill_and_saves_when_asked_to_stop(server: Server) -> None:
+def test_a_lightning_job_resumes_after_a_kill_and_saves_when_asked_to_stop(
+    slow_stop_server: Server,
+) -> None:
+    server = slow_stop_server
     run = _kill_resume_and_stop(server, LIGHTNING, "Lightning")
     job_id, log = run["id"], run["log"]
     stopped = [int(s) for s in re.findall(r"asks this job to stop: saving step (\d+)", log)]

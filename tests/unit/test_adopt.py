@@ -146,6 +146,7 @@ def test_only_numbers_are_logged() -> None:
             "acc": np.float32(0.5),
             "n": 3,
             "vec": torch.ones(2),
+            "arr": np.zeros(3),
             "name": "x",
             "flag": True,
         }

@@ -56,6 +56,8 @@ def numbers(values: Mapping[str, Any]) -> dict[str, float]:
                 continue
             value = value.detach().item() if hasattr(value, "detach") else value.item()
         elif hasattr(value, "item") and callable(value.item) and hasattr(value, "dtype"):
+            if getattr(value, "size", 1) != 1:  # a numpy array of several values
+                continue
             value = value.item()
         if isinstance(value, bool) or not isinstance(value, int | float):
             continue
