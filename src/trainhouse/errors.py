@@ -155,20 +155,6 @@ class NotFound(StoreError):
     status = 404
 
 
-class AlreadyExists(StoreError):
-    """A name that must be unique is taken (an MLflow experiment's)."""
-
-    code = "already_exists"
-    status = 409
-
-
-class ValueChanged(StoreError):
-    """A value that keeps its first setting was given another (an MLflow param)."""
-
-    code = "value_changed"
-    status = 409
-
-
 class InvalidTransition(StoreError):
     code = "invalid_transition"
     status = 409

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Literal
 from sqlalchemy import insert, select, update
 from sqlalchemy.exc import IntegrityError
 
-from trainhouse.errors import AlreadyExists, NotFound, ValueChanged
+from trainhouse.errors import NotFound, StoreError
 from trainhouse.lifecycle import JobState, check_transition
 from trainhouse.spec import JobSpec
 from trainhouse.store import tables as t
@@ -32,13 +32,34 @@ if TYPE_CHECKING:
     from trainhouse.store.database import Database
     from trainhouse.store.jobs import JobRepo
 
-__all__ = ["DEFAULT_EXPERIMENT", "Experiment", "MlflowRun", "TrackingRepo"]
+__all__ = [
+    "DEFAULT_EXPERIMENT",
+    "AlreadyExists",
+    "Experiment",
+    "MlflowRun",
+    "TrackingRepo",
+    "ValueChanged",
+]
 
 DEFAULT_EXPERIMENT = "Default"
 ValueKind = Literal["param", "tag"]
 #: MLflow's run states and the job state a tracked run takes with each
 RUN_STATUSES = ("RUNNING", "SCHEDULED", "FINISHED", "FAILED", "KILLED")
 ENDED = {"FINISHED": JobState.COMPLETED, "FAILED": JobState.FAILED, "KILLED": JobState.CANCELED}
+
+
+class AlreadyExists(StoreError):
+    """A name that must be unique is taken (an MLflow experiment's)."""
+
+    code = "already_exists"
+    status = 409
+
+
+class ValueChanged(StoreError):
+    """A value that keeps its first setting was given another (an MLflow param)."""
+
+    code = "value_changed"
+    status = 409
 
 
 @dataclass(frozen=True)

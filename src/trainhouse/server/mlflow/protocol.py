@@ -15,7 +15,6 @@ from typing import Any
 import orjson
 
 from trainhouse.errors import (
-    AlreadyExists,
     BodyTooLarge,
     Forbidden,
     NotFound,
@@ -26,7 +25,7 @@ from trainhouse.errors import (
 )
 from trainhouse.store.records import Job
 from trainhouse.store.series import SeriesPoints
-from trainhouse.store.tracking import Experiment, MlflowRun
+from trainhouse.store.tracking import AlreadyExists, Experiment, MlflowRun
 
 # MLflow's own limits (mlflow/utils/validation.py, 3.x)
 MAX_PARAMS_TAGS_PER_BATCH = 100
@@ -76,8 +75,7 @@ def from_trainhouse(exc: TrainhouseError) -> MlflowError:
         return MlflowError(503, "TEMPORARILY_UNAVAILABLE", message)
     if isinstance(exc, BodyTooLarge):
         return MlflowError(413, "INVALID_PARAMETER_VALUE", message)
-    status = exc.status if 400 <= exc.status < 500 else 400
-    return MlflowError(status, "INVALID_PARAMETER_VALUE", message)
+    return MlflowError(400, "INVALID_PARAMETER_VALUE", message)  # MLflow's status for it
 
 
 # -- reading a request -----------------------------------------------------------------------
