@@ -26,6 +26,7 @@ import importlib.util
 import logging
 import math
 import os
+import stat
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -37,7 +38,7 @@ from trainhouse.layout import JobLayout
 from trainhouse.lifecycle import JobState
 from trainhouse.service import Service
 from trainhouse.store import Job, Store
-from trainhouse.store.groupcommit import ReportWriter
+from trainhouse.store.groupcommit import Refused, ReportWriter
 from trainhouse.store.reports import INT64, MAX_NAME, Columns, Report, check_columns
 
 __all__ = ["TensorBoardImport", "available"]
@@ -142,16 +143,17 @@ class TensorBoardImport(Service):
         if len(state.files) >= MAX_FILES:
             return
         try:
-            found = jobfiles.walk(self.home, directory, limit=4 * MAX_FILES, depth=MAX_DEPTH)
+            with jobfiles.open_dir(self.home, directory) as top:
+                found = _event_files(top, "", MAX_DEPTH, [4 * MAX_FILES])
         except (FileNotFoundError, NotADirectoryError):
             return
-        except OSError as exc:  # a link, a FIFO, too many entries: said once
+        except OSError as exc:  # the directory itself a link: said once
             if "walk" not in state.warned:
                 state.warned.add("walk")
                 log.warning("TensorBoard import: job %s's directory refused: %s", job_id, exc)
             return
-        for rel, _size in found:
-            if "tfevents" not in rel.rsplit("/", 1)[-1] or rel in state.files:
+        for rel in found:
+            if rel in state.files:
                 continue
             if len(state.files) >= MAX_FILES:
                 log.warning("TensorBoard import: job %s has over %s event files", job_id, MAX_FILES)
@@ -198,7 +200,10 @@ class TensorBoardImport(Service):
                 break
 
     def _store(self, job: Job, points: list[tuple[int, str, float | None, float]]) -> int:
-        if not points or job.token_hash is None:
+        """Through the group commit while the attempt's credential lives; once it has ended
+        (the last events, read after the end), by the same ingest in a transaction of its
+        own."""
+        if not points:
             return 0
         stored = 0
         attempt = max(1, job.attempts)
@@ -217,14 +222,38 @@ class TensorBoardImport(Service):
             )
             report = Report(uuid.uuid4().hex, attempt, columns)
             try:
+                if job.token_hash is None:
+                    raise Refused(job)
                 stored += self.reports.submit(job.id, report, job.token_hash).result().accepted
-            except Exception as exc:  # its attempt ended meanwhile, or the queue is full
+            except Refused:  # the attempt ended: its credential is gone
+                stored += self.store.metrics.add(job.id, columns, batch_id=report.batch_id)
+            except Exception as exc:  # the queue is full: the rest next tick
                 log.info("TensorBoard import: job %s's points not stored: %s", job.id, exc)
                 break
         return stored
 
 
 _NOT_SCALAR = object()
+
+
+def _event_files(d: jobfiles.Dir, prefix: str, depth: int, budget: list[int]) -> list[str]:
+    """The event files below ``d`` (paths relative to the top), regular files with one link;
+    links, FIFOs and the rest are passed over, as are entries past ``budget`` and levels past
+    ``depth``."""
+    out: list[str] = []
+    for name, st in d.entries(limit=max(1, budget[0])):
+        budget[0] -= 1
+        if budget[0] <= 0:
+            break
+        if stat.S_ISDIR(st.st_mode) and depth > 0:
+            try:
+                with d.sub(name) as child:
+                    out += _event_files(child, f"{prefix}{name}/", depth - 1, budget)
+            except OSError:
+                continue
+        elif stat.S_ISREG(st.st_mode) and st.st_nlink == 1 and "tfevents" in name:
+            out.append(prefix + name)
+    return out
 
 
 def _scalar(value: Any) -> object:
