@@ -456,7 +456,9 @@ def test_artifacts_round_trip_and_hostile_paths(mlflow_api: TestClient, tmp_path
     for path in ("..%2F..%2Fsecrets", "a/../../b", "a/%2E%2E/%2E%2E/b", "a\\b"):
         resp = api.put(f"{root}/{path}", content=b"x")
         assert resp.status_code in (400, 404), (path, resp.text)
-    mlflow_error(api.get(f"{ARTIFACTS}/runs/{run}/../1/notes.txt"), 404, "RESOURCE_DOES_NOT_EXIST")
+    mlflow_error(
+        api.get(f"{ARTIFACTS}/runs/{run}/%2E%2E/1/notes.txt"), 400, "INVALID_PARAMETER_VALUE"
+    )
     mlflow_error(api.get(f"{ARTIFACTS}/elsewhere/x"), 404, "RESOURCE_DOES_NOT_EXIST")
     mlflow_error(api.get(f"{root}/missing.txt"), 404, "RESOURCE_DOES_NOT_EXIST")
     mlflow_error(api.put(f"{root}/model", content=b"x"), 400, "INVALID_PARAMETER_VALUE")

@@ -88,11 +88,24 @@ def _walk_to(root: jobfiles.Dir, parts: list[str], *, make: bool) -> jobfiles.Di
     return d
 
 
-def _used(root: jobfiles.Dir) -> int:
-    try:
-        return sum(size for _, size in root.files(limit=MAX_LISTED))
-    except jobfiles.UnsafeFile as exc:
-        raise invalid(f"the run's artifacts cannot be counted: {exc}") from None
+def _used(d: jobfiles.Dir, budget: list[int] | None = None, depth: int = MAX_DEPTH) -> int:
+    """The bytes of the regular files below ``d`` (links, FIFOs and the rest are no artifacts
+    and count nothing); past :data:`MAX_LISTED` entries the run is refused more."""
+    budget = [MAX_LISTED] if budget is None else budget
+    total = 0
+    for name, st in d.entries(limit=MAX_LISTED):
+        budget[0] -= 1
+        if budget[0] < 0:
+            raise invalid(f"a run holds at most {MAX_LISTED} artifact entries")
+        if stat.S_ISREG(st.st_mode):
+            total += st.st_size
+        elif stat.S_ISDIR(st.st_mode) and depth > 0:
+            try:
+                with d.sub(name) as child:
+                    total += _used(child, budget, depth - 1)
+            except OSError:
+                continue
+    return total
 
 
 def _unsafe(exc: OSError) -> MlflowError:
