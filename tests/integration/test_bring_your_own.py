@@ -9,13 +9,15 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 from mlflow.entities import Metric, Param, RunTag
 from mlflow.tracking import MlflowClient
 
-from tests.support.servers import REPO, Server
+from tests.support.servers import REPO, Server, assert_clean_stop, start_server
 
 pytestmark = pytest.mark.integration
 
@@ -133,10 +135,21 @@ def test_a_server_restart_mid_run_loses_no_point(server: Server, tmp_path: Path)
         assert c.job(run_id)["state"] == "COMPLETED"
 
 
-def test_the_examples_run_as_jobs_without_the_sdk(server: Server) -> None:
+@pytest.fixture
+def sampled_server(tmp_path: Path) -> Iterator[Server]:
+    """A server sampling its jobs' resources every second."""
+    srv = start_server(tmp_path / "home", "--cpus", "4", "--monitor-interval", "1")
+    try:
+        yield srv
+    finally:
+        assert_clean_stop(srv)
+
+
+def test_the_examples_run_as_jobs_without_the_sdk(sampled_server: Server) -> None:
     """The README's examples as real jobs: MLflow only (params become the job's hparams,
     metrics its series, the artifact its file), TensorBoard only (scalars imported by tag), and
-    a bare torchrun script crashed once and resumed from its own checkpoint."""
+    a bare torchrun script crashed once and resumed from its own checkpoint, monitored."""
+    server = sampled_server
     with server.client as c:
         ml = c.submit(EXAMPLES / "mlflow" / "trainhouse.yaml", overrides=["env.EPOCHS=2"])
         tb = c.submit(EXAMPLES / "tensorboard" / "trainhouse.yaml", overrides=["env.EPOCHS=2"])
@@ -162,5 +175,7 @@ def test_the_examples_run_as_jobs_without_the_sdk(server: Server) -> None:
         assert job["log_ranks"] == [0, 1]
         steps = [p[0] for p in c.metrics(bare["id"], name="train/loss")["series"][0]["points"]]
         assert steps == list(range(40))  # each step once, across the two attempts
+    sampled = httpx.get(f"{server.url}/api/v1/jobs/{bare['id']}/system").json()["series"]
+    assert {"cpu_percent", "rss_bytes"} <= {s["name"] for s in sampled}
     logs = server.cli("logs", str(bare["id"]), "--rank", "0")
     assert "crashing at step 25" in logs.stdout and "resumes at step 20" in logs.stdout
