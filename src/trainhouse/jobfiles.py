@@ -269,6 +269,22 @@ class Dir:
                 os.unlink(tmp, dir_fd=self.fd)
             raise
 
+    def create_temp(self, name: str) -> tuple[str, BinaryIO]:
+        """A fresh regular file (``O_EXCL``, never through a link) to write ``name`` in pieces:
+        its temporary name and the file open for writing; :meth:`rename` it over ``name`` when
+        it is complete, :meth:`unlink` it otherwise."""
+        self._name(name)
+        tmp = f".{name}.tmp-{os.getpid()}-{os.urandom(4).hex()}"
+        fd = os.open(tmp, _CREATE, 0o666, dir_fd=self.fd)
+        return tmp, cast(BinaryIO, open(fd, "wb", closefd=True))
+
+    def make_sub(self, name: str) -> Dir:
+        """The directory ``name`` in this one, made if missing (never through a link)."""
+        self._name(name)
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(name, 0o777, dir_fd=self.fd)
+        return self.sub(name)
+
     def unlink(self, name: str) -> None:
         """Remove the entry ``name`` (not a directory); a link goes, never what it names."""
         self._name(name)

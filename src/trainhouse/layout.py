@@ -8,6 +8,8 @@ back. Each name below is defined once and used by every writer and reader::
     HOME/jobs/<id>/logs/launcher.log            torchrun's own output
     HOME/jobs/<id>/checkpoints/                 written by the SDK, registered with the server
     HOME/jobs/<id>/cache/                       compilers' caches, kept across attempts
+    HOME/jobs/<id>/tensorboard/                 TensorBoard event files (TRAINHOUSE_TENSORBOARD_DIR)
+    HOME/jobs/<id>/artifacts/                   MLflow artifacts, written by the server only
     HOME/jobs/<id>/attempts/<n>/workdir/        a fresh copy of the uploaded code per attempt
     HOME/jobs/<id>/attempts/<n>/tmp/            TMPDIR of the attempt's processes
     HOME/jobs/<id>/attempts/<n>/exit-launcher   "CODE TIME" of torchrun (its supervisor writes it)
@@ -135,6 +137,16 @@ class JobLayout:
         """The compilers' caches of every attempt (removed when the job ends)."""
         return self.root / "cache"
 
+    @property
+    def tensorboard(self) -> Path:
+        """Where the job's processes write TensorBoard event files (imported as metrics)."""
+        return self.root / TENSORBOARD_DIR
+
+    @property
+    def artifacts(self) -> Path:
+        """The job's MLflow artifacts (the server writes them; see server/mlflow)."""
+        return self.root / "artifacts"
+
     def attempt(self, number: int) -> AttemptLayout:
         return AttemptLayout(self.root / "attempts" / str(number))
 
@@ -168,7 +180,19 @@ CHECKPOINT_DIR_ENV = "TRAINHOUSE_CHECKPOINT_DIR"
 CHECKPOINT_URL_ENV = "TRAINHOUSE_CHECKPOINT_URL"
 LOG_DIR_ENV = "TRAINHOUSE_LOG_DIR"
 ATTEMPT_DIR_ENV = "TRAINHOUSE_ATTEMPT_DIR"
+TENSORBOARD_ENV = "TRAINHOUSE_TENSORBOARD_DIR"
+TENSORBOARD_DIR = "tensorboard"  # next to the node's logs directory
+#: MLflow's own variables: a script that logs through MLflow logs to its job
+MLFLOW_URI_ENV = "MLFLOW_TRACKING_URI"
+MLFLOW_RUN_ENV = "MLFLOW_RUN_ID"
+MLFLOW_TOKEN_ENV = "MLFLOW_TRACKING_TOKEN"
 DEFAULT_URL = "http://127.0.0.1:8470"
+
+
+def mlflow_uri(url: str, job_id: int) -> str:
+    """The MLflow tracking URI of a job: MLflow's API scoped to the job, where every run the
+    script makes is the job itself (clients that ignore MLFLOW_RUN_ID land there too)."""
+    return f"{url.rstrip('/')}/mlflow/jobs/{int(job_id)}"
 
 
 def _int(environ: Mapping[str, str], name: str, default: int) -> int:
@@ -214,9 +238,14 @@ class JobEnv:
             CHECKPOINT_URL_ENV if "://" in self.checkpoints else CHECKPOINT_DIR_ENV: (
                 self.checkpoints
             ),
+            # MLflow attaches to the job: its run id is the job's id, its token the job's
+            MLFLOW_URI_ENV: mlflow_uri(self.url, self.job_id),
+            MLFLOW_RUN_ENV: str(self.job_id),
+            MLFLOW_TOKEN_ENV: self.token,
         }
         if self.log_dir is not None:
             env[LOG_DIR_ENV] = self.log_dir
+            env[TENSORBOARD_ENV] = str(Path(self.log_dir).parent / TENSORBOARD_DIR)
         if self.attempt_dir is not None:
             env[ATTEMPT_DIR_ENV] = self.attempt_dir
         return env

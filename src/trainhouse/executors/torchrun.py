@@ -130,6 +130,8 @@ def rank_environment(
     }
     env.update(spec_env)
     env.update(job.on_node(log_dir, attempt.dir).to_env())
+    # a spec that points MLflow elsewhere (its own tracking server) keeps its choice
+    env.update({k: v for k, v in spec_env.items() if k.startswith("MLFLOW_")})
     env.update(
         {
             MARKER_ENV: marker,

@@ -32,9 +32,12 @@ from trainhouse.server.auth import Authenticator
 from trainhouse.server.checkpoints import Checkpoints
 from trainhouse.server.deps import Services
 from trainhouse.server.housekeeping import Housekeeper
+from trainhouse.server.mlflow import create_app as create_mlflow_app
+from trainhouse.server.mlflow import set_services as set_mlflow_services
 from trainhouse.server.routes import accounts, jobs, logs, queue, report, system, ui
 from trainhouse.server.schemas import NO_NUL
 from trainhouse.server.settings import Settings
+from trainhouse.server.tensorboard import TensorBoardImport
 from trainhouse.store import BlobStore, Store
 from trainhouse.store.groupcommit import ReportWriter
 
@@ -118,6 +121,9 @@ def build_services(settings: Settings, executor: Executor | None = None) -> Serv
         )
     writers = settings.report_writers or (1 if store.dialect == "sqlite" else 4)
     reports = ReportWriter(store, writers=writers, queue_points=settings.report_queue_points)
+    tensorboard = TensorBoardImport(
+        store, reports, settings.home, interval=settings.tensorboard_interval
+    )
     return Services(
         settings,
         store,
@@ -129,6 +135,7 @@ def build_services(settings: Settings, executor: Executor | None = None) -> Serv
         telemetry,
         auth,
         reports,
+        tensorboard=tensorboard,
     )
 
 
@@ -139,6 +146,7 @@ def create_app(settings: Settings, *, executor: Executor | None = None) -> FastA
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         svc = build_services(settings, executor)
         app.state.services = svc
+        set_mlflow_services(mlflow_app, svc)
         started = []
         try:
             svc.reports.start()  # first and last: reports answered before the end are stored
@@ -203,6 +211,9 @@ def create_app(settings: Settings, *, executor: Executor | None = None) -> FastA
     app.include_router(report.router, prefix="/api/v1")
     app.include_router(system.exposition)  # GET /metrics (Prometheus)
     app.include_router(ui.router)  # the dashboard: / and /static/...
-    limits.install(app, settings.max_upload_bytes)  # request bodies past a route's limit: 413
+    mlflow_app = create_mlflow_app()
+    app.mount("/mlflow", mlflow_app)  # MLflow's tracking API (trainhouse.server.mlflow)
+    # request bodies past a route's limit: 413
+    limits.install(app, settings.max_upload_bytes, settings.mlflow_artifact_bytes)
     origin.install(app, settings)  # outermost: unknown hosts 400, cross-origin writes 403
     return app

@@ -17,6 +17,7 @@ from trainhouse.scheduler.loop import SchedulerLoop
 from trainhouse.server.checkpoints import Checkpoints
 from trainhouse.server.housekeeping import Housekeeper
 from trainhouse.server.settings import Settings
+from trainhouse.server.tensorboard import TensorBoardImport
 from trainhouse.service import Service
 from trainhouse.store import BlobStore, Store
 from trainhouse.store.groupcommit import ReportWriter
@@ -85,12 +86,14 @@ class Services:
     auth: Authenticator  # tokens -> principals (trainhouse.server.auth)
     reports: ReportWriter  # metric reports, stored in group commits
     streams: StreamSlots = field(default_factory=StreamSlots)  # open log streams
+    tensorboard: TensorBoardImport | None = None  # event files imported as metrics
 
     @property
     def background(self) -> list[Service]:
         """The app's background services, in the order they start (they stop in reverse):
         retention before the scheduler, whose last exits register checkpoints."""
-        return [self.checkpoints, self.scheduler, self.monitor, self.housekeeper]
+        found = [self.checkpoints, self.scheduler, self.monitor, self.housekeeper]
+        return found + ([self.tensorboard] if self.tensorboard is not None else [])
 
     def files(self, job_id: int) -> JobLayout:
         return JobLayout(self.settings.home, job_id)

@@ -28,6 +28,16 @@ own. A request that shows neither is refused: nothing tells it from a forged one
 ``Authorization`` and cookies prove nothing: a browser attaches remembered credentials (HTTP
 basic auth of a proxy in front, the dashboard's cookie) to cross-site requests by itself.
 
+**MLflow's API** (``/mlflow/...``, :mod:`trainhouse.server.mlflow`) is written by the mlflow
+client, which sends no ``X-Trainhouse-Request``. There a write also passes when it carries
+``Authorization: Bearer ...`` (a browser never attaches a bearer token by itself, and a page
+that sets one makes its request non-simple: the preflight is never granted, so it is never
+sent), or when it shows no browser's sign at all: no ``Origin`` and no ``Sec-Fetch-Site``
+(every browser in use sends ``Origin`` with a cross-origin POST or PUT, and ``Sec-Fetch-Site``
+with every request). A write with another site's ``Origin`` or a cross-site ``Sec-Fetch-Site``
+is refused there as everywhere. The rest of the API keeps the stricter rule: submitting a job
+runs code, and an MLflow write makes at most a tracked run, its metrics and its files.
+
 Both rules hold whether auth is on or off. Requests other than HTTP (the lifespan) pass; the
 app has no WebSocket routes. The answers are the API's error shape::
 
@@ -53,6 +63,8 @@ SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 OWN_SITES = frozenset({"same-origin", "none"})
 _DEFAULT_PORTS = {"http": "80", "https": "443", "ws": "80", "wss": "443"}
 _CSRF_HEADER = CSRF_HEADER.lower().encode()
+#: the MLflow API's mount (trainhouse.server.mlflow): writes from non-browser clients pass
+MLFLOW_PREFIX = "/mlflow/"
 
 
 def host_of(value: str) -> str:
@@ -154,6 +166,9 @@ class OriginGuard:
         """Why a write may come from another origin's page; None when it cannot."""
         if headers.get(_CSRF_HEADER) == ["1"]:
             return None
+        mlflow = scope["path"].startswith(MLFLOW_PREFIX)
+        if mlflow and any(a.startswith("Bearer ") for a in headers.get(b"authorization", [])):
+            return None  # set by a program (a page that sets it must be preflighted: refused)
         own = origin_of(scope.get("scheme", "http"), host)
         origins = headers.get(b"origin", [])
         for origin in origins:
@@ -166,13 +181,15 @@ class OriginGuard:
             return f"came from the page of another origin (Sec-Fetch-Site: {sites[0][:40]})"
         if origins:
             return None  # a browser without Sec-Fetch-Site, on a page of this server
+        if mlflow:
+            return None  # no browser's sign at all: the mlflow client, curl
         return "shows neither (no Origin or Sec-Fetch-Site header)"
 
 
 def _headers(raw: Iterable[tuple[bytes, bytes]]) -> dict[bytes, list[str]]:
     found: dict[bytes, list[str]] = {}
     for key, value in raw:
-        if key in (b"host", b"origin", b"sec-fetch-site", _CSRF_HEADER):
+        if key in (b"host", b"origin", b"sec-fetch-site", b"authorization", _CSRF_HEADER):
             found.setdefault(key, []).append(value.decode("latin-1"))
     return found
 

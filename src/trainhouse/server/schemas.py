@@ -80,6 +80,11 @@ class JobOut(BaseModel):
     latest_metrics: dict[str, float | None]
     spec: dict[str, Any]
     archive_sha256: str
+    kind: str = Field(
+        "launched",
+        description='"launched" (run by the server) or "tracked" (an MLflow run made outside a '
+        "job, listed here: tracked, not launched)",
+    )
 
 
 class JobDetailOut(JobOut):
@@ -90,6 +95,13 @@ class JobDetailOut(JobOut):
     job_dir: str | None = Field(
         None,
         description="Where the server keeps the job's files; null unless the caller is an admin",
+    )
+    params: dict[str, str] = Field(
+        default_factory=dict,
+        description="The hparams the job's script reported (MLflow params), as strings",
+    )
+    tags: dict[str, str] = Field(
+        default_factory=dict, description="The job's MLflow tags (mlflow.* included)"
     )
 
 

@@ -89,6 +89,12 @@ class Settings:
     report_writers: int | None = None
     # metric points queued per writer at most before reports get 503 (Retry-After)
     report_queue_points: int = QUEUE_POINTS
+    # MLflow artifacts (PUT /mlflow/api/2.0/mlflow-artifacts/artifacts/...): one file's bytes at
+    # most, and a run's together
+    mlflow_artifact_bytes: int = 1 << 30
+    mlflow_run_artifact_bytes: int = 8 << 30
+    # seconds between two looks at running jobs' TensorBoard event files; 0 turns it off
+    tensorboard_interval: float = 2.0
     _db_file_url: str | None = field(default=None, init=False, repr=False, compare=False)
 
     @property

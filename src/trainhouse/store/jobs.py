@@ -21,7 +21,7 @@ from trainhouse.errors import InvalidTransition, NotFound, StoreError
 from trainhouse.lifecycle import AttemptResult, FailureKind, JobState, check_transition
 from trainhouse.spec import PRIORITY_TIERS, JobSpec
 from trainhouse.store import tables as t
-from trainhouse.store.records import Attempt, Event, Job
+from trainhouse.store.records import TRACKED, Attempt, Event, Job
 
 if TYPE_CHECKING:
     from trainhouse.store.database import Database
@@ -62,6 +62,7 @@ def _job(row: RowMapping) -> Job:
         total_steps=row["total_steps"],
         last_step=row["last_step"],
         latest_metrics=row["latest_metrics"] or {},
+        kind=row["kind"],
     )
 
 
@@ -85,9 +86,14 @@ def _attempt(row: RowMapping) -> Attempt:
 
 
 def _filters(
-    states: Iterable[JobState] | None, owner: str | None, name: str | None
+    states: Iterable[JobState] | None,
+    owner: str | None,
+    name: str | None,
+    tracked: bool | None = False,
 ) -> list[ColumnElement[bool]]:
     where: list[ColumnElement[bool]] = []
+    if tracked is not None:
+        where.append((t.jobs.c.kind == TRACKED) if tracked else (t.jobs.c.kind != TRACKED))
     if states is not None:
         where.append(t.jobs.c.state.in_([str(s) for s in states]))
     if owner:
@@ -170,12 +176,15 @@ class JobRepo:
         name: str | None = None,
         sort: JobSort = "id",
         order: Literal["asc", "desc"] = "desc",
+        tracked: bool | None = False,
     ) -> JobList:
         """A page of jobs, newest first by default.
 
         ``owner`` matches exactly, ``name`` is a case-insensitive substring; ``sort`` orders by
         a column (``priority`` by tier, low to urgent), ties broken by id in the same direction,
-        so that pages taken with ``offset`` never repeat or skip a job.
+        so that pages taken with ``offset`` never repeat or skip a job. ``tracked``: False
+        (the default: what the scheduler and the services see) the launched jobs only, True
+        the tracked runs only (MLflow runs made outside a job), None both.
         """
         if sort not in JOB_SORT_KEYS:
             raise StoreError(f"jobs sort by one of {', '.join(JOB_SORT_KEYS)}, not {sort!r}")
@@ -191,7 +200,7 @@ class JobRepo:
         keys = [key, t.jobs.c.id] if sort != "id" else [key]
         query = (
             select(t.jobs)
-            .where(*_filters(states, owner, name))
+            .where(*_filters(states, owner, name, tracked))
             .order_by(*(k.desc() if order == "desc" else k.asc() for k in keys))
         )
         if offset:
@@ -207,9 +216,12 @@ class JobRepo:
         states: Iterable[JobState] | None = None,
         owner: str | None = None,
         name: str | None = None,
+        tracked: bool | None = False,
     ) -> int:
         """How many jobs :meth:`list` would return with these filters and no limit."""
-        query = select(func.count()).select_from(t.jobs).where(*_filters(states, owner, name))
+        query = (
+            select(func.count()).select_from(t.jobs).where(*_filters(states, owner, name, tracked))
+        )
         with self.db.connect() as conn:
             return int(conn.execute(query).scalar_one())
 

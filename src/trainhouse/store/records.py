@@ -18,6 +18,11 @@ from trainhouse.spec import JobSpec
 __all__ = ["Attempt", "Checkpoint", "Event", "Job", "MetricPoint", "UserLimits"]
 
 
+#: the kind of a job that is an MLflow run made outside the server: listed, never scheduled
+TRACKED = "tracked"
+LAUNCHED = "launched"
+
+
 @dataclass(frozen=True)
 class Job:
     id: int
@@ -43,6 +48,12 @@ class Job:
     total_steps: int | None = None
     last_step: int | None = None
     latest_metrics: dict[str, float | None] = field(default_factory=dict)
+    #: "launched" (run by an executor) or "tracked" (an MLflow run made outside a job)
+    kind: str = "launched"
+
+    @property
+    def tracked(self) -> bool:
+        return self.kind == TRACKED
 
     @cached_property
     def spec(self) -> JobSpec:

@@ -11,6 +11,7 @@ concern, each owning its tables:
 ``store.quotas``          per-user limits and fair-share usage (:mod:`.quotas`)
 ``store.accounts``        users, API tokens (hashes), the audit log (:mod:`.accounts`)
 ``store.system``          resource samples of nodes and jobs (:mod:`.system`)
+``store.tracking``        MLflow experiments and runs, params and tags (:mod:`.tracking`)
 ========================  ======================================================================
 
 Repositories hand out plain records (:mod:`.records`), never SQLAlchemy objects.
@@ -25,6 +26,7 @@ from trainhouse.store.jobs import JobRepo
 from trainhouse.store.metrics import MetricRepo
 from trainhouse.store.quotas import QuotaRepo
 from trainhouse.store.system import SystemMetrics
+from trainhouse.store.tracking import TrackingRepo
 
 __all__ = ["Store"]
 
@@ -40,3 +42,4 @@ class Store(Database):
         self.quotas = QuotaRepo(self)
         self.accounts = Accounts(self)
         self.system = SystemMetrics(self)
+        self.tracking = TrackingRepo(self, self.jobs)

@@ -96,6 +96,16 @@ jobs = Table(
     Column("last_step", BigInteger),
     Column("latest_metrics", JSON),
     Column("updated_at", Float, nullable=False),
+    # "launched" (scheduled, run by an executor) | "tracked" (an MLflow run made outside a job:
+    # listed with the jobs, never scheduled)
+    Column(
+        # the database's default only: an insert that names no kind works on a schema from
+        # before 0013 too (the migration tests write jobs into one)
+        "kind",
+        String(16),
+        nullable=False,
+        server_default=text("'launched'"),
+    ),
 )
 
 attempts = Table(
@@ -208,6 +218,40 @@ checkpoints = Table(
         "algorithm", String(16), nullable=False, default="sha256", server_default=text("'sha256'")
     ),
     Index("ix_checkpoints_job_id_step", "job_id", "step"),
+)
+
+# MLflow experiments (trainhouse.store.tracking); "0", the default one, is not stored
+mlflow_experiments = Table(
+    "mlflow_experiments",
+    metadata,
+    Column("id", _Id, primary_key=True, autoincrement=True),
+    Column("name", String(500), nullable=False, unique=True),
+    Column("created_at", Float, nullable=False),
+)
+
+# the MLflow view of a job: its experiment, run name and MLflow status (a launched job's own
+# state is the job's; a tracked run's state follows this status)
+mlflow_runs = Table(
+    "mlflow_runs",
+    metadata,
+    Column("job_id", _Id, ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True),
+    Column("experiment_id", _Id, nullable=False),
+    Column("run_name", String(250), nullable=False),
+    Column("user_id", String(256), nullable=False),
+    Column("status", String(16), nullable=False),
+    Column("start_time", BigInteger, nullable=False),  # ms, as MLflow has it
+    Column("end_time", BigInteger),
+)
+
+# a run's params ("param": the job's reported hparams) and tags ("tag")
+run_values = Table(
+    "run_values",
+    metadata,
+    Column("job_id", _Id, ForeignKey("jobs.id", ondelete="CASCADE"), nullable=False),
+    Column("kind", String(8), nullable=False),
+    Column("key", String(250), nullable=False),
+    Column("value", JobText, nullable=False),
+    PrimaryKeyConstraint("job_id", "kind", "key"),
 )
 
 # per-user scheduling limits: fair share weight and concurrent GPU/CPU caps (None = no cap)

@@ -201,12 +201,19 @@ def list_jobs(
     if states is None and not all:
         states = [s for s in JobState if not s.terminal]
     page = svc.store.jobs.list(
-        states=states, limit=limit, offset=offset, owner=owner, name=name, sort=sort, order=order
+        states=states,
+        limit=limit,
+        offset=offset,
+        owner=owner,
+        name=name,
+        sort=sort,
+        order=order,
+        tracked=None,  # MLflow runs made outside a job are listed too (kind "tracked")
     )
     total = (
         offset + len(page)
         if len(page) < limit and (page or offset == 0)
-        else svc.store.jobs.count(states=states, owner=owner, name=name)
+        else svc.store.jobs.count(states=states, owner=owner, name=name, tracked=None)
     )
     visibility = svc.settings.job_visibility
     return JobListOut(
@@ -235,6 +242,8 @@ def show(
         checkpoints=len(svc.store.checkpoints.list(job_id)),
         log_ranks=files.ranks(),
         job_dir=str(files.root) if p.is_admin else None,
+        params=svc.store.tracking.values(job_id, "param"),
+        tags=svc.store.tracking.values(job_id, "tag"),
     )
 
 
@@ -251,10 +260,12 @@ def cancel(
     svc.store.jobs.request_cancel(job_id)
     audit(svc, request, p, "job.cancel", f"job:{job_id}", owner=job.owner, name=job.name)
     # a queued job ends here; in any other state the scheduler loop ends it (and if it
-    # started meanwhile, the compare-and-set refuses and the loop stops its processes)
+    # started meanwhile, the compare-and-set refuses and the loop stops its processes); a
+    # tracked run (an MLflow run made outside a job) has no processes: it ends here too
+    ends_here = [JobState.QUEUED, JobState.RUNNING] if job.tracked else [JobState.QUEUED]
     with contextlib.suppress(StoreError):
         svc.store.jobs.transition(
-            job_id, JobState.CANCELED, reason=StopReason.CANCEL.text, expect=[JobState.QUEUED]
+            job_id, JobState.CANCELED, reason=StopReason.CANCEL.text, expect=ends_here
         )
     svc.scheduler.wake()
     return job_out(svc.store.jobs.get(job_id))

@@ -1,0 +1,90 @@
+"""An MLflow-compatible tracking API under ``/mlflow``: the part of MLflow's REST API that the
+mlflow client's fluent API, ``MlflowClient``, transformers' ``MLflowCallback`` and Lightning's
+``MLFlowLogger`` use, mapped onto jobs (:mod:`.tracking`, :mod:`.artifacts`; who may do what:
+:mod:`.access`; the wire format: :mod:`.protocol`).
+
+It is an app of its own, mounted at ``/mlflow`` and at ``/mlflow/jobs/<id>`` (a job's scope),
+so that every error it answers is in MLflow's shape (``{"error_code", "message"}``): an unknown
+route is a 404 ``ENDPOINT_NOT_FOUND``, never a 5xx (the client retries those for minutes).
+"""
+
+from __future__ import annotations
+
+import logging
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from sqlalchemy.exc import DataError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from trainhouse.errors import ServerBusy, TrainhouseError
+from trainhouse.server.deps import Services
+from trainhouse.server.mlflow import artifacts, tracking
+from trainhouse.server.mlflow.protocol import MlflowError, from_trainhouse
+
+__all__ = ["create_app"]
+
+log = logging.getLogger(__name__)
+
+
+def _answer(exc: MlflowError) -> JSONResponse:
+    answer = JSONResponse({"error_code": exc.code, "message": exc.message}, status_code=exc.status)
+    if exc.status in (429, 503):
+        answer.headers["Retry-After"] = "1"
+    return answer
+
+
+def create_app() -> FastAPI:
+    """The MLflow API; its lifespan is the main app's (``set_services`` hands it the
+    services)."""
+    app = FastAPI(openapi_url=None, docs_url=None, redoc_url=None)
+
+    @app.exception_handler(MlflowError)
+    async def _mlflow_error(_request: Request, exc: MlflowError) -> JSONResponse:
+        return _answer(exc)
+
+    @app.exception_handler(TrainhouseError)
+    async def _domain_error(_request: Request, exc: TrainhouseError) -> JSONResponse:
+        answer = _answer(from_trainhouse(exc))
+        if isinstance(exc, ServerBusy):
+            answer.headers["Retry-After"] = str(max(1, round(exc.retry_after)))
+        return answer
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation_error(_request: Request, exc: RequestValidationError) -> JSONResponse:
+        return _answer(MlflowError(400, "INVALID_PARAMETER_VALUE", str(exc.errors())[:500]))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        if exc.status_code in (404, 405):
+            return _answer(
+                MlflowError(
+                    404,
+                    "ENDPOINT_NOT_FOUND",
+                    f"{request.method} {request.url.path[:200]}: this server serves a part of "
+                    "MLflow's API (see the README, 'Bring your own script'), not this route",
+                )
+            )
+        return _answer(MlflowError(exc.status_code, "BAD_REQUEST", str(exc.detail)))
+
+    @app.exception_handler(DataError)
+    async def _unstorable(_request: Request, exc: DataError) -> JSONResponse:
+        log.error("the database refused a value from an MLflow request: %s", exc)
+        return _answer(
+            MlflowError(400, "INVALID_PARAMETER_VALUE", "a value in the request cannot be stored")
+        )
+
+    @app.exception_handler(Exception)
+    async def _internal_error(_request: Request, exc: Exception) -> JSONResponse:
+        log.exception("internal error in the MLflow API")
+        return _answer(MlflowError(500, "INTERNAL_ERROR", "internal server error; see its log"))
+
+    for prefix in ("", "/jobs/{job_id}"):
+        app.include_router(tracking.router, prefix=prefix)
+        app.include_router(artifacts.router, prefix=prefix)
+    return app
+
+
+def set_services(app: FastAPI, svc: Services) -> None:
+    app.state.services = svc

@@ -1,0 +1,114 @@
+"""TensorBoard event files imported as a running job's metrics (trainhouse.server.tensorboard),
+in process: the tensorboard package's own reader and writer, the files as hostile as a job can
+make them. The end-to-end job: tests/integration/test_bring_your_own.py."""
+
+from __future__ import annotations
+
+import os
+import struct
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+from torch.utils.tensorboard import SummaryWriter
+
+from tests.support.api import app_client, services, submit, wait_launched, workdir
+from tests.support.fakes import FakeExecutor
+from trainhouse.server.tensorboard import TensorBoardImport
+
+
+@pytest.fixture
+def api(tmp_path: Path) -> Iterator[TestClient]:
+    # the service ticked by hand (interval 0: its thread does not run)
+    with app_client(tmp_path, exit_code=None, tensorboard_interval=0) as client:
+        yield client
+
+
+def running_job(api: TestClient, tmp_path: Path) -> tuple[int, Path, TensorBoardImport]:
+    spec = "name: tb\nentrypoint: python train.py\n"
+    job_id = submit(api, spec, workdir(tmp_path)).json()["id"]
+    wait_launched(api, job_id)
+    svc = services(api)
+    directory = svc.files(job_id).tensorboard
+    directory.mkdir(parents=True)
+    return job_id, directory, TensorBoardImport(svc.store, svc.reports, svc.settings.home)
+
+
+def series(api: TestClient, job_id: int) -> dict[str, list[tuple[int, float | None]]]:
+    found = api.get(f"/api/v1/jobs/{job_id}/metrics").json()["series"]
+    return {s["name"]: [(p[0], p[1]) for p in s["points"]] for s in found}
+
+
+def test_scalars_are_imported_by_tag_while_the_job_runs(api: TestClient, tmp_path: Path) -> None:
+    job_id, directory, importer = running_job(api, tmp_path)
+    writer = SummaryWriter(str(directory))
+    for step in range(5):
+        writer.add_scalar("train/loss", 1.0 / (step + 1), step)
+    writer.add_scalar("odd", float("nan"), 0)
+    writer.add_text("notes", "not a scalar", 0)
+    writer.flush()
+    assert importer.tick() == 6
+    assert series(api, job_id)["train/loss"] == [
+        (s, pytest.approx(1.0 / (s + 1))) for s in range(5)
+    ]
+    assert series(api, job_id)["odd"] == [(0, None)]
+    for step in range(5, 8):  # more while it runs; a step written again replaces its value
+        writer.add_scalar("train/loss", 10.0, step)
+    writer.add_scalar("train/loss", 0.0, 0)
+    sub = SummaryWriter(str(directory / "eval"))  # a run in a subdirectory: its name prefixed
+    sub.add_scalar("acc", 0.5, 3)
+    writer.flush()
+    sub.flush()
+    assert importer.tick() == 5
+    got = series(api, job_id)
+    assert [s for s, _ in got["train/loss"]] == list(range(8)) and got["train/loss"][0] == (0, 0.0)
+    assert got["eval/acc"] == [(3, 0.5)]
+    assert importer.tick() == 0  # nothing new
+    # the job ends: its last events are read once more, then its files let go
+    writer.add_scalar("train/loss", 1.0, 8)
+    writer.close()
+    sub.close()
+    fake = services(api).scheduler.executor
+    assert isinstance(fake, FakeExecutor)
+    fake.end(job_id, 0)
+    deadline = 100
+    while api.get(f"/api/v1/jobs/{job_id}").json()["state"] == "RUNNING" and deadline:
+        import time
+
+        time.sleep(0.1)
+        deadline -= 1
+    importer.tick()
+    assert [s for s, _ in series(api, job_id)["train/loss"]] == list(range(9))
+    assert importer._jobs == {}
+
+
+def test_hostile_event_files_are_passed_over(api: TestClient, tmp_path: Path) -> None:
+    job_id, directory, importer = running_job(api, tmp_path)
+    elsewhere = tmp_path / "elsewhere"
+    outside = SummaryWriter(str(elsewhere))
+    outside.add_scalar("stolen", 1.0, 0)
+    outside.close()
+    (stolen,) = elsewhere.iterdir()
+    (directory / "events.out.tfevents.link").symlink_to(stolen)  # a link out
+    os.link(stolen, directory / "events.out.tfevents.hardlink")  # a hard link to it
+    os.mkfifo(directory / "events.out.tfevents.fifo")  # whose open would wait forever
+    (directory / "sub").symlink_to(elsewhere)  # a directory link
+    (directory / "events.out.tfevents.garbage").write_bytes(os.urandom(4096))
+    # a record whose length asks for 2**62 bytes: refused, not allocated
+    (directory / "events.out.tfevents.huge").write_bytes(struct.pack("<Q", 1 << 62) + b"\x00" * 12)
+    good = SummaryWriter(str(directory))
+    good.add_scalar("loss", 0.5, 1)
+    good.flush()
+    assert importer.tick() == 1
+    assert series(api, job_id) == {"loss": [(1, 0.5)]}
+    # a truncated record (the writer mid-write) is read once it is complete
+    path = next(p for p in directory.iterdir() if p.name.startswith("events.out.tfevents.1"))
+    good.add_scalar("loss", 0.25, 2)
+    good.flush()
+    data = path.read_bytes()
+    path.write_bytes(data[:-7])
+    assert importer.tick() == 0
+    path.write_bytes(data)
+    assert importer.tick() == 1
+    good.close()
