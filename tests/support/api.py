@@ -38,6 +38,30 @@ def in_process(app: FastAPI | ASGIApp, *, base_url: str = BASE_URL, **kwargs: An
     return TestClient(app, base_url=base_url, headers=CLIENT_HEADERS, **kwargs)
 
 
+class InProcessTransport(httpx.BaseTransport):
+    """An ``httpx`` transport that sends through a TestClient, so that trainhouse's own
+    ``httpx.Client`` (the client, the CLI) can talk to an app in process. The TestClient's
+    own transport cannot be handed over: starlette builds it on ``httpx2`` wherever that is
+    installed (huggingface_hub brings it), whose responses ``httpx`` refuses."""
+
+    def __init__(self, api: TestClient) -> None:
+        self.api = api
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        answer = self.api.request(
+            request.method,
+            str(request.url),
+            headers=list(request.headers.multi_items()),
+            content=request.read(),
+        )
+        return httpx.Response(
+            answer.status_code,
+            headers=list(answer.headers.multi_items()),
+            content=answer.content,
+            request=request,
+        )
+
+
 def page_request(api: TestClient, method: str, url: str, **kwargs: Any) -> httpx.Response:
     """A request of ``api`` without the ``X-Trainhouse-Request`` header: what a browser page
     sends (``headers`` say which: ``Origin``, ``Sec-Fetch-Site``)."""

@@ -11,7 +11,7 @@ import pytest
 from fastapi.testclient import TestClient
 from typer.testing import CliRunner
 
-from tests.support.api import BASE_URL
+from tests.support.api import BASE_URL, InProcessTransport
 from tests.support.records import new_job
 from trainhouse._http import CLIENT_HEADERS, encode_json
 from trainhouse.cli import options as cli_options
@@ -169,7 +169,7 @@ def test_client_and_cli_take_max_points(
         client = Client(BASE_URL)
         client._http.close()
         client._http = httpx.Client(
-            base_url=f"{BASE_URL}/api/v1", headers=CLIENT_HEADERS, transport=api._transport
+            base_url=f"{BASE_URL}/api/v1", headers=CLIENT_HEADERS, transport=InProcessTransport(api)
         )
         return client
 

@@ -13,7 +13,7 @@ import httpx
 import pytest
 from typer.testing import CliRunner
 
-from tests.support.api import BASE_URL
+from tests.support.api import BASE_URL, InProcessTransport
 from tests.support.team import Team, make_team
 from trainhouse._http import CLIENT_HEADERS
 from trainhouse.cli import options as cli_options
@@ -60,7 +60,7 @@ def client_as(team: Team, user: str) -> Client:
     client._http = httpx.Client(
         base_url=f"{BASE_URL}/api/v1",
         headers={**CLIENT_HEADERS, **team.h(user)},
-        transport=team.api._transport,
+        transport=InProcessTransport(team.api),
     )
     return client
 
