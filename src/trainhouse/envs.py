@@ -457,7 +457,7 @@ def _build(
     sites = ", ".join(repr(p) for p in _base_sites())
     # the server's site directories after the environment's own, their .pth files processed
     # (editable installs of trainhouse included)
-    Path(purelib, BASE_PTH).write_text(f"import site; [site.addsitedir(p) for p in ({sites},)]\n")
+    Path(purelib, BASE_PTH).write_text(f"import site; list(map(site.addsitedir, ({sites},)))\n")
     spec_dir = tmp / ".trainhouse"
     spec_dir.mkdir()
     (spec_dir / "excludes.txt").write_text("\n".join(BASE_PACKAGES) + "\n")
