@@ -77,6 +77,7 @@ PUBLIC: dict[str, list[str]] = {
         "PRIORITY_TIERS",
         "RESERVED_ENV",
         "CheckpointPolicy",
+        "Environment",
         "JobSpec",
         "NoRestart",
         "Priority",
@@ -96,6 +97,7 @@ PUBLIC: dict[str, list[str]] = {
 # by trainhouse's own packages, not part of the contract users rely on
 DOMAIN = {
     "trainhouse.cluster",
+    "trainhouse.envs",
     "trainhouse.jobfiles",
     "trainhouse.joblogs",
     "trainhouse.layout",
