@@ -88,7 +88,7 @@ MAX_REQUIREMENTS_BYTES = 1024 * 1024  # one requirements file, pyproject.toml or
 MAX_INCLUDES = 64  # -r and -c files in one environment
 #: lines the supervisor prints (and :func:`phase` reads back from the launcher's log)
 SETTING_UP = "trainhouse: setting up environment"
-READY_LINE = re.compile(r"^trainhouse: environment (\w+) ready in ([0-9.]+) s \((built|reused)\)")
+READY_LINE = re.compile(r"trainhouse: environment (\w+) ready in ([0-9.]+) s \((built|reused)\)$")
 FAILED_LINE = "trainhouse: the environment could not be built"
 
 _CREDENTIALS = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)[^/\s@]+@")
@@ -668,14 +668,16 @@ def prune(cache: Path, max_size: int, *, out: Callable[[str], None] | None = Non
 # -- what the launcher's log says ---------------------------------------------------------------
 def phase(launcher_log: str) -> str | None:
     """What an attempt's launcher log (its part for the attempt) says about its environment:
-    "setting up environment", "environment built in 3.2 s", "environment reused in 0.1 s",
-    "environment failed", or None when it has no environment."""
-    if SETTING_UP not in launcher_log:
+    "setting up environment" until every node that set one up says it is ready ("environment
+    built in 3.2 s", the longest; "reused" when no node built it), "environment failed" once
+    one failed, None when it has no environment. A Ray node's lines start with ``[node N]``."""
+    setting = launcher_log.count(SETTING_UP)
+    if not setting:
         return None
-    for line in launcher_log.splitlines():
-        found = READY_LINE.match(line)
-        if found is not None:
-            return f"environment {found.group(3)} in {float(found.group(2)):.1f} s"
-        if line.startswith(FAILED_LINE):
-            return "environment failed"
-    return "setting up environment"
+    if FAILED_LINE in launcher_log:
+        return "environment failed"
+    found = [m for line in launcher_log.splitlines() if (m := READY_LINE.search(line))]
+    if len(found) < setting:
+        return "setting up environment"
+    how = "built" if any(m.group(3) == "built" for m in found) else "reused"
+    return f"environment {how} in {max(float(m.group(2)) for m in found):.1f} s"

@@ -148,8 +148,8 @@ def test_a_job_imports_a_package_the_server_lacks(
     # the server's environment is as it was: the package is not in it
     assert first_job["after"] == first_job["before"]
     assert not any(d.startswith("thenv-") for d in first_job["after"])
-    shown = server.cli_json("show", str(job["id"]))
-    assert shown["environment"].startswith("environment built in ")
+    with server.client as c:
+        assert c.job(job["id"])["environment"].startswith("environment built in ")
     human = server.cli("show", str(job["id"]))
     assert "environment built in" in human.stdout
     # trainhouse envs list: the environment, no longer in use
@@ -187,7 +187,8 @@ def test_a_failing_requirement_fails_the_job_once(server: Server, tmp_path: Path
     # the resolver's own message, in the reason and the log
     assert "thenv-missing" in job["reason"] and "not found" in job["reason"], job["reason"]
     assert "could not be built" in launcher_log(server, first)
-    assert server.cli_json("show", str(first))["environment"] == "environment failed"
+    with server.client as c:
+        assert c.job(first)["environment"] == "environment failed"
     # the next job with the same requirements tries again (no failure is cached)
     second = submit(server, tmp_path, env)
     server.wait(second, {"FAILED"}, timeout=120)

@@ -240,3 +240,11 @@ def test_a_launch_carries_the_environment_with_the_servers_index(tmp_path: Path)
         with log.open("a") as fh:
             fh.write("trainhouse: environment 0a1b ready in 0.12 s (reused)\n")
         assert api.get(url).json()["environment"] == "environment reused in 0.1 s"
+
+
+def test_every_node_of_a_job_must_be_ready() -> None:
+    two = f"[node 0] {envs.SETTING_UP} (x)\n[node 1] {envs.SETTING_UP} (x)\n"
+    first = "[node 1] trainhouse: environment 0a ready in 2.50 s (built)\n"
+    assert envs.phase(two + first) == "setting up environment"
+    second = "[node 0] trainhouse: environment 0a ready in 3.10 s (reused)\n"
+    assert envs.phase(two + first + second) == "environment built in 3.1 s"
