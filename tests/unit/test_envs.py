@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import fcntl
 import os
+import subprocess
 from pathlib import Path
 
 import pytest
 
 from tests.support.api import app_client, services, submit, wait_state, workdir
 from tests.support.team import make_team, refused
+from tests.support.wheels import write_wheel
 from trainhouse import envs
 from trainhouse.errors import SpecError
 from trainhouse.executors.base import Exit
@@ -248,3 +250,39 @@ def test_every_node_of_a_job_must_be_ready() -> None:
     assert envs.phase(two + first) == "setting up environment"
     second = "[node 0] trainhouse: environment 0a ready in 3.10 s (reused)\n"
     assert envs.phase(two + first + second) == "environment built in 3.1 s"
+
+
+def test_a_pyproject_with_its_lock_is_built_as_locked(tmp_path: Path) -> None:
+    """uv.lock pins what the pyproject's dependencies resolve to: the build installs the
+    locked version even where the wheel directory offers a newer one."""
+    wheels, empty, project = tmp_path / "wheels", tmp_path / "empty", tmp_path / "wd"
+    empty.mkdir()
+    project.mkdir()
+    write_wheel(wheels, "thenv-lib", "1.0")
+    (project / "pyproject.toml").write_text(
+        '[project]\nname = "job"\nversion = "0.1"\nrequires-python = ">=3.11"\n'
+        'dependencies = ["thenv-lib"]\n'
+    )
+    request = envs.Request(
+        cache=str(tmp_path / "cache"),
+        pyproject="pyproject.toml",
+        index_url=f"file://{empty}",
+        find_links=[str(wheels)],
+    )
+    env = {**os.environ, "UV_INDEX_URL": f"file://{empty}", "UV_FIND_LINKS": str(wheels)}
+    locked = subprocess.run(
+        [envs._uv(), "lock", "--no-config", "--project", str(project)], env=env, check=False
+    )
+    assert locked.returncode == 0
+    write_wheel(wheels, "thenv-lib", "2.0")  # newer, but not what the lock says
+    lines: list[str] = []
+    ready = envs.ensure(request, project, lines.append)
+    ready.release()
+    assert ready.built
+    shown = subprocess.run(
+        [str(ready.python), "-c", "import thenv_lib; print(thenv_lib.VERSION)"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert shown.stdout.strip() == "1.0", lines
