@@ -3,19 +3,23 @@ removal, what the logs say (tests/integration/test_envs.py builds real ones)."""
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
+import signal
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from tests.support.api import app_client, services, submit, wait_state, workdir
 from tests.support.team import make_team, refused
-from tests.support.wheels import write_wheel
+from tests.support.wheels import serving, write_wheel
 from trainhouse import envs
 from trainhouse.errors import SpecError
 from trainhouse.executors.base import Exit
+from trainhouse.executors.supervise import read_record
 from trainhouse.layout import JobLayout
 from trainhouse.lifecycle import FailureKind
 from trainhouse.scheduler.failures import analyse
@@ -286,3 +290,46 @@ def test_a_pyproject_with_its_lock_is_built_as_locked(tmp_path: Path) -> None:
         check=True,
     )
     assert shown.stdout.strip() == "1.0", lines
+
+
+def test_a_supervisor_stopped_while_building_ends_and_leaves_nothing(tmp_path: Path) -> None:
+    """SIGTERM to the attempt's session (a cancel) while uv waits on the index: the
+    supervisor records the signal, says so in its log, and the half-built environment goes."""
+    wheels, empty, wd = tmp_path / "wheels", tmp_path / "empty", tmp_path / "wd"
+    empty.mkdir()
+    wd.mkdir()
+    write_wheel(wheels, "thenv-slow", "1.0")
+    exit_file = tmp_path / "exit-launcher"
+    with serving(wheels) as index:
+        index.hold()
+        request = envs.Request(
+            cache=str(tmp_path / "cache"),
+            packages=["thenv-slow"],
+            index_url=f"file://{empty}",
+            find_links=[index.links],
+        )
+        env = {**os.environ, envs.ENV_VAR: request.to_json()}
+        command = [sys.executable, "-m", "trainhouse.executors.supervise", str(exit_file)]
+        proc = subprocess.Popen(
+            [*command, sys.executable, "-c", "raise SystemExit('never started')"],
+            cwd=wd,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+        )
+        try:
+            assert index.held.wait(60), "uv never asked the index"
+            os.killpg(proc.pid, signal.SIGTERM)
+            out, _ = proc.communicate(timeout=30)
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 128 + signal.SIGTERM, out
+    assert "setting up environment" in out and "stopped by signal 15" in out, out
+    assert "never started" not in out
+    recorded = read_record(exit_file, within=tmp_path)
+    assert recorded is not None and recorded[0] == -signal.SIGTERM
+    assert list((tmp_path / "cache" / ".tmp").iterdir()) == []
+    assert envs.cached(tmp_path / "cache") == []

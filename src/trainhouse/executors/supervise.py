@@ -165,6 +165,16 @@ def _say(line: str) -> None:
     print(line, flush=True)
 
 
+class _Stopped(BaseException):
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+def _stop(signum: int, _frame: object) -> None:
+    raise _Stopped(signum)
+
+
 def _environment(text: str) -> envs.Ready | None:
     """Set up the attempt's environment (None: it could not be built, and the log says why)."""
     try:
@@ -196,14 +206,26 @@ def main(argv: list[str]) -> int:
     _hardening.no_dump()
     _hardening.child_subreaper()
     os.umask(_hardening.PRIVATE_UMASK)
+    request = os.environ.pop(envs.ENV_VAR, None)  # the index options stay here, non-dumpable
+    ready = None
+    if request:
+        # stopped while setting up (canceled, preempted): the build (uv got the signal too)
+        # ends here, as torchrun would have
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, _stop)
+        try:
+            ready = _environment(request)
+        except _Stopped as stopped:
+            _say(f"trainhouse: stopped by signal {stopped.signum} while setting up the environment")
+            record(exit_file, -stopped.signum)
+            end_orphans()
+            return 128 + stopped.signum
+        if ready is None:
+            record(exit_file, envs.BUILD_FAILED_CODE)
+            end_orphans()
+            return envs.BUILD_FAILED_CODE
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda _signum, _frame: None)
-    request = os.environ.pop(envs.ENV_VAR, None)  # the index options stay here, non-dumpable
-    ready = _environment(request) if request else None
-    if request and ready is None:
-        record(exit_file, envs.BUILD_FAILED_CODE)
-        end_orphans()
-        return envs.BUILD_FAILED_CODE
     if ready is not None:
         os.environ.update(ready.environ(dict(os.environ)))
     try:
