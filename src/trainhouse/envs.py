@@ -28,7 +28,8 @@ halfway leaves only a temporary directory, which the next build removes.
 
 :func:`ensure` runs in the attempt's supervisor (:mod:`trainhouse.executors.supervise`), with
 the job's privileges, its output going to the launcher's log; it imports the standard library
-only (and ``uv`` to find uv's binary).
+only (and ``uv`` to find uv's binary). The cache itself (what is ready, in use, removed past
+its size) is :mod:`trainhouse.envcache`.
 """
 
 from __future__ import annotations
@@ -49,7 +50,9 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING
+
+from trainhouse.envcache import READY, USED, Cached, cached, is_ready, lock_file, prune, remove
 
 if TYPE_CHECKING:  # the supervisor imports this module: no pydantic at its start
     from trainhouse.spec import Environment
@@ -58,6 +61,8 @@ __all__ = [
     "BUILD_FAILED_CODE",
     "DEFAULT_CACHE_SIZE",
     "ENV_VAR",
+    "READY",
+    "USED",
     "BuildError",
     "Cached",
     "Defaults",
@@ -69,6 +74,7 @@ __all__ = [
     "parse_size",
     "prune",
     "redact",
+    "remove",
     "request_for",
 ]
 
@@ -79,8 +85,6 @@ PYTHON_ENV = "TRAINHOUSE_PYTHON"
 #: the launcher's exit code when the environment could not be built (EX_CONFIG): never restarted
 BUILD_FAILED_CODE = 78
 DEFAULT_CACHE_SIZE = 20 * 1024**3
-READY = ".trainhouse-ready"
-USED = ".trainhouse-used"
 BASE_PTH = "_trainhouse_base.pth"
 #: never installed into an environment: the server's own are used
 BASE_PACKAGES = ("torch", "trainhouse")
@@ -351,16 +355,6 @@ class Ready:
             self._use.close()
 
 
-def _lock_file(cache: Path, name: str) -> IO[bytes]:
-    locks = cache / ".locks"
-    locks.mkdir(parents=True, exist_ok=True)
-    return open(locks / name, "ab")
-
-
-def _is_ready(path: Path) -> bool:
-    return (path / READY).is_file()
-
-
 def _uv() -> str:
     import uv
 
@@ -496,7 +490,7 @@ def ensure(request: Request, workdir: Path, out: Callable[[str], None]) -> Ready
     key = spec.digest
     cache = Path(request.cache)
     path = cache / key
-    use = _lock_file(cache, f"{key}.use")
+    use = lock_file(cache, f"{key}.use")
     try:
         fcntl.flock(use, fcntl.LOCK_SH)  # until release(): prune never removes it meanwhile
         user = None
@@ -506,7 +500,7 @@ def ensure(request: Request, workdir: Path, out: Callable[[str], None]) -> Ready
             user = users / request.job
             user.write_text(str(os.getpid()))
         built = False
-        if not _is_ready(path):
+        if not is_ready(path):
             built = _build_once(request, spec, workdir, out)
         with contextlib.suppress(OSError):
             (path / USED).touch()
@@ -526,13 +520,13 @@ def _build_once(request: Request, spec: Inputs, workdir: Path, out: Callable[[st
     cache = Path(request.cache)
     key = spec.digest
     path = cache / key
-    with _lock_file(cache, f"{key}.build") as lock:
+    with lock_file(cache, f"{key}.build") as lock:
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             out(f"trainhouse: waiting for another job's build of environment {key[:12]}")
             fcntl.flock(lock, fcntl.LOCK_EX)
-        if _is_ready(path):
+        if is_ready(path):
             return False
         tmp_root = cache / ".tmp"
         tmp_root.mkdir(parents=True, exist_ok=True)
@@ -561,108 +555,6 @@ def _fsync_dir(path: Path) -> None:
             os.fsync(fd)
         finally:
             os.close(fd)
-
-
-# -- the cache ----------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class Cached:
-    """One ready environment of a cache."""
-
-    digest: str
-    size: int  # bytes
-    last_used: float  # epoch seconds
-    in_use: bool
-    jobs: list[str]  # "<job>.<attempt>" of the attempts using it
-
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-def _size(path: Path) -> int:
-    total = 0
-    for root, _dirs, files in os.walk(path):
-        for name in files:
-            with contextlib.suppress(OSError):
-                total += os.lstat(os.path.join(root, name)).st_blocks * 512
-    return total
-
-
-def _in_use(cache: Path, key: str) -> bool:
-    try:
-        lock = _lock_file(cache, f"{key}.use")
-    except OSError:
-        return False
-    with lock:
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            return True
-        return False
-
-
-def _users(cache: Path, key: str, in_use: bool) -> list[str]:
-    users = cache / ".users" / key
-    if not in_use:  # what attempts killed before their release left
-        shutil.rmtree(users, ignore_errors=True)
-        return []
-    with contextlib.suppress(OSError):
-        return sorted(p.name for p in users.iterdir())
-    return []
-
-
-def cached(cache: Path) -> list[Cached]:
-    """The ready environments of ``cache``, least recently used first."""
-    found = []
-    with contextlib.suppress(OSError):
-        for entry in os.scandir(cache):
-            path = Path(entry.path)
-            if entry.name.startswith(".") or not _is_ready(path):
-                continue
-            try:
-                used = (path / USED).stat().st_mtime
-            except OSError:
-                used = (path / READY).stat().st_mtime
-            busy = _in_use(cache, entry.name)
-            found.append(
-                Cached(entry.name, _size(path), used, busy, _users(cache, entry.name, busy))
-            )
-    return sorted(found, key=lambda c: c.last_used)
-
-
-def remove(cache: Path, key: str) -> bool:
-    """Remove one environment unless an attempt uses it (its use lock, taken exclusively for
-    the removal); True if removed."""
-    if key.startswith(".") or "/" in key or not (cache / key).is_dir():
-        return False
-    with _lock_file(cache, f"{key}.use") as lock:
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            return False
-        # not ready first: a half-removed environment is never taken for a ready one
-        with contextlib.suppress(OSError):
-            (cache / key / READY).unlink()
-        shutil.rmtree(cache / key, ignore_errors=True)
-        shutil.rmtree(cache / ".users" / key, ignore_errors=True)
-        return True
-
-
-def prune(cache: Path, max_size: int, *, out: Callable[[str], None] | None = None) -> list[Cached]:
-    """Remove least recently used environments not in use until the cache holds at most
-    ``max_size`` bytes (0: every one not in use); the ones removed."""
-    envs = cached(cache)
-    total = sum(e.size for e in envs)
-    removed = []
-    for env in envs:
-        if total <= max_size:
-            break
-        if env.in_use or not remove(cache, env.digest):
-            continue
-        total -= env.size
-        removed.append(env)
-        if out is not None:
-            out(f"trainhouse: removed environment {env.digest[:12]} (least recently used)")
-    return removed
 
 
 # -- what the launcher's log says ---------------------------------------------------------------

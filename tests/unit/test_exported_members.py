@@ -97,6 +97,7 @@ PUBLIC: dict[str, list[str]] = {
 # by trainhouse's own packages, not part of the contract users rely on
 DOMAIN = {
     "trainhouse.cluster",
+    "trainhouse.envcache",
     "trainhouse.envs",
     "trainhouse.jobfiles",
     "trainhouse.joblogs",
