@@ -447,6 +447,20 @@ class Client:
         result: dict[str, Any] = self._json("DELETE", f"/tokens/{token_id}")
         return result
 
+    # -- environments (admins) --------------------------------------------------------------
+    def envs(self) -> dict[str, Any]:
+        """The server machine's cache of job environments: ``envs``, ``total_size``, ..."""
+        result: dict[str, Any] = self._json("GET", "/envs")
+        return result
+
+    def prune_envs(self, *, all: bool = False, digest: str | None = None) -> dict[str, Any]:
+        """Remove environments no attempt uses (past the cache's size, ``all``, or one)."""
+        body: dict[str, Any] = {"all": all}
+        if digest is not None:
+            body["digest"] = digest
+        result: dict[str, Any] = self._json("POST", "/envs/prune", json=body)
+        return result
+
     def audit(
         self,
         *,

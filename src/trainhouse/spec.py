@@ -41,6 +41,7 @@ __all__ = [
     "PRIORITY_TIERS",
     "RESERVED_ENV",
     "CheckpointPolicy",
+    "Environment",
     "JobSpec",
     "NoRestart",
     "Priority",
@@ -219,6 +220,111 @@ class NoRestart(_Strict):
         return value
 
 
+MAX_ENV_PACKAGES = 200  # inline requirements in environment.packages
+MAX_REQUIREMENT = 512  # characters in one requirement, index URL or find-links entry
+MAX_INDEX_URLS = 16  # extra_index_urls and find_links, each
+
+
+def _relative_file(value: str) -> str:
+    """A path inside the workdir: relative, no ``..``, no NUL."""
+    if not value or len(value) > MAX_WORKDIR:
+        raise ValueError(f"must be a path of 1 to {MAX_WORKDIR} characters")
+    if "\x00" in value:
+        raise ValueError("must not contain a NUL character")
+    path = Path(value)
+    if path.is_absolute() or ".." in path.parts:
+        raise ValueError(f"must be a path inside the workdir, got {value!r}")
+    return value
+
+
+def _option_value(value: str, what: str) -> str:
+    """One requirement, URL or path handed to uv: bounded, one line, never an option."""
+    if not value or len(value) > MAX_REQUIREMENT:
+        raise ValueError(f"{what} must have 1 to {MAX_REQUIREMENT} characters, got {value!r}")
+    if any(c in value for c in "\x00\r\n"):
+        raise ValueError(f"{what} must be one line, got {value!r}")
+    if value.lstrip().startswith("-"):
+        raise ValueError(f"{what} must not be an option, got {value!r}")
+    return value
+
+
+def _url(value: str, what: str, *, paths: bool) -> str:
+    _option_value(value, what)
+    if "://" in value:
+        if not value.startswith(("http://", "https://", "file://")):
+            raise ValueError(f"{what} must be an http(s):// or file:// URL, got {value!r}")
+    elif not paths:
+        raise ValueError(f"{what} must be an http(s):// or file:// URL, got {value!r}")
+    return value
+
+
+class Environment(_Strict):
+    """The job's own Python dependencies: a virtual environment built with uv on top of the
+    server's Python (torch and trainhouse are the server's), once per node, cached by digest."""
+
+    requirements: str | None = Field(
+        None, description="A requirements file in the workdir (its -r and -c files included)"
+    )
+    pyproject: str | None = Field(
+        None,
+        description="A pyproject.toml in the workdir: its dependencies (as pinned by the uv.lock "
+        "beside it, if there is one)",
+    )
+    packages: list[str] = Field(
+        default_factory=list,
+        max_length=MAX_ENV_PACKAGES,
+        description="Requirements inline, such as tabulate==0.9.0",
+    )
+    index_url: str | None = Field(
+        None, description="The package index (default: the server's --env-index-url, else PyPI)"
+    )
+    extra_index_urls: list[str] | None = Field(
+        None, max_length=MAX_INDEX_URLS, description="More indexes (default: the server's)"
+    )
+    find_links: list[str] | None = Field(
+        None,
+        max_length=MAX_INDEX_URLS,
+        description="Directories (absolute or in the workdir) or URLs of wheels "
+        "(default: the server's)",
+    )
+
+    @field_validator("requirements", "pyproject")
+    @classmethod
+    def _file(cls, value: str | None) -> str | None:
+        return None if value is None else _relative_file(value)
+
+    @field_validator("packages")
+    @classmethod
+    def _packages(cls, value: list[str]) -> list[str]:
+        return [_option_value(v, "a package") for v in value]
+
+    @field_validator("index_url")
+    @classmethod
+    def _index(cls, value: str | None) -> str | None:
+        return None if value is None else _url(value, "the index URL", paths=False)
+
+    @field_validator("extra_index_urls")
+    @classmethod
+    def _extra(cls, value: list[str] | None) -> list[str] | None:
+        return None if value is None else [_url(v, "an index URL", paths=False) for v in value]
+
+    @field_validator("find_links")
+    @classmethod
+    def _links(cls, value: list[str] | None) -> list[str] | None:
+        return None if value is None else [_url(v, "a find-links entry", paths=True) for v in value]
+
+    @model_validator(mode="after")
+    def _one_source(self) -> Environment:
+        given = [n for n in ("requirements", "pyproject") if getattr(self, n) is not None]
+        if len(given) > 1:
+            raise ValueError("give requirements or pyproject, not both")
+        if not given and not self.packages:
+            raise ValueError("needs requirements, pyproject or packages")
+        if self.pyproject is not None and Path(self.pyproject).name != "pyproject.toml":
+            raise ValueError(f"pyproject must name a pyproject.toml, got {self.pyproject!r}")
+        return self
+
+
 class JobSpec(_Strict):
     """A training job: what to run, where its code is, and what it needs."""
 
@@ -253,6 +359,9 @@ class JobSpec(_Strict):
         description=f"Environment variables for every rank (at most {MAX_ENV_VARS})",
     )
     checkpoints: CheckpointPolicy = Field(default_factory=lambda: CheckpointPolicy())
+    environment: Environment | None = Field(
+        None, description="The job's own Python dependencies (built once per node with uv)"
+    )
 
     @field_validator("max_runtime", mode="before")
     @classmethod

@@ -45,6 +45,8 @@ SINGLE_BACKEND = {
     "test_bring_your_own.py": "the mlflow client, TensorBoard's event files and bare torchrun "
     "scripts are under test; the store's side of MLflow (migration 0013, tracked runs, params, "
     "tags, experiments) runs on both backends in tests/unit/test_tracking_store.py",
+    "test_envs.py": "job environments: the processes and the cache on disk are under test, not "
+    "the store",
     "test_isolation.py": "the processes and files of a server are under test, not its store: "
     "the secret's test picks its own PostgreSQL database, and the SQLite file is among the "
     "files whose modes are checked",

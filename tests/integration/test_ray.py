@@ -26,6 +26,7 @@ import pytest
 from tests.support.jobs import write_job
 from tests.support.processes import marked_processes
 from tests.support.servers import Server, assert_clean_stop, start_server
+from tests.support.wheels import write_wheel
 from trainhouse.executors.ray_node import interface_of
 
 # one Ray cluster for the module: under pytest-xdist its tests stay on one worker
@@ -48,6 +49,7 @@ RAY_ENV = {
 # a job that is not in the repo: DDP over gloo, resumable, saying where each rank runs
 DDP_SCRIPT = """
 import os
+import sys
 import time
 
 import torch
@@ -72,7 +74,7 @@ with trainhouse.init(hparams={"steps": 40, "sleep": 0.1, "fail_at": -1}) as run:
         f"rank {run.rank} world {run.world_size} node {os.environ['GROUP_RANK']} "
         f"local {run.local_rank} attempt {run.attempt} starts at step {start} "
         f"on {os.environ.get('GLOO_SOCKET_IFNAME')}/{os.environ.get('NCCL_SOCKET_IFNAME')} "
-        f"cache {os.environ['TORCHINDUCTOR_CACHE_DIR']}",
+        f"cache {os.environ['TORCHINDUCTOR_CACHE_DIR']} python {sys.prefix}",
         flush=True,
     )
     for step in range(start, steps):
@@ -183,12 +185,12 @@ def ray_server(home: Path, cluster: RayCluster, *extra: str, port: int | None = 
 @pytest.fixture(autouse=True)
 def node_caches() -> Iterator[None]:
     """A Ray node keeps its jobs' compilers' caches in ``caches/`` of its directory (by default
-    ``$TMPDIR/trainhouse-ray``) across attempts, on purpose; everything else there goes with
-    each attempt. The test leaves neither behind."""
+    ``$TMPDIR/trainhouse-ray``) across attempts, on purpose, and the jobs' environments in
+    ``envs/``; everything else there goes with each attempt. The test leaves none behind."""
     yield
     base = Path(tempfile.gettempdir()) / "trainhouse-ray"
     deadline = time.monotonic() + 15
-    while base.exists() and set(os.listdir(base)) - {"caches"}:
+    while base.exists() and set(os.listdir(base)) - {"caches", "envs"}:
         assert time.monotonic() < deadline, f"attempts left {sorted(os.listdir(base))} behind"
         time.sleep(0.2)
     shutil.rmtree(base, ignore_errors=True)
@@ -228,10 +230,22 @@ def steps_of(srv: Server, job_id: int) -> list[int]:
 
 
 def test_two_nodes_train_ddp(server: Server, ray_cluster: RayCluster, tmp_path: Path) -> None:
-    spec = write_job(tmp_path, DDP_SCRIPT, SPEC)
+    """... with an environment of its own, which each node sets up in its node directory
+    before torchrun starts (on one machine, as here, the nodes share that directory: one
+    builds, the other waits for that build and reuses it), its torch the server's."""
+    wheels, empty = tmp_path / "wheels", tmp_path / "empty-index"
+    empty.mkdir()
+    write_wheel(wheels, "thenv-ray", "1.5")
+    env = f"{{packages: [thenv-ray], index_url: 'file://{empty}', find_links: ['{wheels}']}}"
+    spec = write_job(tmp_path, DDP_SCRIPT, SPEC + f"environment: {env}\n")
     job = server.cli_json("submit", str(spec), "--detach", "--set", "hparams.steps=12")
     final = server.wait(job["id"], {"COMPLETED", "FAILED", "CANCELED"}, timeout=120)
     assert final["state"] == "COMPLETED", final
+    with server.client as c:
+        launcher = c.logs(job["id"], rank="launcher")[0]
+        assert c.job(job["id"])["environment"].startswith("environment built"), launcher
+    assert launcher.count("setting up environment") == 2, launcher
+    assert launcher.count("(built)") == 1 and launcher.count("(reused)") == 1, launcher
     (attempt,) = final["attempt_history"]
     assert attempt["rank_exit_codes"] == {"0": 0, "1": 0}
     nodes = [p["node"] for p in final["placement"]["nodes"]]
@@ -247,6 +261,7 @@ def test_two_nodes_train_ddp(server: Server, ray_cluster: RayCluster, tmp_path: 
         assert f"on {interface}/{interface}" in log, log
         # the compilers' cache outlives the attempt: in the node's caches/, one per job
         assert "trainhouse-ray/caches/" in log and f"-{job['id']}/inductor" in log, log
+        assert "python " + str(Path(tempfile.gettempdir()) / "trainhouse-ray" / "envs") in log
     assert steps_of(server, job["id"]) == list(range(12))
     wait_gone("node agents", agents)
     assert not marked_processes()

@@ -17,6 +17,7 @@ from typer.testing import CliRunner
 import trainhouse
 from trainhouse.cli import server as server_cli
 from trainhouse.cli.app import app
+from trainhouse.envs import parse_size
 from trainhouse.executors.registry import EXECUTORS
 from trainhouse.server.settings import Settings
 from trainhouse.spec import parse_duration
@@ -95,11 +96,12 @@ def test_the_commands_and_their_order() -> None:
     assert list(root.commands) == [  # type: ignore[attr-defined]
         *("server", "demo", "queue", "set-priority", "login", "logout", "whoami", "spec"),
         *("submit", "ps", "show", "cancel", "logs", "metrics", "checkpoints", "top"),
-        *("admin", "db"),
+        *("admin", "db", "envs"),
     ]
     admin = root.commands["admin"]  # type: ignore[attr-defined]
     assert list(admin.commands) == ["init", "audit", "quota", "user", "token"]
     assert list(root.commands["db"].commands) == ["upgrade", "current"]  # type: ignore[attr-defined]
+    assert list(root.commands["envs"].commands) == ["list", "prune"]  # type: ignore[attr-defined]
 
 
 def server_options() -> dict[str, Any]:
@@ -122,10 +124,13 @@ def test_server_help_shows_the_defaults_of_settings(tmp_path: Path) -> None:
         *("host", "port", "executor", "ray_placement_timeout", "shared_home", "cancel_grace"),
         *("fairshare_half_life", "max_infra_restarts", "monitor_interval", "monitor_retention"),
         "job_visibility",
+        "env_cache_size",
     }
     for name, default in shown.items():
         expected = getattr(defaults, name)
         value = parse_duration(default.shown) if name in durations else default.shown
+        if name == "env_cache_size":
+            value = parse_size(default.shown)
         assert value == expected, (
             f"--{name.replace('_', '-')} shows {default}, Settings has {expected!r}"
         )
@@ -171,9 +176,13 @@ def test_server_passes_settings_only_what_was_given(
         "--monitor-interval": "0",
         "--monitor-retention": "1d",
         "--job-visibility": "all",
+        "--env-index-url": "https://u:p@pypi.example/simple",
+        "--env-cache-size": "1.5G",
     }
     argv = ["server", "--home", str(tmp_path), "--shared-home", "--auth"]
     argv += ["--allowed-host", "a.example", "--allowed-host", "10.0.0.5"]
+    argv += ["--env-find-links", "/wheels", "--env-find-links", "https://w.example/"]
+    argv += ["--env-extra-index-url", "https://x.example/simple"]
     argv += [item for pair in args.items() for item in pair]
     result = CliRunner().invoke(app, argv)
     assert result.exit_code == 0, result.output
@@ -200,6 +209,10 @@ def test_server_passes_settings_only_what_was_given(
         monitor_retention=86400.0,
         auth=True,
         job_visibility="all",
+        env_index_url="https://u:p@pypi.example/simple",
+        env_extra_index_urls=("https://x.example/simple",),
+        env_find_links=("/wheels", "https://w.example/"),
+        env_cache_size=int(1.5 * 1024**3),
     )
 
 

@@ -78,6 +78,7 @@ PUBLIC: dict[str, list[str]] = {
         "PRIORITY_TIERS",
         "RESERVED_ENV",
         "CheckpointPolicy",
+        "Environment",
         "JobSpec",
         "NoRestart",
         "Priority",
@@ -105,6 +106,8 @@ PUBLIC_BY_SOURCE: dict[str, list[str]] = {
 # by trainhouse's own packages, not part of the contract users rely on
 DOMAIN = {
     "trainhouse.cluster",
+    "trainhouse.envcache",
+    "trainhouse.envs",
     "trainhouse.jobfiles",
     "trainhouse.joblogs",
     "trainhouse.layout",

@@ -9,7 +9,9 @@ import sys
 import time
 from pathlib import Path
 
-from trainhouse import layout
+import pytest
+
+from trainhouse import envs, layout
 from trainhouse.executors import rank, torchrun
 from trainhouse.executors.supervise import read_record
 
@@ -19,6 +21,7 @@ def test_its_names_are_the_layouts() -> None:
     assert rank.ATTEMPT_DIR_ENV == layout.ATTEMPT_DIR_ENV
     assert rank.ATTEMPT_ENV == layout.ATTEMPT_ENV
     assert rank.RANK_EXIT_PREFIX == layout.RANK_EXIT_PREFIX
+    assert rank.PYTHON_ENV == envs.PYTHON_ENV
     assert rank.log_name("3") == layout.log_name(3)
     attempt = layout.AttemptLayout(Path("/x"))
     assert attempt.rank_exit(3).name == f"{rank.RANK_EXIT_PREFIX}3"
@@ -71,7 +74,16 @@ def test_a_command_that_cannot_start_is_127(tmp_path: Path) -> None:
     assert recorded is not None and recorded[0] == 127
 
 
-def test_python_means_the_servers_interpreter() -> None:
+def test_python_means_the_servers_interpreter(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(rank.PYTHON_ENV, raising=False)
     assert rank._argv(["python", "t.py"]) == [sys.executable, "t.py"]
     assert rank._argv(["/usr/bin/python3", "t.py"]) == [sys.executable, "t.py"]
+    assert rank._argv(["bash", "t.sh"]) == ["bash", "t.sh"]
+
+
+def test_python_means_the_jobs_environment_where_it_has_one(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv(rank.PYTHON_ENV, "/envs/abc/bin/python")
+    assert rank._argv(["python", "t.py"]) == ["/envs/abc/bin/python", "t.py"]
     assert rank._argv(["bash", "t.sh"]) == ["bash", "t.sh"]

@@ -219,6 +219,7 @@ def show(
             else f"{job['last_step'] + 1} steps"
             + (f" of {job['total_steps']}" if job["total_steps"] else ""),
         ),
+        *([("environment", job["environment"])] if job.get("environment") else []),
         ("placement", json.dumps(job["placement"]) if job["placement"] else "-"),
         ("checkpoints", str(job["checkpoints"])),
         ("directory", job.get("job_dir") or "-"),  # null unless the caller is an admin

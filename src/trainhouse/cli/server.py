@@ -229,6 +229,30 @@ def server(
             "and queue), all (everything, read-only)"
         ),
     ] = settings_default("own"),
+    env_index_url: Annotated[
+        str | None,
+        typer.Option(
+            envvar="TRAINHOUSE_ENV_INDEX_URL",
+            help="The package index of the jobs' environments unless a spec gives one "
+            "(credentials in it never reach a job's logs)",
+            show_default="PyPI",
+        ),
+    ] = None,
+    env_extra_index_url: Annotated[
+        list[str] | None,
+        typer.Option(help="Another index of the jobs' environments (repeatable)"),
+    ] = None,
+    env_find_links: Annotated[
+        list[str] | None,
+        typer.Option(help="A directory or URL of wheels for the jobs' environments (repeatable)"),
+    ] = None,
+    env_cache_size: Annotated[
+        str | None,
+        typer.Option(
+            help="Size of each node's cache of job environments; past it, the least recently "
+            "used ones not in use are removed (e.g. 20G)"
+        ),
+    ] = settings_default("20G"),
     log_level: Annotated[str, typer.Option(help="debug, info, warning")] = "info",
 ) -> None:
     """Run the trainhouse server in the foreground."""
@@ -263,6 +287,10 @@ def server(
         "auth": True if auth else None,  # None: on unless the server listens on loopback only
         "insecure_no_auth": insecure_no_auth or None,
         "job_visibility": job_visibility,
+        "env_index_url": env_index_url,
+        "env_extra_index_urls": tuple(env_extra_index_url) if env_extra_index_url else None,
+        "env_find_links": tuple(env_find_links) if env_find_links else None,
+        "env_cache_size": _bytes("--env-cache-size", env_cache_size),
     }
     settings = Settings(
         home=(home or default_home()).expanduser().resolve(),
@@ -297,6 +325,19 @@ def _seconds(option: str, duration: str | None) -> float | None:
 
     try:
         return float(parse_duration(duration))
+    except ValueError as exc:
+        render.fail(f"{option} {exc}", render.EXIT_BAD_INPUT)
+
+
+def _bytes(option: str, size: str | None) -> int | None:
+    """A size option (20G, 512M) in bytes; None if not given. A bad one ends the command with
+    exit code 2, naming the option."""
+    if size is None:
+        return None
+    from trainhouse.envs import parse_size
+
+    try:
+        return parse_size(size)
     except ValueError as exc:
         render.fail(f"{option} {exc}", render.EXIT_BAD_INPUT)
 

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import ClassVar, Protocol
 
 from trainhouse.cluster import Node, Placements
+from trainhouse.envs import Request
 from trainhouse.layout import AttemptLayout, JobEnv, JobLayout
 from trainhouse.lifecycle import StopReason
 from trainhouse.spec import JobSpec
@@ -29,6 +30,9 @@ class Launch:
     placements: Placements
     layout: JobLayout  # the job's directory on the server: logs/, attempts/<n>/ (its workdir)
     env: JobEnv  # trainhouse's variables for every rank (URL, job id, credential, ...)
+    # the job's environment to set up on each node before torchrun starts (None: the server's
+    # Python as it is); its cache is the executor's to fill in
+    environment: Request | None = None
 
     @property
     def job_id(self) -> int:

@@ -245,6 +245,11 @@ class LocalExecutor:
             log_dir=launch.layout.logs,
             attempt=launch.attempt_layout,
             cache=launch.layout.cache,
+            environment=(
+                launch.environment.with_cache(self.home / "envs")
+                if launch.environment is not None
+                else None
+            ),
         )
 
     def launch(self, launch: Launch) -> ProcessInfo:

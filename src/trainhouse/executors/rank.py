@@ -28,6 +28,7 @@ LOG_DIR_ENV = "TRAINHOUSE_LOG_DIR"
 ATTEMPT_DIR_ENV = "TRAINHOUSE_ATTEMPT_DIR"
 ATTEMPT_ENV = "TRAINHOUSE_ATTEMPT"
 RANK_EXIT_PREFIX = "exit-rank-"
+PYTHON_ENV = "TRAINHOUSE_PYTHON"  # trainhouse.envs.PYTHON_ENV
 
 
 def log_name(rank: str) -> str:
@@ -47,10 +48,12 @@ def record(path: str | os.PathLike[str], code: int) -> None:
 
 
 def _argv(argv: list[str]) -> list[str]:
-    # "python" in an entrypoint means the server's interpreter, which has torch and trainhouse
+    # "python" in an entrypoint means the job's environment's interpreter where it has one
+    # (its supervisor set it up, trainhouse.envs), else the server's: both have torch and
+    # trainhouse
     names = ("python", "python3", f"python3.{sys.version_info[1]}")
     if argv and os.path.basename(argv[0]) in names:
-        return [sys.executable, *argv[1:]]
+        return [os.environ.get(PYTHON_ENV) or sys.executable, *argv[1:]]
     return argv
 
 

@@ -297,6 +297,7 @@ class RayExecutor:
                         nodes=len(att.members),
                         node_rank=m.index,
                         master=master,
+                        environment=(launch.environment.to_json() if launch.environment else None),
                     )
                 )
             if self._wait(att, calls) is None:

@@ -40,6 +40,7 @@ from typing import Any
 import psutil
 
 from trainhouse import jobfiles
+from trainhouse.envs import Request
 from trainhouse.executors import torchrun
 from trainhouse.executors.markers import kill_marked
 from trainhouse.executors.supervise import read_record
@@ -57,6 +58,7 @@ def boot_id() -> str:
 
 
 CACHES = "caches"  # under the node's directory: one per job (the compilers' caches)
+ENVS = "envs"  # under the node's directory: the jobs' environments (trainhouse.envs)
 CACHE_IDLE = 7 * 86400.0  # seconds a job's caches stay on a node unused
 
 
@@ -188,11 +190,13 @@ class NodeAgent:
         nodes: int,
         node_rank: int,
         master: tuple[str, int],
+        environment: str | None = None,
     ) -> int:
         """Start the guard, then the supervisor of torchrun for node ``node_rank`` of
         ``nodes`` (rendezvous at ``master``) running ``argv`` in each of ``procs`` ranks, with
         the spec's environment ``spec_env`` and trainhouse's ``job``; returns the supervisor's
-        PID."""
+        PID. ``environment``: the job's environment request (JSON, :mod:`trainhouse.envs`),
+        built by the supervisor in this node's cache (``envs/`` beside the attempts)."""
         if self.proc is not None:
             return self.proc.pid
         read_end, write_end = os.pipe()  # not inheritable: only the guard gets the read end
@@ -230,6 +234,11 @@ class NodeAgent:
             cache=self.cache,
             drop_prefixes=("RAY_",),
             pci_order=False,  # Ray's GPU ids follow the node's order (inherited), not NVML's
+            environment=(
+                Request.from_json(environment).with_cache(self.root.parent / ENVS)
+                if environment
+                else None
+            ),
         )
         full.update(socket_interfaces(self.ip, full) if self.ip else {})
         cmd = torchrun.command(

@@ -19,7 +19,14 @@ launcher's log and done without.
 
 It is also non-dumpable (the attempt's processes cannot read its environment or memory), and
 sets the umask of the attempt to :data:`~trainhouse._hardening.PRIVATE_UMASK`: what the ranks
-create is their user's alone. The job's processes can replace an exit record, so
+create is their user's alone.
+
+A job with an ``environment:`` gets it here, before torchrun starts (``TRAINHOUSE_ENVIRONMENT``,
+:mod:`trainhouse.envs`): built once per node under the digest's lock or reused, with the job's
+privileges, uv's output in the launcher's log; ``python`` in the entrypoint is then its
+interpreter. A build that fails ends the attempt with
+:data:`~trainhouse.envs.BUILD_FAILED_CODE` (never restarted) and the resolver's message last
+in the log. The job's processes can replace an exit record, so
 :func:`read_record` reads it through :mod:`trainhouse.jobfiles`. Imports the standard library
 and trainhouse's modules of the same kind only.
 """
@@ -34,7 +41,7 @@ import sys
 import time
 from pathlib import Path
 
-from trainhouse import _hardening, jobfiles
+from trainhouse import _hardening, envs, jobfiles
 from trainhouse.executors import cgroups
 from trainhouse.executors.rank import record
 
@@ -154,6 +161,42 @@ def supervised(cmdline: list[str]) -> tuple[Path, Path | None] | None:
     return (Path(rest[0]), cgroup) if rest else None
 
 
+def _say(line: str) -> None:
+    print(line, flush=True)
+
+
+class _Stopped(BaseException):
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+def _stop(signum: int, _frame: object) -> None:
+    raise _Stopped(signum)
+
+
+def _environment(text: str) -> envs.Ready | None:
+    """Set up the attempt's environment (None: it could not be built, and the log says why)."""
+    try:
+        request = envs.Request.from_json(text)
+    except (ValueError, TypeError) as exc:
+        _say(f"{envs.FAILED_LINE}: its request is unreadable ({exc})")
+        return None
+    source = request.requirements or request.pyproject or ", ".join(request.packages)
+    _say(f"{envs.SETTING_UP} ({envs.redact(source)[:200]})")
+    try:
+        ready = envs.ensure(request, Path.cwd(), _say)
+    except envs.BuildError as exc:
+        _say(f"{envs.FAILED_LINE}:\n{envs.redact(str(exc))}")
+        return None
+    except Exception as exc:  # a cache it cannot write, uv missing: the job cannot start
+        _say(f"{envs.FAILED_LINE}: {type(exc).__name__}: {envs.redact(str(exc))}")
+        return None
+    how = "built" if ready.built else "reused"
+    _say(f"trainhouse: environment {ready.digest} ready in {ready.seconds:.2f} s ({how})")
+    return ready
+
+
 def main(argv: list[str]) -> int:
     cgroup, argv = _options(argv)
     if len(argv) < 2:
@@ -163,8 +206,28 @@ def main(argv: list[str]) -> int:
     _hardening.no_dump()
     _hardening.child_subreaper()
     os.umask(_hardening.PRIVATE_UMASK)
+    request = os.environ.pop(envs.ENV_VAR, None)  # the index options stay here, non-dumpable
+    ready = None
+    if request:
+        # stopped while setting up (canceled, preempted): the build (uv got the signal too)
+        # ends here, as torchrun would have
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, _stop)
+        try:
+            ready = _environment(request)
+        except _Stopped as stopped:
+            _say(f"trainhouse: stopped by signal {stopped.signum} while setting up the environment")
+            record(exit_file, -stopped.signum)
+            end_orphans()
+            return 128 + stopped.signum
+        if ready is None:
+            record(exit_file, envs.BUILD_FAILED_CODE)
+            end_orphans()
+            return envs.BUILD_FAILED_CODE
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda _signum, _frame: None)
+    if ready is not None:
+        os.environ.update(ready.environ(dict(os.environ)))
     try:
         child, cgroup = _start(argv[1:], cgroup)
     except OSError as exc:
@@ -176,6 +239,8 @@ def main(argv: list[str]) -> int:
     if cgroup is not None:
         cgroups.kill(cgroup)
     end_orphans()
+    if ready is not None:
+        ready.release()
     if cgroup is not None:
         cgroups.remove(cgroup)
     return code if code >= 0 else 128 - code

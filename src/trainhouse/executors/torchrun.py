@@ -21,6 +21,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from trainhouse.envs import ENV_VAR, Request
 from trainhouse.executors import rank
 from trainhouse.layout import MARKER_ENV, AttemptLayout, JobEnv, is_job_variable
 from trainhouse.spec import JobSpec
@@ -109,6 +110,7 @@ def rank_environment(
     cache: Path,
     drop_prefixes: tuple[str, ...] = (),
     pci_order: bool = True,
+    environment: Request | None = None,
 ) -> dict[str, str]:
     """The environment of a node's processes: ``base`` (the environment of whoever starts
     them) without variables trainhouse or torchrun set for ranks (nor those starting with
@@ -122,7 +124,10 @@ def rank_environment(
     (``CUDA_DEVICE_ORDER=PCI_BUS_ID``, not CUDA's fastest first), so an index means the same
     GPU to the job, to NVML and to trainhouse. The compilers' caches (Inductor's, Triton's) go
     to ``cache``, which outlives the attempt: a restarted ``torch.compile`` job does not
-    compile again from scratch (unless the spec or the node chose caches of its own)."""
+    compile again from scratch (unless the spec or the node chose caches of its own).
+
+    ``environment`` (the node's cache filled in): the job's environment, which the supervisor
+    sets up before torchrun starts (and does not pass on)."""
     env = {
         k: v
         for k, v in base.items()
@@ -143,4 +148,6 @@ def rank_environment(
         env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
     for variable, sub in COMPILE_CACHES.items():
         env.setdefault(variable, str(cache / sub))
+    if environment is not None:
+        env[ENV_VAR] = environment.to_json()
     return env

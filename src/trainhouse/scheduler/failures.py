@@ -15,6 +15,7 @@ import re
 import signal
 from dataclasses import dataclass
 
+from trainhouse.envs import BUILD_FAILED_CODE
 from trainhouse.executors.base import Exit
 from trainhouse.joblogs import read_log
 from trainhouse.layout import JobLayout
@@ -67,6 +68,20 @@ def analyse(ended: Exit, files: JobLayout, ranks: int, policy: NoRestart) -> Fai
     """Classify a failed attempt of ``ranks`` ranks (per node, for the local executor)."""
     rank = ended.failed_rank
     missing = [r for r in range(ranks) if str(r) not in ended.rank_exit_codes]
+    if ended.exit_code == BUILD_FAILED_CODE and all(c < 0 for c in ended.rank_exit_codes.values()):
+        # a supervisor could not build the job's environment: no rank started there (those of
+        # other nodes were stopped), and the same requirements fail the same way again (the
+        # next job with them tries anew)
+        lines = attempt_log(files, "launcher", ended.attempt).rstrip().splitlines()
+        tail = "\n".join(lines[-TAIL_LINES:])
+        return Failure(
+            FailureKind.USER,
+            None,
+            BUILD_FAILED_CODE,
+            "the job's environment could not be built",
+            tail,
+            permanent="its requirements cannot be installed (fix them and submit again)",
+        )
     if rank is not None:
         code = ended.rank_exit_codes[str(rank)]
         summary = f"rank {rank} {describe(code)}"

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from trainhouse import jobfiles
+from trainhouse import envs, jobfiles
 from trainhouse.cluster import Placements
 from trainhouse.errors import InvalidTransition, StoreError
 from trainhouse.executors.base import Executor, Exit, Launch, ProcessInfo
@@ -98,8 +98,11 @@ class SchedulerLoop(Service):
         checkpoint_location: Callable[[int], str] | None = None,
         on_attempt_end: Callable[[int, int], object] | None = None,
         config: SchedulerConfig | None = None,
+        env_defaults: envs.Defaults | None = None,
     ) -> None:
         super().__init__(tick)
+        # the server's index options and cache size for the jobs' environments
+        self.env_defaults = env_defaults or envs.Defaults()
         self.store = store
         self.blobs = blobs
         self.executor = executor
@@ -435,7 +438,10 @@ class SchedulerLoop(Service):
                 checkpoints=checkpoints,
                 hparams=spec.hparams,
             )
-            info = self.executor.launch(Launch(spec, placements, files, env))
+            request = envs.request_for(
+                spec.environment, self.env_defaults, f"{job.id}.{attempt.number}"
+            )
+            info = self.executor.launch(Launch(spec, placements, files, env, request))
         except Exception as exc:  # whatever it was, the job must not stay RUNNING
             reason = f"could not start attempt {attempt.number}: {exc}"
             log.error("job %s: %s", job.id, reason)

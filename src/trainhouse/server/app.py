@@ -34,7 +34,7 @@ from trainhouse.server.deps import Services
 from trainhouse.server.housekeeping import Housekeeper
 from trainhouse.server.mlflow import create_app as create_mlflow_app
 from trainhouse.server.mlflow import set_services as set_mlflow_services
-from trainhouse.server.routes import accounts, jobs, logs, queue, report, system, ui
+from trainhouse.server.routes import accounts, envs, jobs, logs, queue, report, system, ui
 from trainhouse.server.schemas import NO_NUL
 from trainhouse.server.settings import Settings
 from trainhouse.server.tensorboard import TensorBoardImport
@@ -89,6 +89,7 @@ def build_services(settings: Settings, executor: Executor | None = None) -> Serv
             max_infra_restarts=settings.max_infra_restarts,
             default_quota=Quota(settings.quota_gpus, settings.quota_cpus),
         ),
+        env_defaults=settings.env_defaults,
     )
 
     def allocations() -> dict[int, list[int]]:  # running job -> its GPUs on this node
@@ -205,6 +206,7 @@ def create_app(settings: Settings, *, executor: Executor | None = None) -> FastA
 
     app.include_router(system.router, prefix="/api/v1")
     app.include_router(accounts.router, prefix="/api/v1")
+    app.include_router(envs.router, prefix="/api/v1")
     app.include_router(queue.router, prefix="/api/v1")  # before jobs: /jobs/dry-run
     app.include_router(logs.router, prefix="/api/v1")  # before jobs: /logs/stream
     app.include_router(jobs.router, prefix="/api/v1")

@@ -92,6 +92,12 @@ class JobDetailOut(JobOut):
     events: list[EventOut]
     checkpoints: int
     log_ranks: list[int]
+    environment: str | None = Field(
+        None,
+        description='Where the latest attempt\'s environment stands: "setting up environment", '
+        '"environment built in 3.2 s", "environment reused in 0.1 s", "environment failed"; '
+        "null for a job without one",
+    )
     job_dir: str | None = Field(
         None,
         description="Where the server keeps the job's files; null unless the caller is an admin",

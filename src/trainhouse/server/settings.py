@@ -16,6 +16,7 @@ from typing import Literal, get_args
 from urllib.parse import urlsplit
 
 from trainhouse._hardening import read_private_file
+from trainhouse.envs import DEFAULT_CACHE_SIZE, Defaults
 from trainhouse.executors import registry
 from trainhouse.scheduler.failures import DEFAULT_MAX_INFRA_RESTARTS
 from trainhouse.scheduler.fairshare import DEFAULT_HALF_LIFE
@@ -95,7 +96,24 @@ class Settings:
     mlflow_run_artifact_bytes: int = 8 << 30
     # seconds between two looks at running jobs' TensorBoard event files; 0 turns it off
     tensorboard_interval: float = 2.0
+    # job environments (trainhouse.envs): the index options a spec's environment gets unless it
+    # gives its own (credentials in them never reach a job's logs), and the cache's size per node
+    env_index_url: str | None = None
+    env_extra_index_urls: tuple[str, ...] = ()
+    env_find_links: tuple[str, ...] = ()
+    env_cache_size: int = DEFAULT_CACHE_SIZE
     _db_file_url: str | None = field(default=None, init=False, repr=False, compare=False)
+
+    @property
+    def env_defaults(self) -> Defaults:
+        return Defaults(
+            self.env_index_url, self.env_extra_index_urls, self.env_find_links, self.env_cache_size
+        )
+
+    @property
+    def env_cache(self) -> Path:
+        """This machine's cache of job environments."""
+        return self.home / "envs"
 
     @property
     def auth_enabled(self) -> bool:
@@ -132,6 +150,7 @@ class Settings:
             ("log_streams", self.log_streams, 1),
             ("report_writers", self.report_writers or 1, 1),
             ("report_queue_points", self.report_queue_points, 1),
+            ("--env-cache-size", self.env_cache_size, 0),
         ):
             if value < low:
                 raise ValueError(f"{option} must be >= {low:g}, got {value:g}")

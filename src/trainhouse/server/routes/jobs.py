@@ -11,6 +11,7 @@ import orjson
 from fastapi import APIRouter, Depends, File, Form, Query, Request, UploadFile
 from fastapi.responses import PlainTextResponse, Response, StreamingResponse
 
+from trainhouse import envs
 from trainhouse.errors import (
     ArchiveError,
     Forbidden,
@@ -23,6 +24,7 @@ from trainhouse.errors import (
 from trainhouse.joblogs import read_log
 from trainhouse.layout import LAUNCHER
 from trainhouse.lifecycle import JobState, StopReason
+from trainhouse.scheduler.failures import attempt_log
 from trainhouse.scheduler.resources import never_fits
 from trainhouse.server.auth import (
     Principal,
@@ -241,6 +243,11 @@ def show(
         events=[EventOut(**asdict(e)) for e in svc.store.jobs.events(job_id)],
         checkpoints=len(svc.store.checkpoints.list(job_id)),
         log_ranks=files.ranks(),
+        environment=(
+            envs.phase(attempt_log(files, LAUNCHER, job.attempts))
+            if job.spec.environment is not None and job.attempts
+            else None
+        ),
         job_dir=str(files.root) if p.is_admin else None,
         params=svc.store.tracking.values(job_id, "param"),
         tags=svc.store.tracking.values(job_id, "tag"),

@@ -216,6 +216,7 @@ export function jobPage(view, jobId) {
       ...kv("Owner", job.owner),
       ...kv("Priority", job.priority),
       ...kv("Progress", progressCell(job), "job-progress"),
+      ...(job.environment ? kv("Environment", job.environment, "job-environment") : []),
       ...kv("Attempts", `${job.attempts}` + (job.restarts || job.infra_restarts ? ` (${job.restarts} restarts after failures, ${job.infra_restarts || 0} after infrastructure faults)` : "")),
       ...kv("Submitted", fmtTime(job.created_at)),
       ...kv("Started", fmtTime(job.started_at)),
