@@ -99,6 +99,7 @@ DOMAIN = {
     "trainhouse.jobfiles",
     "trainhouse.joblogs",
     "trainhouse.layout",
+    "trainhouse.searchspec",
     "trainhouse.service",
     "trainhouse.serverprocess",
     "trainhouse.storage",
@@ -113,6 +114,7 @@ INTERNAL_PACKAGES = {
     "trainhouse.scheduler",
     "trainhouse.server",
     "trainhouse.store",
+    "trainhouse.tune",
 }
 
 

@@ -132,7 +132,7 @@ def insert_job(
             restarts=0,
             cancel_requested=False,
             reason="waiting for the scheduler",
-            search_id=search_id,
+            **({"search_id": search_id} if search_id is not None else {}),
         )
         .returning(t.jobs.c.id)
     ).scalar_one()

@@ -99,7 +99,8 @@ jobs = Table(
     # a search's trial: the search (trainhouse.tune); NULL for a plain job
     Column("search_id", _Id, index=True),
     # a search's pruner stopped it: should_stop() says "pruned", it ends COMPLETED
-    Column("prune_requested", Boolean, nullable=False, default=False, server_default=false()),
+    # (no Python-side default: an insert that does not name it works on older schemas too)
+    Column("prune_requested", Boolean, nullable=False, server_default=false()),
 )
 
 attempts = Table(

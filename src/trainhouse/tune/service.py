@@ -93,6 +93,16 @@ class SearchService(Service):
         self._lock = threading.Lock()
         self._trials: dict[int, Trial | None] = {}  # job id -> its trial (None: a plain job)
 
+    def on_stop(self) -> None:
+        """Close Optuna's connections (its engine is the storage's own)."""
+        with self._lock:
+            storage, self._storage = self._storage, None
+            self._open.clear()
+        backend = getattr(storage, "_backend", storage)
+        engine = getattr(backend, "engine", None)
+        if engine is not None:
+            engine.dispose()
+
     # -- Optuna ----------------------------------------------------------------------------
     @property
     def storage(self) -> optuna.storages.BaseStorage:
