@@ -163,9 +163,9 @@ def first_trial_job(srv: Server, search_id: int, timeout: float = 60) -> int:
 def test_a_preempted_trial_resumes_without_doubling_its_history(tmp_path: Path) -> None:
     srv = start_server(tmp_path / "home", "--cpus", "1")
     try:
-        spec = search_spec(tmp_path, trials=1, concurrent=1, steps=30, method="random")
+        spec = search_spec(tmp_path, trials=1, concurrent=1, steps=20, method="random")
         search_id = srv.cli_json("submit", str(spec), "--detach")["search_id"]
-        srv.wait_step(first_trial_job(srv, search_id), 9)
+        srv.wait_step(first_trial_job(srv, search_id), 6)
         high = write_job(
             tmp_path / "high",
             "print('urgent work', flush=True)\n",
@@ -182,9 +182,9 @@ def test_a_preempted_trial_resumes_without_doubling_its_history(tmp_path: Path) 
             curve = c._json("GET", f"/searches/{search_id}/curves")["trials"][0]
         assert [a["result"] for a in job["attempt_history"]] == ["preempted", "completed"]
         assert trial["state"] == "COMPLETED" and view["state"] == "COMPLETED"
-        assert curve["steps"] == list(range(30)) == [p[0] for p in points]
+        assert curve["steps"] == list(range(20)) == [p[0] for p in points]
         assert curve["values"] == pytest.approx([p[1] for p in points])
-        assert trial["steps_reported"] == 30
+        assert trial["steps_reported"] == 20
         log = textwrap.dedent(srv.cli("logs", str(trial["job_id"])).stdout)
         assert "attempt 2 starts at step" in log
     finally:

@@ -44,7 +44,7 @@ def old_store(url: str, revision: str) -> Store:
             sa.text(
                 "INSERT INTO jobs (id, name, owner, state, priority, spec, archive_sha256, "
                 "created_at, attempts, restarts, cancel_requested, updated_at) "
-                "VALUES (1, 'j', 'ann', 'COMPLETED', 'normal', '{}', 'x', 0, 1, 0, 0, 0)"
+                "VALUES (1, 'j', 'ann', 'COMPLETED', 'normal', '{}', 'x', 0, 1, 0, false, 0)"
             )
         )
     return old
