@@ -19,13 +19,13 @@ the medians and the ratio of random's steps-to-target to TPE+ASHA's (goal > 1).
 
 Part 2, the server (a real ``trainhouse server`` subprocess, SQLite, a temporary home): the
 answer latency of the report route, which answers ``stop`` (``should_stop``) and, for a
-trial, first feeds its value to the pruner. 8 jobs at once each POST one report per step
+trial, first feeds its value to the pruner. 8 jobs at once (``--jobs``; 2 with ``--smoke``) each POST one report per step
 (one point, the job's credential, as the SDK's reporter does but unbatched) and time every
 answer; twice in the same run: 8 plain jobs (the baseline: the route without a search) and 8
 trials of an ASHA search. It prints each p50 and p95, the trials' p95 against the goal of
 50 ms, and the ratio of the trials' p95 to the plain jobs'.
 
-    python bench/search.py [--smoke] [--seeds 5] [--budget 60] [--steps 200] [--json]
+    python bench/search.py [--smoke] [--seeds 5] [--budget 60] [--steps 200] [--jobs 8] [--json]
 
 Exits 0 whatever the numbers.
 """
@@ -163,7 +163,8 @@ for step in range(steps):
     }).encode()
     request = urllib.request.Request(
         f"{url}/api/v1/jobs/{job}/report", data=body, method="POST",
-        headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"})
+        headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json",
+                 "X-Trainhouse-Request": "1"})
     began = time.perf_counter()
     with urllib.request.urlopen(request, timeout=30) as answer:
         stop = json.loads(answer.read())["stop"]
@@ -187,8 +188,8 @@ hparams: {{steps: {steps}, lr: {{log_uniform: [1.0e-4, 1.0]}}}}
 search:
   method: tpe
   metric: val_loss
-  max_trials: 8
-  max_concurrent: 8
+  max_trials: {jobs}
+  max_concurrent: {jobs}
   early_stopping: {{method: asha, min_steps: 4, reduction_factor: 3}}
   seed: 0
 """
@@ -212,7 +213,7 @@ def wait_ended(client: Any, job_ids: list[int], timeout: float = 300) -> None:
         time.sleep(0.3)
 
 
-def part2(steps: int) -> dict[str, Any]:
+def part2(steps: int, jobs: int) -> dict[str, Any]:
     from trainhouse.client import Client
     from trainhouse.serverprocess import ServerProcess, free_port
 
@@ -222,12 +223,12 @@ def part2(steps: int) -> dict[str, Any]:
         wd.mkdir()
         (wd / "report.py").write_text(textwrap.dedent(REPORTER))
         (wd / "plain.yaml").write_text(PLAIN.format(steps=steps))
-        (wd / "trials.yaml").write_text(TRIALS.format(steps=steps))
-        server = ServerProcess(root / "home", free_port(), "--cpus", "8", "--gpus", "0")
+        (wd / "trials.yaml").write_text(TRIALS.format(steps=steps, jobs=jobs))
+        server = ServerProcess(root / "home", free_port(), "--cpus", str(jobs), "--gpus", "0")
         server.start(timeout=120)
         try:
             with Client(server.url) as c:
-                plain = [c.submit(wd / "plain.yaml")["id"] for _ in range(8)]
+                plain = [c.submit(wd / "plain.yaml")["id"] for _ in range(jobs)]
                 wait_ended(c, plain)
                 base = latencies(c, plain)
                 search = c.submit_search(wd / "trials.yaml")
@@ -264,14 +265,15 @@ def main() -> None:
     parser.add_argument("--budget", type=int, default=60, help="full trials' worth of steps")
     parser.add_argument("--steps", type=int, default=200, help="steps of a full trial")
     parser.add_argument("--report-steps", type=int, default=100, help="part 2: steps per job")
+    parser.add_argument("--jobs", type=int, default=8, help="part 2: jobs reporting at once")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     if args.smoke:
-        args.seeds, args.budget, args.steps, args.report_steps = 1, 15, 60, 10
+        args.seeds, args.budget, args.steps, args.report_steps, args.jobs = 1, 15, 60, 6, 2
     began = time.perf_counter()
     one = part1(args.seeds, args.budget, args.steps)
-    two = part2(args.report_steps)
+    two = part2(args.report_steps, args.jobs)
     result = {"searcher": one, "server": two, "seconds": time.perf_counter() - began}
     if args.json:
         print(json.dumps(result, indent=2))
@@ -298,7 +300,7 @@ def main() -> None:
         f"(goal > 1: {'met' if one['ratio'] > 1 else 'NOT met'})"
     )
     print(
-        f"server: report answers (should_stop), 8 jobs at once, one report per step "
+        f"server: report answers (should_stop), {args.jobs} jobs at once, one report per step "
         f"({two['reports']['plain']} plain, {two['reports']['trials']} trial reports; "
         f"{two['pruned_trials']} trials pruned)"
     )

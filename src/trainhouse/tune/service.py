@@ -33,7 +33,13 @@ from typing import TYPE_CHECKING, Any
 
 from trainhouse.errors import InvalidTransition, NotFound, StoreError
 from trainhouse.lifecycle import JobState
-from trainhouse.searchspec import Distribution, SearchSpec, distributions, fill
+from trainhouse.searchspec import (
+    Distribution,
+    EarlyStopping,
+    SearchSpec,
+    distributions,
+    fill,
+)
 from trainhouse.service import Service
 from trainhouse.store import Job, Search, Store, Trial
 from trainhouse.store.reports import Columns
@@ -43,9 +49,22 @@ from trainhouse.tune import study as studies
 if TYPE_CHECKING:
     import optuna
 
-__all__ = ["SearchService", "trial_spec"]
+__all__ = ["SearchService", "next_rung", "trial_spec"]
 
 log = logging.getLogger(__name__)
+
+
+def next_rung(stop: EarlyStopping, step: int) -> int:
+    """The first step after ``step`` at which the pruner could stop a trial it let through at
+    ``step``: ASHA and Hyperband decide only where a trial reaches a rung (min_steps times a
+    power of reduction_factor; Hyperband's brackets use some of those), the median rule at
+    every step."""
+    if stop.method == "median":
+        return step + 1
+    rung = stop.min_steps
+    while rung <= step:
+        rung *= stop.reduction_factor
+    return rung
 
 
 def trial_spec(search: Search, number: int, params: dict[str, Any]) -> Any:
@@ -92,6 +111,8 @@ class SearchService(Service):
         self._open: dict[int, _Open] = {}
         self._lock = threading.Lock()
         self._trials: dict[int, Trial | None] = {}  # job id -> its trial (None: a plain job)
+        # Optuna trial id -> the first step at which its pruner could answer yes again
+        self._due: dict[int, int] = {}
 
     def on_stop(self) -> None:
         """Close Optuna's connections (its engine is the storage's own)."""
@@ -279,6 +300,7 @@ class SearchService(Service):
         self.store.searches.finish_trial(trial.search_id, trial.number, state, final)
         with self._lock:
             self._trials.pop(job.id, None)
+            self._due.pop(trial.trial_id, None)
 
     def _summary(self, entry: _Open) -> str:
         trials = self.store.searches.trials(entry.search.id)
@@ -336,17 +358,25 @@ class SearchService(Service):
                 storage.set_trial_intermediate_value(trial.trial_id, step, values[step])
         except UpdateFinishedTrialError:
             return False
-        if entry.spec.early_stopping.method == "none":
+        stop = entry.spec.early_stopping
+        if stop.method == "none":
+            return False
+        last = max(values)
+        with self._lock:
+            due = self._due.get(trial.trial_id, stop.min_steps)
+        if last < due:  # the pruner would answer no before the trial reaches its next rung
             return False
         frozen = storage.get_trial(trial.trial_id)
         if frozen.state is not TrialState.RUNNING:
             return False
         if not entry.study.pruner.prune(entry.study, frozen):
+            with self._lock:
+                self._due[trial.trial_id] = next_rung(stop, frozen.last_step or last)
             return False
-        last = frozen.last_step
+        last = frozen.last_step or last
         reason = (
             f"pruned at step {last} by {entry.spec.early_stopping.method} "
-            f"({metric} {frozen.intermediate_values.get(last or 0, float('nan')):.6g})"
+            f"({metric} {frozen.intermediate_values.get(last, float('nan')):.6g})"
         )
         try:
             self.store.jobs.update(job.id, prune_requested=True, reason=reason)

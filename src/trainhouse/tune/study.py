@@ -27,7 +27,7 @@ import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import create_engine, text
+from sqlalchemy import create_engine, event, text
 from sqlalchemy.engine import make_url
 
 from trainhouse.errors import SpecError
@@ -93,6 +93,18 @@ def _prepare(url: str) -> None:
         engine.dispose()
 
 
+def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
+    """Optuna's file: WAL, and NORMAL synchronisation (a commit survives the server's crash,
+    not a power loss; what a lost write leaves, the service's reconciliation mends from the
+    jobs, which trainhouse's own database keeps with FULL). A pruning decision writes a few
+    times: an fsync each would cost more than the decision."""
+    cur = dbapi_conn.cursor()
+    cur.execute("PRAGMA journal_mode=WAL")
+    cur.execute("PRAGMA synchronous=NORMAL")
+    cur.execute("PRAGMA busy_timeout=60000")
+    cur.close()
+
+
 def optuna_storage(db_url: str, home: Path) -> optuna.storages.BaseStorage:
     """Optuna's RDBStorage for this server's database (made once per server)."""
     require()
@@ -102,6 +114,9 @@ def optuna_storage(db_url: str, home: Path) -> optuna.storages.BaseStorage:
     with _lock:
         _prepare(url)
         rdb = optuna.storages.RDBStorage(url, engine_kwargs=options)
+        if rdb.engine.dialect.name == "sqlite":
+            event.listen(rdb.engine, "connect", _sqlite_pragmas)
+            rdb.engine.dispose()  # the connections made so far go: the next ones get them
     # the cache Optuna puts in front of its database (finished trials read once)
     return optuna.storages.get_storage(rdb)
 
