@@ -22,8 +22,8 @@ answer latency of the report route, which answers ``stop`` (``should_stop``) and
 trial, first feeds its value to the pruner. 8 jobs at once (``--jobs``; 2 with ``--smoke``)
 each POST one report per step (one point, the job's credential, as the SDK's reporter does but
 unbatched) and time every answer; twice in the same run: 8 plain jobs (the baseline: the route
-without a search) and 8 trials of an ASHA search. It prints each p50 and p95, the trials' p95 against the goal of
-50 ms, and the ratio of the trials' p95 to the plain jobs'.
+without a search) and 8 trials of an ASHA search. It prints each p50 and p95, the trials' p95
+against the goal of 50 ms, and the ratio of the trials' p95 to the plain jobs'.
 
     python bench/search.py [--smoke] [--seeds 5] [--budget 60] [--steps 200] [--jobs 8] [--json]
 
