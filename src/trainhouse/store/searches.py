@@ -123,6 +123,20 @@ class SearchRepo:
         with self.db.connect() as conn:
             return [_search(r) for r in conn.execute(query).mappings()]
 
+    def ending(self) -> SearchList:
+        """Searches that have ended (COMPLETED, CANCELED) with trials still active."""
+        active = (
+            select(t.search_trials.c.number)
+            .where(
+                t.search_trials.c.search_id == t.searches.c.id,
+                t.search_trials.c.state == TRIAL_ACTIVE,
+            )
+            .exists()
+        )
+        query = select(t.searches).where(t.searches.c.state != "RUNNING", active)
+        with self.db.connect() as conn:
+            return [_search(r) for r in conn.execute(query.order_by(t.searches.c.id)).mappings()]
+
     def update(self, search_id: int, **fields: Any) -> None:
         fields.setdefault("updated_at", time.time())
         with self.db.transaction() as conn:

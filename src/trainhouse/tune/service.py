@@ -169,11 +169,13 @@ class SearchService(Service):
     # -- the tick --------------------------------------------------------------------------
     def tick(self) -> None:
         searches = self.store.searches.list(states=["RUNNING"])
-        ending = [
-            s
-            for s in self.store.searches.list(states=["COMPLETED", "CANCELED"], limit=1000)
-            if s.id in self._open or self.store.searches.counts([s.id])[s.id].get(TRIAL_ACTIVE)
-        ]
+        running = {s.id for s in searches}
+        with self._lock:
+            stale = [i for i in self._open if i not in running]
+        ending = self.store.searches.ending()
+        for search_id in set(stale) - {s.id for s in ending}:  # ended: its study is closed
+            with self._lock:
+                self._open.pop(search_id, None)
         for search in searches + ending:
             try:
                 self.advance(search)
