@@ -148,5 +148,10 @@ def test_the_search_page_shows_trials_curves_and_the_best(
     expect(links).to_have_count(4)
     links.first.click()
     expect(page).to_have_url(f"{srv.url}/#/searches/{view['id']}")
+    pruned = next(t for t in view["trials"] if t["state"] == "PRUNED")
+    page.goto(f"{srv.url}/#/jobs/{pruned['job_id']}")
+    expect(page.get_by_test_id("job-search-link")).to_have_text(
+        f"a trial of search {view['id']} (pruned)"
+    )
     page.goto(f"{srv.url}/#/searches")
     expect(page.get_by_test_id("search-row")).to_have_count(1)
