@@ -4,7 +4,10 @@ trial; a preempted trial resumes as the same trial without doubling its pruner h
 
 from __future__ import annotations
 
+import os
 import signal
+import subprocess
+import sys
 import textwrap
 import time
 from pathlib import Path
@@ -56,36 +59,6 @@ def max_overlap(jobs: list[dict[str, Any]]) -> int:
     return most
 
 
-def test_an_asha_search_prunes_and_reports_the_best(tmp_path: Path) -> None:
-    srv = start_server(tmp_path / "home", "--cpus", "3")
-    try:
-        spec = search_spec(tmp_path)
-        followed = srv.cli("submit", str(spec), timeout=400)
-        assert followed.returncode == 0, followed.stderr + followed.stdout
-        assert "best: trial" in followed.stdout and "COMPLETED" in followed.stdout
-        searches = srv.cli_json("search", "list", "--all")
-        assert [s["name"] for s in searches] == ["tiny-search"]
-        view = srv.cli_json("search", "show", str(searches[0]["id"]))
-        states = [t["state"] for t in view["trials"]]
-        assert len(states) == 9 and set(states) <= {"COMPLETED", "PRUNED"}, view["trials"]
-        assert states.count("PRUNED") >= 1 and states.count("COMPLETED") >= 1
-        with srv.client as c:
-            jobs = [c.job(t["job_id"]) for t in view["trials"]]
-            pruned = next(t for t in view["trials"] if t["state"] == "PRUNED")
-            log = c.logs(pruned["job_id"])[0]
-        assert max_overlap(jobs) <= 3
-        assert {j["search_id"] for j in jobs} == {view["id"]}
-        assert "stopped at step" in log and ": pruned" in log  # run.stop_reason
-        assert pruned["reason"].startswith("pruned at step")
-        done = [t for t in view["trials"] if t["state"] == "COMPLETED"]
-        assert view["best"]["value"] == min(t["value"] for t in done)
-        best = srv.cli_json("search", "best", str(view["id"]))
-        assert best["job_id"] == view["best"]["job_id"] and best["checkpoint"]["step"] == 12
-        assert set(best["hparams"]) == {"lr", "steps", "delay"}
-    finally:
-        assert_clean_stop(srv)
-
-
 def kill(srv: Server) -> None:
     assert srv.proc is not None
     srv.proc.send_signal(signal.SIGKILL)
@@ -106,33 +79,51 @@ def wait_trials(srv: Server, search_id: int, ended: int | None, timeout: float =
         time.sleep(0.3)
 
 
-def test_a_search_survives_two_server_kills(tmp_path: Path, pg_server: str) -> None:
-    """On PostgreSQL (Optuna's study in its own schema of the server's database): the server
-    is SIGKILLed twice while trials run; afterwards exactly max_trials trials exist, each
-    finished once, and Optuna's history of each matches its job's."""
+def test_an_asha_search_survives_two_server_kills(tmp_path: Path, pg_server: str) -> None:
+    """On PostgreSQL (Optuna's study in its own schema of the server's database): an ASHA
+    search of 9 trials, 3 at once, whose server is SIGKILLed twice while trials run. It
+    completes, prunes some, never ran more than 3 at once (the job records say), reports the
+    best; exactly max_trials trials exist, each finished once, and Optuna's history of each
+    matches its job's."""
     home = tmp_path / "home"
     dbs = Databases("postgresql")
     url = dbs.url_for(home)
     assert url is not None
     try:
-        srv = start_server(home, "--cpus", "2", "--db", url)
-        spec = search_spec(tmp_path, trials=5, concurrent=2)
+        srv = start_server(home, "--cpus", "3", "--db", url)
+        spec = search_spec(tmp_path)
         search_id = srv.cli_json("submit", str(spec), "--detach")["search_id"]
-        for ended in (1, 3):
+        for ended in (2, 5):
             wait_trials(srv, search_id, ended)
             kill(srv)
-            srv = start_server(home, "--cpus", "2", "--db", url, port=srv.port)
+            srv = start_server(home, "--cpus", "3", "--db", url, port=srv.port)
         wait_trials(srv, search_id, None)
+        view = srv.cli_json("search", "show", str(search_id))
+        best = srv.cli_json("search", "best", str(search_id))
+        assert [s["id"] for s in srv.cli_json("search", "list", "--all")] == [search_id]
         with srv.client as c:
-            view = c.search(search_id)
             jobs = {t["job_id"]: c.job(t["job_id"]) for t in view["trials"]}
             series = {j: c.metrics(j, name="val_loss") for j in jobs}
             all_jobs = c.jobs(all=True)
+            pruned = next(t for t in view["trials"] if t["state"] == "PRUNED")
+            log = c.logs(pruned["job_id"])[0]
         assert_clean_stop(srv)
+        # ASHA: it pruned some, completed the others, and reports the best
         assert view["state"] == "COMPLETED"
-        assert [t["number"] for t in view["trials"]] == list(range(5))
-        assert len(all_jobs) == 5 and {j["id"] for j in all_jobs} == set(jobs)
+        states = [t["state"] for t in view["trials"]]
+        assert set(states) <= {"COMPLETED", "PRUNED"} and "COMPLETED" in states, view["trials"]
+        assert "stopped at step" in log and ": pruned" in log  # run.stop_reason
+        assert pruned["reason"].startswith("pruned at step")
+        done = [t for t in view["trials"] if t["state"] == "COMPLETED"]
+        assert view["best"]["value"] == min(t["value"] for t in done)
+        assert best["job_id"] == view["best"]["job_id"] and best["checkpoint"]["step"] == 12
+        assert set(best["hparams"]) == {"lr", "steps", "delay"}
+        assert max_overlap(list(jobs.values())) <= 3
+        # each trial once, as a job of its own that ended once
+        assert [t["number"] for t in view["trials"]] == list(range(9))
+        assert len(all_jobs) == 9 and {j["id"] for j in all_jobs} == set(jobs)
         assert all(j["state"] == "COMPLETED" for j in jobs.values())
+        assert {j["search_id"] for j in jobs.values()} == {search_id}
         engine = create_engine(url)
         with engine.connect() as conn:
             study = conn.execute(text("SELECT study FROM searches WHERE id = :i"), {"i": search_id})
@@ -140,13 +131,19 @@ def test_a_search_survives_two_server_kills(tmp_path: Path, pg_server: str) -> N
         engine.dispose()
         storage = optuna_storage(url, home)
         trials = optuna.load_study(study_name=name, storage=storage).get_trials()
-        assert [t.number for t in trials] == list(range(5))
+        assert [t.number for t in trials] == list(range(9))
         told = {"COMPLETE": "COMPLETED", "PRUNED": "PRUNED", "FAIL": "FAILED"}
         for frozen, trial in zip(trials, view["trials"], strict=True):
             assert told[frozen.state.name] == trial["state"]
             assert frozen.params == trial["params"]
             points = series[trial["job_id"]]["series"][0]["points"]
-            assert frozen.intermediate_values == {p[0]: pytest.approx(p[1]) for p in points}
+            reported = {p[0]: pytest.approx(p[1]) for p in points}
+            if trial["state"] == "COMPLETED":
+                assert frozen.intermediate_values == reported
+            else:  # fed to the pruner up to the step it was pruned at
+                assert frozen.intermediate_values == {
+                    step: value for step, value in reported.items() if step <= frozen.last_step
+                }
     finally:
         dbs.drop()
 
@@ -164,7 +161,15 @@ def test_a_preempted_trial_resumes_without_doubling_its_history(tmp_path: Path) 
     srv = start_server(tmp_path / "home", "--cpus", "1")
     try:
         spec = search_spec(tmp_path, trials=1, concurrent=1, steps=20, method="random")
-        search_id = srv.cli_json("submit", str(spec), "--detach")["search_id"]
+        # `trainhouse submit` follows the search until it ends
+        follow = subprocess.Popen(
+            [sys.executable, "-m", "trainhouse", "submit", str(spec)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env={**os.environ, "TRAINHOUSE_URL": srv.url, "COLUMNS": "200"},
+        )
+        search_id = 1
         srv.wait_step(first_trial_job(srv, search_id), 6)
         high = write_job(
             tmp_path / "high",
@@ -173,7 +178,9 @@ def test_a_preempted_trial_resumes_without_doubling_its_history(tmp_path: Path) 
         )
         urgent = srv.cli_json("submit", str(high), "--detach")
         assert srv.wait(urgent["id"], {"COMPLETED", "FAILED"})["state"] == "COMPLETED"
-        wait_trials(srv, search_id, None)
+        out, err = follow.communicate(timeout=300)
+        assert follow.returncode == 0, out + err
+        assert "submitted search 1" in out and "best: trial 0" in out, out
         with srv.client as c:
             view = c.search(search_id)
             (trial,) = view["trials"]

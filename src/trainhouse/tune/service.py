@@ -288,6 +288,7 @@ class SearchService(Service):
                 f"search.metric {metric!r} was never logged by trial {trial.number} "
                 f"(job {job.id}, which logged {logged}); its trials are counted as FAILED",
             )
+        self._sync_history(entry, trial, job, pruned=job.prune_requested)
         entry.study.sampler = studies.neutral_sampler()
         entry.study.tell(
             trial.number,
@@ -303,6 +304,24 @@ class SearchService(Service):
         with self._lock:
             self._trials.pop(job.id, None)
             self._due.pop(trial.trial_id, None)
+
+    def _sync_history(self, entry: _Open, trial: Trial, job: Job, *, pruned: bool) -> None:
+        """Before Optuna is told, its history of the trial is made the job's: steps stored
+        without passing the report route (spooled while the server was down, ingested when the
+        attempt ended) are added, re-reported ones are as stored. A pruned trial's history
+        stops at the step it was pruned at."""
+        from optuna.trial import TrialState
+
+        frozen = self.storage.get_trial(trial.trial_id)
+        if frozen.state is not TrialState.RUNNING:
+            return
+        until = frozen.last_step if pruned and frozen.last_step is not None else None
+        stored = self.store.metrics.points(job.id, name=entry.spec.metric, rank=-1)
+        for point in stored:
+            if point.value is None or (until is not None and point.step > until):
+                continue
+            if frozen.intermediate_values.get(point.step) != point.value:
+                self.storage.set_trial_intermediate_value(trial.trial_id, point.step, point.value)
 
     def _summary(self, entry: _Open) -> str:
         trials = self.store.searches.trials(entry.search.id)
