@@ -10,7 +10,8 @@ import optuna
 
 from trainhouse.lifecycle import JobState
 from trainhouse.spec import parse_spec
-from trainhouse.store import Store
+from trainhouse.store import MetricPoint, Store
+from trainhouse.store.reports import Columns
 from trainhouse.tune.service import SearchService
 
 SPEC = """
@@ -27,7 +28,8 @@ def service(store: Store, home: Path) -> SearchService:
 
 def complete(store: Store, job_id: int, value: float) -> None:
     store.jobs.update(job_id, latest_metrics={"val_loss": value})
-    store.jobs.transition(job_id, JobState.RUNNING)
+    if store.jobs.get(job_id).state is JobState.QUEUED:
+        store.jobs.transition(job_id, JobState.RUNNING)
     store.jobs.transition(job_id, JobState.COMPLETED, reason="every rank exited 0")
 
 
@@ -57,6 +59,15 @@ def test_a_dead_servers_half_written_trials_are_mended(store: Store, tmp_path: P
     trials = store.searches.trials(search.id)
     assert trials[0].state == "COMPLETED" and trials[0].value == 0.5
     assert [t.number for t in trials] == [0, 1, 2]
+    # trial 1's steps reached the store without the report route (spooled while the server was
+    # down, ingested as its attempt ended): Optuna's history gets them before it is told
+    new.on_report(store.jobs.get(trials[1].job_id), Columns([0], ["val_loss"], [4.0], [None], [0]))
+    store.jobs.transition(trials[1].job_id, JobState.RUNNING)
+    store.metrics.add(
+        trials[1].job_id,
+        [MetricPoint(step, "val_loss", 3.0 - step) for step in range(3)],
+        batch_id="spooled",
+    )
     for trial in trials[1:]:
         complete(store, trial.job_id, 1.0 + trial.number)
     new.advance(search)
@@ -65,4 +76,5 @@ def test_a_dead_servers_half_written_trials_are_mended(store: Store, tmp_path: P
     frozen = study.get_trials()
     assert [t.state for t in frozen] == [optuna.trial.TrialState.COMPLETE] * 3
     assert [t.value for t in frozen] == [0.5, 2.0, 3.0]
+    assert frozen[1].intermediate_values == {0: 3.0, 1: 2.0, 2: 1.0}
     assert "best: trial 0" in (store.searches.get(search.id).reason or "")
