@@ -151,14 +151,17 @@ def test_an_asha_search_survives_two_server_kills(tmp_path: Path, pg_server: str
 def first_trial_job(srv: Server, search_id: int, timeout: float = 60) -> int:
     deadline = time.monotonic() + timeout
     with srv.client as c:
-        while not (trials := c.search(search_id)["trials"]):
+        while True:
+            searches = c.searches(all=True)  # (the submit may not have created it yet)
+            if searches and (trials := c.search(search_id)["trials"]):
+                return int(trials[0]["job_id"])
             assert time.monotonic() < deadline, "the search started no trial"
             time.sleep(0.2)
-    return int(trials[0]["job_id"])
 
 
 def test_a_preempted_trial_resumes_without_doubling_its_history(tmp_path: Path) -> None:
     srv = start_server(tmp_path / "home", "--cpus", "1")
+    follow: subprocess.Popen[str] | None = None
     try:
         spec = search_spec(tmp_path, trials=1, concurrent=1, steps=20, method="random")
         # `trainhouse submit` follows the search until it ends
@@ -195,4 +198,7 @@ def test_a_preempted_trial_resumes_without_doubling_its_history(tmp_path: Path) 
         log = textwrap.dedent(srv.cli("logs", str(trial["job_id"])).stdout)
         assert "attempt 2 starts at step" in log
     finally:
+        if follow is not None and follow.poll() is None:  # the test failed while it followed
+            follow.kill()
+            follow.communicate()
         assert_clean_stop(srv)
