@@ -39,10 +39,10 @@ SINGLE_BACKEND = {
     "the processes, the RNG and sampler states and the weights are under test; the store's side "
     "of a killed rank (its attempt's end, the restart from the checkpoint, every step stored "
     "once) runs on both backends in test_training.py and test_recovery.py",
-    "test_search.py": "real trial processes, each search tens of seconds: the ASHA and the "
-    "preemption tests on SQLite (Optuna's own file beside the server's), the killed-server "
-    "test on PostgreSQL (Optuna's own schema in the server's database), which it picks itself; "
-    "both stores' sides run on both backends in tests/unit/test_search_*.py",
+    "test_search.py": "real trial processes, each search tens of seconds: the ASHA search "
+    "killed twice runs on PostgreSQL (Optuna's own schema in the server's database; it picks its "
+    "own database), the preempted trial on SQLite (Optuna's own file beside the server's); both "
+    "stores' sides of a search run on both backends in tests/unit/test_search_*.py",
     "test_isolation.py": "the processes and files of a server are under test, not its store: "
     "the secret's test picks its own PostgreSQL database, and the SQLite file is among the "
     "files whose modes are checked",

@@ -1,6 +1,7 @@
-"""Hyperparameter searches on a real server with real trial processes: ASHA prunes and finds
-the best within max_concurrent; a server SIGKILLed twice mid-search loses and duplicates no
-trial; a preempted trial resumes as the same trial without doubling its pruner history."""
+"""Hyperparameter searches on a real server with real trial processes: an ASHA search whose
+server is SIGKILLed twice prunes, finds the best within max_concurrent, and loses and
+duplicates no trial; a preempted trial resumes as the same trial without doubling its pruner
+history."""
 
 from __future__ import annotations
 
