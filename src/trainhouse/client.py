@@ -167,6 +167,50 @@ class Client:
         )
         return result
 
+    # -- searches --------------------------------------------------------------------------
+    def submit_search(
+        self,
+        spec_file: str | Path,
+        *,
+        overrides: list[str] | None = None,
+        owner: str | None = None,
+    ) -> dict[str, Any]:
+        """Submit a spec with a ``search:`` block; returns the new search."""
+        from trainhouse.spec import load_spec
+        from trainhouse.workdir import pack
+
+        spec_path = Path(spec_file)
+        spec = load_spec(spec_path, overrides)
+        workdir = (spec_path.parent / spec.workdir).resolve()
+        result: dict[str, Any] = self._json(
+            "POST",
+            "/searches",
+            data={
+                "spec": spec.model_dump_json(exclude={"workdir"}),
+                "owner": owner or current_user(),
+            },
+            files={"workdir": ("workdir.tar.gz", pack(workdir).data, "application/gzip")},
+        )
+        return result
+
+    def searches(self, *, all: bool = False) -> list[dict[str, Any]]:
+        result: list[dict[str, Any]] = self._json(
+            "GET", "/searches", params={"all": str(all).lower()}
+        )["searches"]
+        return result
+
+    def search(self, search_id: int) -> dict[str, Any]:
+        result: dict[str, Any] = self._json("GET", f"/searches/{search_id}")
+        return result
+
+    def search_best(self, search_id: int) -> dict[str, Any]:
+        result: dict[str, Any] = self._json("GET", f"/searches/{search_id}/best")
+        return result
+
+    def cancel_search(self, search_id: int) -> dict[str, Any]:
+        result: dict[str, Any] = self._json("POST", f"/searches/{search_id}/cancel")
+        return result
+
     def jobs(self, *, all: bool = False) -> list[dict[str, Any]]:
         result: list[dict[str, Any]] = self._json("GET", "/jobs", params={"all": str(all).lower()})[
             "jobs"

@@ -94,6 +94,7 @@ class AttemptResult(StrEnum):
     INTERRUPTED = "interrupted"  # the server shut down while it ran; it resumes on restart
     UNPLACED = "unplaced"  # the executor could not place it; back to the queue, no restart
     LOST = "lost"  # no executor knew it any more (the server was down as it ended)
+    PRUNED = "pruned"  # a search's pruner stopped the trial early; the job is COMPLETED
 
 
 class FailureKind(StrEnum):
@@ -114,6 +115,7 @@ class StopReason(StrEnum):
     PREEMPT = "preempt"  # the scheduler makes room for a higher tier
     MAX_RUNTIME = "max_runtime"  # the job ran past its spec's max_runtime
     SHUTDOWN = "shutdown"  # the server is shutting down; the job resumes on restart
+    PRUNE = "pruned"  # a search's pruner judged the trial unpromising (trainhouse.tune)
 
     @property
     def text(self) -> str:
@@ -125,4 +127,5 @@ _STOP_TEXT = {
     StopReason.PREEMPT: "preempted",
     StopReason.MAX_RUNTIME: "max_runtime exceeded",
     StopReason.SHUTDOWN: "the server is shutting down",
+    StopReason.PRUNE: "pruned",
 }

@@ -24,6 +24,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from trainhouse.errors import SpecError
+from trainhouse.searchspec import SearchSpec, check_search, distributions
 
 __all__ = [
     "DEFAULT_NO_RESTART_EXIT_CODES",
@@ -362,6 +363,17 @@ class JobSpec(_Strict):
     environment: Environment | None = Field(
         None, description="The job's own Python dependencies (built once per node with uv)"
     )
+    search: SearchSpec | None = Field(
+        None,
+        description="A hyperparameter search: hparams leaves may be distributions "
+        "({log_uniform: [a, b]}, {uniform: [a, b]}, {int: [a, b]}, {choice: [...]}) and each "
+        "trial is a job with values sampled from them",
+    )
+
+    @model_validator(mode="after")
+    def _search(self) -> JobSpec:
+        check_search(self.search, self.hparams)
+        return self
 
     @field_validator("max_runtime", mode="before")
     @classmethod
@@ -431,6 +443,7 @@ class JobSpec(_Strict):
                 f"must be at most {MAX_HPARAMS_BYTES // 1024} KiB as JSON, got {len(encoded)} "
                 "bytes; put large values in files in the workdir"
             )
+        distributions(value)  # a malformed distribution leaf is refused, by its name
         return value
 
     @property
@@ -571,7 +584,9 @@ def _format_errors(exc: ValidationError, source: str, lines: _Lines, overridden:
         else:
             text = str(err["msg"])
             text = text.removeprefix("Value error, ")
-            if err["type"] == "missing":
+            if field == "(spec)" or text.startswith(f"{field}."):
+                msg = text  # a rule across fields: its text names them
+            elif err["type"] == "missing":
                 msg = f"{field} is required"
             else:
                 got = err.get("input")

@@ -47,6 +47,10 @@ SINGLE_BACKEND = {
     "tags, experiments) runs on both backends in tests/unit/test_tracking_store.py",
     "test_envs.py": "job environments: the processes and the cache on disk are under test, not "
     "the store",
+    "test_search.py": "real trial processes, each search tens of seconds: the ASHA search "
+    "killed twice runs on PostgreSQL (Optuna's own schema in the server's database; it picks its "
+    "own database), the preempted trial on SQLite (Optuna's own file beside the server's); both "
+    "stores' sides of a search run on both backends in tests/unit/test_search_*.py",
     "test_isolation.py": "the processes and files of a server are under test, not its store: "
     "the secret's test picks its own PostgreSQL database, and the SQLite file is among the "
     "files whose modes are checked",

@@ -155,3 +155,29 @@ with trainhouse.init(hparams={"steps": 40, "seed": 0}) as run:
             )
         time.sleep(0.05)
 """
+
+
+# a search's trial: a synthetic learning curve whose floor is lowest at lr = 0.01, val_loss
+# logged every step (hparams.delay apart), a checkpoint every 4 steps (not when stopped: a
+# resumed attempt logs the steps after it again); says why it stopped
+SEARCH_TRIAL = """
+import math
+import time
+import trainhouse
+
+with trainhouse.init(hparams={"lr": 0.01, "steps": 16, "delay": 0.1}) as run:
+    lr, steps = float(run.hparams["lr"]), int(run.hparams["steps"])
+    state = run.checkpoint.load()
+    start = state["step"] + 1 if state else 0
+    print(f"attempt {run.attempt} starts at step {start}", flush=True)
+    floor = (math.log10(lr) + 2.0) ** 2
+    for step in range(start, steps):
+        time.sleep(float(run.hparams["delay"]))
+        value = floor + 1.0 / (step + 1)
+        run.log({"val_loss": value}, step=step)
+        if step % 4 == 0:
+            run.checkpoint.save({"step": step}, step=step, metrics={"val_loss": value})
+        if run.should_stop():
+            print(f"stopped at step {step}: {run.stop_reason}", flush=True)
+            break
+"""

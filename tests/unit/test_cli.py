@@ -96,7 +96,7 @@ def test_the_commands_and_their_order() -> None:
     assert list(root.commands) == [  # type: ignore[attr-defined]
         *("server", "demo", "queue", "set-priority", "login", "logout", "whoami", "spec"),
         *("submit", "ps", "show", "cancel", "logs", "metrics", "checkpoints", "top"),
-        *("admin", "db", "envs"),
+        *("admin", "db", "envs", "search"),
     ]
     admin = root.commands["admin"]  # type: ignore[attr-defined]
     assert list(admin.commands) == ["init", "audit", "quota", "user", "token"]

@@ -111,6 +111,7 @@ DOMAIN = {
     "trainhouse.jobfiles",
     "trainhouse.joblogs",
     "trainhouse.layout",
+    "trainhouse.searchspec",
     "trainhouse.service",
     "trainhouse.serverprocess",
     "trainhouse.storage",
@@ -125,6 +126,7 @@ INTERNAL_PACKAGES = {
     "trainhouse.scheduler",
     "trainhouse.server",
     "trainhouse.store",
+    "trainhouse.tune",
 }
 
 

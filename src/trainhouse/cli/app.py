@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import typer
 
-from trainhouse.cli import admin, db, envs, jobs, queue, server, session, spec, top
+from trainhouse.cli import admin, db, envs, jobs, queue, search, server, session, spec, top
 
 app = typer.Typer(
     name="trainhouse",
@@ -36,3 +36,4 @@ for noun in (server, queue, session, spec, jobs, top):
 app.add_typer(admin.app, name="admin")
 app.add_typer(db.app, name="db")
 app.add_typer(envs.app, name="envs")
+app.add_typer(search.app, name="search")

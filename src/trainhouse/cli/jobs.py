@@ -65,10 +65,20 @@ def submit(
     """Upload the workdir and spec, then follow the job until it ends (Ctrl-C detaches).
 
     The exit code is the job's result: 0 completed, the job's exit code if it failed,
-    4 if it was canceled.
+    4 if it was canceled. A spec with a search: block starts a search and follows its trials
+    (--detach --json prints {"search_id": N, ...}).
     """
     if dry_run:
         _dry_run(file, set_ or [], as_json, url)
+        return
+    from trainhouse.spec import load_spec
+
+    with errors():
+        is_search = load_spec(file, set_ or []).search is not None
+    if is_search:  # a spec with a search: block runs as a search of trial jobs
+        from trainhouse.cli.search import submit_search
+
+        submit_search(file, set_ or [], detach=detach, as_json=as_json, url=url)
         return
     from trainhouse.cli.follow import Follower
 

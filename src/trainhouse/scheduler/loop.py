@@ -268,7 +268,7 @@ class SchedulerLoop(Service):
             # should_stop() turns true; SIGTERM only if it has not exited within the grace
             grace = (
                 self.cancel_grace
-                if stop.reason is StopReason.CANCEL
+                if stop.reason in (StopReason.CANCEL, StopReason.PRUNE)
                 else float(job.spec.preemption_grace)
             )
             self.executor.stop(job.id, grace=grace, reason=stop.reason, terminate=False)
@@ -334,8 +334,10 @@ class SchedulerLoop(Service):
                 started_at=self._attempt_started.get(j.id, j.started_at or now),
                 max_runtime=j.spec.max_runtime,
                 last_checkpoint_at=checkpointed.get(j.id),
-                stopping=j.cancel_requested or j.preempt_requested,
-                stop_deadline=now if (j.cancel_requested or j.preempt_requested) else None,
+                stopping=j.cancel_requested or j.preempt_requested or j.prune_requested,
+                stop_deadline=now
+                if (j.cancel_requested or j.preempt_requested or j.prune_requested)
+                else None,
             )
             for j in running_jobs
         )

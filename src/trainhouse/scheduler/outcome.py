@@ -9,6 +9,7 @@ loop only applies it. The rules, first match wins:
 the attempt ended ...                  attempt       the job
 =====================================  ============  =========================================
 after a cancel request                 canceled      CANCELED
+after a search's prune request         pruned        COMPLETED (the trial ended early)
 after a preemption request             preempted     PREEMPTED -> QUEUED
 without ever starting (unplaced)       unplaced      RESTARTING -> QUEUED, no restart counted
 past its max_runtime                   failed        FAILED
@@ -96,6 +97,8 @@ def stop_reason(job: Job, attempt_started: float | None, now: float) -> Stop | N
     must: a cancel request, a preemption, or its max_runtime passed."""
     if job.cancel_requested:
         return Stop(StopReason.CANCEL, CANCELED)
+    if job.prune_requested:
+        return Stop(StopReason.PRUNE, StopReason.PRUNE.text)
     if job.preempt_requested:
         return Stop(StopReason.PREEMPT, job.reason or "preempted")
     limit = job.spec.max_runtime
@@ -116,7 +119,9 @@ def exit_code_of(ended: Exit) -> int:
 
 def needs_analysis(job: Job, ended: Exit) -> bool:
     """Whether :func:`outcome` needs the failure analysis of ``ended`` (it failed on its own)."""
-    if job.cancel_requested or job.preempt_requested or ended.requeue is not None:
+    if job.cancel_requested or job.prune_requested or job.preempt_requested:
+        return False
+    if ended.requeue is not None:
         return False
     if ended.stop_reason in (StopReason.MAX_RUNTIME, StopReason.SHUTDOWN):
         return False
@@ -133,6 +138,14 @@ def outcome(job: Job, ended: Exit, failure: Failure | None, *, max_infra_restart
             AttemptEnd(AttemptResult.CANCELED, CANCELED, code, ranks),
             JobState.CANCELED,
             CANCELED,
+            exit_code=code,
+        )
+    if job.prune_requested:  # however its processes ended: the search stopped it on purpose
+        reason = job.reason or StopReason.PRUNE.text
+        return Outcome(
+            AttemptEnd(AttemptResult.PRUNED, reason, code, ranks),
+            JobState.COMPLETED,
+            reason,
             exit_code=code,
         )
     if job.preempt_requested:

@@ -58,3 +58,27 @@ def never_fits(nodes: list[Node], res: Resources, *, multi_node: bool = False) -
     if res.gpus_per_node:
         need += f" and {res.gpus_per_node} GPU(s)"
     return f"needs {need} per node; the largest node offers {biggest.describe().split(': ')[1]}"
+
+
+def most_at_once(
+    nodes: list[Node],
+    res: Resources,
+    *,
+    max_cpus: int | None = None,
+    max_gpus: int | None = None,
+) -> int:
+    """How many jobs of ``res`` could ever run at once on ``nodes`` (idle), within an owner's
+    caps on CPUs and GPUs (None: no cap)."""
+    per_node = res.cpus_per_node
+    slots = []
+    for node in nodes:
+        fit = node.cpus // per_node if per_node else 0
+        if res.gpus_per_node:
+            fit = min(fit, len(node.gpus) // res.gpus_per_node)
+        slots.append(fit)
+    total = sum(slots) // res.nodes if res.nodes > 1 else sum(slots)
+    if max_cpus is not None:
+        total = min(total, max_cpus // (per_node * res.nodes))
+    if max_gpus is not None and res.gpus_per_node:
+        total = min(total, max_gpus // (res.gpus_per_node * res.nodes))
+    return max(total, 0)

@@ -24,6 +24,10 @@ class StopSignal(ABC):
     def requested(self) -> bool:
         """Whether a stop was requested (once True, it stays True)."""
 
+    def reason(self) -> str | None:
+        """Why, as the server said it (``pruned``, ``preempted``, ...), once requested."""
+        return None
+
 
 class NeverStop(StopSignal):
     """A standalone run: no server, no stop request."""
@@ -40,6 +44,10 @@ class ServerStop(StopSignal):
 
     def requested(self) -> bool:
         return self.link.stop_requested()
+
+    def reason(self) -> str | None:
+        reporter = self.link.reporter
+        return reporter.stop_reason if reporter is not None and self.requested() else None
 
 
 class Preemption:

@@ -192,6 +192,13 @@ class Run:
         """
         return self._preemption.should_stop()
 
+    @property
+    def stop_reason(self) -> str | None:
+        """Why the server asked this job to stop, once it did: ``pruned`` (a search's pruner
+        ended the trial), ``canceled by request``, the preemption's reason, ... (the main
+        rank's word; None before any request, and in a standalone run)."""
+        return self._preemption.signal.reason()
+
     # -- end -------------------------------------------------------------------------------
     def _finish_at_exit(self) -> None:
         # without a `with` block we cannot tell a crash from a normal end: no barrier, which

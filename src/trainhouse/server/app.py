@@ -34,12 +34,23 @@ from trainhouse.server.deps import Services
 from trainhouse.server.housekeeping import Housekeeper
 from trainhouse.server.mlflow import create_app as create_mlflow_app
 from trainhouse.server.mlflow import set_services as set_mlflow_services
-from trainhouse.server.routes import accounts, envs, jobs, logs, queue, report, system, ui
+from trainhouse.server.routes import (
+    accounts,
+    envs,
+    jobs,
+    logs,
+    queue,
+    report,
+    searches,
+    system,
+    ui,
+)
 from trainhouse.server.schemas import NO_NUL
 from trainhouse.server.settings import Settings
 from trainhouse.server.tensorboard import TensorBoardImport
 from trainhouse.store import BlobStore, Store
 from trainhouse.store.groupcommit import ReportWriter
+from trainhouse.tune.service import SearchService
 
 log = logging.getLogger(__name__)
 
@@ -136,6 +147,13 @@ def build_services(settings: Settings, executor: Executor | None = None) -> Serv
         telemetry,
         auth,
         reports,
+        SearchService(
+            store,
+            db_url=settings.database_url,
+            home=settings.home,
+            wake_scheduler=loop.wake,
+            interval=max(settings.tick, 0.1),
+        ),
         tensorboard=tensorboard,
     )
 
@@ -211,6 +229,7 @@ def create_app(settings: Settings, *, executor: Executor | None = None) -> FastA
     app.include_router(logs.router, prefix="/api/v1")  # before jobs: /logs/stream
     app.include_router(jobs.router, prefix="/api/v1")
     app.include_router(report.router, prefix="/api/v1")
+    app.include_router(searches.router, prefix="/api/v1")
     app.include_router(system.exposition)  # GET /metrics (Prometheus)
     app.include_router(ui.router)  # the dashboard: / and /static/...
     mlflow_app = create_mlflow_app()

@@ -21,6 +21,7 @@ from trainhouse.server.tensorboard import TensorBoardImport
 from trainhouse.service import Service
 from trainhouse.store import BlobStore, Store
 from trainhouse.store.groupcommit import ReportWriter
+from trainhouse.tune.service import SearchService
 
 if TYPE_CHECKING:
     from trainhouse.server.auth import Authenticator
@@ -85,14 +86,16 @@ class Services:
     telemetry: Telemetry  # /metrics
     auth: Authenticator  # tokens -> principals (trainhouse.server.auth)
     reports: ReportWriter  # metric reports, stored in group commits
+    tune: SearchService  # hyperparameter searches (trainhouse.tune)
     streams: StreamSlots = field(default_factory=StreamSlots)  # open log streams
     tensorboard: TensorBoardImport | None = None  # event files imported as metrics
 
     @property
     def background(self) -> list[Service]:
         """The app's background services, in the order they start (they stop in reverse):
-        retention before the scheduler, whose last exits register checkpoints."""
-        found = [self.checkpoints, self.scheduler, self.monitor, self.housekeeper]
+        retention before the scheduler, whose last exits register checkpoints; searches after
+        the scheduler, which starts their trials."""
+        found = [self.checkpoints, self.scheduler, self.tune, self.monitor, self.housekeeper]
         return found + ([self.tensorboard] if self.tensorboard is not None else [])
 
     def files(self, job_id: int) -> JobLayout:

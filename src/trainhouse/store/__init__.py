@@ -7,7 +7,16 @@ over a public transaction; see :mod:`trainhouse.store.store`.
 
 from trainhouse.store.blobs import BlobStore
 from trainhouse.store.database import SchemaStatus, default_db_url
-from trainhouse.store.records import Attempt, Checkpoint, Event, Job, MetricPoint, UserLimits
+from trainhouse.store.records import (
+    Attempt,
+    Checkpoint,
+    Event,
+    Job,
+    MetricPoint,
+    Search,
+    Trial,
+    UserLimits,
+)
 from trainhouse.store.store import Store
 
 __all__ = [
@@ -18,7 +27,9 @@ __all__ = [
     "Job",
     "MetricPoint",
     "SchemaStatus",
+    "Search",
     "Store",
+    "Trial",
     "UserLimits",
     "default_db_url",
 ]

@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any, Literal, get_args
 
 from sqlalchemy import case, func, insert, select, update
-from sqlalchemy.engine import RowMapping
+from sqlalchemy.engine import Connection, RowMapping
 from sqlalchemy.sql.elements import ColumnElement
 
 from trainhouse.cluster import Placements, placements_from_json, placements_to_json
@@ -26,7 +26,7 @@ from trainhouse.store.records import TRACKED, Attempt, Event, Job
 if TYPE_CHECKING:
     from trainhouse.store.database import Database
 
-__all__ = ["JOB_SORT_KEYS", "JobRepo", "JobSort"]
+__all__ = ["JOB_SORT_KEYS", "JobRepo", "JobSort", "insert_job"]
 
 # names for annotations inside JobRepo, whose ``list`` method shadows the builtin there
 JobList = list[Job]
@@ -63,6 +63,8 @@ def _job(row: RowMapping) -> Job:
         last_step=row["last_step"],
         latest_metrics=row["latest_metrics"] or {},
         kind=row["kind"],
+        search_id=row["search_id"],
+        prune_requested=bool(row["prune_requested"]),
     )
 
 
@@ -104,6 +106,50 @@ def _filters(
     return where
 
 
+def insert_job(
+    conn: Connection,
+    *,
+    name: str,
+    owner: str,
+    priority: str,
+    spec: JobSpec | Mapping[str, Any],
+    archive_sha256: str,
+    search_id: int | None = None,
+    reason: str = "submitted",
+) -> int:
+    """Insert a new QUEUED job and its first event in the caller's transaction; its id."""
+    parsed = spec if isinstance(spec, JobSpec) else JobSpec.model_validate(spec)
+    stored = parsed.model_dump(mode="json")
+    if stored.get("search") is None:
+        stored.pop("search", None)  # a plain job's spec reads as before searches existed
+    now = time.time()
+    job_id: int = conn.execute(
+        insert(t.jobs)
+        .values(
+            name=name,
+            owner=owner,
+            state=JobState.QUEUED,
+            priority=priority,
+            spec=stored,
+            archive_sha256=archive_sha256,
+            created_at=now,
+            updated_at=now,
+            attempts=0,
+            restarts=0,
+            cancel_requested=False,
+            reason="waiting for the scheduler",
+            **({"search_id": search_id} if search_id is not None else {}),
+        )
+        .returning(t.jobs.c.id)
+    ).scalar_one()
+    conn.execute(
+        insert(t.events).values(
+            job_id=job_id, at=now, from_state=None, to_state=JobState.QUEUED, reason=reason
+        )
+    )
+    return job_id
+
+
 class JobRepo:
     """Every read and write of jobs, attempts and events."""
 
@@ -121,35 +167,14 @@ class JobRepo:
         archive_sha256: str,
     ) -> Job:
         """A new QUEUED job; ``spec`` is validated (a mapping is parsed) and stored as JSON."""
-        parsed = spec if isinstance(spec, JobSpec) else JobSpec.model_validate(spec)
-        now = time.time()
         with self.db.transaction() as conn:
-            job_id = conn.execute(
-                insert(t.jobs)
-                .values(
-                    name=name,
-                    owner=owner,
-                    state=JobState.QUEUED,
-                    priority=priority,
-                    spec=parsed.model_dump(mode="json"),
-                    archive_sha256=archive_sha256,
-                    created_at=now,
-                    updated_at=now,
-                    attempts=0,
-                    restarts=0,
-                    cancel_requested=False,
-                    reason="waiting for the scheduler",
-                )
-                .returning(t.jobs.c.id)
-            ).scalar_one()
-            conn.execute(
-                insert(t.events).values(
-                    job_id=job_id,
-                    at=now,
-                    from_state=None,
-                    to_state=JobState.QUEUED,
-                    reason="submitted",
-                )
+            job_id = insert_job(
+                conn,
+                name=name,
+                owner=owner,
+                priority=priority,
+                spec=spec,
+                archive_sha256=archive_sha256,
             )
         return self.get(job_id)
 

@@ -15,7 +15,16 @@ from trainhouse.cluster import Placements, placements_to_json
 from trainhouse.lifecycle import AttemptResult, FailureKind, JobState
 from trainhouse.spec import JobSpec
 
-__all__ = ["Attempt", "Checkpoint", "Event", "Job", "MetricPoint", "UserLimits"]
+__all__ = [
+    "Attempt",
+    "Checkpoint",
+    "Event",
+    "Job",
+    "MetricPoint",
+    "Search",
+    "Trial",
+    "UserLimits",
+]
 
 
 #: the kind of a job that is an MLflow run made outside the server: listed, never scheduled
@@ -50,6 +59,8 @@ class Job:
     latest_metrics: dict[str, float | None] = field(default_factory=dict)
     #: "launched" (run by an executor) or "tracked" (an MLflow run made outside a job)
     kind: str = "launched"
+    search_id: int | None = None  # the search this job is a trial of (trainhouse.tune)
+    prune_requested: bool = False  # the search's pruner stopped it
 
     @property
     def tracked(self) -> bool:
@@ -135,3 +146,40 @@ class MetricPoint:
     rank: int | None = None
     attempt: int = 0
     wall_time: float = 0.0
+
+
+@dataclass(frozen=True)
+class Search:
+    """A hyperparameter search (trainhouse.tune): its spec holds the distributions."""
+
+    id: int
+    name: str
+    owner: str
+    state: str  # RUNNING | COMPLETED | CANCELED
+    spec_data: dict[str, Any]
+    archive_sha256: str
+    study: str  # Optuna's study name
+    created_at: float
+    updated_at: float
+    ended_at: float | None = None
+    reason: str | None = None
+    warning: str | None = None
+
+    @cached_property
+    def spec(self) -> JobSpec:
+        return JobSpec.model_validate(self.spec_data)
+
+
+@dataclass(frozen=True)
+class Trial:
+    """One trial of a search: Optuna's trial and the job that runs it."""
+
+    search_id: int
+    number: int
+    trial_id: int
+    job_id: int
+    params: dict[str, Any]
+    state: str  # ACTIVE (read the job's) | COMPLETED | PRUNED | FAILED
+    value: float | None
+    created_at: float
+    ended_at: float | None = None

@@ -12,6 +12,7 @@ concern, each owning its tables:
 ``store.accounts``        users, API tokens (hashes), the audit log (:mod:`.accounts`)
 ``store.system``          resource samples of nodes and jobs (:mod:`.system`)
 ``store.tracking``        MLflow experiments and runs, params and tags (:mod:`.tracking`)
+``store.searches``        hyperparameter searches and their trials (:mod:`.searches`)
 ========================  ======================================================================
 
 Repositories hand out plain records (:mod:`.records`), never SQLAlchemy objects.
@@ -25,6 +26,7 @@ from trainhouse.store.database import Database, MigrateMode
 from trainhouse.store.jobs import JobRepo
 from trainhouse.store.metrics import MetricRepo
 from trainhouse.store.quotas import QuotaRepo
+from trainhouse.store.searches import SearchRepo
 from trainhouse.store.system import SystemMetrics
 from trainhouse.store.tracking import TrackingRepo
 
@@ -43,3 +45,4 @@ class Store(Database):
         self.accounts = Accounts(self)
         self.system = SystemMetrics(self)
         self.tracking = TrackingRepo(self, self.jobs)
+        self.searches = SearchRepo(self)

@@ -106,6 +106,11 @@ jobs = Table(
         nullable=False,
         server_default=text("'launched'"),
     ),
+    # a search's trial: the search (trainhouse.tune); NULL for a plain job
+    Column("search_id", _Id, index=True),
+    # a search's pruner stopped it: should_stop() says "pruned", it ends COMPLETED
+    # (no Python-side default: an insert that does not name it works on older schemas too)
+    Column("prune_requested", Boolean, nullable=False, server_default=false()),
 )
 
 attempts = Table(
@@ -330,4 +335,43 @@ audit_log = Table(
     Column("ok", Boolean, nullable=False),
     Column("detail", JSON),
     Column("client", String(64)),  # the caller's address
+)
+
+# -- hyperparameter searches (trainhouse.tune; store.searches) -----------------------------
+# a search: the spec as submitted (with its distributions and search: block); Optuna's study of
+# the same name lives in Optuna's own tables (a schema of its own on PostgreSQL, a file of its
+# own beside SQLite's)
+searches = Table(
+    "searches",
+    metadata,
+    Column("id", _Id, primary_key=True, autoincrement=True),
+    Column("name", String(128), nullable=False),
+    Column("owner", String(128), nullable=False, index=True),
+    Column("state", String(16), nullable=False, index=True),  # RUNNING | COMPLETED | CANCELED
+    Column("spec", JSON, nullable=False),
+    Column("archive_sha256", String(64), nullable=False),
+    Column("study", String(128), nullable=False, unique=True),  # Optuna's study name
+    Column("created_at", Float, nullable=False),
+    Column("updated_at", Float, nullable=False),
+    Column("ended_at", Float),
+    Column("reason", JobText),
+    Column("warning", JobText),  # said once: the metric a finished trial never logged
+)
+
+# a trial: Optuna's trial (number, id) and the job that runs it, written in the job's own
+# transaction, so a trial has a job exactly when it has a row; "state" is final once Optuna
+# was told (QUEUED/RUNNING are read from the job)
+search_trials = Table(
+    "search_trials",
+    metadata,
+    Column("search_id", _Id, ForeignKey("searches.id", ondelete="CASCADE"), nullable=False),
+    Column("number", Integer, nullable=False),  # Optuna's trial number in the study
+    Column("trial_id", BigInteger, nullable=False),  # Optuna's trial id
+    Column("job_id", _Id, ForeignKey("jobs.id", ondelete="CASCADE"), nullable=False, unique=True),
+    Column("params", JSON, nullable=False),
+    Column("state", String(16), nullable=False),  # ACTIVE | COMPLETED | PRUNED | FAILED
+    Column("value", Float),  # the objective Optuna was told (COMPLETED)
+    Column("created_at", Float, nullable=False),
+    Column("ended_at", Float),
+    PrimaryKeyConstraint("search_id", "number"),
 )

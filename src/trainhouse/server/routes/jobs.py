@@ -18,6 +18,7 @@ from trainhouse.errors import (
     InvalidMetrics,
     NotFound,
     ResourceError,
+    SpecError,
     StoreError,
     UploadTooLarge,
 )
@@ -112,6 +113,31 @@ def schedulable_spec(text: str, svc: Services) -> JobSpec:
     return job_spec
 
 
+def store_workdir(svc: Services, workdir: UploadFile, job_spec: JobSpec) -> str:
+    """Keep the uploaded workdir archive (bounded, checked to hold the entrypoint's file);
+    its digest."""
+    script = job_spec.script_path()
+
+    def validate(archive: Path) -> None:
+        names = list_members(archive)
+        if script is not None:
+            wanted = script.removeprefix("./")
+            if wanted not in names:
+                shown = ", ".join(sorted(names)[:10]) or "no files"
+                raise ArchiveError(
+                    f"entrypoint file {wanted!r} is not in the uploaded workdir "
+                    f"(it holds {len(names)} files: {shown})"
+                )
+
+    try:
+        digest, _size = svc.blobs.put(workdir.file, svc.settings.max_upload_bytes, validate)
+    except ValueError:
+        raise UploadTooLarge(
+            f"workdir archive is larger than {human_size(svc.settings.max_upload_bytes)}"
+        ) from None
+    return digest
+
+
 def check_priority(p: Principal, priority: str) -> None:
     """Only admins raise a job above ``normal`` (with auth off, everyone is an admin)."""
     if not p.is_admin and PRIORITY_TIERS.index(priority) > PRIORITY_TIERS.index("normal"):
@@ -142,26 +168,13 @@ def submit(
     svc: Services = Depends(services),
 ) -> JobOut:
     job_spec = schedulable_spec(spec, svc)
+    if job_spec.search is not None:
+        raise SpecError(
+            "the spec has a search: block: submit it as a search (POST /api/v1/searches, or "
+            "`trainhouse submit`, which does)"
+        )
     check_priority(p, job_spec.priority)
-    script = job_spec.script_path()
-
-    def validate(archive: Path) -> None:
-        names = list_members(archive)
-        if script is not None:
-            wanted = script.removeprefix("./")
-            if wanted not in names:
-                shown = ", ".join(sorted(names)[:10]) or "no files"
-                raise ArchiveError(
-                    f"entrypoint file {wanted!r} is not in the uploaded workdir "
-                    f"(it holds {len(names)} files: {shown})"
-                )
-
-    try:
-        digest, _size = svc.blobs.put(workdir.file, svc.settings.max_upload_bytes, validate)
-    except ValueError:
-        raise UploadTooLarge(
-            f"workdir archive is larger than {human_size(svc.settings.max_upload_bytes)}"
-        ) from None
+    digest = store_workdir(svc, workdir, job_spec)
     job = svc.store.jobs.create(
         name=job_spec.name,
         owner=owner_of(p, owner),

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from typing import Any
 
 from fastapi import APIRouter, Depends, Request
@@ -96,6 +96,10 @@ async def report(
             raise error from None
         job, accepted = stored.job, stored.accepted
     svc.telemetry.points.inc(accepted)
+    # a trial: its objective values go to the search's pruner, which may stop it now
+    trial = job.search_id is not None and not job.prune_requested and len(parsed.columns) > 0
+    if trial and await run_in_threadpool(svc.tune.on_report, job, parsed.columns):
+        job = replace(job, prune_requested=True)
     started = None
     if job.spec.max_runtime:
         attempt = await run_in_threadpool(svc.store.jobs.attempt, job.id, job.attempts)

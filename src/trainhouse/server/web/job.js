@@ -215,6 +215,8 @@ export function jobPage(view, jobId) {
     summary.replaceChildren(
       ...kv("Owner", job.owner),
       ...kv("Priority", job.priority),
+      ...(job.search_id ? kv("Search", h("a", { href: `#/searches/${job.search_id}`, testid: "job-search-link" },
+        `a trial of search ${job.search_id}` + (job.prune_requested ? " (pruned)" : ""))) : []),
       ...kv("Progress", progressCell(job), "job-progress"),
       ...(job.environment ? kv("Environment", job.environment, "job-environment") : []),
       ...kv("Attempts", `${job.attempts}` + (job.restarts || job.infra_restarts ? ` (${job.restarts} restarts after failures, ${job.infra_restarts || 0} after infrastructure faults)` : "")),

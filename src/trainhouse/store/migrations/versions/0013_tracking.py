@@ -1,7 +1,7 @@
 """tracking: external runs (jobs of kind "tracked"), MLflow experiments, runs' params and tags
 
 Revision ID: 0013
-Revises: 0008
+Revises: 0009
 Create Date: 2026-12-01
 
 Every job before this was launched by the scheduler: the new column's default. An MLflow run
@@ -14,7 +14,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision = "0013"
-down_revision = "0008"
+down_revision = "0009"
 branch_labels = None
 depends_on = None
 

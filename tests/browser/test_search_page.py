@@ -1,0 +1,157 @@
+"""The search pages in real Chromium against a real server whose trials are real processes:
+the trials table sorts, the charts plot what the API reports (best so far, each trial's curve
+with the pruned ones marked, parallel coordinates, importances) and the job list links a trial
+to its search."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from playwright.sync_api import Page, expect
+
+from tests.support.jobs import write_job
+from tests.support.servers import Server, assert_clean_stop, start_server
+
+pytestmark = pytest.mark.browser
+
+# a trial that reports val_loss straight to the REST API, one step at a time, and stops when the
+# answer says so (what the SDK's reporter and should_stop do, without torch's start-up)
+REPORTER = """
+import json, os, time, uuid, urllib.request
+
+env = os.environ
+hp = json.loads(env["TRAINHOUSE_HPARAMS"])
+for step in range(8):
+    body = json.dumps({"batch_id": uuid.uuid4().hex, "attempt": int(env["TRAINHOUSE_ATTEMPT"]),
+        "columns": {"step": [step], "name": ["val_loss"],
+                    "value": [float(hp["lr"]) * 10 + 1.0 / (step + 1)], "rank": [None],
+                    "wall_time": [time.time()]}}).encode()
+    request = urllib.request.Request(
+        f"{env['TRAINHOUSE_URL']}/api/v1/jobs/{env['TRAINHOUSE_JOB_ID']}/report", data=body,
+        headers={"Authorization": f"Bearer {env['TRAINHOUSE_JOB_TOKEN']}",
+                 "Content-Type": "application/json",
+                 "X-Trainhouse-Request": "1"})
+    with urllib.request.urlopen(request, timeout=30) as answer:
+        if json.loads(answer.read())["stop"]:
+            print(f"pruned at step {step}", flush=True)
+            break
+    time.sleep(0.05)
+"""
+
+SPEC = """
+name: page-search
+entrypoint: python train.py
+hparams:
+  lr: {choice: [0.01, 0.5, 0.02, 0.4]}
+  width: 8
+search:
+  method: grid
+  metric: val_loss
+  max_trials: 4
+  max_concurrent: 1
+  early_stopping: {method: asha, min_steps: 2, reduction_factor: 2}
+  seed: 0
+"""
+
+
+@pytest.fixture
+def searched(tmp_path: Path) -> Iterator[tuple[Server, dict[str, Any]]]:
+    srv = start_server(tmp_path / "home", "--cpus", "2")
+    try:
+        spec = write_job(tmp_path, REPORTER, SPEC)
+        search_id = srv.cli_json("submit", str(spec), "--detach")["search_id"]
+        deadline = time.monotonic() + 240
+        while (view := api(srv, f"/searches/{search_id}"))["state"] == "RUNNING":
+            assert time.monotonic() < deadline, view
+            time.sleep(0.3)
+        yield srv, view
+    finally:
+        assert_clean_stop(srv)
+
+
+def api(server: Server, path: str) -> Any:
+    resp = httpx.get(f"{server.url}/api/v1{path}", timeout=30)
+    resp.raise_for_status()
+    return resp.json()
+
+
+def traces(page: Page, testid: str) -> list[dict[str, Any]]:
+    page.wait_for_function(
+        '(id) => { const el = document.querySelector(`[data-testid="${id}"]`);'
+        " return !!(el && el.data && el.data.length); }",
+        arg=testid,
+    )
+    found: list[dict[str, Any]] = page.evaluate(
+        """(id) => document.querySelector(`[data-testid="${id}"]`).data.map((t) => ({
+            type: t.type, name: t.name, x: t.x, y: t.y,
+            dims: t.dimensions ? t.dimensions.map((d) => d.label) : null}))""",
+        testid,
+    )
+    return found
+
+
+def test_the_search_page_shows_trials_curves_and_the_best(
+    searched: tuple[Server, dict[str, Any]], page: Page
+) -> None:
+    srv, view = searched
+    states = {t["number"]: t["state"] for t in view["trials"]}
+    assert "PRUNED" in states.values() and "COMPLETED" in states.values(), view["trials"]
+    page.goto(f"{srv.url}/#/searches/{view['id']}")
+    expect(page.get_by_test_id("search-state")).to_have_text("COMPLETED")
+    rows = page.get_by_test_id("trial-row")
+    expect(rows).to_have_count(4)
+    for number, state in states.items():
+        expect(page.locator(f'[data-testid="trial-row"][data-trial="{number}"]')).to_have_attribute(
+            "data-state", state
+        )
+    # sorted by objective: the completed trials' values ascending, the others after them
+    page.get_by_test_id("trial-sort-value").click()
+    done = sorted((t["value"], t["number"]) for t in view["trials"] if t["value"] is not None)
+    shown = [int(n) for n in rows.evaluate_all("rs => rs.map((r) => r.dataset.trial)")]
+    assert shown[: len(done)] == [n for _v, n in done]
+    page.get_by_test_id("trial-sort-value").click()  # and descending
+    shown = [int(n) for n in rows.evaluate_all("rs => rs.map((r) => r.dataset.trial)")]
+    assert shown[: len(done)] == [n for _v, n in reversed(done)]
+    # best so far over trials: the running minimum of the completed trials' values
+    completed = sorted(
+        (t["number"], t["value"]) for t in view["trials"] if t["state"] == "COMPLETED"
+    )
+    best = traces(page, "chart-best")[0]
+    running = [min(v for _n, v in completed[: i + 1]) for i in range(len(completed))]
+    assert best["x"] == [n for n, _v in completed] and best["y"] == pytest.approx(running)
+    # each trial's curve is the API's, the pruned ones marked in their names
+    curves = api(srv, f"/searches/{view['id']}/curves")["trials"]
+    plotted = {t["name"]: t for t in traces(page, "chart-curves")}
+    for curve in curves:
+        name = f"trial {curve['number']}" + (" (pruned)" if curve["state"] == "PRUNED" else "")
+        assert plotted[name]["x"] == curve["steps"]
+        assert plotted[name]["y"] == pytest.approx(curve["values"])
+    # parallel coordinates: each sampled hparam, then the objective
+    (parallel,) = traces(page, "chart-parallel")
+    assert parallel["type"] == "parcoords" and parallel["dims"] == ["lr", "val_loss"]
+    # importances: what the API says (bars once enough trials completed, else why not)
+    importances = api(srv, f"/searches/{view['id']}/importances")
+    if importances["importances"] is None:
+        expect(page.get_by_test_id("chart-importances")).to_contain_text(
+            f"once {importances['needed']} trials have completed"
+        )
+    else:
+        assert traces(page, "chart-importances")[0]["y"] == list(importances["importances"])
+    # the job list links each trial to its search
+    page.goto(f"{srv.url}/#/jobs?state=")
+    links = page.get_by_test_id("job-search")
+    expect(links).to_have_count(4)
+    links.first.click()
+    expect(page).to_have_url(f"{srv.url}/#/searches/{view['id']}")
+    pruned = next(t for t in view["trials"] if t["state"] == "PRUNED")
+    page.goto(f"{srv.url}/#/jobs/{pruned['job_id']}")
+    expect(page.get_by_test_id("job-search-link")).to_have_text(
+        f"a trial of search {view['id']} (pruned)"
+    )
+    page.goto(f"{srv.url}/#/searches")
+    expect(page.get_by_test_id("search-row")).to_have_count(1)

@@ -1,0 +1,207 @@
+"""Searches through the API in process, over the suite's fake executor: submit and its checks,
+reproducible sampling, pruning from reported values (idempotent), cancel, the job list link,
+and where Optuna's tables live."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from fastapi.testclient import TestClient
+from sqlalchemy import inspect
+
+from tests.support.api import app_client, error_of, services, submit, workdir
+from tests.support.fakes import FakeExecutor
+from trainhouse.lifecycle import StopReason
+from trainhouse.store import Store
+from trainhouse.tune.study import OPTUNA_SCHEMA, optuna_storage
+
+SPEC = """
+name: s
+entrypoint: python train.py
+hparams:
+  lr: {log_uniform: [1.0e-4, 1.0e-1]}
+  width: {int: [1, 2]}
+  opt: {choice: [a, b]}
+  epochs: 3
+search: {method: random, metric: val_loss, max_trials: 4, max_concurrent: 2, seed: 3}
+"""
+
+
+def post_search(api: TestClient, spec: str, archive: bytes) -> Any:
+    return api.post(
+        "/api/v1/searches",
+        data={"spec": spec, "owner": "tester"},
+        files={"workdir": ("w.tar.gz", archive, "application/gzip")},
+    )
+
+
+def wait_for(
+    api: TestClient, search_id: int, done: Callable[[dict[str, Any]], bool], timeout: float = 60
+) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    while True:
+        view: dict[str, Any] = api.get(f"/api/v1/searches/{search_id}").json()
+        if done(view):
+            return view
+        assert time.monotonic() < deadline, view
+        time.sleep(0.05)
+
+
+def ended(view: dict[str, Any]) -> bool:
+    return bool(view["state"] != "RUNNING")
+
+
+def params_of(api: TestClient, spec: str, archive: bytes) -> list[dict[str, Any]]:
+    created = post_search(api, spec, archive)
+    assert created.status_code == 201, created.text
+    view = wait_for(api, created.json()["id"], ended)
+    return [t["params"] for t in view["trials"]]
+
+
+def test_random_and_grid_searches_are_reproducible_with_their_seed(
+    api: TestClient, tmp_path: Path
+) -> None:
+    archive = workdir(tmp_path)
+    first = params_of(api, SPEC, archive)
+    assert len(first) == 4
+    assert params_of(api, SPEC, archive) == first
+    assert params_of(api, SPEC.replace("seed: 3", "seed: 4"), archive) != first
+    grid = SPEC.replace("method: random", "method: grid").replace(
+        "{log_uniform: [1.0e-4, 1.0e-1]}", "0.01"
+    )
+    grid = grid.replace("max_trials: 4", "max_trials: 10")
+    points = params_of(api, grid, archive)
+    assert sorted((p["width"], p["opt"]) for p in points) == [
+        (1, "a"),
+        (1, "b"),
+        (2, "a"),
+        (2, "b"),
+    ]  # the whole grid once: max_trials is capped at its size
+    # the trials logged nothing: each FAILED, and the search says why, once
+    view = api.get("/api/v1/searches/1").json()
+    assert {t["state"] for t in view["trials"]} == {"FAILED"}
+    assert view["warning"].startswith("search.metric 'val_loss' was never logged by trial")
+    # each trial is an ordinary job that links to its search, its hparams filled in
+    job = api.get(f"/api/v1/jobs/{view['trials'][0]['job_id']}").json()
+    assert job["search_id"] == 1 and job["owner"] == "tester"
+    assert job["spec"]["hparams"] == {**view["trials"][0]["params"], "epochs": 3}
+    assert "search" not in job["spec"]
+    listed = api.get("/api/v1/searches", params={"all": "true"}).json()["searches"]
+    assert [s["id"] for s in listed] == [4, 3, 2, 1]
+    assert listed[-1]["trial_counts"] == {"FAILED": 4}
+
+
+def test_submit_refuses_what_could_never_run(api: TestClient, tmp_path: Path) -> None:
+    archive = workdir(tmp_path)
+    too_many = post_search(api, SPEC.replace("max_concurrent: 2", "max_concurrent: 3"), archive)
+    assert too_many.status_code == 422
+    message = error_of(too_many)["message"]
+    assert "search.max_concurrent is 3, but at most 2 trial(s)" in message  # --cpus 2
+    bad = post_search(api, SPEC.replace("[1.0e-4, 1.0e-1]", "[-1, 1]"), archive)
+    assert bad.status_code == 422
+    assert "hparams.lr: {log_uniform: ...} needs low > 0" in error_of(bad)["message"]
+    as_job = submit(api, SPEC, archive)
+    assert as_job.status_code == 422
+    assert "POST /api/v1/searches" in error_of(as_job)["message"]
+    plain = post_search(api, "entrypoint: python train.py\n", archive)
+    assert plain.status_code == 422 and "no search: block" in error_of(plain)["message"]
+    assert api.get("/api/v1/searches/99").status_code == 404
+
+
+def report(api: TestClient, job_id: int, token: str, steps: list[int], value: float) -> Any:
+    body = {
+        "batch_id": uuid.uuid4().hex,
+        "attempt": 1,
+        "columns": {
+            "step": steps,
+            "name": ["val_loss"] * len(steps),
+            "value": [value] * len(steps),
+            "rank": [None] * len(steps),
+            "wall_time": [time.time()] * len(steps),
+        },
+    }
+    answer = api.post(
+        f"/api/v1/jobs/{job_id}/report", json=body, headers={"Authorization": f"Bearer {token}"}
+    )
+    assert answer.status_code == 200, answer.text
+    return answer.json()
+
+
+def test_reported_values_prune_a_trial_once_per_step(tmp_path: Path) -> None:
+    spec = SPEC.replace("max_trials: 4", "max_trials: 3").replace(
+        "seed: 3}", "seed: 3, early_stopping: {method: asha, min_steps: 1, reduction_factor: 2}}"
+    )
+    with app_client(tmp_path, exit_code=None) as api:
+        fake = services(api).scheduler.executor
+        assert isinstance(fake, FakeExecutor)
+        search_id = post_search(api, spec, workdir(tmp_path)).json()["id"]
+        view = wait_for(api, search_id, lambda v: v["trial_counts"].get("RUNNING") == 2)
+        first, second = (t["job_id"] for t in view["trials"])
+        deadline = time.monotonic() + 30
+        while {first, second} - {launch.job_id for launch in fake.launches}:
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        tokens = {launch.job_id: launch.env.token for launch in fake.launches}
+        assert report(api, first, tokens[first], [0, 1, 2, 3], 0.1)["stop"] is False
+        fake.end(first, 0)
+        wait_for(api, search_id, lambda v: v["trials"][0]["state"] == "COMPLETED")
+        answer = report(api, second, tokens[second], [0, 1, 2, 3], 5.0)
+        assert answer == {"accepted": 4, "stop": True, "stop_reason": "pruned"}
+        # the steps again (a restarted attempt, a re-sent batch): one value per step
+        assert report(api, second, tokens[second], [2, 3], 5.0)["stop"] is True
+        curves = api.get(f"/api/v1/searches/{search_id}/curves").json()["trials"]
+        assert curves[1]["steps"] == [0, 1, 2, 3] and curves[1]["state"] == "PRUNED"
+        # the scheduler stops it as it stops a canceled job, and it ends COMPLETED, pruned
+        deadline = time.monotonic() + 30
+        while (second, StopReason.PRUNE) not in fake.stops:
+            assert time.monotonic() < deadline, fake.stops
+            time.sleep(0.02)
+        fake.end(second, 0)
+        view = wait_for(
+            api,
+            search_id,
+            lambda v: (
+                v["trials"][1]["state"] == "PRUNED"
+                and api.get(f"/api/v1/jobs/{second}").json()["state"] == "COMPLETED"
+            ),
+        )
+        job = api.get(f"/api/v1/jobs/{second}").json()
+        assert job["prune_requested"] and job["reason"].startswith("pruned at step 3 by asha")
+        assert job["attempt_history"][-1]["result"] == "pruned"
+        assert view["best"]["job_id"] == first and view["best"]["value"] == 0.1
+        # cancel: no new trials, the running one is canceled
+        wait_for(api, search_id, lambda v: len(v["trials"]) == 3)
+        assert api.post(f"/api/v1/searches/{search_id}/cancel").status_code == 200
+        third = api.get(f"/api/v1/searches/{search_id}").json()["trials"][2]["job_id"]
+        deadline = time.monotonic() + 30
+        while (third, StopReason.CANCEL) not in fake.stops:
+            assert time.monotonic() < deadline, fake.stops
+            time.sleep(0.02)
+        fake.end(third, -15)
+        view = wait_for(api, search_id, lambda v: v["trials"][2]["state"] == "FAILED")
+        assert view["state"] == "CANCELED" and len(view["trials"]) == 3
+        assert api.post(f"/api/v1/searches/{search_id}/cancel").status_code == 409
+        best = api.get(f"/api/v1/searches/{search_id}/best").json()
+        assert best["job_id"] == first and best["checkpoint"] is None
+
+
+def test_optuna_tables_stay_out_of_trainhouse_schema(store: Store, tmp_path: Path) -> None:
+    """Optuna's tables (and its alembic_version) live in a schema of their own on PostgreSQL,
+    a file of their own on SQLite: trainhouse's schema check sees none of them."""
+    storage = optuna_storage(store.url, tmp_path)
+    import optuna
+
+    optuna.create_study(storage=storage, study_name="isolated")
+    own = set(inspect(store.engine).get_table_names())
+    assert "trials" not in own and "studies" not in own
+    if store.dialect == "postgresql":
+        theirs = set(inspect(store.engine).get_table_names(schema=OPTUNA_SCHEMA))
+        assert {"studies", "trials", "alembic_version"} <= theirs
+    else:
+        assert (tmp_path / "trainhouse.optuna.db").exists()
+    status = store.schema_status()
+    assert status.revision == status.head
