@@ -39,6 +39,9 @@ SINGLE_BACKEND = {
     "the processes, the RNG and sampler states and the weights are under test; the store's side "
     "of a killed rank (its attempt's end, the restart from the checkpoint, every step stored "
     "once) runs on both backends in test_training.py and test_recovery.py",
+    "test_lineage.py": "real ranks resuming and cloning through the CLI; the store's side of "
+    "a resume and a clone (the transition, the counters, the hold, the copy's registration) "
+    "runs on both backends in tests/unit/test_lineage.py",
     "test_isolation.py": "the processes and files of a server are under test, not its store: "
     "the secret's test picks its own PostgreSQL database, and the SQLite file is among the "
     "files whose modes are checked",

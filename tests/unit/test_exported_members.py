@@ -53,6 +53,7 @@ PUBLIC: dict[str, list[str]] = {
         "UploadTooLarge",
     ],
     "trainhouse.lifecycle": [
+        "RESUMABLE",
         "TERMINAL",
         "TRANSITIONS",
         "AttemptResult",

@@ -12,13 +12,19 @@ import time
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any, Literal, get_args
 
-from sqlalchemy import case, func, insert, select, update
+from sqlalchemy import case, delete, func, insert, select, update
 from sqlalchemy.engine import RowMapping
 from sqlalchemy.sql.elements import ColumnElement
 
 from trainhouse.cluster import Placements, placements_from_json, placements_to_json
 from trainhouse.errors import InvalidTransition, NotFound, StoreError
-from trainhouse.lifecycle import AttemptResult, FailureKind, JobState, check_transition
+from trainhouse.lifecycle import (
+    RESUMABLE,
+    AttemptResult,
+    FailureKind,
+    JobState,
+    check_transition,
+)
 from trainhouse.spec import PRIORITY_TIERS, JobSpec
 from trainhouse.store import tables as t
 from trainhouse.store.records import Attempt, Event, Job
@@ -62,6 +68,10 @@ def _job(row: RowMapping) -> Job:
         total_steps=row["total_steps"],
         last_step=row["last_step"],
         latest_metrics=row["latest_metrics"] or {},
+        resumes=row["resumes"],
+        cloned_from=row["cloned_from"],
+        cloned_step=row["cloned_step"],
+        held=bool(row["held"]),
     )
 
 
@@ -113,8 +123,15 @@ class JobRepo:
         priority: str,
         spec: JobSpec | Mapping[str, Any],
         archive_sha256: str,
+        cloned_from: int | None = None,
+        cloned_step: int | None = None,
+        hold: bool = False,
     ) -> Job:
-        """A new QUEUED job; ``spec`` is validated (a mapping is parsed) and stored as JSON."""
+        """A new QUEUED job; ``spec`` is validated (a mapping is parsed) and stored as JSON.
+
+        ``cloned_from``/``cloned_step``: the job (and its checkpoint's step) this one is a clone
+        of. ``hold``: the scheduler leaves it alone until :meth:`release` (a clone waits
+        there while its checkpoint is copied in)."""
         parsed = spec if isinstance(spec, JobSpec) else JobSpec.model_validate(spec)
         now = time.time()
         with self.db.transaction() as conn:
@@ -133,6 +150,9 @@ class JobRepo:
                     restarts=0,
                     cancel_requested=False,
                     reason="waiting for the scheduler",
+                    cloned_from=cloned_from,
+                    cloned_step=cloned_step,
+                    held=hold,
                 )
                 .returning(t.jobs.c.id)
             ).scalar_one()
@@ -142,10 +162,62 @@ class JobRepo:
                     at=now,
                     from_state=None,
                     to_state=JobState.QUEUED,
-                    reason="submitted",
+                    reason="submitted"
+                    if cloned_from is None
+                    else f"cloned from job {cloned_from}"
+                    + (
+                        f" (its checkpoint of step {cloned_step})"
+                        if cloned_step is not None
+                        else ""
+                    ),
                 )
             )
         return self.get(job_id)
+
+    def release(self, job_id: int) -> Job:
+        """Let the scheduler start a job created with ``hold=True``."""
+        self.update(job_id, held=False, reason="waiting for the scheduler")
+        return self.get(job_id)
+
+    def discard(self, job_id: int) -> None:
+        """Remove a held job that never ran (a clone whose preparation failed), with its
+        events; refused for any other job."""
+        with self.db.transaction() as conn:
+            result = conn.execute(
+                delete(t.jobs).where(
+                    t.jobs.c.id == job_id,
+                    t.jobs.c.held.is_(True),
+                    t.jobs.c.state == JobState.QUEUED,
+                    t.jobs.c.attempts == 0,
+                )
+            )
+        if result.rowcount != 1:
+            raise StoreError(f"job {job_id} is not a held job that never ran; not discarded")
+
+    def clones(self, job_id: int) -> JobList:
+        """The jobs cloned from ``job_id``, oldest first."""
+        with self.db.connect() as conn:
+            rows = conn.execute(
+                select(t.jobs).where(t.jobs.c.cloned_from == job_id).order_by(t.jobs.c.id)
+            ).mappings()
+            return [_job(r) for r in rows]
+
+    def resume(self, job_id: int, *, by: str, checkpoint_step: int) -> Job:
+        """Send an ended job (CANCELED or FAILED) back to the queue, the same job, to continue
+        from its latest checkpoint (step ``checkpoint_step``): its ``resumes`` counter goes up,
+        its end (exit code, end time, cancel request) is cleared; the restart counters and
+        attempts go on counting. The transition is the lifecycle table's."""
+        return self.transition(
+            job_id,
+            JobState.QUEUED,
+            reason=f"resumed by {by} from its checkpoint of step {checkpoint_step}",
+            expect=RESUMABLE,
+            resumes=t.jobs.c.resumes + 1,
+            ended_at=None,
+            exit_code=None,
+            cancel_requested=False,
+            preempt_requested=False,
+        )
 
     def get(self, job_id: int) -> Job:
         with self.db.connect() as conn:

@@ -43,6 +43,10 @@ class Job:
     total_steps: int | None = None
     last_step: int | None = None
     latest_metrics: dict[str, float | None] = field(default_factory=dict)
+    resumes: int = 0  # times a user sent it back to the queue after it ended
+    cloned_from: int | None = None  # the job it was cloned from
+    cloned_step: int | None = None  # the step of that job's checkpoint it started from
+    held: bool = False  # QUEUED but left alone by the scheduler (a clone being prepared)
 
     @cached_property
     def spec(self) -> JobSpec:
