@@ -211,14 +211,28 @@ def test_logs_stream_in_and_the_cancel_button_cancels(
     expect(log.locator("span.ansi-cyan").first).to_have_text("tick")
     assert log.locator("b").count() == 0  # printed markup stays text
 
-    # the chart follows the job while it runs
-    page.wait_for_function(
-        """(n) => {
-            const el = document.querySelector('[data-testid=chart-loss]');
-            return !!(el && el.data && el.data[0].x.length > n);
-        }""",
-        arg=later,
-    )
+    # the chart follows the job while it runs: each time the page's series grows, what
+    # plotly drew grows with it (its computed points and its x axis), not only the arrays it
+    # was handed; three growths in a row (the page re-reads a series in full only every 30 s)
+    for _ in range(3):
+        grown = chart_data(page, "chart-loss")[0]["x"][-1]
+        page.wait_for_function(
+            """(n) => {
+                const el = document.querySelector('[data-testid=chart-loss]');
+                return !!(el && el.data && el.data[0].x[el.data[0].x.length - 1] > n);
+            }""",
+            arg=grown,
+        )
+        drawn = page.evaluate(
+            """() => {
+                const el = document.querySelector('[data-testid=chart-loss]');
+                const x = el.data[0].x;
+                return {points: x.length, last: x[x.length - 1], calc: el.calcdata[0].length,
+                        right: el._fullLayout.xaxis.range[1]};
+            }"""
+        )
+        assert drawn["calc"] == drawn["points"], drawn
+        assert drawn["right"] >= drawn["last"], drawn
 
     # cancel, with a confirmation step that can still be backed out of
     page.get_by_test_id("cancel-button").click()

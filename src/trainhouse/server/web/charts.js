@@ -36,12 +36,15 @@ export function drawChart(el, title, traces, opts) {
   }
   const smoothing = opts.smoothing || 0;
   const multi = traces.length > 1;
+  // Plotly.react sees a data array as changed only when it is a new array: a live series
+  // grows in place (MetricSeries pushes the points it polls), so each draw hands plotly
+  // copies, or the chart and its axes would stay as first drawn until the next full read
   const data = traces.map((t, i) => ({
     type: t.x.length > 20000 ? "scattergl" : "scatter",
     mode: t.x.length === 1 ? "markers" : "lines",
     name: plotlyText(t.name),
-    x: t.x,
-    y: t.y,
+    x: t.x.slice(),
+    y: t.y.slice(),
     legendgroup: t.name,
     showlegend: multi && smoothing === 0,
     opacity: smoothing > 0 ? 0.28 : 1,
@@ -54,7 +57,7 @@ export function drawChart(el, title, traces, opts) {
       type: t.x.length > 20000 ? "scattergl" : "scatter",
       mode: t.x.length === 1 ? "markers" : "lines",
       name: plotlyText(t.name),
-      x: t.x,
+      x: t.x.slice(),
       y: ema(t.y, smoothing),
       legendgroup: t.name,
       showlegend: multi,
@@ -179,6 +182,11 @@ export class MetricSeries {
     this.attempts = null;
     this.fullAt = 0;
     this.complete = false; // the job ended and the last full read came after it
+  }
+
+  /** The job was resumed: read it again as it runs. */
+  reopen() {
+    this.complete = false;
   }
 
   async update(job) {
