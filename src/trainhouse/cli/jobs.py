@@ -124,7 +124,8 @@ def _dry_run(file: Path, overrides: list[str], as_json: bool, url: str | None) -
         highlight=False,
     )
     if plan["preempts"]:
-        console.print(f"it would preempt job(s) {plan['preempts']}")
+        jobs = ", ".join(str(j) for j in plan["preempts"])
+        console.print(f"it would preempt job(s) {jobs}", highlight=False)
 
 
 def summary(job: dict[str, Any]) -> None:
@@ -135,7 +136,9 @@ def summary(job: dict[str, Any]) -> None:
     if shown:
         console.print(f"  final metrics (step {job.get('last_step')}): {shown}", highlight=False)
     if job["state"] == "FAILED" and job.get("reason"):
-        console.print(f"  reason: {job['reason']}", highlight=False, markup=False)
+        # its first line: the rest (the failing rank's last lines) was printed as it failed
+        first = job["reason"].splitlines()[0]
+        console.print(f"  reason: {first}", highlight=False, markup=False)
     where = job.get("job_dir")  # null unless the caller is an admin
     logs = f"   ({where}/logs)" if where else ""
     checkpoints = f"   ({where}/checkpoints)" if where else ""
