@@ -355,3 +355,40 @@ def test_pages_sorts_and_filters_many_jobs_and_shows_the_queue(
     expect(card.get_by_test_id("node-cpus")).to_contain_text(
         f"{node['cpus'] - node['free_cpus']} / {node['cpus']} ({node['free_cpus']} free)"
     )
+
+    # its charts share the card's whole width (no empty column beside them)
+    page.wait_for_function(
+        "document.querySelectorAll('[data-testid=node-charts] .chart').length >= 2"
+    )
+    widths = page.evaluate(
+        """() => {
+            const grid = document.querySelector('[data-testid=node-charts]');
+            const charts = [...grid.querySelectorAll('.chart')].slice(0, 2);
+            return {grid: grid.clientWidth, charts: charts.map((c) => c.offsetWidth)};
+        }"""
+    )
+    assert sum(widths["charts"]) >= 0.95 * widths["grid"] - 24, widths
+
+    # a page that does not exist is no tab's: none stays highlighted
+    page.goto(f"{srv.url}/#/no-such-page")
+    expect(page.get_by_test_id("not-found-page")).to_be_visible()
+    assert page.locator("header nav a.active").count() == 0
+
+    # the browser's dark preference darkens the page
+    light = page.evaluate("getComputedStyle(document.body).backgroundColor")
+    page.emulate_media(color_scheme="dark")
+    dark = page.evaluate("getComputedStyle(document.body).backgroundColor")
+    assert light == "rgb(245, 246, 248)" and dark == "rgb(18, 22, 31)", (light, dark)
+
+    # the queue page changes a job's priority and cancels it, by the CLI's rules
+    page.goto(f"{srv.url}/#/queue")
+    row = page.locator(f'[data-testid=queue-row][data-job-id="{ids[0]}"]')
+    row.get_by_test_id("queue-priority").select_option("low")
+    expect(page.get_by_test_id("queue-message")).to_contain_text("done")
+    assert api(srv, f"/jobs/{ids[0]}")["priority"] == "low"
+    row = page.locator(f'[data-testid=queue-row][data-job-id="{ids[0]}"]')
+    row.get_by_test_id("queue-cancel").click()
+    row.get_by_test_id("queue-cancel-confirm").click()
+    expect(page.get_by_test_id("queue-message")).to_contain_text(f"cancel job {ids[0]}: done")
+    assert api(srv, f"/jobs/{ids[0]}")["state"] == "CANCELED"
+    expect(page.locator(f'[data-testid=queue-row][data-job-id="{ids[0]}"]')).to_have_count(0)
