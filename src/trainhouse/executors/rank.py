@@ -58,15 +58,22 @@ class TimedLog:
     def __init__(self, log: int, times: int | None) -> None:
         self.log = log
         self.times = times
+        # where the next write lands (the log is opened O_APPEND, and only this rank's wrapper
+        # writes it while the attempt runs): its size once, then counted, no syscall per piece
+        self.offset = os.fstat(log).st_size
 
     def write(self, data: bytes) -> None:
         if not data:
             return
-        offset = os.fstat(self.log).st_size  # the log is opened O_APPEND: this is where it goes
-        os.write(self.log, data)
+        at = self.offset
+        view = memoryview(data)
+        while view:  # a short write (a full disk) goes on with the rest
+            written = os.write(self.log, view)
+            self.offset += written
+            view = view[written:]
         if self.times is not None:
             with contextlib.suppress(OSError):
-                os.write(self.times, TIME_RECORD.pack(offset, time.time()))
+                os.write(self.times, TIME_RECORD.pack(at, time.time()))
 
 
 def copy(pipe: int, out: TimedLog, child: subprocess.Popen[bytes]) -> None:
