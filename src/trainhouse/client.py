@@ -225,6 +225,28 @@ class Client:
         result: dict[str, Any] = self._json("POST", f"/jobs/{job_id}/cancel")
         return result
 
+    def resume(self, job_id: int) -> dict[str, Any]:
+        """Send a canceled or failed job back to the queue, to continue from its latest
+        checkpoint; returns the job (QUEUED, ``resumes`` counted)."""
+        result: dict[str, Any] = self._json("POST", f"/jobs/{job_id}/resume")
+        return result
+
+    def clone(
+        self,
+        job_id: int,
+        *,
+        overrides: list[str] | None = None,
+        from_checkpoint: int | str | None = None,
+    ) -> dict[str, Any]:
+        """A new job with ``job_id``'s code and spec plus ``overrides`` (``--set`` items);
+        ``from_checkpoint`` (a step or ``"latest"``) starts it from a copy of that
+        checkpoint. Returns the new job."""
+        body: dict[str, Any] = {"set": list(overrides or [])}
+        if from_checkpoint is not None:
+            body["from_checkpoint"] = str(from_checkpoint)
+        result: dict[str, Any] = self._json("POST", f"/jobs/{job_id}/clone", json=body)
+        return result
+
     def metrics(
         self,
         job_id: int,
@@ -347,12 +369,26 @@ class Client:
         return result
 
     def logs(
-        self, job_id: int, *, rank: int | str = 0, offset: int = 0, tail: int | None = None
+        self,
+        job_id: int,
+        *,
+        rank: int | str = 0,
+        offset: int = 0,
+        tail: int | None = None,
+        timestamps: bool = False,
+        grep: str | None = None,
     ) -> tuple[str, int, str]:
-        """(text, offset to continue from, job state)."""
+        """(text, offset to continue from, job state). ``rank="all"``: every rank's lines
+        interleaved in the order they were written, each prefixed ``[rank N]``;
+        ``timestamps``: each line starts with when it was written (UTC); ``grep``: only the
+        lines this regular expression matches."""
         params: dict[str, Any] = {"rank": str(rank), "offset": offset}
         if tail is not None:
             params["tail"] = tail
+        if timestamps:
+            params["timestamps"] = "true"
+        if grep:
+            params["grep"] = grep
         resp = self._request("GET", f"/jobs/{job_id}/logs", params=params)
         return (
             resp.text,

@@ -38,6 +38,7 @@ from typing import Any
 from trainhouse import jobfiles
 
 __all__ = [
+    "DEFAULT_KEEP_LAST",
     "LAUNCHER",
     "LAUNCHER_EXIT",
     "LAUNCHER_LOG",
@@ -48,8 +49,12 @@ __all__ = [
     "JobLayout",
     "log_name",
     "rank_of_log",
+    "times_name",
 ]
 
+#: checkpoints a job keeps by default (the spec's ``checkpoints.keep_last``; a standalone run's
+#: retention in ./checkpoints too)
+DEFAULT_KEEP_LAST = 2
 #: the launcher's "rank" where a rank is asked for (logs, failure analysis)
 LAUNCHER = "launcher"
 LAUNCHER_LOG = "launcher.log"
@@ -65,6 +70,15 @@ _RANK_LOG = re.compile(r"^rank-(\d+)\.log$")
 def log_name(rank: int | str) -> str:
     """``rank-3.log`` for rank 3, ``launcher.log`` for the launcher."""
     return LAUNCHER_LOG if rank == LAUNCHER else f"rank-{int(rank)}.log"
+
+
+#: the time index next to a rank's log (written by the rank wrapper, read by trainhouse.joblogs)
+TIMES_SUFFIX = ".times"
+
+
+def times_name(rank: int | str) -> str:
+    """``rank-3.log.times``: when each piece of ``rank-3.log`` was written."""
+    return log_name(rank) + TIMES_SUFFIX
 
 
 def rank_of_log(name: str) -> int | None:
@@ -152,6 +166,9 @@ class JobLayout:
 
     def log(self, rank: int | str) -> Path:
         return self.logs / log_name(rank)
+
+    def log_times(self, rank: int | str) -> Path:
+        return self.logs / times_name(rank)
 
     def ranks(self) -> list[int]:
         """Ranks that have a log (a regular file, no link on the way), in order."""

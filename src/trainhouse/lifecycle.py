@@ -7,7 +7,9 @@ function that checks it, and the enums every layer speaks.
        ▲          │
        │          ├──► RESTARTING ──► QUEUED     (failed attempt with restarts left)
        │          └──► PREEMPTED  ──► QUEUED     (stopped to make room, resumes later)
-       └── CANCELED from QUEUED, RESTARTING or PREEMPTED
+       ├── CANCELED from QUEUED, RESTARTING or PREEMPTED
+       └── QUEUED from CANCELED or FAILED: ``trainhouse resume``, the same job continuing
+           from its latest checkpoint (the only way out of an ended state; COMPLETED has none)
 
 Nothing else in trainhouse changes a job's state: the store calls :func:`check_transition`
 inside the same transaction that writes the new state. The terminal set is spelled here once;
@@ -23,6 +25,7 @@ from enum import StrEnum
 from trainhouse.errors import InvalidTransition
 
 __all__ = [
+    "RESUMABLE",
     "TERMINAL",
     "TRANSITIONS",
     "AttemptResult",
@@ -53,6 +56,9 @@ class JobState(StrEnum):
 
 
 TERMINAL = frozenset({JobState.COMPLETED, JobState.FAILED, JobState.CANCELED})
+#: ended states a user may send back to the queue (``resume``); they stay terminal: nothing
+#: runs and nothing of trainhouse moves them on its own
+RESUMABLE = frozenset({JobState.FAILED, JobState.CANCELED})
 
 TRANSITIONS: dict[JobState, frozenset[JobState]] = {
     JobState.QUEUED: frozenset({JobState.RUNNING, JobState.CANCELED}),
@@ -68,8 +74,8 @@ TRANSITIONS: dict[JobState, frozenset[JobState]] = {
     JobState.RESTARTING: frozenset({JobState.QUEUED, JobState.CANCELED, JobState.FAILED}),
     JobState.PREEMPTED: frozenset({JobState.QUEUED, JobState.CANCELED}),
     JobState.COMPLETED: frozenset(),
-    JobState.FAILED: frozenset(),
-    JobState.CANCELED: frozenset(),
+    JobState.FAILED: frozenset({JobState.QUEUED}),  # resume
+    JobState.CANCELED: frozenset({JobState.QUEUED}),  # resume
 }
 
 

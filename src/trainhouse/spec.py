@@ -24,6 +24,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from trainhouse.errors import SpecError
+from trainhouse.layout import DEFAULT_KEEP_LAST
 from trainhouse.searchspec import SearchSpec, check_search, distributions
 
 __all__ = [
@@ -161,7 +162,7 @@ class Resources(_Strict):
 
 
 class CheckpointPolicy(_Strict):
-    keep_last: int = Field(2, ge=1, description="Newest checkpoints kept")
+    keep_last: int = Field(DEFAULT_KEEP_LAST, ge=1, description="Newest checkpoints kept")
     keep_best: int = Field(0, ge=0, description="Best checkpoints kept by `metric`")
     metric: str | None = Field(
         None,

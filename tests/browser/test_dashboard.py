@@ -211,14 +211,28 @@ def test_logs_stream_in_and_the_cancel_button_cancels(
     expect(log.locator("span.ansi-cyan").first).to_have_text("tick")
     assert log.locator("b").count() == 0  # printed markup stays text
 
-    # the chart follows the job while it runs
-    page.wait_for_function(
-        """(n) => {
-            const el = document.querySelector('[data-testid=chart-loss]');
-            return !!(el && el.data && el.data[0].x.length > n);
-        }""",
-        arg=later,
-    )
+    # the chart follows the job while it runs: each time the page's series grows, what
+    # plotly drew grows with it (its computed points and its x axis), not only the arrays it
+    # was handed; three growths in a row (the page re-reads a series in full only every 30 s)
+    for _ in range(3):
+        grown = chart_data(page, "chart-loss")[0]["x"][-1]
+        page.wait_for_function(
+            """(n) => {
+                const el = document.querySelector('[data-testid=chart-loss]');
+                return !!(el && el.data && el.data[0].x[el.data[0].x.length - 1] > n);
+            }""",
+            arg=grown,
+        )
+        drawn = page.evaluate(
+            """() => {
+                const el = document.querySelector('[data-testid=chart-loss]');
+                const x = el.data[0].x;
+                return {points: x.length, last: x[x.length - 1], calc: el.calcdata[0].length,
+                        right: el._fullLayout.xaxis.range[1]};
+            }"""
+        )
+        assert drawn["calc"] == drawn["points"], drawn
+        assert drawn["right"] >= drawn["last"], drawn
 
     # cancel, with a confirmation step that can still be backed out of
     page.get_by_test_id("cancel-button").click()
@@ -341,3 +355,40 @@ def test_pages_sorts_and_filters_many_jobs_and_shows_the_queue(
     expect(card.get_by_test_id("node-cpus")).to_contain_text(
         f"{node['cpus'] - node['free_cpus']} / {node['cpus']} ({node['free_cpus']} free)"
     )
+
+    # its charts share the card's whole width (no empty column beside them)
+    page.wait_for_function(
+        "document.querySelectorAll('[data-testid=node-charts] .chart').length >= 2"
+    )
+    widths = page.evaluate(
+        """() => {
+            const grid = document.querySelector('[data-testid=node-charts]');
+            const charts = [...grid.querySelectorAll('.chart')].slice(0, 2);
+            return {grid: grid.clientWidth, charts: charts.map((c) => c.offsetWidth)};
+        }"""
+    )
+    assert sum(widths["charts"]) >= 0.95 * widths["grid"] - 24, widths
+
+    # a page that does not exist is no tab's: none stays highlighted
+    page.goto(f"{srv.url}/#/no-such-page")
+    expect(page.get_by_test_id("not-found-page")).to_be_visible()
+    assert page.locator("header nav a.active").count() == 0
+
+    # the browser's dark preference darkens the page
+    light = page.evaluate("getComputedStyle(document.body).backgroundColor")
+    page.emulate_media(color_scheme="dark")
+    dark = page.evaluate("getComputedStyle(document.body).backgroundColor")
+    assert light == "rgb(245, 246, 248)" and dark == "rgb(18, 22, 31)", (light, dark)
+
+    # the queue page changes a job's priority and cancels it, by the CLI's rules
+    page.goto(f"{srv.url}/#/queue")
+    row = page.locator(f'[data-testid=queue-row][data-job-id="{ids[0]}"]')
+    row.get_by_test_id("queue-priority").select_option("low")
+    expect(page.get_by_test_id("queue-message")).to_contain_text("done")
+    assert api(srv, f"/jobs/{ids[0]}")["priority"] == "low"
+    row = page.locator(f'[data-testid=queue-row][data-job-id="{ids[0]}"]')
+    row.get_by_test_id("queue-cancel").click()
+    row.get_by_test_id("queue-cancel-confirm").click()
+    expect(page.get_by_test_id("queue-message")).to_contain_text(f"cancel job {ids[0]}: done")
+    assert api(srv, f"/jobs/{ids[0]}")["state"] == "CANCELED"
+    expect(page.locator(f'[data-testid=queue-row][data-job-id="{ids[0]}"]')).to_have_count(0)

@@ -51,6 +51,9 @@ SINGLE_BACKEND = {
     "killed twice runs on PostgreSQL (Optuna's own schema in the server's database; it picks its "
     "own database), the preempted trial on SQLite (Optuna's own file beside the server's); both "
     "stores' sides of a search run on both backends in tests/unit/test_search_*.py",
+    "test_lineage.py": "real ranks resuming and cloning through the CLI; the store's side of "
+    "a resume and a clone (the transition, the counters, the hold, the copy's registration) "
+    "runs on both backends in tests/unit/test_lineage.py",
     "test_isolation.py": "the processes and files of a server are under test, not its store: "
     "the secret's test picks its own PostgreSQL database, and the SQLite file is among the "
     "files whose modes are checked",

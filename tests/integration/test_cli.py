@@ -85,10 +85,20 @@ def test_server_side_errors_and_exit_codes(server: Server, tmp_path: Path) -> No
     missing = write_job(tmp_path, "print(1)\n", "entrypoint: python other.py\n")
     assert_clean_error(server.cli("submit", str(missing)), 2, "'other.py' is not in the uploaded")
     assert_clean_error(server.cli("show", "999"), 2, "job 999 does not exist")
-    failing = write_job(tmp_path, "import sys\nsys.exit(5)\n", "entrypoint: python train.py\n")
+    script = (
+        "import sys, traceback\n"
+        "try:\n"
+        "    raise ValueError('broken on purpose')\n"
+        "except ValueError:\n"
+        "    traceback.print_exc()\n"
+        "    sys.exit(5)\n"
+    )
+    failing = write_job(tmp_path, script, "entrypoint: python train.py\n")
     result = server.cli("submit", str(failing))
     assert result.returncode == 5, result.stdout + result.stderr
     assert "FAILED" in result.stdout and "rank 0 exited with code 5" in result.stdout
+    # the failure's last lines (its traceback) are printed once, not again in the summary
+    assert result.stdout.count("ValueError: broken on purpose") == 1, result.stdout
 
 
 def test_ctrl_c_detaches_without_killing(server: Server, tmp_path: Path) -> None:

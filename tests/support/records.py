@@ -36,7 +36,8 @@ def new_job(
 
 def old_store(url: str, revision: str) -> Store:
     """A store at migration ``revision`` (not upgraded further) holding job 1, COMPLETED, as
-    the old schema's own columns put it; close it before opening ``url`` again to upgrade."""
+    the old schema's own columns put it (on SQLite or PostgreSQL); close it before opening
+    ``url`` again to upgrade."""
     old = Store(url, migrate=False)
     old.upgrade(revision)
     with old.engine.begin() as conn:

@@ -95,7 +95,8 @@ def test_the_commands_and_their_order() -> None:
     root = typer.main.get_command(app)
     assert list(root.commands) == [  # type: ignore[attr-defined]
         *("server", "demo", "queue", "set-priority", "login", "logout", "whoami", "spec"),
-        *("submit", "ps", "show", "cancel", "logs", "metrics", "checkpoints", "top"),
+        *("submit", "ps", "show", "cancel", "logs", "metrics", "checkpoints"),
+        *("resume", "clone", "top"),
         *("admin", "db", "envs", "search"),
     ]
     admin = root.commands["admin"]  # type: ignore[attr-defined]
@@ -229,3 +230,19 @@ def test_server_refuses_what_settings_refuses(tmp_path: Path, started: list[Sett
         assert result.exit_code == 2, result.output
         assert message in result.output
     assert started == []
+
+
+def test_show_speaks_words_not_json_or_raw_signals() -> None:
+    from trainhouse.cli.render import exit_words, placement_words
+
+    placement = {
+        "nodes": [
+            {"node": "a", "cpus": 4, "gpus": [0, 1], "procs": 2},
+            {"node": "b", "cpus": 1, "gpus": [], "procs": 1},
+        ]
+    }
+    assert placement_words(placement) == "a: 2 ranks, 4 CPUs, GPUs 0,1; b: 1 rank, 1 CPU"
+    assert placement_words(None) == "-"
+    assert exit_words(-15) == "SIGTERM" and exit_words(-9) == "SIGKILL"
+    assert exit_words(143) == "143 (SIGTERM)" and exit_words(3) == "3" and exit_words(None) == "-"
+    assert exit_words(-99) == "signal 99"

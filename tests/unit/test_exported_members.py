@@ -54,6 +54,7 @@ PUBLIC: dict[str, list[str]] = {
         "UploadTooLarge",
     ],
     "trainhouse.lifecycle": [
+        "RESUMABLE",
         "TERMINAL",
         "TRANSITIONS",
         "AttemptResult",

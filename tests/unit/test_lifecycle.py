@@ -5,17 +5,19 @@ import itertools
 import pytest
 
 from trainhouse.errors import InvalidTransition
-from trainhouse.lifecycle import TERMINAL, TRANSITIONS, JobState, check_transition
+from trainhouse.lifecycle import RESUMABLE, TERMINAL, TRANSITIONS, JobState, check_transition
 
 
 def test_table_covers_every_state() -> None:
     assert set(TRANSITIONS) == set(JobState)
 
 
-def test_terminal_states_have_no_exits() -> None:
+def test_terminal_states_have_no_exits_but_a_resume() -> None:
+    assert RESUMABLE < TERMINAL
     for state in TERMINAL:
-        assert TRANSITIONS[state] == frozenset()
+        assert TRANSITIONS[state] == (frozenset({JobState.QUEUED}) if state in RESUMABLE else set())
         assert state.terminal
+    assert TRANSITIONS[JobState.COMPLETED] == frozenset()
 
 
 @pytest.mark.parametrize(
@@ -30,6 +32,8 @@ def test_terminal_states_have_no_exits() -> None:
         ("RUNNING", "PREEMPTED"),
         ("PREEMPTED", "QUEUED"),
         ("QUEUED", "CANCELED"),
+        ("CANCELED", "QUEUED"),
+        ("FAILED", "QUEUED"),
     ],
 )
 def test_allowed(current: str, new: str) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -11,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from trainhouse import envs, layout
+from trainhouse import envs, joblogs, layout
 from trainhouse.executors import rank, torchrun
 from trainhouse.executors.supervise import read_record
 
@@ -23,6 +24,7 @@ def test_its_names_are_the_layouts() -> None:
     assert rank.RANK_EXIT_PREFIX == layout.RANK_EXIT_PREFIX
     assert rank.PYTHON_ENV == envs.PYTHON_ENV
     assert rank.log_name("3") == layout.log_name(3)
+    assert rank.times_name("3") == layout.times_name(3)
     attempt = layout.AttemptLayout(Path("/x"))
     assert attempt.rank_exit(3).name == f"{rank.RANK_EXIT_PREFIX}3"
 
@@ -87,3 +89,45 @@ def test_python_means_the_jobs_environment_where_it_has_one(
     monkeypatch.setenv(rank.PYTHON_ENV, "/envs/abc/bin/python")
     assert rank._argv(["python", "t.py"]) == ["/envs/abc/bin/python", "t.py"]
     assert rank._argv(["bash", "t.sh"]) == ["bash", "t.sh"]
+
+
+def test_it_records_when_each_piece_was_written(tmp_path: Path) -> None:
+    code = (
+        "import sys, time\n"
+        "print('first', flush=True)\n"
+        "time.sleep(0.3)\n"
+        "print('second', flush=True)\n"
+        "print('third', file=sys.stderr, flush=True)\n"
+    )
+    before = time.time()
+    proc = start(tmp_path, code)
+    assert proc.wait(30) == 0
+    log = tmp_path / "logs" / "rank-1.log"
+    lines, _ = joblogs.read_lines(log, log.with_name("rank-1.log.times"), within=tmp_path)
+    texts = [ln.text.decode() for ln in lines]
+    assert texts[0].startswith("=== trainhouse: attempt 2") and texts[1:] == [
+        "first\n",
+        "second\n",
+        "third\n",
+    ]
+    times = [ln.time for ln in lines]
+    assert all(t is not None and before <= t <= time.time() for t in times)
+    assert times[2] - times[1] >= 0.25  # the second line was written after the sleep
+
+
+def test_a_grandchild_holding_the_pipe_does_not_hold_the_rank(tmp_path: Path) -> None:
+    ready = tmp_path / "grandchild"
+    code = (
+        "import pathlib, subprocess, sys\n"
+        "g = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(20)'])\n"
+        f"pathlib.Path({str(ready)!r}).write_text(str(g.pid))\n"
+        "print('parent done', flush=True)\n"
+    )
+    proc = start(tmp_path, code)
+    try:
+        assert proc.wait(15) == 0  # the user's process ended; its child keeps the pipe open
+        assert "parent done\n" in (tmp_path / "logs" / "rank-1.log").read_text()
+    finally:
+        if ready.exists():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(ready.read_text()), signal.SIGKILL)

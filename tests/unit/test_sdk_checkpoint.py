@@ -292,7 +292,10 @@ def test_disk_full_is_found_anywhere_in_the_chain() -> None:
 
 
 # -- the server's list, corrupt checkpoints ------------------------------------------------
-def test_corrupt_and_missing_checkpoints_are_reported(standalone: Path) -> None:
+def test_corrupt_and_missing_checkpoints_are_reported(
+    standalone: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TRAINHOUSE_KEEP_LAST", "5")  # three checkpoints stay
     ckpts = standalone / "checkpoints"
     with trainhouse.init() as run:
         recs = [run.checkpoint.save({"s": torch.tensor(s)}, step=s) for s in (1, 2, 3)]
@@ -563,7 +566,10 @@ def test_async_sharded_single_process(standalone: Path) -> None:
         assert torch.equal(template["w"], torch.arange(5.0))
 
 
-def test_background_saves_reuse_buffers_without_mixing_checkpoints(standalone: Path) -> None:
+def test_background_saves_reuse_buffers_without_mixing_checkpoints(
+    standalone: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TRAINHOUSE_KEEP_LAST", "100")  # every checkpoint stays, to be read
     ckpts = standalone / "checkpoints"
     with trainhouse.init() as run:
         w = torch.ones(1000)

@@ -156,3 +156,41 @@ def test_a_broken_checkpoint_record_is_a_clear_error(standalone: Path) -> None:
     (standalone / "checkpoints" / "step-000000001.pt.json").write_text('{"step": 1}')
     with trainhouse.init() as run, pytest.raises(CheckpointError, match="latest checkpoint"):
         run.checkpoint.load()
+
+
+def test_a_resume_says_so_and_how_to_start_fresh(
+    standalone: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with trainhouse.init() as run:
+        assert run.checkpoint.load() is None
+        run.checkpoint.save({"step": 3}, step=3)
+    assert "resuming" not in capsys.readouterr().err
+    with trainhouse.init() as run:  # `python train.py` again, in the same directory
+        state = run.checkpoint.load()
+        assert state is not None and state["step"] == 3
+    err = capsys.readouterr().err
+    where = standalone / "checkpoints"
+    assert f"resuming from the checkpoint of step 3 that an earlier run left in {where}" in err
+    assert "to start fresh, move or delete that directory" in err
+
+
+def test_a_standalone_run_keeps_the_specs_default_number_of_checkpoints(
+    standalone: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with trainhouse.init() as run:
+        for step in range(5):
+            run.checkpoint.save({"step": step}, step=step)
+    names = sorted(p.name for p in (standalone / "checkpoints").iterdir())
+    assert names == [  # keep_last: 2 by default
+        "step-000000003.pt",
+        "step-000000003.pt.json",
+        "step-000000004.pt",
+        "step-000000004.pt.json",
+    ]
+    monkeypatch.setenv("TRAINHOUSE_KEEP_LAST", "3")
+    with trainhouse.init() as run:
+        run.checkpoint.save({"step": 5}, step=5)
+    assert len(list((standalone / "checkpoints").glob("*.pt"))) == 3
+    monkeypatch.setenv("TRAINHOUSE_KEEP_LAST", "none")
+    with pytest.raises(ValueError, match="TRAINHOUSE_KEEP_LAST must be a whole number >= 1"):
+        trainhouse.init()

@@ -329,7 +329,7 @@ def test_postgresql_is_never_migrated_by_the_server_only_by_db_upgrade(pg_url: s
         f"database at revision none (no trainhouse schema yet) needs upgrading to {head}: "
         f"run `trainhouse db upgrade --db {pg_url}`"
     )
-    old = old_store(pg_url, "0004")  # job 1, written with the old schema's columns
+    old = old_store(pg_url, "0004")  # job 1, written as that revision's columns put it
     job_id = 1
     old.close()
     with pytest.raises(StoreError, match=f"at revision 0004 needs upgrading to {head}: run `tr"):

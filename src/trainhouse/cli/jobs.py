@@ -8,7 +8,7 @@ commands that use them.
 
 from __future__ import annotations
 
-import json
+import re
 import sys
 import time
 from pathlib import Path
@@ -26,7 +26,9 @@ from trainhouse.cli.render import (
     duration,
     err_console,
     errors,
+    exit_words,
     fmt_value,
+    placement_words,
     print_json,
     state,
 )
@@ -80,34 +82,44 @@ def submit(
 
         submit_search(file, set_ or [], detach=detach, as_json=as_json, url=url)
         return
-    from trainhouse.cli.follow import Follower
-
     with errors(), options.client(url) as c:
         job = c.submit(file, overrides=set_ or [])
-        if as_json and detach:
-            print_json(job)
-            return
-        if not as_json:
-            console.print(
-                f"submitted job [bold]{job['id']}[/] ({job['name']}) to {c.url}", highlight=False
-            )
-        if detach:
-            console.print(f"follow it with: trainhouse logs {job['id']} -f")
-            return
-        try:
-            final = Follower(c, job["id"], out=err_console if as_json else console).run()
-        except KeyboardInterrupt:
-            console.print(
-                f"\ndetached; job {job['id']} keeps running. "
-                f"Follow it with `trainhouse logs {job['id']} -f`, stop it with "
-                f"`trainhouse cancel {job['id']}`."
-            )
-            raise typer.Exit(0) from None
-        if as_json:
-            print_json(final)
-        else:
-            summary(final)
-        raise typer.Exit(result_code(final))
+        follow_job(
+            c,
+            job,
+            f"submitted job [bold]{job['id']}[/] ({job['name']}) to {c.url}",
+            as_json=as_json,
+            detach=detach,
+        )
+
+
+def follow_job(c: Client, job: dict[str, Any], said: str, *, as_json: bool, detach: bool) -> None:
+    """What ``submit`` (and ``resume``, ``clone``) do with the job they queued: say ``said``,
+    then follow it until it ends (exit code = its result), or return at once (``detach``)."""
+    from trainhouse.cli.follow import Follower
+
+    if as_json and detach:
+        print_json(job)
+        return
+    if not as_json:
+        console.print(said, highlight=False)
+    if detach:
+        console.print(f"follow it with: trainhouse logs {job['id']} -f")
+        return
+    try:
+        final = Follower(c, job["id"], out=err_console if as_json else console).run()
+    except KeyboardInterrupt:
+        console.print(
+            f"\ndetached; job {job['id']} keeps running. "
+            f"Follow it with `trainhouse logs {job['id']} -f`, stop it with "
+            f"`trainhouse cancel {job['id']}`."
+        )
+        raise typer.Exit(0) from None
+    if as_json:
+        print_json(final)
+    else:
+        summary(final)
+    raise typer.Exit(result_code(final))
 
 
 def _dry_run(file: Path, overrides: list[str], as_json: bool, url: str | None) -> None:
@@ -122,7 +134,8 @@ def _dry_run(file: Path, overrides: list[str], as_json: bool, url: str | None) -
         highlight=False,
     )
     if plan["preempts"]:
-        console.print(f"it would preempt job(s) {plan['preempts']}")
+        jobs = ", ".join(str(j) for j in plan["preempts"])
+        console.print(f"it would preempt job(s) {jobs}", highlight=False)
 
 
 def summary(job: dict[str, Any]) -> None:
@@ -133,7 +146,9 @@ def summary(job: dict[str, Any]) -> None:
     if shown:
         console.print(f"  final metrics (step {job.get('last_step')}): {shown}", highlight=False)
     if job["state"] == "FAILED" and job.get("reason"):
-        console.print(f"  reason: {job['reason']}", highlight=False, markup=False)
+        # its first line: the rest (the failing rank's last lines) was printed as it failed
+        first = job["reason"].splitlines()[0]
+        console.print(f"  reason: {first}", highlight=False, markup=False)
     where = job.get("job_dir")  # null unless the caller is an admin
     logs = f"   ({where}/logs)" if where else ""
     checkpoints = f"   ({where}/checkpoints)" if where else ""
@@ -230,12 +245,20 @@ def show(
             + (f" of {job['total_steps']}" if job["total_steps"] else ""),
         ),
         *([("environment", job["environment"])] if job.get("environment") else []),
-        ("placement", json.dumps(job["placement"]) if job["placement"] else "-"),
+        ("placement", placement_words(job["placement"])),
         ("checkpoints", str(job["checkpoints"])),
         ("directory", job.get("job_dir") or "-"),  # null unless the caller is an admin
     ]
+    if job.get("resumes"):
+        rows.insert(7, ("resumed", f"{job['resumes']} time(s) after it ended"))
+    if job.get("cloned_from") is not None:
+        step = job.get("cloned_step")
+        start = f"its checkpoint of step {step}" if step is not None else "the start"
+        rows.append(("cloned from", f"job {job['cloned_from']}, starting from {start}"))
+    if job.get("clones"):
+        rows.append(("clones", ", ".join(f"job {c['id']} ({c['state']})" for c in job["clones"])))
     if job["exit_code"] is not None:
-        rows.append(("exit code", str(job["exit_code"])))
+        rows.append(("exit code", exit_words(job["exit_code"])))
     table = Table(box=None, show_header=False)
     table.add_column(style="bold")
     table.add_column(overflow="fold")
@@ -267,9 +290,12 @@ def show(
                 ago(a["started_at"]),
                 duration((a["ended_at"] or time.time()) - a["started_at"]),
                 result,
-                "-" if a["exit_code"] is None else str(a["exit_code"]),
+                exit_words(a["exit_code"]),
                 "-" if a.get("failed_rank") is None else str(a["failed_rank"]),
-                " ".join(f"{r}:{c}" for r, c in sorted(codes.items(), key=lambda x: int(x[0])))
+                " ".join(
+                    f"{r}:{exit_words(c)}"
+                    for r, c in sorted(codes.items(), key=lambda x: int(x[0]))
+                )
                 or "-",
                 (a["reason"] or "").splitlines()[0] if a["reason"] else "",
             )
@@ -312,29 +338,39 @@ def logs(
     rank: Annotated[
         str | None, typer.Option("--rank", help="Only this rank (or 'launcher')")
     ] = None,
-    tail: Annotated[int | None, typer.Option("--tail", help="Only the last N lines")] = None,
+    tail: Annotated[
+        int | None, typer.Option("--tail", help="Only the last N lines (of each rank)")
+    ] = None,
+    timestamps: Annotated[
+        bool, typer.Option("--timestamps", "-t", help="Start each line with when it was written")
+    ] = False,
+    grep: Annotated[
+        str | None,
+        typer.Option(
+            "--grep", metavar="PATTERN", help="Only lines this regular expression matches"
+        ),
+    ] = None,
     url: Url = None,
 ) -> None:
-    """Print a job's logs, every rank's unless --rank is given; -f follows them live."""
+    """Print a job's logs: every rank's, interleaved in the order they were written and
+    prefixed with their rank, unless --rank is given; -f follows them live."""
     with errors(), options.client(url) as c:
         if follow:
-            _follow_logs(c, job_id, rank, tail)
+            if timestamps:
+                raise typer.BadParameter("--timestamps prints logs as written; not with -f")
+            _follow_logs(c, job_id, rank, tail, grep)
             return
-        if rank is not None:
-            streams: list[str] = [rank]
-        else:
-            info = c.log_ranks(job_id)
-            streams = [str(r) for r in info["ranks"]] or ["0"]
-        prefix = len(streams) > 1
-        for s in streams:
-            text, _, _ = c.logs(job_id, rank=s, tail=tail)
-            if text:
-                lines = text.splitlines(keepends=True)
-                sys.stdout.write("".join(f"[rank {s}] {ln}" for ln in lines) if prefix else text)
+        if rank is None:
+            ranks = c.log_ranks(job_id)["ranks"]
+            rank = "all" if len(ranks) > 1 else "0"
+        text, _, _ = c.logs(job_id, rank=rank, tail=tail, timestamps=timestamps, grep=grep)
+        sys.stdout.write(text)
         sys.stdout.flush()
 
 
-def _follow_logs(c: Client, job_id: int, rank: str | None, tail: int | None) -> None:
+def _follow_logs(
+    c: Client, job_id: int, rank: str | None, tail: int | None, grep: str | None = None
+) -> None:
     """Stream the logs (Server-Sent Events) until the job ends; survives a server restart."""
 
     def reconnecting(exc: Exception) -> None:
@@ -346,17 +382,20 @@ def _follow_logs(c: Client, job_id: int, rank: str | None, tail: int | None) -> 
     res = c.job(job_id)["spec"]["resources"]
     prefix = rank is None and int(res["nodes"]) * int(res["procs_per_node"] or 1) > 1
     partial: dict[str, bool] = {}  # a rank's last text did not end its line
+    pattern = re.compile(grep) if grep else None
     for event in c.stream_logs(
         job_id, ranks=[rank] if rank else None, tail=tail, on_reconnect=reconnecting
     ):
         if "end" in event:
             break
         text: str = event["text"]
-        if prefix:  # every rank: each line says whose it is
+        if prefix or pattern is not None:  # each line says whose it is; or only some lines
             lines = text.splitlines(keepends=True)
             out = []
             for ln in lines:
-                out.append(ln if partial.get(event["rank"]) else f"[rank {event['rank']}] {ln}")
+                cont = partial.get(event["rank"])
+                if pattern is None or pattern.search(ln):
+                    out.append(ln if cont or not prefix else f"[rank {event['rank']}] {ln}")
                 partial[event["rank"]] = not ln.endswith("\n")
             text = "".join(out)
         sys.stdout.write(text)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import signal
 import sys
 import time
 from collections.abc import Iterator
@@ -79,3 +80,37 @@ def state(s: str) -> str:
 
 def fmt_value(v: float | None) -> str:
     return "nan" if v is None else f"{v:.4g}"
+
+
+def placement_words(placement: dict[str, Any] | None) -> str:
+    """Where a job runs, in words: ``node-a: 2 ranks, 4 CPUs, GPUs 0,1; node-b: ...``."""
+    nodes = (placement or {}).get("nodes") or []
+    if not nodes:
+        return "-"
+    parts = []
+    for p in nodes:
+        procs, cpus, gpus = int(p.get("procs", 1)), int(p.get("cpus", 0)), p.get("gpus") or []
+        text = f"{p.get('node', '?')}: {procs} rank{'s' if procs != 1 else ''}, "
+        text += f"{cpus} CPU{'s' if cpus != 1 else ''}"
+        if gpus:
+            text += f", GPU{'s' if len(gpus) != 1 else ''} " + ",".join(str(g) for g in gpus)
+        parts.append(text)
+    return "; ".join(parts)
+
+
+def exit_words(code: int | None) -> str:
+    """An exit code as people read it: a negative one (killed by a signal) names the signal
+    (``SIGTERM``), as does 128+N from a shell; others stay numbers."""
+    if code is None:
+        return "-"
+    if code < 0:
+        try:
+            return signal.Signals(-code).name
+        except ValueError:
+            return f"signal {-code}"
+    if 128 < code < 160:
+        try:
+            return f"{code} ({signal.Signals(code - 128).name})"
+        except ValueError:
+            return str(code)
+    return str(code)

@@ -303,6 +303,8 @@ class SchedulerLoop(Service):
         for job in queued:
             if job.cancel_requested:
                 continue  # _schedule ends it
+            if job.held:
+                continue  # a clone whose checkpoint is being copied in
             key = (job.updated_at, job.priority, job.created_at, job.owner)
             cached = known.get(job.id)
             if cached is not None and cached[0] == key:

@@ -29,7 +29,7 @@ import types
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from trainhouse.layout import CHECKPOINT_URL_ENV, JobEnv
+from trainhouse.layout import CHECKPOINT_URL_ENV, DEFAULT_KEEP_LAST, JobEnv
 from trainhouse.sdk._distributed import DistributedContext, connect
 from trainhouse.sdk._metrics import finite_or_none
 from trainhouse.sdk._preempt import NeverStop, Preemption, ServerStop, StopSignal
@@ -94,10 +94,28 @@ def _server_parts(job: JobEnv, distributed: DistributedContext) -> _Parts:
     return _Parts(sink, ServerStop(link), ServerRegistry(link), job.checkpoints)
 
 
+#: a standalone run's checkpoint retention (the newest this many stay in ./checkpoints)
+KEEP_LAST_ENV = "TRAINHOUSE_KEEP_LAST"
+
+
+def _keep_last() -> int:
+    """How many checkpoints a standalone run keeps: ``TRAINHOUSE_KEEP_LAST``, else the spec's
+    default ``checkpoints.keep_last``."""
+    raw = os.environ.get(KEEP_LAST_ENV, "").strip()
+    if not raw:
+        return DEFAULT_KEEP_LAST
+    if not raw.isdigit() or int(raw) < 1:
+        raise ValueError(f"{KEEP_LAST_ENV} must be a whole number >= 1, got {raw!r}")
+    return int(raw)
+
+
 def _standalone_parts(distributed: DistributedContext) -> _Parts:
     # a URL given by hand (any fsspec one) replaces ./checkpoints
     location = os.environ.get(CHECKPOINT_URL_ENV) or Path("checkpoints").resolve()
-    return _Parts(ConsoleSink(is_main=distributed.is_main), NeverStop(), LocalRegistry(), location)
+    registry = LocalRegistry(
+        location=str(location), is_main=distributed.is_main, keep_last=_keep_last()
+    )
+    return _Parts(ConsoleSink(is_main=distributed.is_main), NeverStop(), registry, location)
 
 
 class Run:

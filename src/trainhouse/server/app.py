@@ -38,6 +38,7 @@ from trainhouse.server.routes import (
     accounts,
     envs,
     jobs,
+    lineage,
     logs,
     queue,
     report,
@@ -228,6 +229,7 @@ def create_app(settings: Settings, *, executor: Executor | None = None) -> FastA
     app.include_router(queue.router, prefix="/api/v1")  # before jobs: /jobs/dry-run
     app.include_router(logs.router, prefix="/api/v1")  # before jobs: /logs/stream
     app.include_router(jobs.router, prefix="/api/v1")
+    app.include_router(lineage.router, prefix="/api/v1")
     app.include_router(report.router, prefix="/api/v1")
     app.include_router(searches.router, prefix="/api/v1")
     app.include_router(system.exposition)  # GET /metrics (Prometheus)

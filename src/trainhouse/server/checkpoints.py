@@ -17,6 +17,7 @@ is deleted.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -30,7 +31,15 @@ from trainhouse.jobfiles import MAX_RECORD
 from trainhouse.layout import JobLayout
 from trainhouse.service import Service
 from trainhouse.spec import CheckpointPolicy
-from trainhouse.storage import DIGESTS, Storage, confine, is_temp, open_storage, sidecar_name
+from trainhouse.storage import (
+    DIGESTS,
+    Storage,
+    confine,
+    is_temp,
+    new_hash,
+    open_storage,
+    sidecar_name,
+)
 from trainhouse.store import Checkpoint, Job, Store
 from trainhouse.store.tables import storable
 
@@ -277,6 +286,75 @@ class Checkpoints(Service):
             finally:
                 self._queue.task_done()
 
+    # -- copies (clone --from-checkpoint) ---------------------------------------------------
+    def copy(self, source: Job, ckpt: Checkpoint, target: Job) -> Checkpoint:
+        """Copy ``ckpt`` of ``source`` into ``target``'s storage under the same name, verified
+        as a restart verifies it: a file's digest (its registered algorithm) is computed over
+        the bytes as they are copied, never more than its registered size; a sharded
+        checkpoint's tree digest is computed over the copy. Written under a temp name and
+        published only once it matches; then its record (next to it, for the SDK) and its
+        registration as ``target``'s checkpoint of attempt 0, the one its first attempt
+        loads. A mismatch raises CheckpointError and leaves nothing behind."""
+        src, dst = self.storage(source.id), self.storage(target.id)
+        name = confine(ckpt.path)
+        listing = self.files(source.id, ckpt)  # NotFound / CheckpointError when it is gone
+        tmp = dst.temp_name(name)
+        try:
+            if ckpt.kind == "sharded":
+                budget = ckpt.size
+                for sub, size in listing:
+                    budget -= size
+                    if budget < 0:
+                        raise CheckpointError(
+                            f"checkpoint of step {ckpt.step} holds more than its registered "
+                            f"{ckpt.size} bytes"
+                        )
+                    _copy_file(src, f"{name}/{confine(sub)}", dst, f"{tmp}/{confine(sub)}", size)
+                actual = dst.digest(tmp, max_bytes=ckpt.size)
+            else:
+                actual = _copy_file(src, name, dst, tmp, ckpt.size, algorithm=ckpt.algorithm)
+            if actual != ckpt.sha256:
+                raise CheckpointError(
+                    f"checkpoint of step {ckpt.step} of job {source.id} is corrupt: its "
+                    f"{ckpt.algorithm} is {actual[:16]}, the registered one {ckpt.sha256[:16]}; "
+                    "not copied"
+                )
+            dst.publish(tmp, name)
+        except BaseException:
+            with contextlib.suppress(Exception):
+                dst.delete(tmp)
+            raise
+        record = {
+            "step": ckpt.step,
+            "path": name,
+            "size": ckpt.size,
+            "sha256": ckpt.sha256,
+            "algorithm": ckpt.algorithm,
+            "kind": ckpt.kind,
+            "metrics": ckpt.metrics,
+            "attempt": 0,
+            "copied_from": {"job": source.id, "step": ckpt.step},
+        }
+        dst.write_text(sidecar_name(name), json.dumps(record))
+        return self.store.checkpoints.add(
+            target.id,
+            attempt=0,
+            step=ckpt.step,
+            path=name,
+            size=ckpt.size,
+            sha256=ckpt.sha256,
+            metrics=ckpt.metrics,
+            kind=ckpt.kind,
+            algorithm=ckpt.algorithm,
+        )
+
+    def remove_all(self, job_id: int) -> None:
+        """Delete every checkpoint file of ``job_id`` (a clone that never ran, discarded)."""
+        storage = self.storage(job_id)
+        with contextlib.suppress(OSError, CheckpointError):
+            for name in storage.list():
+                storage.delete(name)
+
     # -- downloads -------------------------------------------------------------------------
     def files(self, job_id: int, ckpt: Checkpoint) -> list[tuple[str, int]]:
         """A checkpoint's files as (name, size); a file checkpoint is one file named ``""``.
@@ -315,3 +393,22 @@ class Checkpoints(Service):
                     yield data
 
         return chunks()
+
+
+def _copy_file(
+    src: Storage, rel: str, dst: Storage, to: str, size: int, *, algorithm: str = "sha256"
+) -> str:
+    """Copy the file ``rel`` of ``src`` to ``to`` in ``dst``, reading at most ``size`` bytes
+    (a CheckpointError past them); returns the ``algorithm`` digest of what was copied."""
+    hasher = new_hash(algorithm)
+    left = size
+    with src.open_read(rel) as fh, dst.open_write(to) as out:
+        while chunk := fh.read(min(CHUNK, left + 1)):
+            left -= len(chunk)
+            if left < 0:
+                raise CheckpointError(f"{rel} holds more than its registered {size} bytes")
+            hasher.update(chunk)
+            out.write(chunk)
+    if left:
+        raise CheckpointError(f"{rel} holds {size - left} bytes, not its registered {size}")
+    return str(hasher.hexdigest())

@@ -87,12 +87,46 @@ class JobOut(BaseModel):
     )
     search_id: int | None = Field(None, description="The search this job is a trial of")
     prune_requested: bool = Field(False, description="The search's pruner stopped it")
+    resumes: int = Field(0, description="Times it was resumed after it ended (trainhouse resume)")
+    cloned_from: int | None = Field(None, description="The job it was cloned from")
+    cloned_step: int | None = Field(
+        None, description="The step of the checkpoint of that job it started from"
+    )
+    held: bool = Field(False, description="Queued, not yet schedulable: a clone being prepared")
+
+
+class CloneOut(BaseModel):
+    id: int
+    name: str
+    state: JobState
+    cloned_step: int | None
+
+
+class CloneIn(BaseModel):
+    """``POST /jobs/{id}/clone``: the new job's overrides and where it starts."""
+
+    model_config = {"extra": "forbid"}
+
+    set: list[Annotated[str, Field(max_length=4096, pattern=NO_NUL)]] = Field(
+        default_factory=list,
+        max_length=200,
+        description="Overrides of the spec, as `--set`: ['hparams.lr=0.1', 'name=b']",
+    )
+    from_checkpoint: str | None = Field(
+        None,
+        pattern=r"^(latest|\d{1,18})$",
+        description="'latest' or a step: start from a copy of that checkpoint of the job "
+        "(null: start fresh)",
+    )
 
 
 class JobDetailOut(JobOut):
     attempt_history: list[AttemptOut]
     events: list[EventOut]
     checkpoints: int
+    clones: list[CloneOut] = Field(
+        default_factory=list, description="The jobs cloned from this one that the caller may see"
+    )
     log_ranks: list[int]
     environment: str | None = Field(
         None,

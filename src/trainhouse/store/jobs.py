@@ -12,13 +12,19 @@ import time
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any, Literal, get_args
 
-from sqlalchemy import case, func, insert, select, update
+from sqlalchemy import case, delete, func, insert, select, update
 from sqlalchemy.engine import Connection, RowMapping
 from sqlalchemy.sql.elements import ColumnElement
 
 from trainhouse.cluster import Placements, placements_from_json, placements_to_json
 from trainhouse.errors import InvalidTransition, NotFound, StoreError
-from trainhouse.lifecycle import AttemptResult, FailureKind, JobState, check_transition
+from trainhouse.lifecycle import (
+    RESUMABLE,
+    AttemptResult,
+    FailureKind,
+    JobState,
+    check_transition,
+)
 from trainhouse.spec import PRIORITY_TIERS, JobSpec
 from trainhouse.store import tables as t
 from trainhouse.store.records import TRACKED, Attempt, Event, Job
@@ -65,6 +71,10 @@ def _job(row: RowMapping) -> Job:
         kind=row["kind"],
         search_id=row["search_id"],
         prune_requested=bool(row["prune_requested"]),
+        resumes=row["resumes"],
+        cloned_from=row["cloned_from"],
+        cloned_step=row["cloned_step"],
+        held=bool(row["held"]),
     )
 
 
@@ -115,6 +125,9 @@ def insert_job(
     spec: JobSpec | Mapping[str, Any],
     archive_sha256: str,
     search_id: int | None = None,
+    cloned_from: int | None = None,
+    cloned_step: int | None = None,
+    hold: bool = False,
     reason: str = "submitted",
 ) -> int:
     """Insert a new QUEUED job and its first event in the caller's transaction; its id."""
@@ -138,7 +151,11 @@ def insert_job(
             restarts=0,
             cancel_requested=False,
             reason="waiting for the scheduler",
+            # columns named only when set: an insert works on an older schema too
             **({"search_id": search_id} if search_id is not None else {}),
+            **({"cloned_from": cloned_from} if cloned_from is not None else {}),
+            **({"cloned_step": cloned_step} if cloned_step is not None else {}),
+            **({"held": True} if hold else {}),
         )
         .returning(t.jobs.c.id)
     ).scalar_one()
@@ -165,8 +182,20 @@ class JobRepo:
         priority: str,
         spec: JobSpec | Mapping[str, Any],
         archive_sha256: str,
+        cloned_from: int | None = None,
+        cloned_step: int | None = None,
+        hold: bool = False,
     ) -> Job:
-        """A new QUEUED job; ``spec`` is validated (a mapping is parsed) and stored as JSON."""
+        """A new QUEUED job; ``spec`` is validated (a mapping is parsed) and stored as JSON.
+
+        ``cloned_from``/``cloned_step``: the job (and its checkpoint's step) this one is a clone
+        of. ``hold``: the scheduler leaves it alone until :meth:`release` (a clone waits
+        there while its checkpoint is copied in)."""
+        reason = "submitted"
+        if cloned_from is not None:
+            reason = f"cloned from job {cloned_from}" + (
+                f" (its checkpoint of step {cloned_step})" if cloned_step is not None else ""
+            )
         with self.db.transaction() as conn:
             job_id = insert_job(
                 conn,
@@ -175,8 +204,57 @@ class JobRepo:
                 priority=priority,
                 spec=spec,
                 archive_sha256=archive_sha256,
+                cloned_from=cloned_from,
+                cloned_step=cloned_step,
+                hold=hold,
+                reason=reason,
             )
         return self.get(job_id)
+
+    def release(self, job_id: int) -> Job:
+        """Let the scheduler start a job created with ``hold=True``."""
+        self.update(job_id, held=False, reason="waiting for the scheduler")
+        return self.get(job_id)
+
+    def discard(self, job_id: int) -> None:
+        """Remove a held job that never ran (a clone whose preparation failed), with its
+        events; refused for any other job."""
+        with self.db.transaction() as conn:
+            result = conn.execute(
+                delete(t.jobs).where(
+                    t.jobs.c.id == job_id,
+                    t.jobs.c.held.is_(True),
+                    t.jobs.c.state == JobState.QUEUED,
+                    t.jobs.c.attempts == 0,
+                )
+            )
+        if result.rowcount != 1:
+            raise StoreError(f"job {job_id} is not a held job that never ran; not discarded")
+
+    def clones(self, job_id: int) -> JobList:
+        """The jobs cloned from ``job_id``, oldest first."""
+        with self.db.connect() as conn:
+            rows = conn.execute(
+                select(t.jobs).where(t.jobs.c.cloned_from == job_id).order_by(t.jobs.c.id)
+            ).mappings()
+            return [_job(r) for r in rows]
+
+    def resume(self, job_id: int, *, by: str, checkpoint_step: int) -> Job:
+        """Send an ended job (CANCELED or FAILED) back to the queue, the same job, to continue
+        from its latest checkpoint (step ``checkpoint_step``): its ``resumes`` counter goes up,
+        its end (exit code, end time, cancel request) is cleared; the restart counters and
+        attempts go on counting. The transition is the lifecycle table's."""
+        return self.transition(
+            job_id,
+            JobState.QUEUED,
+            reason=f"resumed by {by} from its checkpoint of step {checkpoint_step}",
+            expect=RESUMABLE,
+            resumes=t.jobs.c.resumes + 1,
+            ended_at=None,
+            exit_code=None,
+            cancel_requested=False,
+            preempt_requested=False,
+        )
 
     def get(self, job_id: int) -> Job:
         with self.db.connect() as conn:

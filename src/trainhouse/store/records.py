@@ -66,6 +66,11 @@ class Job:
     def tracked(self) -> bool:
         return self.kind == TRACKED
 
+    resumes: int = 0  # times a user sent it back to the queue after it ended
+    cloned_from: int | None = None  # the job it was cloned from
+    cloned_step: int | None = None  # the step of that job's checkpoint it started from
+    held: bool = False  # QUEUED but left alone by the scheduler (a clone being prepared)
+
     @cached_property
     def spec(self) -> JobSpec:
         """The job's spec, parsed."""

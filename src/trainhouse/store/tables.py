@@ -111,6 +111,15 @@ jobs = Table(
     # a search's pruner stopped it: should_stop() says "pruned", it ends COMPLETED
     # (no Python-side default: an insert that does not name it works on older schemas too)
     Column("prune_requested", Boolean, nullable=False, server_default=false()),
+    # times a user sent it back to the queue after it ended (``trainhouse resume``)
+    Column("resumes", Integer, nullable=False, default=0, server_default=text("0")),
+    # the job it was cloned from (``trainhouse clone``; no foreign key: the original may be
+    # deleted, the record of where this one came from stays) and the step of the checkpoint
+    # of that job it started from (NULL: it started fresh)
+    Column("cloned_from", _Id, index=True),
+    Column("cloned_step", BigInteger),
+    # a QUEUED job the scheduler leaves alone: a clone while its checkpoint is copied in
+    Column("held", Boolean, nullable=False, default=False, server_default=false()),
 )
 
 attempts = Table(

@@ -324,6 +324,8 @@ class Checkpointer(Finder):
             self._register_later(record, exc)
             return record
         self._write_sidecar(record)
+        if isinstance(registry, LocalRegistry):  # standalone: the spec's default retention
+            registry.retain(self.storage, [r for r in self._local_records() if r.get("_sidecar")])
         try:
             return registry.register(record, retry_for=REGISTER_WAIT)
         except ClientError as exc:

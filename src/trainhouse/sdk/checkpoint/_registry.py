@@ -8,10 +8,13 @@ checkpoints are all there is.
 
 from __future__ import annotations
 
+import contextlib
+import sys
 from abc import ABC, abstractmethod
 from typing import Any
 
 from trainhouse.sdk._server import ServerLink
+from trainhouse.storage import Storage, sidecar_name
 
 
 class CheckpointRegistry(ABC):
@@ -61,10 +64,18 @@ class CheckpointRegistry(ABC):
 
 
 class LocalRegistry(CheckpointRegistry):
-    """No server (a standalone run): nothing to register, list or report."""
+    """No server (a standalone run): nothing to register, list or report. It says on the
+    console when a run resumes from a checkpoint an earlier run left in ``location`` (and how to
+    start fresh), and keeps only the newest ``keep_last`` there (the spec's default), as the
+    server's retention would (:meth:`retain`)."""
 
-    def __init__(self, attempt: int = 1) -> None:
+    def __init__(
+        self, attempt: int = 1, *, location: str = "", is_main: bool = True, keep_last: int = 2
+    ) -> None:
         self.attempt = attempt
+        self.location = location
+        self.is_main = is_main
+        self.keep_last = keep_last
 
     def listed(self) -> list[dict[str, Any]] | None:
         return None
@@ -89,7 +100,27 @@ class LocalRegistry(CheckpointRegistry):
         return False
 
     def resume_from(self, record: dict[str, Any] | None) -> None:
-        return None
+        if record is None or not self.is_main:
+            return
+        print(
+            f"trainhouse: resuming from the checkpoint of step {record['step']} that an earlier "
+            f"run left in {self.location} ({record['path']}); to start fresh, move or delete "
+            f"that directory (or set TRAINHOUSE_CHECKPOINT_URL to another one)",
+            file=sys.stderr,
+            flush=True,
+        )
+
+    def retain(self, storage: Storage, records: list[dict[str, Any]]) -> list[str]:
+        """Delete all but the newest ``keep_last`` checkpoints of ``records`` (those found in
+        ``storage``, with their records next to them); returns the names deleted."""
+        newest = sorted(records, key=lambda r: int(r["step"]), reverse=True)
+        dropped = []
+        for old in newest[self.keep_last :]:
+            for name in (old["path"], sidecar_name(old["path"])):
+                with contextlib.suppress(OSError):
+                    storage.delete(name)
+            dropped.append(old["path"])
+        return dropped
 
 
 class ServerRegistry(CheckpointRegistry):

@@ -9,7 +9,7 @@ from typing import Annotated, Literal
 
 import orjson
 from fastapi import APIRouter, Depends, File, Form, Query, Request, UploadFile
-from fastapi.responses import PlainTextResponse, Response, StreamingResponse
+from fastapi.responses import Response, StreamingResponse
 
 from trainhouse import envs
 from trainhouse.errors import (
@@ -22,7 +22,6 @@ from trainhouse.errors import (
     StoreError,
     UploadTooLarge,
 )
-from trainhouse.joblogs import read_log
 from trainhouse.layout import LAUNCHER
 from trainhouse.lifecycle import JobState, StopReason
 from trainhouse.scheduler.failures import attempt_log
@@ -44,11 +43,11 @@ from trainhouse.server.schemas import (
     CheckpointFilesOut,
     CheckpointListOut,
     CheckpointOut,
+    CloneOut,
     EventOut,
     JobDetailOut,
     JobListOut,
     JobOut,
-    LogRanksOut,
     MetricsOut,
     RowId,
     SeriesInfoOut,
@@ -94,9 +93,12 @@ def job_out(job: Job, svc: Services | None = None, *, summary_only: bool = False
     return JobOut(**data)
 
 
-def schedulable_spec(text: str, svc: Services) -> JobSpec:
-    """Parse a submitted spec and refuse a job that could never run on this server."""
-    job_spec = parse_spec(text, source="spec")
+def schedulable_spec(
+    text: str, svc: Services, *, overrides: list[str] | None = None, source: str = "spec"
+) -> JobSpec:
+    """Parse a submitted spec (with ``--set`` overrides) and refuse a job that could never
+    run on this server."""
+    job_spec = parse_spec(text, source=source, overrides=overrides)
     executor = svc.scheduler.executor
     # the inventory, busy or not (nodes() is what is free right now)
     reason = never_fits(executor.capacity(), job_spec.resources, multi_node=executor.multi_node)
@@ -116,18 +118,9 @@ def schedulable_spec(text: str, svc: Services) -> JobSpec:
 def store_workdir(svc: Services, workdir: UploadFile, job_spec: JobSpec) -> str:
     """Keep the uploaded workdir archive (bounded, checked to hold the entrypoint's file);
     its digest."""
-    script = job_spec.script_path()
 
     def validate(archive: Path) -> None:
-        names = list_members(archive)
-        if script is not None:
-            wanted = script.removeprefix("./")
-            if wanted not in names:
-                shown = ", ".join(sorted(names)[:10]) or "no files"
-                raise ArchiveError(
-                    f"entrypoint file {wanted!r} is not in the uploaded workdir "
-                    f"(it holds {len(names)} files: {shown})"
-                )
+        check_entrypoint(job_spec, archive)
 
     try:
         digest, _size = svc.blobs.put(workdir.file, svc.settings.max_upload_bytes, validate)
@@ -145,6 +138,20 @@ def check_priority(p: Principal, priority: str) -> None:
             f"priority {priority!r} is above 'normal': only admins may set it "
             f"(user {p.name!r} is a {p.role})"
         )
+
+
+def check_entrypoint(job_spec: JobSpec, archive: Path) -> None:
+    """Refuse a workdir archive that lacks the spec's entrypoint script."""
+    names = list_members(archive)
+    script = job_spec.script_path()
+    if script is not None:
+        wanted = script.removeprefix("./")
+        if wanted not in names:
+            shown = ", ".join(sorted(names)[:10]) or "no files"
+            raise ArchiveError(
+                f"entrypoint file {wanted!r} is not in the uploaded workdir "
+                f"(it holds {len(names)} files: {shown})"
+            )
 
 
 def owner_of(p: Principal, claimed: str) -> str:
@@ -255,6 +262,11 @@ def show(
         ],
         events=[EventOut(**asdict(e)) for e in svc.store.jobs.events(job_id)],
         checkpoints=len(svc.store.checkpoints.list(job_id)),
+        clones=[
+            CloneOut(id=c.id, name=c.name, state=c.state, cloned_step=c.cloned_step)
+            for c in svc.store.jobs.clones(job_id)
+            if p.may_read(c, svc.settings.job_visibility)
+        ],
         log_ranks=files.ranks(),
         environment=(
             envs.phase(attempt_log(files, LAUNCHER, job.attempts))
@@ -353,33 +365,6 @@ def metric_names(
             SeriesInfoOut(name=i.name, rank=i.rank, points=i.points, last_step=i.last_step)
             for i in svc.store.metrics.series(job.id, all_ranks=all_ranks)
         ],
-    )
-
-
-@router.get("/jobs/{job_id}/logs/ranks", response_model=LogRanksOut)
-def log_ranks(job: Job = Depends(readable_job), svc: Services = Depends(services)) -> LogRanksOut:
-    files = svc.files(job.id)
-    return LogRanksOut(job_id=job.id, ranks=files.ranks(), launcher=files.has_log(LAUNCHER))
-
-
-@router.get("/jobs/{job_id}/logs", response_class=PlainTextResponse)
-def logs(
-    job: Job = Depends(readable_job),
-    rank: str = Query("0", pattern=r"^(\d{1,6}|launcher)$", description="A rank or 'launcher'"),
-    offset: int = Query(0, ge=0),
-    tail: int | None = Query(None, ge=0, le=100_000),
-    svc: Services = Depends(services),
-) -> PlainTextResponse:
-    """A rank's log as text; the ``X-Log-Offset`` header is where to continue reading."""
-    job_id = job.id
-    world = job.spec.resources.world_size
-    if rank != "launcher" and int(rank) >= world:
-        raise NotFound(f"job {job_id} has ranks 0..{world - 1}; there is no rank {rank}")
-    files = svc.files(job_id)
-    data, nxt = read_log(files.log(rank), within=files.home, offset=offset, tail=tail)
-    return PlainTextResponse(
-        data.decode(errors="replace"),
-        headers={"X-Log-Offset": str(nxt), "X-Job-State": str(job.state)},
     )
 
 

@@ -1,4 +1,13 @@
-"""Live logs: a Server-Sent Events stream of every rank's log, resumable from byte offsets.
+"""Logs: a rank's log as text (with the time each line was written, filtered by a pattern),
+every rank's interleaved in the order written, and a live Server-Sent Events stream.
+
+``GET /jobs/{id}/logs`` answers a rank's log from a byte offset (``X-Log-Offset`` says where to
+go on) or its last lines; ``timestamps=true`` starts each line with when it was written (the
+rank wrapper's time index, :mod:`trainhouse.joblogs`), ``grep=PATTERN`` keeps the lines a
+regular expression matches, and ``rank=all`` interleaves every rank's lines (with ``tail``, each
+rank's last ones) by time, each with its rank (``[rank 1] ``). With either filter only whole
+lines are answered: a line still being written waits for the next read (but the last one of
+an ended job).
 
 ``GET /jobs/{id}/logs/stream`` sends ``log`` events, ``{"rank": "0", "text": ..., "offset": N}``
 where ``offset`` is where that rank's log continues, and ``id:`` lines carrying every rank's
@@ -29,12 +38,12 @@ from typing import Annotated
 
 from fastapi import APIRouter, Depends, Header, Query, Request
 from fastapi.concurrency import run_in_threadpool
-from fastapi.responses import StreamingResponse
+from fastapi.responses import PlainTextResponse, StreamingResponse
 from fastapi.security import HTTPAuthorizationCredentials
 
 from trainhouse.errors import Forbidden, NotFound, SpecError, TrainhouseError
-from trainhouse.joblogs import read_log
-from trainhouse.layout import JobLayout
+from trainhouse.joblogs import Line, interleave, read_lines, read_log, stamp
+from trainhouse.layout import LAUNCHER, JobLayout
 from trainhouse.server.auth import (
     Principal,
     bearer,
@@ -45,6 +54,7 @@ from trainhouse.server.auth import (
     request_token,
 )
 from trainhouse.server.deps import Services, services
+from trainhouse.server.schemas import NO_NUL, LogRanksOut
 from trainhouse.store import Job
 
 router = APIRouter(tags=["jobs"])
@@ -107,6 +117,108 @@ class _Reader:
         data, size = read_log(self.files.log(self.rank), within=self.files.home, tail=lines)
         self._read_to = self.offset = size
         return data.decode(errors="replace")
+
+
+#: repetition inside a repeated group (``(a+)+``, ``(\w*)*``, ``(a|aa){2,}``): the patterns
+#: that can take Python's regex engine exponential time on a hostile line, refused up front
+NESTED_REPEAT = re.compile(r"\((?:[^()\\]|\\.)*[*+}](?:[^()\\]|\\.)*\)\s*[*+{]")
+MAX_PATTERN = 200
+ALL = "all"
+
+
+def line_filter(pattern: str | None) -> re.Pattern[bytes] | None:
+    """``grep``'s pattern compiled (a regular expression over the raw bytes of a line)."""
+    if pattern is None or pattern == "":
+        return None
+    if NESTED_REPEAT.search(pattern):
+        raise SpecError(
+            f"grep pattern {pattern[:60]!r} repeats a group that repeats: such a pattern can "
+            "take exponential time; write it without the nested repetition"
+        )
+    try:
+        return re.compile(pattern.encode())
+    except re.error as exc:
+        raise SpecError(
+            f"grep pattern {pattern[:60]!r} is not a regular expression: {exc}"
+        ) from None
+
+
+def render_lines(
+    lines: list[tuple[str | None, Line]], *, timestamps: bool, grep: re.Pattern[bytes] | None
+) -> str:
+    """Lines as text: each prefixed with its time and its rank (when given), those ``grep``
+    keeps."""
+    out = []
+    for rank, line in lines:
+        if grep is not None and not grep.search(line.text):
+            continue
+        head = ""
+        if not line.cont:
+            if timestamps:
+                head += stamp(line.time) + " "
+            if rank is not None:
+                head += f"[rank {rank}] "
+        out.append(head + line.text.decode(errors="replace"))
+    return "".join(out)
+
+
+@router.get("/jobs/{job_id}/logs/ranks", response_model=LogRanksOut)
+def log_ranks(job: Job = Depends(readable_job), svc: Services = Depends(services)) -> LogRanksOut:
+    files = svc.files(job.id)
+    return LogRanksOut(job_id=job.id, ranks=files.ranks(), launcher=files.has_log(LAUNCHER))
+
+
+@router.get("/jobs/{job_id}/logs", response_class=PlainTextResponse)
+def logs(
+    job: Job = Depends(readable_job),
+    rank: str = Query(
+        "0",
+        pattern=r"^(\d{1,6}|launcher|all)$",
+        description="A rank, 'launcher', or 'all' (every rank's lines interleaved by time)",
+    ),
+    offset: int = Query(0, ge=0),
+    tail: int | None = Query(None, ge=0, le=100_000),
+    timestamps: bool = Query(False, description="Start each line with when it was written"),
+    grep: str | None = Query(
+        None,
+        max_length=MAX_PATTERN,
+        pattern=NO_NUL,
+        description="Only the lines this regular expression matches",
+    ),
+    svc: Services = Depends(services),
+) -> PlainTextResponse:
+    """A rank's log as text; the ``X-Log-Offset`` header is where to continue reading (see
+    the module docstring for ``timestamps``, ``grep`` and ``rank=all``)."""
+    job_id = job.id
+    world = job.spec.resources.world_size
+    if rank not in ("launcher", ALL) and int(rank) >= world:
+        raise NotFound(f"job {job_id} has ranks 0..{world - 1}; there is no rank {rank}")
+    pattern = line_filter(grep)
+    files = svc.files(job_id)
+    headers = {"X-Job-State": str(job.state)}
+    if rank == ALL:
+        by_rank = {
+            str(r): read_lines(files.log(r), files.log_times(r), within=files.home, tail=tail)[0]
+            for r in files.ranks()
+        }
+        merged: list[tuple[str | None, Line]] = list(interleave(by_rank))
+        text = render_lines(merged, timestamps=timestamps, grep=pattern)
+        return PlainTextResponse(text, headers={**headers, "X-Log-Offset": "0"})
+    if timestamps or pattern is not None:
+        lines, nxt = read_lines(
+            files.log(rank),
+            files.log_times(rank),
+            within=files.home,
+            offset=offset,
+            tail=tail,
+            complete=not job.state.terminal,
+        )
+        text = render_lines([(None, ln) for ln in lines], timestamps=timestamps, grep=pattern)
+        return PlainTextResponse(text, headers={**headers, "X-Log-Offset": str(nxt)})
+    data, nxt = read_log(files.log(rank), within=files.home, offset=offset, tail=tail)
+    return PlainTextResponse(
+        data.decode(errors="replace"), headers={**headers, "X-Log-Offset": str(nxt)}
+    )
 
 
 def _event(kind: str, payload: object, event_id: str | None = None) -> str:

@@ -132,7 +132,11 @@ def dry_run(
     starts = dict(decisions.starts)
     if 0 in starts:
         placement = [p.to_dict() for p in starts[0]]
-        where = ", ".join(f"{p['node']} (GPUs {p['gpus'] or 'none'})" for p in placement)
+        where = "; ".join(
+            f"{p['node']} ({p['procs']} rank(s), {p['cpus']} CPU(s), "
+            + (f"GPUs {','.join(str(g) for g in p['gpus'])})" if p["gpus"] else "no GPU)")
+            for p in placement
+        )
         return DryRunOut(
             would_start=True,
             placement=placement,

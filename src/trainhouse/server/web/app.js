@@ -36,7 +36,9 @@ function route() {
     main.replaceChildren(make(current, m, new URLSearchParams(search || "")));
     return;
   }
-  main.replaceChildren(h("section", { class: "page" }, h("h1", {}, "Not found"),
+  // no tab is this page's: none stays highlighted from the page before
+  for (const a of document.querySelectorAll("[data-nav]")) a.classList.remove("active");
+  main.replaceChildren(h("section", { class: "page", testid: "not-found-page" }, h("h1", {}, "Not found"),
     h("p", {}, `No page at #${hash}. `, h("a", { href: "#/jobs" }, "Back to the jobs"))));
 }
 

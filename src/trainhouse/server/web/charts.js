@@ -36,12 +36,15 @@ export function drawChart(el, title, traces, opts) {
   }
   const smoothing = opts.smoothing || 0;
   const multi = traces.length > 1;
+  // Plotly.react sees a data array as changed only when it is a new array: a live series
+  // grows in place (MetricSeries pushes the points it polls), so each draw hands plotly
+  // copies, or the chart and its axes would stay as first drawn until the next full read
   const data = traces.map((t, i) => ({
     type: t.x.length > 20000 ? "scattergl" : "scatter",
     mode: t.x.length === 1 ? "markers" : "lines",
     name: plotlyText(t.name),
-    x: t.x,
-    y: t.y,
+    x: t.x.slice(),
+    y: t.y.slice(),
     legendgroup: t.name,
     showlegend: multi && smoothing === 0,
     opacity: smoothing > 0 ? 0.28 : 1,
@@ -54,7 +57,7 @@ export function drawChart(el, title, traces, opts) {
       type: t.x.length > 20000 ? "scattergl" : "scatter",
       mode: t.x.length === 1 ? "markers" : "lines",
       name: plotlyText(t.name),
-      x: t.x,
+      x: t.x.slice(),
       y: ema(t.y, smoothing),
       legendgroup: t.name,
       showlegend: multi,
@@ -62,18 +65,22 @@ export function drawChart(el, title, traces, opts) {
       marker: { color: t.color || PALETTE[i % PALETTE.length], size: 5 },
     }));
   }
+  const css = getComputedStyle(document.documentElement); // the page's (light or dark) colours
+  const ink = css.getPropertyValue("--ink").trim() || "#1d2433";
+  const grid = css.getPropertyValue("--line").trim() || "#e2e5eb";
   const layout = {
     title: { text: plotlyText(title), font: { size: 13 }, x: 0.01, xanchor: "left" },
     height: opts.height || 260,
     margin: { l: 56, r: 14, t: multi ? 46 : 34, b: 40 },
     paper_bgcolor: "rgba(0,0,0,0)",
     plot_bgcolor: "rgba(0,0,0,0)",
-    font: { family: "system-ui, -apple-system, Segoe UI, Roboto, sans-serif", size: 11 },
+    font: { family: "system-ui, -apple-system, Segoe UI, Roboto, sans-serif", size: 11, color: ink },
     showlegend: multi,
     legend: { orientation: "h", x: 1, xanchor: "right", y: 1.02, yanchor: "bottom", font: { size: 10 } },
     uirevision: title,
-    xaxis: { title: { text: plotlyText(opts.xTitle ?? "step") }, type: opts.xType || "-", zeroline: false, automargin: true },
+    xaxis: { title: { text: plotlyText(opts.xTitle ?? "step") }, type: opts.xType || "-", zeroline: false, automargin: true, gridcolor: grid },
     yaxis: {
+      gridcolor: grid,
       type: opts.log ? "log" : "linear",
       uirevision: opts.log ? "log" : "linear",
       zeroline: false,
@@ -108,10 +115,18 @@ export class ChartGrid {
       const after = [...this.charts.keys()].sort().find((k) => k > key && this.charts.get(k).el.isConnected);
       this.container.insertBefore(el, after ? this.charts.get(after).el : null);
     }
+    const added = !chart.drawn;
     chart.title = title;
     chart.traces = traces;
     chart.axes = { ...this.axes };
     drawChart(chart.el, title, traces, { ...this.opts, ...chart.axes });
+    chart.drawn = true;
+    if (added && window.Plotly) {
+      // a new chart changes the grid's columns (auto-fit): the others take their new widths
+      for (const other of this.charts.values()) {
+        if (other !== chart && other.drawn) window.Plotly.Plots.resize(other.el);
+      }
+    }
   }
 
   keep(keys) {
@@ -179,6 +194,11 @@ export class MetricSeries {
     this.attempts = null;
     this.fullAt = 0;
     this.complete = false; // the job ended and the last full read came after it
+  }
+
+  /** The job was resumed: read it again as it runs. */
+  reopen() {
+    this.complete = false;
   }
 
   async update(job) {

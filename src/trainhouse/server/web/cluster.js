@@ -14,26 +14,59 @@ import {
   timeCell,
 } from "./core.js";
 
+const TIERS = ["low", "normal", "high", "urgent"]; // the server says who may use which
+
 export function queuePage(view) {
   const rows = h("tbody", { testid: "queue-rows" });
   const running = h("tbody", { testid: "running-rows" });
   const preempting = h("div", { testid: "preempting" });
   const count = h("span", { class: "muted", testid: "queue-count" });
+  const message = h("span", { class: "muted", testid: "queue-message" }, "");
+  let lastRows = "";
+
+  // the same routes (and rules) as `trainhouse set-priority` and `trainhouse cancel`
+  async function act(what, path, body) {
+    message.textContent = `${what}…`;
+    try {
+      await api(path, { method: "POST", ...(body ? { headers: { "Content-Type": "application/json" }, body: JSON.stringify(body) } : {}) });
+      message.textContent = `${what}: done`;
+    } catch (err) {
+      message.textContent = `${what} refused: ${err.message}`;
+    }
+    lastRows = "";
+    view.wake();
+  }
+
+  const actions = (j) => {
+    const tier = h("select", { testid: "queue-priority", "aria-label": `priority of job ${j.id}`,
+      onchange: () => act(`job ${j.id} priority ${tier.value}`, `/jobs/${j.id}/priority`, { priority: tier.value }) },
+    ...TIERS.map((t) => h("option", { value: t, selected: t === j.priority }, t)));
+    const sure = h("button", { class: "danger small", testid: "queue-cancel-confirm", hidden: true,
+      onclick: () => act(`cancel job ${j.id}`, `/jobs/${j.id}/cancel`) }, "Yes, cancel");
+    const cancel = h("button", { class: "small", testid: "queue-cancel",
+      onclick: () => { cancel.hidden = true; sure.hidden = false; } }, "Cancel…");
+    return h("td", { class: "actions" }, tier, " ", cancel, sure);
+  };
+
   view.poll(async () => {
     const [queue, run] = await Promise.all([
       api("/queue"),
       api("/jobs?state=RUNNING&limit=200&sort=id&order=asc"),
     ]);
     count.textContent = `${queue.jobs.length} waiting · ${run.total ?? run.jobs.length} running`;
-    rows.replaceChildren(...(queue.jobs.length ? queue.jobs.map((j) => h("tr", { testid: "queue-row", "data-job-id": j.id },
-      h("td", { class: "num", testid: "queue-position" }, String(j.position)),
-      h("td", { class: "num" }, h("a", { href: `#/jobs/${j.id}` }, String(j.id))),
-      h("td", {}, h("a", { href: `#/jobs/${j.id}` }, j.name)),
-      h("td", {}, j.owner),
-      h("td", {}, j.priority),
-      h("td", {}, timeCell(j.created_at)),
-      h("td", { class: "reason", testid: "queue-reason" }, j.reason || "—")))
-      : [h("tr", { class: "empty" }, h("td", { colspan: "7" }, "Nothing is waiting."))]));
+    const rowsKey = JSON.stringify(queue.jobs); // redrawn only when it changed: a menu stays open
+    if (rowsKey !== lastRows) {
+      lastRows = rowsKey;
+      rows.replaceChildren(...(queue.jobs.length ? queue.jobs.map((j) => h("tr", { testid: "queue-row", "data-job-id": j.id },
+        h("td", { class: "num", testid: "queue-position" }, String(j.position)),
+        h("td", { class: "num" }, h("a", { href: `#/jobs/${j.id}` }, String(j.id))),
+        h("td", {}, h("a", { href: `#/jobs/${j.id}` }, j.name)),
+        h("td", {}, j.owner),
+        h("td", {}, timeCell(j.created_at)),
+        h("td", { class: "reason", testid: "queue-reason" }, j.reason || "—"),
+        actions(j)))
+        : [h("tr", { class: "empty" }, h("td", { colspan: "7" }, "Nothing is waiting."))]));
+    }
     running.replaceChildren(...(run.jobs.length ? run.jobs.map((j) => h("tr", { testid: "running-row", "data-job-id": j.id },
       h("td", { class: "num" }, h("a", { href: `#/jobs/${j.id}` }, String(j.id))),
       h("td", {}, h("a", { href: `#/jobs/${j.id}` }, j.name)),
@@ -48,11 +81,11 @@ export function queuePage(view) {
   }, POLL_MS);
   const head = (cols) => h("thead", {}, h("tr", {}, cols.map((c) => h("th", {}, c))));
   return h("section", { class: "page queue" },
-    h("div", { class: "toolbar" }, h("h1", {}, "Queue"), count),
+    h("div", { class: "toolbar" }, h("h1", {}, "Queue"), count, message),
     preempting,
     h("section", { class: "card" }, h("h2", {}, "Waiting, in the order the scheduler considers them"),
       h("div", { class: "table-wrap" }, h("table", { class: "grid", testid: "queue-table" },
-        head(["Position", "ID", "Name", "Owner", "Priority", "Submitted", "Why it waits"]), rows))),
+        head(["Position", "ID", "Name", "Owner", "Submitted", "Why it waits", "Priority"]), rows))),
     h("section", { class: "card" }, h("h2", {}, "Running"),
       h("div", { class: "table-wrap" }, h("table", { class: "grid", testid: "running-table" },
         head(["ID", "Name", "Owner", "Priority", "Progress", "Placement", "Running for"]), running))));

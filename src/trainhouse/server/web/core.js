@@ -296,6 +296,17 @@ export function kv(label, value, testid) {
   return [h("dt", {}, label), h("dd", { testid }, value)];
 }
 
+const SIGNALS = { 1: "SIGHUP", 2: "SIGINT", 3: "SIGQUIT", 4: "SIGILL", 6: "SIGABRT", 7: "SIGBUS",
+  8: "SIGFPE", 9: "SIGKILL", 10: "SIGUSR1", 11: "SIGSEGV", 12: "SIGUSR2", 13: "SIGPIPE", 14: "SIGALRM",
+  15: "SIGTERM" };
+
+/** An exit code as people read it: killed by a signal (negative) names it ("SIGTERM"). */
+export function exitText(code) {
+  if (code === null || code === undefined) return "—";
+  if (code < 0) return SIGNALS[-code] || `signal ${-code}`;
+  return String(code);
+}
+
 export function placementText(placement) {
   if (!placement) return "—";
   const nodes = Array.isArray(placement.nodes) ? placement.nodes : Array.isArray(placement) ? placement : null;

@@ -9,6 +9,7 @@ import {
   TERMINAL,
   api,
   badge,
+  exitText,
   fmtBytes,
   fmtDuration,
   fmtTime,
@@ -40,8 +41,8 @@ export function attemptsTable(job) {
     h("td", {}, a.ended_at ? fmtDuration(a.ended_at - a.started_at) : h("span", { class: "muted" }, "running")),
     h("td", {}, a.result ? h("span", { class: `result result-${a.result}` }, a.result) : "—"),
     h("td", {}, a.failure || "—"),
-    h("td", { class: "num" }, a.exit_code ?? "—"),
-    h("td", { class: "mono" }, a.rank_exit_codes ? Object.entries(a.rank_exit_codes).map(([r, c]) => `${r}:${c}`).join(" ") : "—"),
+    h("td", { class: "num" }, exitText(a.exit_code)),
+    h("td", { class: "mono" }, a.rank_exit_codes ? Object.entries(a.rank_exit_codes).map(([r, c]) => `${r}:${exitText(c)}`).join(" ") : "—"),
     h("td", { class: "num" }, a.failed_rank ?? "—"),
     h("td", { class: "reason" }, a.reason || "—"),
     h("td", {}, placementText(a.placement)),
@@ -116,6 +117,67 @@ export function jobPage(view, jobId) {
     view.wake();
   }
 
+  // resume (a canceled or failed job, the same job) and clone (a new job, same code)
+  const lineageMsg = h("span", { class: "muted", testid: "lineage-message" }, "");
+  const resumeBtn = h("button", { testid: "resume-button", hidden: true,
+    title: "Queue this job again: it continues from its latest checkpoint",
+    onclick: () => doResume() }, "Resume");
+  const cloneSets = h("input", { type: "text", testid: "clone-set", size: "36",
+    placeholder: "hparams.lr=0.01 name=again", "aria-label": "overrides (key=value, space separated)" });
+  const cloneFrom = h("select", { testid: "clone-from", "aria-label": "start from" },
+    h("option", { value: "" }, "from the start"),
+    h("option", { value: "latest" }, "from its latest checkpoint"));
+  const cloneDialog = h("span", { class: "confirm", testid: "clone-dialog", hidden: true },
+    "Clone with ", cloneSets, " ", cloneFrom, " ",
+    h("button", { testid: "clone-confirm", onclick: () => doClone() }, "Clone"),
+    h("button", { testid: "clone-abort", onclick: () => { cloneDialog.hidden = true; cloneBtn.hidden = false; } }, "Back"));
+  const cloneBtn = h("button", { testid: "clone-button",
+    title: "A new job with this job's code and spec, with overrides",
+    onclick: () => { cloneDialog.hidden = false; cloneBtn.hidden = true; cloneSets.focus(); } }, "Clone…");
+
+  async function doResume() {
+    resumeBtn.disabled = true;
+    lineageMsg.textContent = "resuming…";
+    try {
+      const out = await api(`/jobs/${jobId}/resume`, { method: "POST" });
+      lineageMsg.textContent = out.reason || "queued again";
+      source.reopen(); // the job runs again: the pollers that stopped at its end go on
+      for (const p of panes.values()) p.ended = false;
+      view.wake();
+    } catch (err) {
+      lineageMsg.textContent = `resume refused: ${err.message}`;
+    }
+    resumeBtn.disabled = false;
+  }
+
+  async function doClone() {
+    const body = { set: cloneSets.value.trim() ? cloneSets.value.trim().split(/\s+/) : [] };
+    if (cloneFrom.value) body.from_checkpoint = cloneFrom.value;
+    lineageMsg.textContent = "cloning…";
+    try {
+      const out = await api(`/jobs/${jobId}/clone`, {
+        method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify(body),
+      });
+      location.hash = `#/jobs/${out.id}`;
+    } catch (err) {
+      lineageMsg.textContent = `clone refused: ${err.message}`;
+    }
+  }
+
+  const lineage = () => {
+    const out = [];
+    if (job.cloned_from !== null && job.cloned_from !== undefined) {
+      out.push(...kv("Cloned from", h("span", {},
+        h("a", { href: `#/jobs/${job.cloned_from}`, testid: "cloned-from-link" }, `#${job.cloned_from}`),
+        job.cloned_step !== null && job.cloned_step !== undefined ? ` (its checkpoint of step ${job.cloned_step})` : " (from the start)")));
+    }
+    if (job.clones && job.clones.length) {
+      out.push(...kv("Clones", h("span", { testid: "clone-links" }, job.clones.map((c, i) => [
+        i ? ", " : "", h("a", { href: `#/jobs/${c.id}`, testid: "clone-link" }, `#${c.id}`), ` ${c.state.toLowerCase()}`]))));
+    }
+    return out;
+  };
+
   const summary = h("dl", { class: "summary", testid: "job-summary" });
   const reason = h("p", { class: "reason-line", testid: "job-reason" });
 
@@ -145,8 +207,15 @@ export function jobPage(view, jobId) {
   const rawLink = h("a", { class: "muted small", target: "_blank", rel: "noopener" }, "raw");
   const wrap = h("input", { type: "checkbox", checked: true,
     onchange: () => logBody.classList.toggle("nowrap", !wrap.checked) });
+  // the time each line was written, and a filter (a regular expression, applied by the server)
+  const stampBox = h("input", { type: "checkbox", testid: "log-timestamps", onchange: () => resetLogs() });
+  const filterBox = h("input", { type: "search", testid: "log-filter", placeholder: "filter (regex)",
+    "aria-label": "show only the lines this regular expression matches", size: "18",
+    oninput: () => { clearTimeout(filterTimer); filterTimer = setTimeout(() => resetLogs(), 300); } });
+  let filterTimer = null;
   const panes = new Map();
   let activeRank = "0";
+  let rankChosen = false; // the user picked a tab: the page no longer picks the failed rank's
   const pane = (rank) => {
     if (!panes.has(rank)) {
       const el = h("pre", { class: "log", testid: `log-rank-${rank}`, "data-rank": rank, tabindex: "0" });
@@ -155,7 +224,13 @@ export function jobPage(view, jobId) {
     }
     return panes.get(rank);
   };
-  const showRank = (rank) => {
+  const resetLogs = () => {
+    for (const p of panes.values()) p.el.remove();
+    panes.clear();
+    showRank(activeRank);
+  };
+  const showRank = (rank, chosen = false) => {
+    rankChosen = rankChosen || chosen;
     activeRank = rank;
     for (const [r, p] of panes) p.el.hidden = r !== rank;
     pane(rank).el.hidden = false;
@@ -169,10 +244,19 @@ export function jobPage(view, jobId) {
     if (tabsFor === n) return;
     tabsFor = n;
     const ranks = [...Array(n).keys()].map(String);
-    logTabs.replaceChildren(...[...ranks, "launcher"].map((r) => h("button", {
+    const tabs = [...(n > 1 ? ["all"] : []), ...ranks, "launcher"];
+    const label = (r) => (r === "launcher" ? "launcher" : r === "all" ? "all ranks" : `rank ${r}`);
+    logTabs.replaceChildren(...tabs.map((r) => h("button", {
       role: "tab", "data-rank": r, testid: `log-tab-${r}`, "aria-selected": String(r === activeRank),
-      onclick: () => showRank(r),
-    }, r === "launcher" ? "launcher" : `rank ${r}`)));
+      title: r === "all" ? "every rank's lines in the order they were written" : null,
+      onclick: () => showRank(r, true),
+    }, label(r))));
+  };
+  /** The rank that failed first in the latest attempt, when one did. */
+  const failedRank = () => {
+    const attempts = (job && job.attempt_history) || [];
+    const last = attempts[attempts.length - 1];
+    return last && last.failed_rank !== null && last.failed_rank !== undefined ? String(last.failed_rank) : null;
   };
 
   // checkpoints, attempts, events, spec
@@ -210,6 +294,7 @@ export function jobPage(view, jobId) {
       confirm.hidden = true;
       cancelMsg.textContent = "";
     }
+    resumeBtn.hidden = !(job.state === "FAILED" || job.state === "CANCELED") || !job.checkpoints;
     const p = progressOf(job);
     const running = job.started_at ? (job.ended_at || Date.now() / 1000) - job.started_at : null;
     summary.replaceChildren(
@@ -219,7 +304,9 @@ export function jobPage(view, jobId) {
         `a trial of search ${job.search_id}` + (job.prune_requested ? " (pruned)" : ""))) : []),
       ...kv("Progress", progressCell(job), "job-progress"),
       ...(job.environment ? kv("Environment", job.environment, "job-environment") : []),
-      ...kv("Attempts", `${job.attempts}` + (job.restarts || job.infra_restarts ? ` (${job.restarts} restarts after failures, ${job.infra_restarts || 0} after infrastructure faults)` : "")),
+      ...kv("Attempts", `${job.attempts}` + (job.restarts || job.infra_restarts ? ` (${job.restarts} restarts after failures, ${job.infra_restarts || 0} after infrastructure faults)` : "") +
+        (job.resumes ? `; resumed ${job.resumes}×` : ""), "job-attempts"),
+      ...lineage(),
       ...kv("Submitted", fmtTime(job.created_at)),
       ...kv("Started", fmtTime(job.started_at)),
       ...kv(ended ? "Ended" : "Running for", ended ? fmtTime(job.ended_at) : running === null ? "—" : fmtDuration(running)),
@@ -242,6 +329,8 @@ export function jobPage(view, jobId) {
     }
     if (!specPre.textContent) renderSpec();
     renderTabs();
+    const failed = failedRank();
+    if (!rankChosen && failed !== null && failed !== activeRank) showRank(failed);
   };
 
   view.poll(async () => {
@@ -289,9 +378,33 @@ export function jobPage(view, jobId) {
     const rank = activeRank;
     const p = pane(rank);
     if (p.ended) return true;
-    const params = p.offset === null ? `tail=${LOG_TAIL_LINES}` : `offset=${p.offset}`;
-    const resp = await api(`/jobs/${jobId}/logs?rank=${encodeURIComponent(rank)}&${params}`, { raw: true });
+    const all = rank === "all"; // re-read whole each time: every rank's last lines, by time
+    let params = p.offset === null || all ? `tail=${LOG_TAIL_LINES}` : `offset=${p.offset}`;
+    if (stampBox.checked) params += "&timestamps=true";
+    if (filterBox.value) params += `&grep=${encodeURIComponent(filterBox.value)}`;
+    let resp;
+    try {
+      resp = await api(`/jobs/${jobId}/logs?rank=${encodeURIComponent(rank)}&${params}`, { raw: true });
+    } catch (err) {
+      if (!(err instanceof ApiError) || err.status !== 422) throw err;
+      p.el.replaceChildren();
+      p.log = new LogView(p.el);
+      p.log.note(err.message); // a filter that is not a regular expression
+      p.ended = true;
+      return true;
+    }
     const text = await resp.text();
+    if (all) {
+      const jobEnded = TERMINAL.has(resp.headers.get("X-Job-State") || "");
+      if (text !== p.last) {
+        p.last = text;
+        p.el.replaceChildren();
+        p.log = new LogView(p.el);
+        p.log.append(text);
+      }
+      p.ended = jobEnded;
+      return true;
+    }
     const next = Number(resp.headers.get("X-Log-Offset"));
     const jobState = resp.headers.get("X-Job-State");
     if (p.offset === null && next > new TextEncoder().encode(text).length) {
@@ -319,7 +432,7 @@ export function jobPage(view, jobId) {
       h("div", { class: "title-line" }, title, state, subState),
       h("div", { class: "actions" },
         h("a", { class: "button", href: `#/compare?ids=${jobId}`, testid: "compare-link" }, "Compare…"),
-        cancelBtn, confirm, cancelMsg)),
+        resumeBtn, cloneBtn, cloneDialog, cancelBtn, confirm, cancelMsg, lineageMsg)),
     reason,
     h("section", { class: "card" }, summary),
     h("section", { class: "card", testid: "metrics-section" },
@@ -327,6 +440,7 @@ export function jobPage(view, jobId) {
     sysSection,
     h("section", { class: "card", testid: "logs-section" },
       h("div", { class: "card-head" }, h("h2", {}, "Logs"), logTabs, h("span", { class: "spacer" }),
+        filterBox, h("label", { class: "small", title: "when each line was written (UTC)" }, stampBox, " timestamps"),
         h("label", { class: "small" }, wrap, " wrap"), rawLink),
       logBody),
     h("section", { class: "card" }, h("h2", {}, "Attempts"), attemptsBox),
