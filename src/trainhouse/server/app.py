@@ -32,7 +32,8 @@ from trainhouse.server.auth import Authenticator
 from trainhouse.server.checkpoints import Checkpoints
 from trainhouse.server.deps import Services
 from trainhouse.server.housekeeping import Housekeeper
-from trainhouse.server.routes import accounts, jobs, logs, queue, report, system, ui
+from trainhouse.server.models import ModelFiles
+from trainhouse.server.routes import accounts, jobs, logs, models, queue, report, system, ui
 from trainhouse.server.schemas import NO_NUL
 from trainhouse.server.settings import Settings
 from trainhouse.store import BlobStore, Store
@@ -129,6 +130,7 @@ def build_services(settings: Settings, executor: Executor | None = None) -> Serv
         telemetry,
         auth,
         reports,
+        ModelFiles(store, checkpoints),
     )
 
 
@@ -201,6 +203,7 @@ def create_app(settings: Settings, *, executor: Executor | None = None) -> FastA
     app.include_router(logs.router, prefix="/api/v1")  # before jobs: /logs/stream
     app.include_router(jobs.router, prefix="/api/v1")
     app.include_router(report.router, prefix="/api/v1")
+    app.include_router(models.router, prefix="/api/v1")
     app.include_router(system.exposition)  # GET /metrics (Prometheus)
     app.include_router(ui.router)  # the dashboard: / and /static/...
     limits.install(app, settings.max_upload_bytes)  # request bodies past a route's limit: 413

@@ -16,6 +16,7 @@ from trainhouse.monitoring.telemetry import Telemetry
 from trainhouse.scheduler.loop import SchedulerLoop
 from trainhouse.server.checkpoints import Checkpoints
 from trainhouse.server.housekeeping import Housekeeper
+from trainhouse.server.models import ModelFiles
 from trainhouse.server.settings import Settings
 from trainhouse.service import Service
 from trainhouse.store import BlobStore, Store
@@ -84,6 +85,7 @@ class Services:
     telemetry: Telemetry  # /metrics
     auth: Authenticator  # tokens -> principals (trainhouse.server.auth)
     reports: ReportWriter  # metric reports, stored in group commits
+    models: ModelFiles  # the model registry's files: registration, downloads
     streams: StreamSlots = field(default_factory=StreamSlots)  # open log streams
 
     @property

@@ -7,7 +7,16 @@ over a public transaction; see :mod:`trainhouse.store.store`.
 
 from trainhouse.store.blobs import BlobStore
 from trainhouse.store.database import SchemaStatus, default_db_url
-from trainhouse.store.records import Attempt, Checkpoint, Event, Job, MetricPoint, UserLimits
+from trainhouse.store.records import (
+    Attempt,
+    Checkpoint,
+    Event,
+    Job,
+    MetricPoint,
+    Model,
+    ModelVersion,
+    UserLimits,
+)
 from trainhouse.store.store import Store
 
 __all__ = [
@@ -17,6 +26,8 @@ __all__ = [
     "Event",
     "Job",
     "MetricPoint",
+    "Model",
+    "ModelVersion",
     "SchemaStatus",
     "Store",
     "UserLimits",

@@ -15,7 +15,16 @@ from trainhouse.cluster import Placements, placements_to_json
 from trainhouse.lifecycle import AttemptResult, FailureKind, JobState
 from trainhouse.spec import JobSpec
 
-__all__ = ["Attempt", "Checkpoint", "Event", "Job", "MetricPoint", "UserLimits"]
+__all__ = [
+    "Attempt",
+    "Checkpoint",
+    "Event",
+    "Job",
+    "MetricPoint",
+    "Model",
+    "ModelVersion",
+    "UserLimits",
+]
 
 
 @dataclass(frozen=True)
@@ -124,3 +133,33 @@ class MetricPoint:
     rank: int | None = None
     attempt: int = 0
     wall_time: float = 0.0
+
+
+@dataclass(frozen=True)
+class ModelVersion:
+    """One registered version of a model: the files a job saved and where they came from."""
+
+    model: str
+    version: int
+    job_id: int | None
+    attempt: int
+    step: int
+    path: str  # the version's directory in the job's checkpoint storage
+    kind: str  # "export" | "loader"
+    files: list[dict[str, Any]]  # [{"name", "size", "sha256"}]
+    size: int
+    metrics: dict[str, float | None]
+    signature: dict[str, Any]
+    record: dict[str, Any]
+    created_at: float
+    aliases: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Model:
+    name: str
+    owner: str
+    created_at: float
+    versions: int  # how many versions it has now
+    latest: int | None  # the newest version's number
+    aliases: dict[str, int] = field(default_factory=dict)
