@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from tests.support.servers import EXAMPLE, Server
-from trainhouse.sdk._model import load_saved_model
+from trainhouse.sdk import load_model
 from trainhouse.sdk.checkpoint import load_checkpoint
 
 pytestmark = pytest.mark.integration
@@ -62,7 +62,7 @@ def test_the_digits_example_saves_registers_and_downloads_its_model(
     assert moved["aliases"] == ["prod"]
 
     out = server.cli_json("models", "download", "digits-cnn@prod", str(tmp_path / "dl"))
-    served = load_saved_model(Path(out["path"]))
+    served = load_model(Path(out["path"]))
     train = example_module()
     _, val = train.datasets(0)
     model = train.DigitsCNN()

@@ -16,7 +16,14 @@ import trainhouse
 
 PUBLIC: dict[str, list[str]] = {
     "trainhouse": ["Run", "__version__", "init"],
-    "trainhouse.sdk": ["Checkpointer", "Run", "SaveHandle", "init", "load_checkpoint"],
+    "trainhouse.sdk": [
+        "Checkpointer",
+        "Run",
+        "SaveHandle",
+        "init",
+        "load_checkpoint",
+        "load_model",
+    ],
     "trainhouse.sdk.data": ["ResumableSampler"],
     "trainhouse.sdk.checkpoint": [
         "DISK_FULL",

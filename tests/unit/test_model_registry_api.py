@@ -19,7 +19,8 @@ from fastapi.testclient import TestClient
 from tests.support.api import BASE_URL, submit, wait_state, workdir
 from trainhouse.client import Client
 from trainhouse.errors import ClientError, ModelError
-from trainhouse.sdk._model import load_saved_model, write_model
+from trainhouse.sdk import load_model
+from trainhouse.sdk._model import write_model
 from trainhouse.storage import open_storage
 from trainhouse.tokens import hash_token
 
@@ -120,7 +121,7 @@ def test_save_register_alias_download_and_delete(
     # the downloaded program, batch of any size, gives the in-process model's outputs
     path = client.download_model("digits@prod", tmp_path / "dl")
     assert path.name == "digits-v1"
-    served = load_saved_model(path)
+    served = load_model(path)
     for batch in (1, 7, 33):
         x = torch.randn(batch, 64)
         with torch.no_grad():
@@ -251,4 +252,4 @@ def test_a_standalone_run_saves_a_model_next_to_its_checkpoints(
     ]
     x = torch.randn(5, 64)
     with torch.no_grad():
-        assert torch.equal(load_saved_model(saved)(x), model(x))
+        assert torch.equal(load_model(saved)(x), model(x))

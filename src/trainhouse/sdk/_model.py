@@ -38,7 +38,7 @@ from trainhouse.storage import Storage
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["code_digest", "export_model", "load_saved_model", "signature_of", "write_model"]
+__all__ = ["code_digest", "export_model", "load_model", "signature_of", "write_model"]
 
 #: the largest batch the exported program accepts
 MAX_BATCH = 1 << 16
@@ -213,7 +213,7 @@ def write_model(
     return record
 
 
-def load_saved_model(directory: Path, *, loader: Callable[..., Any] | None = None) -> Any:
+def load_model(directory: Path, *, loader: Callable[..., Any] | None = None) -> Any:
     """The model saved in ``directory`` (a download or the version's directory), its files
     checked against the record first. An "export" model is the exported program's module
     with the saved weights; a "loader" one is what ``loader(weights)`` returns."""
