@@ -48,6 +48,7 @@ STATIC_FILES = (
     "job.js",
     "compare.js",
     "cluster.js",
+    "models.js",
     "style.css",
     "favicon.svg",
 )

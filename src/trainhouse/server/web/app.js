@@ -1,5 +1,5 @@
 // trainhouse dashboard: one page, hash routes, plain DOM, polling the REST API under /api/v1.
-// Routes: #/jobs  #/jobs/<id>  #/compare?ids=1,2  #/queue  #/nodes
+// Routes: #/jobs  #/jobs/<id>  #/compare?ids=1,2  #/queue  #/nodes  #/models  #/models/<name>
 // Plain ES modules, no build step. Charts are plotly.js (window.Plotly, served from the
 // installed `plotly` wheel); a chart's element keeps what it plots as plotly does:
 // el.data[i].x / el.data[i].y, raw series first.
@@ -8,6 +8,7 @@ import { comparePage } from "./compare.js";
 import { ApiError, View, api, h } from "./core.js";
 import { jobPage } from "./job.js";
 import { jobsPage } from "./jobs.js";
+import { modelPage, modelsPage } from "./models.js";
 
 const ROUTES = [
   [/^\/jobs\/(\d+)$/, "jobs", (view, m) => jobPage(view, Number(m[1]))],
@@ -15,6 +16,8 @@ const ROUTES = [
   [/^\/compare$/, "compare", (view, _m, q) => comparePage(view, q)],
   [/^\/queue$/, "queue", (view) => queuePage(view)],
   [/^\/nodes$/, "nodes", (view) => nodesPage(view)],
+  [/^\/models$/, "models", (view) => modelsPage(view)],
+  [/^\/models\/([A-Za-z0-9._-]+)$/, "models", (view, m) => modelPage(view, m[1])],
 ];
 
 let current = null;
