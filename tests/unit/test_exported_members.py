@@ -121,6 +121,7 @@ INTERNAL_PACKAGES = {
     "trainhouse.monitoring",
     "trainhouse.scheduler",
     "trainhouse.server",
+    "trainhouse.serving",
     "trainhouse.store",
 }
 
