@@ -70,6 +70,10 @@ def test_batched_answers_equal_the_model_and_a_swap_takes_the_next_batch(
             )
         health = client.get("/health").json()
         assert health["examples"] == 16 and health["largest_batch"] > 1  # shared batches
+        exposition = client.get("/metrics").text
+        assert 'trainhouse_replica_requests_total{model="digits",outcome="ok"} 16.0' in exposition
+        assert 'trainhouse_replica_batch_size_sum{model="digits"} 16.0' in exposition
+        assert 'trainhouse_replica_latency_seconds_count{model="digits"} 16.0' in exposition
 
         newer = load(directory, version=2)
         newer.module = torch.nn.Sequential(newer.module, torch.nn.Flatten())  # another object
@@ -119,3 +123,7 @@ def test_a_body_that_is_not_json_or_too_large_is_refused(
         resp = client.post("/predict", content=b"[" + b"1," * 2000 + b"1]")
         assert resp.status_code == 413 and "1000-byte limit" in resp.json()["error"]["message"]
         assert client.get("/health").json()["errors"] == 2
+        exposition = client.get("/metrics").text
+        assert 'trainhouse_replica_requests_total{model="digits",outcome="bad_input"} 2.0' in (
+            exposition
+        )

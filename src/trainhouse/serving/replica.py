@@ -10,6 +10,10 @@ its files checked against the record first:
   wrong shape, wrong dtype, not numbers, too large) gets a 4xx that names the problem; it never
   reaches a batch, so it fails no one else's request.
 - ``GET /health`` answers the model, version and counters (requests, batches, examples).
+- ``GET /metrics``: Prometheus series of its own registry, labelled by ``model``:
+  ``trainhouse_replica_requests_total{model,outcome}`` (``ok``, ``bad_input``, ``error``),
+  ``trainhouse_replica_batch_size`` and ``trainhouse_replica_latency_seconds`` (histograms;
+  latency from a request's arrival to its answer).
 
 Dynamic batching: requests wait in one queue; a batch takes what is queued, up to
 ``max_batch`` examples, waiting at most ``max_wait_ms`` for more after the first. Each batch
@@ -49,7 +53,7 @@ if TYPE_CHECKING:
     from starlette.requests import Request
     from starlette.responses import JSONResponse
 
-__all__ = ["Batcher", "Loaded", "build_app", "load", "main"]
+__all__ = ["Batcher", "Loaded", "ReplicaMetrics", "build_app", "load", "main"]
 
 MAX_BODY = 8 << 20  # bytes of a prediction request
 MAX_EXAMPLES = 1024  # examples in one request
@@ -83,6 +87,49 @@ class _Pending:
     future: asyncio.Future[tuple[list[Any], Loaded]]
 
 
+class ReplicaMetrics:
+    """The replica's Prometheus series, in a registry of its own (never the global one)."""
+
+    def __init__(self, model: str) -> None:
+        from prometheus_client import CollectorRegistry, Counter, Histogram
+
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.model = model
+        self.requests = Counter(
+            "trainhouse_replica_requests",
+            "Prediction requests answered, by outcome (ok, bad_input, error).",
+            ["model", "outcome"],
+            registry=self.registry,
+        )
+        self.batch_size = Histogram(
+            "trainhouse_replica_batch_size",
+            "Examples per batch the model ran.",
+            ["model"],
+            buckets=BATCH_BUCKETS,
+            registry=self.registry,
+        )
+        self.latency = Histogram(
+            "trainhouse_replica_latency_seconds",
+            "Seconds from a prediction request's arrival to its answer.",
+            ["model"],
+            buckets=LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+
+    def answered(self, outcome: str, seconds: float) -> None:
+        self.requests.labels(self.model, outcome).inc()
+        self.latency.labels(self.model).observe(seconds)
+
+    def exposition(self) -> bytes:
+        from prometheus_client import generate_latest
+
+        return bytes(generate_latest(self.registry))
+
+
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+
+
 @dataclass
 class Stats:
     requests: int = 0
@@ -103,6 +150,7 @@ class Batcher:
         self.max_batch = max_batch
         self.max_wait = max(0.0, max_wait)
         self.stats = Stats()
+        self.metrics = ReplicaMetrics(model.name)
         self._queue: asyncio.Queue[_Pending] = asyncio.Queue()
         self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="replica-model")
         self._task: asyncio.Task[None] | None = None
@@ -169,6 +217,7 @@ class Batcher:
             self.stats.batches += 1
             self.stats.examples += rows
             self.stats.largest_batch = max(self.stats.largest_batch, rows)
+            self.metrics.batch_size.labels(self.metrics.model).observe(rows)
             for item, out in zip(batch, outputs, strict=True):
                 if not item.future.done():
                     item.future.set_result((out, model))
@@ -219,14 +268,16 @@ def build_app(
     max_examples: int = MAX_EXAMPLES,
 ) -> tuple[Starlette, Batcher]:
     """The replica's ASGI app and its batcher (started and stopped with the app)."""
+    from prometheus_client import CONTENT_TYPE_LATEST
     from starlette.applications import Starlette
-    from starlette.responses import JSONResponse
+    from starlette.responses import JSONResponse, Response
     from starlette.routing import Route
 
     batcher = Batcher(model, max_batch=max_batch, max_wait=max_wait_ms / 1000)
 
     async def predict(request: Request) -> JSONResponse:
         batcher.stats.requests += 1
+        arrived = time.perf_counter()
         try:
             raw = await _body(request, max_body)
             try:
@@ -236,13 +287,19 @@ def build_app(
             inputs = parse_inputs(body, batcher.model.signature, max_examples)
         except BadInput as exc:
             batcher.stats.errors += 1
+            batcher.metrics.answered("bad_input", time.perf_counter() - arrived)
             return _error(exc.status, "bad_input", str(exc))
         try:
             outputs, used = await batcher.predict(inputs)
         except Exception as exc:
             batcher.stats.errors += 1
+            batcher.metrics.answered("error", time.perf_counter() - arrived)
             return _error(500, "model_error", f"the model failed: {type(exc).__name__}: {exc}")
+        batcher.metrics.answered("ok", time.perf_counter() - arrived)
         return JSONResponse({"outputs": outputs, "model": used.name, "version": used.version})
+
+    async def metrics(_request: Request) -> Response:
+        return Response(batcher.metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
 
     async def health(_request: Request) -> JSONResponse:
         s = batcher.stats
@@ -267,7 +324,11 @@ def build_app(
             await batcher.stop()
 
     app = Starlette(
-        routes=[Route("/predict", predict, methods=["POST"]), Route("/health", health)],
+        routes=[
+            Route("/predict", predict, methods=["POST"]),
+            Route("/health", health),
+            Route("/metrics", metrics),
+        ],
         lifespan=lifespan,
     )
     return app, batcher
