@@ -13,8 +13,9 @@ import pytest
 import torch
 from starlette.testclient import TestClient
 
+from trainhouse.errors import ModelError
 from trainhouse.sdk._model import write_model
-from trainhouse.serving.replica import build_app, load
+from trainhouse.serving.replica import build_app, load, loader_function
 from trainhouse.storage import open_storage
 
 
@@ -127,3 +128,58 @@ def test_a_body_that_is_not_json_or_too_large_is_refused(
         assert 'trainhouse_replica_requests_total{model="digits",outcome="bad_input"} 2.0' in (
             exposition
         )
+
+
+LOADER = """
+import torch
+
+
+def build(weights):
+    model = torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.ReLU(), torch.nn.Linear(32, 10))
+    model.load_state_dict({k.removeprefix("body."): v for k, v in weights.items()})
+    return model
+"""
+
+
+class Branchy(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = torch.nn.Sequential(
+            torch.nn.Linear(64, 32), torch.nn.ReLU(), torch.nn.Linear(32, 10)
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.body(x) if x.sum() > -1e9 else -self.body(x)  # torch.export cannot
+
+
+def test_a_model_saved_with_a_loader_is_served_from_the_jobs_code(tmp_path: Path) -> None:
+    workdir = tmp_path / "code"
+    workdir.mkdir()
+    (workdir / "serve.py").write_text(LOADER)
+    model = Branchy().eval()
+    record = write_model(
+        open_storage(tmp_path / "store"),
+        "branchy",
+        model,
+        example_inputs=(torch.randn(2, 64),),
+        metrics=None,
+        loader="serve.py:build",
+        step=0,
+        attempt=1,
+        job_id=None,
+    )
+    directory = tmp_path / "store" / record["path"]
+    with pytest.raises(ModelError, match="give the workdir that holds it"):
+        load(directory)
+    app, _ = build_app(load(directory, workdir=workdir), max_batch=4, max_wait_ms=1)
+    x = torch.randn(3, 64)
+    with TestClient(app) as client:
+        answer = client.post("/predict", json={"inputs": x.tolist()}).json()
+    with torch.no_grad():
+        assert torch.allclose(torch.tensor(answer["outputs"]), model(x), atol=1e-6)
+    (tmp_path / "outside.py").write_text(LOADER)
+    (workdir / "evil.py").symlink_to(tmp_path / "outside.py")
+    with pytest.raises(ModelError, match="not a file inside"):
+        loader_function(workdir, "evil.py:build")
+    with pytest.raises(ModelError, match="a relative path inside its workdir"):
+        loader_function(workdir, "../outside.py:build")

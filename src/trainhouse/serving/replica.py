@@ -3,7 +3,8 @@ batching requests across clients.
 
 ``python -m trainhouse.serving.replica DIR [--port 0] [--max-batch 32] [--max-wait-ms 5]``
 serves the model saved in ``DIR`` (``run.save_model``'s directory or a ``models download``),
-its files checked against the record first:
+its files checked against the record first (a model saved with a loader also needs
+``--workdir``, the job's code that holds it):
 
 - ``POST /predict`` with ``{"inputs": [...]}`` (one entry per example; or several named
   inputs) answers ``{"outputs": [...], "model": NAME, "version": V}``. A bad request (not JSON,
@@ -53,7 +54,7 @@ if TYPE_CHECKING:
     from starlette.requests import Request
     from starlette.responses import JSONResponse
 
-__all__ = ["Batcher", "Loaded", "ReplicaMetrics", "build_app", "load", "main"]
+__all__ = ["Batcher", "Loaded", "ReplicaMetrics", "build_app", "load", "loader_function", "main"]
 
 MAX_BODY = 8 << 20  # bytes of a prediction request
 MAX_EXAMPLES = 1024  # examples in one request
@@ -69,12 +70,51 @@ class Loaded:
     version: int
 
 
-def load(directory: Path, *, version: int = 1) -> Loaded:
-    """The model saved in ``directory`` (files checked), in eval mode."""
+def loader_function(workdir: Path, loader: str) -> Any:
+    """The function ``file.py:function`` names in ``workdir`` (the job's own code, which the
+    replica runs as the job would): the file must lie inside ``workdir``."""
+    import importlib.util
+
+    from trainhouse.errors import ModelError
+    from trainhouse.modelfiles import check_loader
+
+    file, _, function = check_loader(loader).partition(":")
+    root = Path(workdir).resolve()
+    path = (root / file).resolve()
+    if not path.is_relative_to(root) or not path.is_file():
+        raise ModelError(f"the loader {loader} is not a file inside {root}")
+    spec = importlib.util.spec_from_file_location(f"_trainhouse_loader_{path.stem}", path)
+    if spec is None or spec.loader is None:
+        raise ModelError(f"the loader {loader} cannot be imported")
+    module = importlib.util.module_from_spec(spec)
+    sys.path.insert(0, str(root))  # the loader's own imports of the workdir
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        with contextlib.suppress(ValueError):
+            sys.path.remove(str(root))
+    found = getattr(module, function, None)
+    if not callable(found):
+        raise ModelError(f"{file} has no function {function} (the loader {loader})")
+    return found
+
+
+def load(directory: Path, *, version: int = 1, workdir: Path | None = None) -> Loaded:
+    """The model saved in ``directory`` (files checked), in eval mode. A model saved with a
+    loader needs ``workdir``, the job's code where the loader lives."""
+    from trainhouse.errors import ModelError
     from trainhouse.sdk import load_model
 
     record = json.loads((Path(directory) / RECORD).read_text())
-    module = load_model(Path(directory))
+    function = None
+    if record.get("kind") == "loader":
+        if workdir is None:
+            raise ModelError(
+                f"{directory} was saved with the loader {record.get('loader')}: give the "
+                "workdir that holds it (--workdir)"
+            )
+        function = loader_function(workdir, str(record["loader"]))
+    module = load_model(Path(directory), loader=function)
     with contextlib.suppress(Exception):
         module.eval()
     return Loaded(module, dict(record["signature"]), str(record["name"]), version)
@@ -344,12 +384,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--max-batch", type=int, default=32)
     parser.add_argument("--max-wait-ms", type=float, default=5.0)
     parser.add_argument("--version", type=int, default=1, help="the version it answers as")
+    parser.add_argument("--workdir", type=Path, help="the job's code, for a model with a loader")
     parser.add_argument("--ready-file", type=Path, help="where to write the bound port")
     args = parser.parse_args(argv)
     import torch
 
     torch.set_num_threads(1)
-    model = load(args.directory, version=args.version)
+    model = load(args.directory, version=args.version, workdir=args.workdir)
     app, _ = build_app(model, max_batch=args.max_batch, max_wait_ms=args.max_wait_ms)
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
