@@ -8,6 +8,8 @@ It resumes from its latest checkpoint when restarted, at the exact next batch: t
 holds the sampler's position (``ResumableSampler``) and every rank's RNG states (saved and
 restored by ``run.checkpoint`` itself). It checkpoints at the end of every epoch (in the
 background: ``blocking=False``), every ``checkpoint_every`` steps if set, and when asked to stop.
+With ``--set hparams.save_model=NAME`` it saves the trained model to the registry at the end
+(``run.save_model``: ``trainhouse models show NAME``).
 """
 
 from __future__ import annotations
@@ -26,7 +28,15 @@ from torch.utils.data import DataLoader, TensorDataset
 import trainhouse
 from trainhouse.sdk.data import ResumableSampler
 
-DEFAULTS = {"epochs": 30, "lr": 0.002, "batch_size": 32, "seed": 0, "checkpoint_every": 0}
+DEFAULTS = {
+    "epochs": 30,
+    "lr": 0.002,
+    "batch_size": 32,
+    "seed": 0,
+    "checkpoint_every": 0,
+    # a model name: at the end, save the trained model to the registry (run.save_model)
+    "save_model": "",
+}
 
 
 class DigitsCNN(nn.Module):
@@ -215,7 +225,21 @@ def main() -> None:
             save(epoch, last, batches, {"val_loss": val_loss, "val_acc": val_acc}, blocking=False)
             if stopping or run.should_stop():
                 print(f"rank {run.rank}: stopping after epoch {epoch} as asked", flush=True)
+                stopping = True
                 break
+        if hp["save_model"] and not stopping:
+            # collective: every rank calls it, the main rank exports, writes and registers
+            x_val = val_loader.dataset.tensors[0]
+            val_loss, val_acc = evaluate(model, val_loader, run.device)
+            saved = run.save_model(
+                str(hp["save_model"]),
+                model,
+                example_inputs=(x_val[:4].to(run.device),),
+                metrics={"val_loss": val_loss, "val_acc": val_acc},
+                step=max(step - 1, 0),
+            )
+            if saved is not None:
+                print(f"saved model {saved['name']} version {saved.get('version')}", flush=True)
 
 
 if __name__ == "__main__":

@@ -64,6 +64,13 @@ def _sse(lines: Iterator[str]) -> Iterator[tuple[str, Any]]:
             data.append(line[5:].removeprefix(" "))
 
 
+def _seg(value: str | int) -> str:
+    """``value`` as one URL path segment."""
+    from urllib.parse import quote
+
+    return quote(str(value), safe="")
+
+
 def _discard(path: Path) -> None:
     if path.is_dir():
         shutil.rmtree(path, ignore_errors=True)
@@ -353,6 +360,98 @@ class Client:
                     f"the downloaded checkpoint of step {chosen['step']} has digest "
                     f"{actual[:16]}, not the registered {chosen['sha256'][:16]}: it is corrupt"
                 )
+            if final.is_dir():
+                shutil.rmtree(final)
+            os.replace(tmp, final)
+        except httpx.HTTPError as exc:
+            _discard(tmp)
+            raise ServerUnreachable(self.url, str(exc)) from None
+        except BaseException:
+            _discard(tmp)
+            raise
+        return final
+
+    # -- models ----------------------------------------------------------------------------
+    def models(self) -> list[dict[str, Any]]:
+        result: list[dict[str, Any]] = self._json("GET", "/models")["models"]
+        return result
+
+    def model(self, name: str) -> dict[str, Any]:
+        """A model and its versions (``{"model": ..., "versions": [...]}``)."""
+        result: dict[str, Any] = self._json("GET", f"/models/{_seg(name)}")
+        return result
+
+    def model_version(self, name: str, ref: str | int = "latest") -> dict[str, Any]:
+        """The version ``ref`` names: a number, an alias or ``latest``."""
+        result: dict[str, Any] = self._json("GET", f"/models/{_seg(name)}/versions/{_seg(ref)}")
+        return result
+
+    def register_model(self, name: str, job_id: int, step: int | None = None) -> dict[str, Any]:
+        """The model job ``job_id`` saved (``run.save_model``; its newest, or the one of
+        ``step``) as a new version of ``name``."""
+        result: dict[str, Any] = self._json(
+            "POST", f"/models/{_seg(name)}/versions", json={"job": job_id, "step": step}
+        )
+        return result
+
+    def set_alias(self, name: str, alias: str, version: int) -> dict[str, Any]:
+        result: dict[str, Any] = self._json(
+            "PUT", f"/models/{_seg(name)}/aliases/{_seg(alias)}", json={"version": version}
+        )
+        return result
+
+    def delete_model_version(self, name: str, version: int) -> dict[str, Any]:
+        result: dict[str, Any] = self._json("DELETE", f"/models/{_seg(name)}/versions/{version}")
+        return result
+
+    def download_model(
+        self,
+        ref: str,
+        dest: str | os.PathLike[str],
+        *,
+        progress: Callable[[int, int], None] | None = None,
+    ) -> Path:
+        """Fetch the files of ``NAME@VERSION`` or ``NAME@ALIAS`` into ``dest/NAME-vVERSION``,
+        each checked against its registered size and sha256; a partial or corrupt download
+        never stays under the final name. ``progress(done, total)`` in bytes."""
+        import hashlib
+
+        from trainhouse.errors import ModelError
+        from trainhouse.modelfiles import parse_ref
+
+        name, which = parse_ref(ref)
+        version = self.model_version(name, which)
+        total = sum(int(f["size"]) for f in version["files"])
+        base = Path(dest)
+        base.mkdir(parents=True, exist_ok=True)
+        final = base / f"{name}-v{version['version']}"
+        tmp = base / f".{final.name}.download-{os.getpid()}"
+        done = 0
+        try:
+            tmp.mkdir()
+            for entry in version["files"]:
+                file = str(entry["name"])
+                digest = hashlib.sha256()
+                url = f"{self.url}/api/v1/models/{name}/versions/{version['version']}/files/{file}"
+                with (
+                    self._http.stream("GET", url) as resp,
+                    (tmp / Path(file).name).open("wb") as out,
+                ):
+                    if resp.status_code != 200:
+                        resp.read()
+                        raise error_from(resp, self.url)
+                    for chunk in resp.iter_bytes(1 << 20):
+                        out.write(chunk)
+                        digest.update(chunk)
+                        done += len(chunk)
+                        if progress is not None:
+                            progress(done, total)
+                if digest.hexdigest() != entry["sha256"]:
+                    raise ModelError(
+                        f"the downloaded {file} of {name}@{version['version']} has sha256 "
+                        f"{digest.hexdigest()[:16]}..., not the registered "
+                        f"{str(entry['sha256'])[:16]}...: it is corrupt"
+                    )
             if final.is_dir():
                 shutil.rmtree(final)
             os.replace(tmp, final)

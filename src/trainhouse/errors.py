@@ -19,6 +19,7 @@
     │   ├── NotFound                no such job / checkpoint
     │   └── InvalidTransition       a job state change the lifecycle table forbids
     ├── CheckpointError             a checkpoint cannot be written, found or verified
+    ├── ModelError                  a model cannot be saved, registered, found or verified (422)
     ├── ResourceError               a job can never fit the inventory it was sent to
     └── ExecutorUnavailable         the executor the server was told to use cannot run
         └── RayUnavailable          Ray is not installed, or no cluster answers
@@ -38,6 +39,7 @@ __all__ = [
     "Forbidden",
     "InvalidMetrics",
     "InvalidTransition",
+    "ModelError",
     "NotFound",
     "RateLimited",
     "RayUnavailable",
@@ -162,6 +164,11 @@ class InvalidTransition(StoreError):
 
 class CheckpointError(TrainhouseError):
     code = "checkpoint_error"
+    status = 422
+
+
+class ModelError(TrainhouseError):
+    code = "model_error"
     status = 422
 
 

@@ -54,6 +54,9 @@ SINGLE_BACKEND = {
     "test_lineage.py": "real ranks resuming and cloning through the CLI; the store's side of "
     "a resume and a clone (the transition, the counters, the hold, the copy's registration) "
     "runs on both backends in tests/unit/test_lineage.py",
+    "test_model_registry.py": "the SDK's save and the job's registration through real ranks "
+    "are under test; the registry's store runs on both backends in "
+    "tests/unit/test_model_registry_store.py",
     "test_isolation.py": "the processes and files of a server are under test, not its store: "
     "the secret's test picks its own PostgreSQL database, and the SQLite file is among the "
     "files whose modes are checked",

@@ -77,13 +77,14 @@ def test_the_client_imports_no_server_module_and_no_spec() -> None:
     assert loaded(modules, (*SERVER_SIDE, "pydantic", "yaml", "trainhouse.spec")) == []
 
 
-def test_a_client_command_imports_no_server_module() -> None:
-    """``trainhouse ps`` against a port nothing listens on: it runs, fails to connect (exit 3)
-    and loads nothing of the server side on the way."""
+@pytest.mark.parametrize("command", [["ps"], ["models", "list"]])
+def test_a_client_command_imports_no_server_module(command: list[str]) -> None:
+    """``trainhouse ps`` (``models list``) against a port nothing listens on: it runs, fails to
+    connect (exit 3) and loads nothing of the server side on the way."""
     modules = modules_after(
         "from trainhouse.cli.app import app\n"
         "try:\n"
-        "    app(['ps', '--url', 'http://127.0.0.1:9'], prog_name='trainhouse')\n"
+        f"    app([*{command!r}, '--url', 'http://127.0.0.1:9'], prog_name='trainhouse')\n"
         "except SystemExit as exc:\n"
         "    assert exc.code == 3, exc.code"
     )
@@ -97,8 +98,10 @@ def test_the_commands_and_their_order() -> None:
         *("server", "demo", "queue", "set-priority", "login", "logout", "whoami", "spec"),
         *("submit", "ps", "show", "cancel", "logs", "metrics", "checkpoints"),
         *("resume", "clone", "top"),
-        *("admin", "db", "envs", "search"),
+        *("models", "admin", "db", "envs", "search"),
     ]
+    models = root.commands["models"]  # type: ignore[attr-defined]
+    assert list(models.commands) == ["list", "show", "register", "alias", "download", "delete"]
     admin = root.commands["admin"]  # type: ignore[attr-defined]
     assert list(admin.commands) == ["init", "audit", "quota", "user", "token"]
     assert list(root.commands["db"].commands) == ["upgrade", "current"]  # type: ignore[attr-defined]

@@ -17,7 +17,14 @@ import trainhouse
 
 PUBLIC: dict[str, list[str]] = {
     "trainhouse": ["Run", "__version__", "init"],
-    "trainhouse.sdk": ["Checkpointer", "Run", "SaveHandle", "init", "load_checkpoint"],
+    "trainhouse.sdk": [
+        "Checkpointer",
+        "Run",
+        "SaveHandle",
+        "init",
+        "load_checkpoint",
+        "load_model",
+    ],
     "trainhouse.sdk.data": ["ResumableSampler"],
     "trainhouse.sdk.checkpoint": [
         "DISK_FULL",
@@ -40,6 +47,7 @@ PUBLIC: dict[str, list[str]] = {
         "Forbidden",
         "InvalidMetrics",
         "InvalidTransition",
+        "ModelError",
         "NotFound",
         "RateLimited",
         "RayUnavailable",
@@ -113,6 +121,7 @@ DOMAIN = {
     "trainhouse.joblogs",
     "trainhouse.layout",
     "trainhouse.searchspec",
+    "trainhouse.modelfiles",
     "trainhouse.service",
     "trainhouse.serverprocess",
     "trainhouse.storage",
@@ -126,6 +135,7 @@ INTERNAL_PACKAGES = {
     "trainhouse.monitoring",
     "trainhouse.scheduler",
     "trainhouse.server",
+    "trainhouse.serving",
     "trainhouse.store",
     "trainhouse.tune",
 }

@@ -1,10 +1,10 @@
 """The ``trainhouse`` command: the root typer app, assembled from one app per noun.
 
 The nouns' commands are merged into the root in the order ``trainhouse --help`` lists them
-(``add_typer`` without a name makes a sub-app's commands top-level); ``admin`` and ``db`` stay
-groups. Each noun module imports only what its commands need to start: the client, the spec,
-the server and the store load inside the commands that use them, so ``trainhouse --help`` and
-``trainhouse ps`` start fast.
+(``add_typer`` without a name makes a sub-app's commands top-level); ``models``, ``admin`` and
+``db`` stay groups. Each noun module imports only what its commands need to start: the client,
+the spec, the server and the store load inside the commands that use them, so
+``trainhouse --help`` and ``trainhouse ps`` start fast.
 
 - :mod:`~trainhouse.cli.server`: ``server``, ``demo``
 - :mod:`~trainhouse.cli.queue`: ``queue``, ``set-priority``
@@ -14,6 +14,7 @@ the server and the store load inside the commands that use them, so ``trainhouse
   ``checkpoints``
 - :mod:`~trainhouse.cli.lineage`: ``resume``, ``clone``
 - :mod:`~trainhouse.cli.top`: ``top``
+- :mod:`~trainhouse.cli.models`: ``models list/show/register/alias/download/delete``
 - :mod:`~trainhouse.cli.admin`: ``admin init/user/token/quota/audit``
 - :mod:`~trainhouse.cli.db`: ``db upgrade/current``
 """
@@ -22,7 +23,20 @@ from __future__ import annotations
 
 import typer
 
-from trainhouse.cli import admin, db, envs, jobs, lineage, queue, search, server, session, spec, top
+from trainhouse.cli import (
+    admin,
+    db,
+    envs,
+    jobs,
+    lineage,
+    models,
+    queue,
+    search,
+    server,
+    session,
+    spec,
+    top,
+)
 
 app = typer.Typer(
     name="trainhouse",
@@ -34,6 +48,7 @@ app = typer.Typer(
 
 for noun in (server, queue, session, spec, jobs, lineage, top):
     app.add_typer(noun.app)
+app.add_typer(models.app, name="models")
 app.add_typer(admin.app, name="admin")
 app.add_typer(db.app, name="db")
 app.add_typer(envs.app, name="envs")

@@ -200,6 +200,60 @@ class Run:
         values = [(str(k), finite_or_none(_number(k, v))) for k, v in metrics.items()]
         self._metrics.log(step, values, all_ranks=all_ranks)
 
+    # -- models ----------------------------------------------------------------------------
+    def save_model(
+        self,
+        name: str,
+        model: Any,
+        *,
+        example_inputs: Any,
+        metrics: dict[str, Any] | None = None,
+        loader: str | None = None,
+        step: int | None = None,
+    ) -> dict[str, Any] | None:
+        """Save ``model`` as a new version of the model ``name``. Collective: every rank calls
+        it; the main rank writes.
+
+        ``torch.export`` captures it with a dynamic batch dimension (dimension 0 of each of
+        ``example_inputs``, a tensor or a tuple of tensors); the program (``.pt2``), the
+        weights (safetensors) and a record (signature, torch version, job, attempt, step, code
+        digest, ``metrics``, each file's sha256) are written atomically next to the job's
+        checkpoints and registered with the server. A model ``torch.export`` cannot capture
+        raises ModelError naming the reason; ``loader="serve.py:load"`` (a function of the
+        job's code that takes the weights and returns the model) saves the weights only.
+        ``step`` defaults to the last step logged. Returns the record on the main rank (with
+        ``version`` under the server), None on the others.
+        """
+        from trainhouse.errors import ModelError
+        from trainhouse.sdk._model import write_model
+        from trainhouse.sdk.checkpoint._handle import message_of
+
+        comm = self.checkpoint._comm()
+        record: dict[str, Any] | None = None
+        error: BaseException | None = None
+        if self.is_main:
+            try:
+                record = write_model(
+                    self.checkpoint.storage,
+                    name,
+                    model,
+                    example_inputs=example_inputs,
+                    metrics={k: _number(k, v) for k, v in (metrics or {}).items()},
+                    loader=loader,
+                    step=max(self._step, 0) if step is None else int(step),
+                    attempt=self.attempt,
+                    job_id=self.job_id,
+                )
+                record = self.checkpoint._registry.register_model(record)
+            except BaseException as exc:  # keep the ranks in step, then raise below
+                error = exc
+        message = comm.broadcast(message_of(error) if error is not None else None)
+        if error is not None:
+            raise error
+        if message is not None:
+            raise ModelError(f"rank 0: {message}")
+        return record
+
     # -- stopping --------------------------------------------------------------------------
     def should_stop(self) -> bool:
         """True once the server asks this job to stop (cancel, preemption, time limit).

@@ -69,6 +69,14 @@ class JobAPI:
         )
         return result
 
+    def register_model(self, name: str, path: str, *, retry_for: float = 60.0) -> dict[str, Any]:
+        """Register the model the job saved in ``path`` (its checkpoint storage) as a new
+        version of ``name``; the version as registered."""
+        result: dict[str, Any] = self.call(
+            "POST", "/models", json={"name": name, "path": path}, retry_for=retry_for
+        )
+        return result
+
     def checkpoints(self) -> list[dict[str, Any]]:
         result: list[dict[str, Any]] = self.call("GET", "/checkpoints", retry_for=60)["checkpoints"]
         return result

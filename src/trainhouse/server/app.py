@@ -34,12 +34,14 @@ from trainhouse.server.deps import Services
 from trainhouse.server.housekeeping import Housekeeper
 from trainhouse.server.mlflow import create_app as create_mlflow_app
 from trainhouse.server.mlflow import set_services as set_mlflow_services
+from trainhouse.server.models import ModelFiles
 from trainhouse.server.routes import (
     accounts,
     envs,
     jobs,
     lineage,
     logs,
+    models,
     queue,
     report,
     searches,
@@ -155,6 +157,7 @@ def build_services(settings: Settings, executor: Executor | None = None) -> Serv
             wake_scheduler=loop.wake,
             interval=max(settings.tick, 0.1),
         ),
+        ModelFiles(store, checkpoints),
         tensorboard=tensorboard,
     )
 
@@ -232,6 +235,7 @@ def create_app(settings: Settings, *, executor: Executor | None = None) -> FastA
     app.include_router(lineage.router, prefix="/api/v1")
     app.include_router(report.router, prefix="/api/v1")
     app.include_router(searches.router, prefix="/api/v1")
+    app.include_router(models.router, prefix="/api/v1")
     app.include_router(system.exposition)  # GET /metrics (Prometheus)
     app.include_router(ui.router)  # the dashboard: / and /static/...
     mlflow_app = create_mlflow_app()

@@ -16,6 +16,7 @@ from trainhouse.monitoring.telemetry import Telemetry
 from trainhouse.scheduler.loop import SchedulerLoop
 from trainhouse.server.checkpoints import Checkpoints
 from trainhouse.server.housekeeping import Housekeeper
+from trainhouse.server.models import ModelFiles
 from trainhouse.server.settings import Settings
 from trainhouse.server.tensorboard import TensorBoardImport
 from trainhouse.service import Service
@@ -87,6 +88,7 @@ class Services:
     auth: Authenticator  # tokens -> principals (trainhouse.server.auth)
     reports: ReportWriter  # metric reports, stored in group commits
     tune: SearchService  # hyperparameter searches (trainhouse.tune)
+    models: ModelFiles  # the model registry's files: registration, downloads
     streams: StreamSlots = field(default_factory=StreamSlots)  # open log streams
     tensorboard: TensorBoardImport | None = None  # event files imported as metrics
 

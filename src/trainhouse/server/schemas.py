@@ -421,3 +421,96 @@ class ImportancesOut(BaseModel):
     )
     completed: int
     needed: int
+
+
+# -- the model registry ----------------------------------------------------------------------
+ModelName = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")]
+Digest = Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
+
+
+class TensorSpec(BaseModel):
+    name: str = Field(min_length=1, max_length=128, pattern=NO_NUL)
+    shape: list[Annotated[int, Field(ge=0, le=INT32)] | None] = Field(max_length=16)
+    dtype: str = Field(min_length=1, max_length=32, pattern=r"^[a-z0-9_]+$")
+
+
+class SignatureOut(BaseModel):
+    inputs: list[TensorSpec] = Field(max_length=64)
+    outputs: list[TensorSpec] = Field(max_length=64)
+
+
+class ModelFileOut(BaseModel):
+    name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9._-]+$")
+    size: int = Field(ge=0, le=INT64)
+    sha256: Digest
+
+
+class SavedModelRecord(BaseModel):
+    """``model.json`` as a job wrote it (hostile input: every field checked)."""
+
+    name: ModelName
+    kind: Literal["export", "loader"]
+    loader: str | None = Field(None, max_length=320)
+    signature: SignatureOut
+    torch: str = Field(max_length=64, pattern=NO_NUL)
+    job_id: int | None = Field(None, ge=0, le=INT64)
+    attempt: int = Field(ge=1, le=INT32)
+    step: int = Field(ge=0, le=INT64)
+    code_digest: Digest | None = None
+    metrics: dict[Annotated[str, Field(max_length=256, pattern=NO_NUL)], float | None] = Field(
+        default_factory=dict, max_length=1000
+    )
+    files: list[ModelFileOut] = Field(min_length=1, max_length=8)
+    created_at: float | None = None
+
+
+class ModelRegisterIn(BaseModel):
+    """What the SDK registers: the directory it saved (relative to the job's checkpoints)."""
+
+    name: ModelName
+    path: str = Field(min_length=1, max_length=1024, pattern=NO_NUL)
+
+
+class VersionFromJobIn(BaseModel):
+    """``trainhouse models register NAME --job J [--step S]``: a job's saved model."""
+
+    job: int = Field(ge=0, le=INT64)
+    step: int | None = Field(None, ge=0, le=INT64)
+
+
+class AliasIn(BaseModel):
+    version: int = Field(ge=1, le=INT32)
+
+
+class ModelVersionOut(BaseModel):
+    model: str
+    version: int
+    job_id: int | None
+    attempt: int
+    step: int
+    kind: str
+    files: list[ModelFileOut]
+    size: int
+    metrics: dict[str, float | None]
+    signature: dict[str, Any]
+    record: dict[str, Any]
+    created_at: float
+    aliases: list[str]
+
+
+class ModelOut(BaseModel):
+    name: str
+    owner: str
+    created_at: float
+    versions: int
+    latest: int | None
+    aliases: dict[str, int]
+
+
+class ModelListOut(BaseModel):
+    models: list[ModelOut]
+
+
+class ModelDetailOut(BaseModel):
+    model: ModelOut
+    versions: list[ModelVersionOut]

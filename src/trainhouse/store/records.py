@@ -21,6 +21,8 @@ __all__ = [
     "Event",
     "Job",
     "MetricPoint",
+    "Model",
+    "ModelVersion",
     "Search",
     "Trial",
     "UserLimits",
@@ -188,3 +190,33 @@ class Trial:
     value: float | None
     created_at: float
     ended_at: float | None = None
+
+
+@dataclass(frozen=True)
+class ModelVersion:
+    """One registered version of a model: the files a job saved and where they came from."""
+
+    model: str
+    version: int
+    job_id: int | None
+    attempt: int
+    step: int
+    path: str  # the version's directory in the job's checkpoint storage
+    kind: str  # "export" | "loader"
+    files: list[dict[str, Any]]  # [{"name", "size", "sha256"}]
+    size: int
+    metrics: dict[str, float | None]
+    signature: dict[str, Any]
+    record: dict[str, Any]
+    created_at: float
+    aliases: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Model:
+    name: str
+    owner: str
+    created_at: float
+    versions: int  # how many versions it has now
+    latest: int | None  # the newest version's number
+    aliases: dict[str, int] = field(default_factory=dict)

@@ -13,6 +13,7 @@ concern, each owning its tables:
 ``store.system``          resource samples of nodes and jobs (:mod:`.system`)
 ``store.tracking``        MLflow experiments and runs, params and tags (:mod:`.tracking`)
 ``store.searches``        hyperparameter searches and their trials (:mod:`.searches`)
+``store.models``          the model registry: models, versions, aliases (:mod:`.models`)
 ========================  ======================================================================
 
 Repositories hand out plain records (:mod:`.records`), never SQLAlchemy objects.
@@ -25,6 +26,7 @@ from trainhouse.store.checkpoints import CheckpointRepo
 from trainhouse.store.database import Database, MigrateMode
 from trainhouse.store.jobs import JobRepo
 from trainhouse.store.metrics import MetricRepo
+from trainhouse.store.models import ModelRepo
 from trainhouse.store.quotas import QuotaRepo
 from trainhouse.store.searches import SearchRepo
 from trainhouse.store.system import SystemMetrics
@@ -46,3 +48,4 @@ class Store(Database):
         self.system = SystemMetrics(self)
         self.tracking = TrackingRepo(self, self.jobs)
         self.searches = SearchRepo(self)
+        self.models = ModelRepo(self)

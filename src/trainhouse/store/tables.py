@@ -384,3 +384,47 @@ search_trials = Table(
     Column("ended_at", Float),
     PrimaryKeyConstraint("search_id", "number"),
 )
+
+# the model registry (0010): a model is a name; each version points at the files a job saved
+# (run.save_model) in its checkpoint storage, with the job, attempt and step that made it
+models = Table(
+    "models",
+    metadata,
+    Column("id", _Id, primary_key=True, autoincrement=True),
+    Column("name", String(64), nullable=False, unique=True),
+    Column("owner", String(128), nullable=False),
+    Column("created_at", Float, nullable=False),
+)
+
+model_versions = Table(
+    "model_versions",
+    metadata,
+    Column("id", _Id, primary_key=True, autoincrement=True),
+    Column("model_id", _Id, ForeignKey("models.id", ondelete="CASCADE"), nullable=False),
+    Column("version", Integer, nullable=False),  # 1, 2, ... per model
+    # the job that made it; NULL once that job is deleted (the version keeps its files' record)
+    Column("job_id", _Id, ForeignKey("jobs.id", ondelete="SET NULL")),
+    Column("attempt", Integer, nullable=False),
+    Column("step", BigInteger, nullable=False),
+    Column("path", Text, nullable=False),  # the version's directory in the job's storage
+    # "export" (a torch.export program + safetensors weights) | "loader" (weights + a function
+    # of the job's own code that rebuilds the model)
+    Column("kind", String(16), nullable=False),
+    Column("files", JSON, nullable=False),  # [{"name", "size", "sha256"}]
+    Column("size", BigInteger, nullable=False),
+    Column("metrics", JSON),
+    Column("signature", JSON),  # {"inputs": [{"name", "shape", "dtype"}], "outputs": [...]}
+    Column("record", JSON),  # the rest of model.json: torch version, code digest, loader
+    Column("created_at", Float, nullable=False),
+    UniqueConstraint("model_id", "version"),
+)
+
+model_aliases = Table(
+    "model_aliases",
+    metadata,
+    Column("model_id", _Id, ForeignKey("models.id", ondelete="CASCADE"), nullable=False),
+    Column("alias", String(64), nullable=False),
+    Column("version", Integer, nullable=False),
+    Column("updated_at", Float, nullable=False),
+    PrimaryKeyConstraint("model_id", "alias"),
+)

@@ -34,6 +34,11 @@ class CheckpointRegistry(ABC):
         its id). Retries an unreachable server for up to ``retry_for`` seconds."""
 
     @abstractmethod
+    def register_model(self, record: dict[str, Any]) -> dict[str, Any]:
+        """Register the model ``record`` describes (``run.save_model``, fully written) as a
+        new version; the record with ``version`` added where there is a server."""
+
+    @abstractmethod
     def report_corrupt(self, checkpoint_id: int, reason: str) -> None:
         """Tell the server that checkpoint ``checkpoint_id`` failed verification."""
 
@@ -81,6 +86,9 @@ class LocalRegistry(CheckpointRegistry):
         return None
 
     def register(self, record: dict[str, Any], *, retry_for: float = 60.0) -> dict[str, Any]:
+        return record
+
+    def register_model(self, record: dict[str, Any]) -> dict[str, Any]:
         return record
 
     def report_corrupt(self, checkpoint_id: int, reason: str) -> None:
@@ -136,6 +144,10 @@ class ServerRegistry(CheckpointRegistry):
 
     def register(self, record: dict[str, Any], *, retry_for: float = 60.0) -> dict[str, Any]:
         return self.link.api.register_checkpoint(record, retry_for=retry_for)
+
+    def register_model(self, record: dict[str, Any]) -> dict[str, Any]:
+        answer = self.link.api.register_model(record["name"], record["path"])
+        return {**record, "version": answer["version"]}
 
     def report_corrupt(self, checkpoint_id: int, reason: str) -> None:
         self.link.api.report_corrupt(checkpoint_id, reason)

@@ -49,6 +49,7 @@ STATIC_FILES = (
     "compare.js",
     "cluster.js",
     "search.js",
+    "models.js",
     "style.css",
     "favicon.svg",
 )

@@ -1,5 +1,6 @@
 // trainhouse dashboard: one page, hash routes, plain DOM, polling the REST API under /api/v1.
 // Routes: #/jobs  #/jobs/<id>  #/compare?ids=1,2  #/queue  #/nodes  #/searches  #/searches/<id>
+//         #/models  #/models/<name>
 // Plain ES modules, no build step. Charts are plotly.js (window.Plotly, served from the
 // installed `plotly` wheel); a chart's element keeps what it plots as plotly does:
 // el.data[i].x / el.data[i].y, raw series first.
@@ -9,6 +10,7 @@ import { ApiError, View, api, h } from "./core.js";
 import { jobPage } from "./job.js";
 import { jobsPage } from "./jobs.js";
 import { searchPage, searchesPage } from "./search.js";
+import { modelPage, modelsPage } from "./models.js";
 
 const ROUTES = [
   [/^\/jobs\/(\d+)$/, "jobs", (view, m) => jobPage(view, Number(m[1]))],
@@ -18,6 +20,8 @@ const ROUTES = [
   [/^\/nodes$/, "nodes", (view) => nodesPage(view)],
   [/^\/searches\/(\d+)$/, "searches", (view, m) => searchPage(view, Number(m[1]))],
   [/^\/searches$/, "searches", (view) => searchesPage(view)],
+  [/^\/models$/, "models", (view) => modelsPage(view)],
+  [/^\/models\/([A-Za-z0-9._-]+)$/, "models", (view, m) => modelPage(view, m[1])],
 ];
 
 let current = null;

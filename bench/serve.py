@@ -1,0 +1,231 @@
+"""How much does dynamic batching buy a serving replica? 32 clients against one CPU replica.
+
+The model is the digits example's CNN (``examples/digits/train.py``'s ``DigitsCNN``, random
+weights: nothing is downloaded), saved with the SDK's ``write_model`` (torch.export with a
+dynamic batch dimension) into a temporary directory. In the same run:
+
+- the in-process ceiling: the loaded model itself (``trainhouse.sdk.load_model``) on batches
+  of 32 digits, examples per second, one thread, no HTTP;
+- one replica (``python -m trainhouse.serving.replica``, one torch thread) with dynamic
+  batching (``--max-batch 32 --max-wait-ms 5``) and one with ``--max-batch 1``, each driven
+  for ``--seconds`` by 32 concurrent clients (one asyncio loop in this process, httpx), each
+  client sending one digit per request and the next as soon as the answer is back.
+
+It prints throughput (requests/s), p50 and p99 latency for each replica, the batched/unbatched
+throughput ratio (goal: >= 3x) and the batched p99 (goal: < 50 ms), and both replicas'
+throughput as a fraction of the ceiling. Both replicas run at the same time, idle but for the
+one being measured. ``--smoke`` runs them in threads of this process, briefly: a check that
+the benchmark runs, whose numbers mean nothing. Run it under ``flock /tmp/bench.lock`` on a
+shared machine.
+
+    python bench/serve.py [--seconds 10] [--clients 32] [--smoke] [--json]
+
+It is a benchmark, not a test: it exits 0 whatever the numbers (1 if a replica does not start).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "src"))
+
+
+def digits_cnn() -> Any:
+    spec = importlib.util.spec_from_file_location("digits", REPO / "examples/digits/train.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.DigitsCNN()
+
+
+@contextlib.contextmanager
+def replica_thread(directory: Path, max_batch: int) -> Iterator[str]:
+    """``--smoke``: the replica's app in a thread of this process (no second torch import)."""
+    import socket
+    import threading
+
+    import uvicorn
+
+    from trainhouse.serving.replica import build_app, load
+
+    app, _ = build_app(load(directory), max_batch=max_batch, max_wait_ms=5)
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    try:
+        while not server.started:
+            time.sleep(0.02)
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+    finally:
+        server.should_exit = True
+        thread.join(30)
+        sock.close()
+
+
+@contextlib.contextmanager
+def replica(directory: Path, work: Path, max_batch: int, smoke: bool = False) -> Iterator[str]:
+    if smoke:
+        with replica_thread(directory, max_batch) as url:
+            yield url
+        return
+    ready = work / f"port-{max_batch}"
+    env = {**os.environ, "PYTHONPATH": str(REPO / "src"), "OMP_NUM_THREADS": "1"}
+    env["TORCHINDUCTOR_CACHE_DIR"] = str(work / "inductor")
+    cmd = [sys.executable, "-m", "trainhouse.serving.replica", str(directory)]
+    cmd += ["--max-batch", str(max_batch), "--max-wait-ms", "5", "--ready-file", str(ready)]
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 180
+        while not ready.exists():
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise SystemExit(f"the replica (max batch {max_batch}) did not start")
+            time.sleep(0.05)
+        yield f"http://127.0.0.1:{ready.read_text()}"
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+async def drive(url: str, clients: int, seconds: float, example: list[Any]) -> dict[str, Any]:
+    import httpx
+
+    limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
+    latencies: list[float] = []
+    failed = 0
+    async with httpx.AsyncClient(base_url=url, timeout=30, limits=limits) as http:
+        for _ in range(3):  # warm: connections, the first batches
+            (await http.post("/predict", json={"inputs": [example]})).raise_for_status()
+        end = time.perf_counter() + seconds
+
+        async def client() -> None:
+            nonlocal failed
+            while time.perf_counter() < end:
+                start = time.perf_counter()
+                resp = await http.post("/predict", json={"inputs": [example]})
+                latencies.append(time.perf_counter() - start)
+                failed += resp.status_code != 200
+
+        began = time.perf_counter()
+        await asyncio.gather(*(client() for _ in range(clients)))
+        elapsed = time.perf_counter() - began
+        health = (await http.get("/health")).json()
+    latencies.sort()
+    pick = lambda q: latencies[min(len(latencies) - 1, int(q * len(latencies)))] * 1000  # noqa: E731
+    return {
+        "requests_per_s": len(latencies) / elapsed,
+        "p50_ms": pick(0.50),
+        "p99_ms": pick(0.99),
+        "failed": failed,
+        "mean_batch": health["examples"] / max(health["batches"], 1),
+    }
+
+
+def ceiling(directory: Path, seconds: float) -> float:
+    import torch
+
+    from trainhouse.sdk import load_model
+
+    model = load_model(directory)
+    x = torch.rand(32, 1, 8, 8)
+    done, end = 0, time.perf_counter() + seconds
+    began = time.perf_counter()
+    with torch.no_grad():
+        while time.perf_counter() < end:
+            model(x)
+            done += 32
+    return done / (time.perf_counter() - began)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--seconds", type=float, default=10.0)
+    parser.add_argument("--clients", type=int, default=32)
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="1 s per phase, 8 clients, the replicas in threads of this process (a quick check "
+        "that it runs; the numbers mean nothing)",
+    )
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    if args.smoke:
+        args.seconds, args.clients = 1.0, 8
+    import torch
+
+    from trainhouse.sdk._model import write_model
+    from trainhouse.storage import open_storage
+
+    torch.set_num_threads(1)
+    with tempfile.TemporaryDirectory(prefix="trainhouse-bench-serve-") as tmp:
+        work = Path(tmp)
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(work / "inductor")
+        torch.manual_seed(0)
+        record = write_model(
+            open_storage(work / "store"),
+            "digits-cnn",
+            digits_cnn(),
+            example_inputs=(torch.rand(4, 1, 8, 8),),
+            metrics=None,
+            loader=None,
+            step=0,
+            attempt=1,
+            job_id=None,
+        )
+        directory = work / "store" / record["path"]
+        example = torch.rand(1, 8, 8).tolist()
+        top = ceiling(directory, args.seconds)
+        with (
+            replica(directory, work, 32, args.smoke) as batched_url,
+            replica(directory, work, 1, args.smoke) as one_url,
+        ):
+            batched = asyncio.run(drive(batched_url, args.clients, args.seconds, example))
+            single = asyncio.run(drive(one_url, args.clients, args.seconds, example))
+    ratio = batched["requests_per_s"] / max(single["requests_per_s"], 1e-9)
+    report = {
+        "clients": args.clients,
+        "seconds": args.seconds,
+        "ceiling_examples_per_s": top,
+        "batched": batched,
+        "max_batch_1": single,
+        "batched_over_unbatched": ratio,
+        "goals": {"ratio>=3": ratio >= 3, "p99<50ms": batched["p99_ms"] < 50},
+    }
+    if args.json:
+        print(json.dumps(report, indent=2))
+        return
+    print(f"{args.clients} clients, {args.seconds:g} s per phase, one CPU replica of DigitsCNN")
+    print(f"  in-process ceiling      {top:10.0f} examples/s (batches of 32, no HTTP)")
+    for name, r in (("batched (32, 5 ms)", batched), ("--max-batch 1", single)):
+        print(
+            f"  {name:<22} {r['requests_per_s']:10.0f} requests/s  p50 {r['p50_ms']:6.1f} ms  "
+            f"p99 {r['p99_ms']:6.1f} ms  mean batch {r['mean_batch']:5.1f}  "
+            f"failed {r['failed']}  ({r['requests_per_s'] / top:.1%} of the ceiling)"
+        )
+    print(
+        f"  batched / unbatched     {ratio:10.2f}x (goal >= 3x: "
+        f"{'met' if ratio >= 3 else 'not met'}); batched p99 "
+        f"{'under' if batched['p99_ms'] < 50 else 'over'} 50 ms"
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,167 @@
+"""``trainhouse models list/show/register/alias/download/delete``: the model registry.
+
+Every read has ``--json``. ``download`` checks each file's sha256 against the registry.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.table import Table
+
+from trainhouse.cli import options
+from trainhouse.cli.options import Json, Url
+from trainhouse.cli.render import ago, console, errors, fmt_value, print_json
+
+app = typer.Typer(help="The model registry: versions a job saved, aliases, downloads.")
+
+Ref = Annotated[str, typer.Argument(metavar="NAME@VERSION|NAME@ALIAS")]
+
+
+def _metrics(values: dict[str, Any]) -> str:
+    return " ".join(f"{k}={fmt_value(v)}" for k, v in sorted(values.items()))
+
+
+def _signature(sig: dict[str, Any]) -> str:
+    def one(spec: dict[str, Any]) -> str:
+        dims = ",".join("B" if d is None else str(d) for d in spec["shape"])
+        return f"{spec['name']}:{spec['dtype']}[{dims}]"
+
+    ins = " ".join(one(s) for s in sig.get("inputs", []))
+    outs = " ".join(one(s) for s in sig.get("outputs", []))
+    return f"{ins} -> {outs}" if ins or outs else "-"
+
+
+@app.command("list")
+def list_models(as_json: Json = False, url: Url = None) -> None:
+    """List models: versions, the newest, aliases."""
+    with errors(), options.client(url) as c:
+        found = c.models()
+    if as_json:
+        print_json(found)
+        return
+    if not found:
+        console.print("no models yet: run.save_model(...) in a job, or trainhouse models register")
+        return
+    table = Table(box=None, header_style="bold")
+    for col in ("NAME", "VERSIONS", "LATEST", "ALIASES", "OWNER", "CREATED"):
+        table.add_column(col, overflow="fold")
+    for m in found:
+        aliases = " ".join(f"{a}->{v}" for a, v in sorted(m["aliases"].items())) or "-"
+        latest = "-" if m["latest"] is None else str(m["latest"])
+        table.add_row(
+            m["name"], str(m["versions"]), latest, aliases, m["owner"], ago(m["created_at"])
+        )
+    console.print(table, highlight=False)
+
+
+@app.command("show")
+def show(
+    name: Annotated[str, typer.Argument(metavar="NAME")], as_json: Json = False, url: Url = None
+) -> None:
+    """A model's versions with job, step, metrics, aliases, size and signature."""
+    from trainhouse.workdir import human_size
+
+    with errors(), options.client(url) as c:
+        data = c.model(name)
+    if as_json:
+        print_json(data)
+        return
+    console.print(f"[bold]{data['model']['name']}[/]  owner {data['model']['owner']}")
+    table = Table(box=None, header_style="bold")
+    for col in ("VERSION", "ALIASES", "JOB", "STEP", "KIND", "SIZE", "METRICS", "SIGNATURE"):
+        table.add_column(col, overflow="fold")
+    for v in data["versions"]:
+        table.add_row(
+            str(v["version"]),
+            " ".join(v["aliases"]) or "-",
+            "-" if v["job_id"] is None else str(v["job_id"]),
+            str(v["step"]),
+            v["kind"],
+            human_size(v["size"]),
+            _metrics(v["metrics"]),
+            _signature(v["signature"]),
+        )
+    console.print(table, highlight=False)
+
+
+@app.command("register")
+def register(
+    name: Annotated[str, typer.Argument(metavar="NAME")],
+    job: Annotated[int, typer.Option("--job", help="The job that saved the model")],
+    step: Annotated[
+        int | None, typer.Option("--step", help="The step it was saved at (default: newest)")
+    ] = None,
+    as_json: Json = False,
+    url: Url = None,
+) -> None:
+    """Register a model a job saved (run.save_model) as a new version of NAME."""
+    with errors(), options.client(url) as c:
+        version = c.register_model(name, job, step)
+    if as_json:
+        print_json(version)
+        return
+    console.print(
+        f"registered {name}@{version['version']} (job {version['job_id']}, step {version['step']})"
+    )
+
+
+@app.command("alias")
+def alias(
+    name: Annotated[str, typer.Argument(metavar="NAME")],
+    version: Annotated[int, typer.Argument(metavar="VERSION")],
+    alias_name: Annotated[str, typer.Argument(metavar="ALIAS")],
+    as_json: Json = False,
+    url: Url = None,
+) -> None:
+    """Point ALIAS (prod, staging, ...) at VERSION of NAME; moves it if it named another."""
+    with errors(), options.client(url) as c:
+        found = c.set_alias(name, alias_name, version)
+    if as_json:
+        print_json(found)
+        return
+    console.print(f"{name}@{alias_name} -> version {found['version']}")
+
+
+@app.command("download")
+def download(
+    ref: Ref,
+    dest: Annotated[Path, typer.Argument(metavar="DIR")],
+    as_json: Json = False,
+    url: Url = None,
+) -> None:
+    """Fetch a version's files into DIR/NAME-vVERSION, checking each one's sha256."""
+    from rich.progress import BarColumn, DownloadColumn, Progress, TransferSpeedColumn
+
+    with errors(), options.client(url) as c:
+        if as_json:
+            path = c.download_model(ref, dest)
+        else:
+            columns = (BarColumn(), DownloadColumn(), TransferSpeedColumn())
+            with Progress(*columns, console=console, transient=True) as bar:
+                task = bar.add_task("download", total=None)
+                path = c.download_model(
+                    ref,
+                    dest,
+                    progress=lambda done, total: bar.update(task, completed=done, total=total),
+                )
+    if as_json:
+        print_json({"path": str(path)})
+        return
+    console.print(f"downloaded {ref} to {path} (sha256 checked)")
+
+
+@app.command("delete")
+def delete(ref: Ref, url: Url = None) -> None:
+    """Delete NAME@VERSION and its files; refused while an alias names it."""
+    from trainhouse.modelfiles import parse_ref
+
+    with errors():
+        name, which = parse_ref(ref)
+        if not which.isdigit():
+            raise typer.BadParameter(f"delete takes NAME@VERSION (a number), got {ref!r}")
+        with options.client(url) as c:
+            c.delete_model_version(name, int(which))
+    console.print(f"deleted {name}@{which}")

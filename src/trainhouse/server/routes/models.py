@@ -1,0 +1,152 @@
+"""The model registry: models, versions, aliases, and their files.
+
+Everyone signed in reads (viewers too); members and admins register, move aliases and delete.
+A job registers what it saved with its own credential (``POST /jobs/{id}/models``, what
+``run.save_model`` calls).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Path, Request
+from fastapi.responses import StreamingResponse
+
+from trainhouse.errors import Forbidden
+from trainhouse.server.auth import Principal, audit, reporting_job, signed_in, writer
+from trainhouse.server.deps import Services, services
+from trainhouse.server.schemas import (
+    AliasIn,
+    ModelDetailOut,
+    ModelListOut,
+    ModelOut,
+    ModelRegisterIn,
+    ModelVersionOut,
+    VersionFromJobIn,
+)
+from trainhouse.store import Job, ModelVersion
+
+router = APIRouter(tags=["models"])
+
+NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
+ModelName = Annotated[str, Path(pattern=NAME, description="A model's name")]
+AliasName = Annotated[str, Path(pattern=NAME, description="An alias: prod, staging, ...")]
+Ref = Annotated[str, Path(pattern=NAME, description="A version number, an alias, or latest")]
+VersionNo = Annotated[int, Path(ge=1, le=2**31 - 1)]
+FileName = Annotated[str, Path(max_length=64, pattern=r"^[A-Za-z0-9._-]+$")]
+
+
+def version_out(v: ModelVersion) -> ModelVersionOut:
+    data = asdict(v)
+    data["aliases"] = list(v.aliases)
+    data.pop("path")
+    return ModelVersionOut(**data)
+
+
+@router.post("/jobs/{job_id}/models", response_model=ModelVersionOut, status_code=201)
+def register_saved(
+    body: ModelRegisterIn, job: Job = Depends(reporting_job), svc: Services = Depends(services)
+) -> ModelVersionOut:
+    """A model the job saved (``run.save_model``): checked and registered as a new version."""
+    return version_out(svc.models.register(job, body.path, name=body.name))
+
+
+@router.get("/models", response_model=ModelListOut)
+def list_models(
+    _p: Principal = Depends(signed_in), svc: Services = Depends(services)
+) -> ModelListOut:
+    return ModelListOut(models=[ModelOut(**asdict(m)) for m in svc.store.models.list()])
+
+
+@router.get("/models/{name}", response_model=ModelDetailOut)
+def show_model(
+    name: ModelName, _p: Principal = Depends(signed_in), svc: Services = Depends(services)
+) -> ModelDetailOut:
+    """A model with its versions (job, step, metrics, files, aliases), oldest first."""
+    model = svc.store.models.get(name)
+    versions = svc.store.models.versions(name)
+    return ModelDetailOut(
+        model=ModelOut(**asdict(model)), versions=[version_out(v) for v in versions]
+    )
+
+
+@router.get("/models/{name}/versions/{ref}", response_model=ModelVersionOut)
+def show_version(
+    name: ModelName,
+    ref: Ref,
+    _p: Principal = Depends(signed_in),
+    svc: Services = Depends(services),
+) -> ModelVersionOut:
+    return version_out(svc.store.models.resolve(name, ref))
+
+
+@router.post("/models/{name}/versions", response_model=ModelVersionOut, status_code=201)
+def register_version(
+    request: Request,
+    body: VersionFromJobIn,
+    name: ModelName,
+    p: Principal = Depends(writer),
+    svc: Services = Depends(services),
+) -> ModelVersionOut:
+    """A job's saved model (its newest, or the one of ``step``) as a new version of ``name``."""
+    job = svc.store.jobs.get(body.job)
+    if not p.may_read(job, svc.settings.job_visibility):
+        raise Forbidden(f"job {job.id} belongs to another user; {p.name!r} may not read it")
+    version = svc.models.register_from_job(job, name, body.step)
+    audit(svc, request, p, "model.register", f"{name}@{version.version}", job=job.id)
+    return version_out(version)
+
+
+@router.put("/models/{name}/aliases/{alias}", response_model=ModelVersionOut)
+def set_alias(
+    request: Request,
+    body: AliasIn,
+    name: ModelName,
+    alias: AliasName,
+    p: Principal = Depends(writer),
+    svc: Services = Depends(services),
+) -> ModelVersionOut:
+    """Point ``alias`` at a version (made, or moved from the version it named)."""
+    version = svc.store.models.set_alias(name, alias, body.version)
+    audit(svc, request, p, "model.alias", f"{name}@{alias}", version=body.version)
+    return version_out(version)
+
+
+@router.delete("/models/{name}/aliases/{alias}", status_code=204)
+def remove_alias(
+    request: Request,
+    name: ModelName,
+    alias: AliasName,
+    p: Principal = Depends(writer),
+    svc: Services = Depends(services),
+) -> None:
+    svc.store.models.remove_alias(name, alias)
+    audit(svc, request, p, "model.unalias", f"{name}@{alias}")
+
+
+@router.delete("/models/{name}/versions/{version}", response_model=ModelVersionOut)
+def delete_version(
+    request: Request,
+    name: ModelName,
+    version: VersionNo,
+    p: Principal = Depends(writer),
+    svc: Services = Depends(services),
+) -> ModelVersionOut:
+    """Forget a version and delete its files; refused (409) while an alias names it."""
+    gone = svc.models.delete(name, version)
+    audit(svc, request, p, "model.delete", f"{name}@{version}")
+    return version_out(gone)
+
+
+@router.get("/models/{name}/versions/{version}/files/{file}")
+def version_file(
+    name: ModelName,
+    version: VersionNo,
+    file: FileName,
+    _p: Principal = Depends(signed_in),
+    svc: Services = Depends(services),
+) -> StreamingResponse:
+    """One of a version's files, streamed (the client checks its sha256 against the record)."""
+    found = svc.store.models.version(name, version)
+    return StreamingResponse(svc.models.read(found, file), media_type="application/octet-stream")

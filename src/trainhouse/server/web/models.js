@@ -1,0 +1,73 @@
+// The model registry: #/models (every model) and #/models/<name> (its versions: aliases, the
+// job that made each one, its step, metrics, files and signature).
+import { POLL_MS, api, fmtBytes, fmtNum, h, timeCell } from "./core.js";
+
+const head = (cols) => h("thead", {}, h("tr", {}, cols.map((c) => h("th", {}, c))));
+
+function aliasText(aliases) {
+  const names = Object.entries(aliases || {}).sort();
+  return names.length ? names.map(([a, v]) => `${a} → ${v}`).join(", ") : "—";
+}
+
+function metricText(metrics) {
+  const names = Object.keys(metrics || {}).sort();
+  return names.length ? names.map((k) => `${k}=${fmtNum(metrics[k])}`).join(" ") : "—";
+}
+
+function tensorText(spec) {
+  const dims = spec.shape.map((d) => (d === null ? "batch" : String(d))).join(", ");
+  return `${spec.name}: ${spec.dtype}[${dims}]`;
+}
+
+function signatureCell(sig) {
+  const ins = (sig.inputs || []).map(tensorText).join("; ");
+  const outs = (sig.outputs || []).map(tensorText).join("; ");
+  return h("code", { testid: "version-signature" }, `${ins || "?"} → ${outs || "?"}`);
+}
+
+export function modelsPage(view) {
+  const rows = h("tbody", { testid: "model-rows" });
+  view.poll(async () => {
+    const { models } = await api("/models");
+    rows.replaceChildren(...(models.length ? models.map((m) => h("tr", { testid: "model-row", "data-model": m.name },
+      h("td", {}, h("a", { href: `#/models/${encodeURIComponent(m.name)}` }, m.name)),
+      h("td", { class: "num" }, String(m.versions)),
+      h("td", { class: "num" }, m.latest === null ? "—" : String(m.latest)),
+      h("td", { testid: "model-aliases" }, aliasText(m.aliases)),
+      h("td", {}, m.owner),
+      h("td", {}, timeCell(m.created_at))))
+      : [h("tr", { class: "empty" }, h("td", { colspan: "6" },
+        "No models yet: run.save_model(...) in a training script registers one."))]));
+  }, POLL_MS);
+  return h("section", { class: "page models" },
+    h("div", { class: "toolbar" }, h("h1", {}, "Models")),
+    h("section", { class: "card" }, h("div", { class: "table-wrap" }, h("table", { class: "grid", testid: "models-table" },
+      head(["Name", "Versions", "Latest", "Aliases", "Owner", "Created"]), rows))));
+}
+
+export function modelPage(view, name) {
+  const rows = h("tbody", { testid: "version-rows" });
+  const title = h("h1", {}, name);
+  const owner = h("span", { class: "muted", testid: "model-owner" });
+  view.poll(async () => {
+    const data = await api(`/models/${encodeURIComponent(name)}`);
+    document.title = `${name} · trainhouse`;
+    owner.textContent = `owner ${data.model.owner} · aliases ${aliasText(data.model.aliases)}`;
+    rows.replaceChildren(...[...data.versions].reverse().map((v) => h("tr", { testid: "version-row", "data-version": v.version },
+      h("td", { class: "num" }, String(v.version)),
+      h("td", { testid: "version-aliases" }, v.aliases.length ? v.aliases.join(", ") : "—"),
+      h("td", {}, v.job_id === null ? "deleted" : h("a", { href: `#/jobs/${v.job_id}`, testid: "version-job" },
+        `job #${v.job_id}`)),
+      h("td", { class: "num" }, String(v.step)),
+      h("td", { testid: "version-metrics" }, metricText(v.metrics)),
+      h("td", {}, v.kind),
+      h("td", { class: "num" }, fmtBytes(v.size)),
+      h("td", {}, signatureCell(v.signature)),
+      h("td", {}, timeCell(v.created_at)))));
+  }, POLL_MS);
+  return h("section", { class: "page model" },
+    h("div", { class: "toolbar" }, h("a", { href: "#/models" }, "Models"), title, owner),
+    h("section", { class: "card" }, h("h2", {}, "Versions, newest first"),
+      h("div", { class: "table-wrap" }, h("table", { class: "grid", testid: "versions-table" },
+        head(["Version", "Aliases", "Made by", "Step", "Metrics", "Kind", "Size", "Signature", "Registered"]), rows))));
+}
