@@ -37,6 +37,7 @@ __all__ = [
     "ExecutorUnavailable",
     "Forbidden",
     "InvalidMetrics",
+    "InvalidQuery",
     "InvalidTransition",
     "NotFound",
     "RateLimited",
@@ -90,6 +91,14 @@ class BodyTooLarge(TrainhouseError):
 
 class InvalidMetrics(TrainhouseError):
     """A metric report or query breaks a rule; the message names the rule and the value."""
+
+    code = "invalid_request"
+    status = 422
+
+
+class InvalidQuery(TrainhouseError):
+    """A runs-table filter, sort or column that does not parse or cannot be compared; the
+    message points at the bad token."""
 
     code = "invalid_request"
     status = 422

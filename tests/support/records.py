@@ -36,7 +36,8 @@ def new_job(
 
 def old_store(url: str, revision: str) -> Store:
     """A store at migration ``revision`` (not upgraded further) holding job 1, COMPLETED, as
-    the old schema's own columns put it; close it before opening ``url`` again to upgrade."""
+    the old schema's own columns put it (SQLite or PostgreSQL); close it before opening
+    ``url`` again to upgrade."""
     old = Store(url, migrate=False)
     old.upgrade(revision)
     with old.engine.begin() as conn:
@@ -44,7 +45,7 @@ def old_store(url: str, revision: str) -> Store:
             sa.text(
                 "INSERT INTO jobs (id, name, owner, state, priority, spec, archive_sha256, "
                 "created_at, attempts, restarts, cancel_requested, updated_at) "
-                "VALUES (1, 'j', 'ann', 'COMPLETED', 'normal', '{}', 'x', 0, 1, 0, 0, 0)"
+                "VALUES (1, 'j', 'ann', 'COMPLETED', 'normal', '{}', 'x', 0, 1, 0, false, 0)"
             )
         )
     return old

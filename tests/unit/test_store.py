@@ -329,9 +329,8 @@ def test_postgresql_is_never_migrated_by_the_server_only_by_db_upgrade(pg_url: s
         f"database at revision none (no trainhouse schema yet) needs upgrading to {head}: "
         f"run `trainhouse db upgrade --db {pg_url}`"
     )
-    old = Store(pg_url, migrate=False)
-    old.upgrade("0004")
-    job_id = new_job(old)
+    old = old_store(pg_url, "0004")  # job 1, as that schema's columns put it (the store's
+    job_id = 1  # repository reads today's columns)
     old.close()
     with pytest.raises(StoreError, match=f"at revision 0004 needs upgrading to {head}: run `tr"):
         Store(pg_url, migrate="auto")

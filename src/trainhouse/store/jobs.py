@@ -62,6 +62,10 @@ def _job(row: RowMapping) -> Job:
         total_steps=row["total_steps"],
         last_step=row["last_step"],
         latest_metrics=row["latest_metrics"] or {},
+        project=row["project"],
+        hparams=row["hparams"],
+        note=row["note"],
+        archived=bool(row["archived"]),
     )
 
 
@@ -114,7 +118,10 @@ class JobRepo:
         spec: JobSpec | Mapping[str, Any],
         archive_sha256: str,
     ) -> Job:
-        """A new QUEUED job; ``spec`` is validated (a mapping is parsed) and stored as JSON."""
+        """A new QUEUED job; ``spec`` is validated (a mapping is parsed) and stored as JSON.
+        Its project, tags and hparams (for the runs table) come from the spec."""
+        from trainhouse.store.runs import hparam_rows
+
         parsed = spec if isinstance(spec, JobSpec) else JobSpec.model_validate(spec)
         now = time.time()
         with self.db.transaction() as conn:
@@ -133,9 +140,19 @@ class JobRepo:
                     restarts=0,
                     cancel_requested=False,
                     reason="waiting for the scheduler",
+                    # the default project is the column's own default (the runs table's
+                    # columns are written only when they say something)
+                    **({"project": parsed.project} if parsed.project != "default" else {}),
                 )
                 .returning(t.jobs.c.id)
             ).scalar_one()
+            rows = hparam_rows(job_id, parsed.hparams)
+            if rows:
+                conn.execute(insert(t.job_hparams), rows)
+            if parsed.tags:
+                conn.execute(
+                    insert(t.job_tags), [{"job_id": job_id, "tag": tag} for tag in parsed.tags]
+                )
             conn.execute(
                 insert(t.events).values(
                     job_id=job_id,

@@ -43,6 +43,10 @@ class Job:
     total_steps: int | None = None
     last_step: int | None = None
     latest_metrics: dict[str, float | None] = field(default_factory=dict)
+    project: str = "default"
+    hparams: dict[str, Any] | None = None  # what its SDK reported it ran with (None: nothing yet)
+    note: str | None = None  # markdown
+    archived: bool = False
 
     @cached_property
     def spec(self) -> JobSpec:

@@ -11,6 +11,7 @@ concern, each owning its tables:
 ``store.quotas``          per-user limits and fair-share usage (:mod:`.quotas`)
 ``store.accounts``        users, API tokens (hashes), the audit log (:mod:`.accounts`)
 ``store.system``          resource samples of nodes and jobs (:mod:`.system`)
+``store.runs``            the runs table: columns, filters, tags, notes, deletion (:mod:`.runs`)
 ========================  ======================================================================
 
 Repositories hand out plain records (:mod:`.records`), never SQLAlchemy objects.
@@ -24,6 +25,7 @@ from trainhouse.store.database import Database, MigrateMode
 from trainhouse.store.jobs import JobRepo
 from trainhouse.store.metrics import MetricRepo
 from trainhouse.store.quotas import QuotaRepo
+from trainhouse.store.runs import RunsRepo
 from trainhouse.store.system import SystemMetrics
 
 __all__ = ["Store"]
@@ -40,3 +42,4 @@ class Store(Database):
         self.quotas = QuotaRepo(self)
         self.accounts = Accounts(self)
         self.system = SystemMetrics(self)
+        self.runs = RunsRepo(self)
