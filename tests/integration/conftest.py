@@ -39,6 +39,9 @@ SINGLE_BACKEND = {
     "the processes, the RNG and sampler states and the weights are under test; the store's side "
     "of a killed rank (its attempt's end, the restart from the checkpoint, every step stored "
     "once) runs on both backends in test_training.py and test_recovery.py",
+    "test_runs.py": "a rank's SDK reporting its hparams and the CLI are under test; the store's "
+    "side (series summaries, filters and sorts, hparams rows) runs on both backends in "
+    "tests/unit/test_runs_store.py",
     "test_isolation.py": "the processes and files of a server are under test, not its store: "
     "the secret's test picks its own PostgreSQL database, and the SQLite file is among the "
     "files whose modes are checked",

@@ -94,7 +94,8 @@ def test_the_commands_and_their_order() -> None:
     root = typer.main.get_command(app)
     assert list(root.commands) == [  # type: ignore[attr-defined]
         *("server", "demo", "queue", "set-priority", "login", "logout", "whoami", "spec"),
-        *("submit", "ps", "show", "cancel", "logs", "metrics", "checkpoints", "top"),
+        *("submit", "ps", "show", "cancel", "logs", "metrics", "checkpoints"),
+        *("tag", "note", "archive", "delete", "top"),
         *("admin", "db"),
     ]
     admin = root.commands["admin"]  # type: ignore[attr-defined]

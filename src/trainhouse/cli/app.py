@@ -12,6 +12,7 @@ the server and the store load inside the commands that use them, so ``trainhouse
 - :mod:`~trainhouse.cli.spec`: ``spec``
 - :mod:`~trainhouse.cli.jobs`: ``submit``, ``ps``, ``show``, ``cancel``, ``logs``, ``metrics``,
   ``checkpoints``
+- :mod:`~trainhouse.cli.runs`: ``tag``, ``note``, ``archive``, ``delete``
 - :mod:`~trainhouse.cli.top`: ``top``
 - :mod:`~trainhouse.cli.admin`: ``admin init/user/token/quota/audit``
 - :mod:`~trainhouse.cli.db`: ``db upgrade/current``
@@ -21,7 +22,7 @@ from __future__ import annotations
 
 import typer
 
-from trainhouse.cli import admin, db, jobs, queue, server, session, spec, top
+from trainhouse.cli import admin, db, jobs, queue, runs, server, session, spec, top
 
 app = typer.Typer(
     name="trainhouse",
@@ -31,7 +32,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 
-for noun in (server, queue, session, spec, jobs, top):
+for noun in (server, queue, session, spec, jobs, runs, top):
     app.add_typer(noun.app)
 app.add_typer(admin.app, name="admin")
 app.add_typer(db.app, name="db")

@@ -32,7 +32,7 @@ from trainhouse.server.auth import Authenticator
 from trainhouse.server.checkpoints import Checkpoints
 from trainhouse.server.deps import Services
 from trainhouse.server.housekeeping import Housekeeper
-from trainhouse.server.routes import accounts, jobs, logs, queue, report, system, ui
+from trainhouse.server.routes import accounts, jobs, logs, queue, report, runs, system, ui
 from trainhouse.server.schemas import NO_NUL
 from trainhouse.server.settings import Settings
 from trainhouse.store import BlobStore, Store
@@ -199,6 +199,7 @@ def create_app(settings: Settings, *, executor: Executor | None = None) -> FastA
     app.include_router(accounts.router, prefix="/api/v1")
     app.include_router(queue.router, prefix="/api/v1")  # before jobs: /jobs/dry-run
     app.include_router(logs.router, prefix="/api/v1")  # before jobs: /logs/stream
+    app.include_router(runs.router, prefix="/api/v1")  # before jobs: DELETE /jobs/{id}
     app.include_router(jobs.router, prefix="/api/v1")
     app.include_router(report.router, prefix="/api/v1")
     app.include_router(system.exposition)  # GET /metrics (Prometheus)
