@@ -1,4 +1,5 @@
 // The compare page (#/compare?ids=1,2): a metric of several jobs on one chart.
+import { hparamsTable } from "./runs.js";
 import { ChartGrid, MetricSeries, chartControls } from "./charts.js";
 import {
   ApiError,
@@ -26,6 +27,8 @@ export function comparePage(view, query) {
   const idsInput = h("input", { type: "text", value: ids.join(","), placeholder: "job ids, e.g. 3,5,8", testid: "compare-ids",
     "aria-label": "job ids", onkeydown: (e) => { if (e.key === "Enter") apply(true); } });
   const note = h("p", { class: "muted", testid: "compare-note" }, "");
+  const hpBox = h("div", { testid: "compare-hparams-box" });
+  let hpShown = "";
 
   function apply(fromInput = false) {
     const list = fromInput
@@ -61,6 +64,12 @@ export function comparePage(view, query) {
       h("a", { href: `#/jobs/${id}` }, `#${id} ${s.job ? s.job.name : ""}`), " ",
       s.job ? badge(s.job.state) : null,
       s.error ? h("span", { class: "error" }, ` ${s.error}`) : null)));
+    const jobs = [...sources.values()].map((s) => s.job).filter(Boolean);
+    const hpKey = JSON.stringify(jobs.map((j) => [j.id, j.hparams, j.spec && j.spec.hparams]));
+    if (hpKey !== hpShown) {
+      hpShown = hpKey;
+      hpBox.replaceChildren(jobs.length ? hparamsTable(jobs) : "");
+    }
     note.textContent = !ids.length ? "Pick jobs below (or type their ids) to overlay their metrics."
       : names.size ? "" : "None of these jobs has reported metrics yet.";
   };
@@ -111,7 +120,7 @@ export function comparePage(view, query) {
       idsInput, h("button", { testid: "compare-apply", onclick: () => apply(true) }, "Compare"), metricSel),
     h("section", { class: "card" },
       h("div", { class: "card-head" }, legend, h("span", { class: "spacer" }), chartControls(chartOpts, () => charts.redraw(), "compare-")),
-      note, grid),
+      note, h("div", { class: "compare-body" }, grid, hpBox)),
     h("section", { class: "card" },
       h("div", { class: "card-head" }, h("h2", {}, "Pick jobs"), pickName),
       h("div", { class: "table-wrap" }, h("table", { class: "grid" },

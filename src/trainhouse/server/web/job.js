@@ -1,4 +1,5 @@
 // A job's page (#/jobs/<id>): state, cancel, metrics, system, logs, attempts, checkpoints.
+import { experimentCard } from "./runs.js";
 import { ChartGrid, MetricSeries, chartControls, drawSystem, systemSeries } from "./charts.js";
 import {
   API,
@@ -117,6 +118,7 @@ export function jobPage(view, jobId) {
   }
 
   const summary = h("dl", { class: "summary", testid: "job-summary" });
+  const experiment = experimentCard(jobId, () => view.wake());
   const reason = h("p", { class: "reason-line", testid: "job-reason" });
 
   // metrics
@@ -210,6 +212,7 @@ export function jobPage(view, jobId) {
       confirm.hidden = true;
       cancelMsg.textContent = "";
     }
+    experiment.update(job);
     const p = progressOf(job);
     const running = job.started_at ? (job.ended_at || Date.now() / 1000) - job.started_at : null;
     summary.replaceChildren(
@@ -319,6 +322,7 @@ export function jobPage(view, jobId) {
         cancelBtn, confirm, cancelMsg)),
     reason,
     h("section", { class: "card" }, summary),
+    experiment.el,
     h("section", { class: "card", testid: "metrics-section" },
       h("div", { class: "card-head" }, h("h2", {}, "Metrics"), controls), metricsNote, metricsGrid),
     sysSection,
