@@ -193,6 +193,23 @@ def test_list_shows_the_job_and_its_page_charts_the_apis_points(
         assert trace["name"].startswith(f"#{job['id']} ")
     assert overlaid[1]["y"][0] == 3.0
 
+    # the hparams the runs used side by side (scale differs), and wall time on the x axis
+    differs = page.get_by_test_id("compare-hparams").locator("tr.differs")
+    expect(differs).to_have_attribute("data-key", "scale")
+    page.get_by_test_id("compare-x").select_option("wall")
+    page.wait_for_function(
+        """() => {
+            const el = document.querySelector('[data-testid=compare-chart-loss]');
+            return !!(el && el.layout && el.layout.xaxis.type === "date" && el.data.length === 2);
+        }"""
+    )
+    walls = page.evaluate(
+        """() => document.querySelector('[data-testid=compare-chart-loss]').data[0].x
+            .map((d) => new Date(d).getTime() / 1000)"""
+    )
+    series = api(server, f"/jobs/{first['id']}/metrics", name="loss")["series"][0]["points"]
+    assert walls == pytest.approx([p[2] for p in series], abs=1e-3)
+
 
 def test_logs_stream_in_and_the_cancel_button_cancels(
     server: Server, page: Page, tmp_path: Path

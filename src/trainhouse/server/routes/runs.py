@@ -159,7 +159,7 @@ def report_hparams(
 
     try:
         size = len(json.dumps(body.hparams, allow_nan=False, default=str))
-    except ValueError as e:
+    except (ValueError, RecursionError) as e:
         raise InvalidQuery(f"hparams must be plain JSON values ({e})") from None
     if size > MAX_HPARAMS_BYTES:
         raise InvalidQuery(
