@@ -4,9 +4,11 @@ their hparams and metric summaries; tags, notes, archiving, the hparams a run us
 A page never reads metric points: a series' last, smallest and largest values are kept in
 ``metric_summaries`` at ingest (:mod:`trainhouse.store.metrics`), and each job's hparams in
 ``job_hparams``, one row per flattened key with its value as a number and as text. A filter
-(:mod:`trainhouse.runquery`) becomes ``jobs.id IN (SELECT job_id FROM ... WHERE key = ? AND
-value < ?)``, which the (key, value) indexes answer; a sort on one joins the one summary or
-hparam per job; the page's columns are then read for its jobs only.
+(:mod:`trainhouse.runquery`) becomes a correlated ``EXISTS (SELECT ... WHERE job_id = jobs.id
+AND key = ? AND value < ?)``, probed through the (job, key) primary keys (SQLite runs it about
+twice as fast as ``jobs.id IN (SELECT job_id ...)`` on 10,000 jobs; PostgreSQL plans both as a
+semi-join); a sort on one joins the one summary or hparam per job; the page's columns are then
+read for its jobs only.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from sqlalchemy import (
     and_,
     case,
     delete,
+    exists,
     false,
     func,
     insert,
@@ -144,6 +147,10 @@ def _compare(column: ColumnElement[Any], op: Op, value: Any) -> ColumnElement[bo
     return func.lower(column).like(f"%{escaped.lower()}%", escape="\\")
 
 
+def _has_tag(condition: ColumnElement[bool]) -> ColumnElement[bool]:
+    return exists().where(t.job_tags.c.job_id == t.jobs.c.id, condition)
+
+
 class _Compiler:
     """A query's tree as SQL conditions on ``jobs``. ``private``: the owner whose jobs' hparams
     and metrics the caller may read (None: every job's), so that a filter on them matches no
@@ -176,23 +183,24 @@ class _Compiler:
                 cond = _compare(h.c.num, op, value)
             else:
                 cond = _compare(h.c.text, op, value)
-            sub = select(h.c.job_id).where(h.c.key == field.key, cond)
-            return self.readable(t.jobs.c.id.in_(sub))
+            sub = exists().where(h.c.job_id == t.jobs.c.id, h.c.key == field.key, cond)
+            return self.readable(sub)
         s = t.metric_summaries
         column = s.c[_AGGREGATE_COLUMN[field.aggregate or "last"]]
-        sub = select(s.c.job_id).where(s.c.name == field.key, _compare(column, op, value))
-        return self.readable(t.jobs.c.id.in_(sub))
+        sub = exists().where(
+            s.c.job_id == t.jobs.c.id, s.c.name == field.key, _compare(column, op, value)
+        )
+        return self.readable(sub)
 
     def job(self, field: Field, op: Op, value: Any) -> ColumnElement[bool]:
         key = field.key
         if key == "tag":
-            g = t.job_tags
             if op == "=":
-                return t.jobs.c.id.in_(select(g.c.job_id).where(g.c.tag == str(value)))
+                return _has_tag(t.job_tags.c.tag == str(value))
             if op == "!=":
-                return not_(t.jobs.c.id.in_(select(g.c.job_id).where(g.c.tag == str(value))))
+                return not_(_has_tag(t.job_tags.c.tag == str(value)))
             if op == "~":
-                return t.jobs.c.id.in_(select(g.c.job_id).where(_compare(g.c.tag, "~", value)))
+                return _has_tag(_compare(t.job_tags.c.tag, "~", value))
             raise InvalidQuery(f"tag compares with = , != , ~ or in, not {op!r}")
         if key in NUMERIC_JOB_FIELDS:
             if op == "~":
@@ -285,9 +293,7 @@ class RunsRepo:
         if archived is not None:
             conds.append(t.jobs.c.archived == (true() if archived else false()))
         for tag in tags:
-            conds.append(
-                t.jobs.c.id.in_(select(t.job_tags.c.job_id).where(t.job_tags.c.tag == tag))
-            )
+            conds.append(_has_tag(t.job_tags.c.tag == tag))
         if where is not None:
             conds.append(compiler.node(where))
         query: Select[Any] = select(t.jobs)
