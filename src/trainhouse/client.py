@@ -28,6 +28,7 @@ import httpx
 from trainhouse._credentials import find_token
 from trainhouse._http import CLIENT_HEADERS, error_from, send
 from trainhouse.errors import CheckpointError, ClientError, ServerUnreachable
+from trainhouse.frames import JobList, Metrics
 from trainhouse.lifecycle import TERMINAL
 
 __all__ = [
@@ -218,11 +219,59 @@ class Client:
         result: dict[str, Any] = self._json("POST", f"/searches/{search_id}/cancel")
         return result
 
-    def jobs(self, *, all: bool = False) -> list[dict[str, Any]]:
-        result: list[dict[str, Any]] = self._json("GET", "/jobs", params={"all": str(all).lower()})[
-            "jobs"
-        ]
-        return result
+    def jobs(
+        self,
+        *,
+        all: bool = True,
+        where: str | None = None,
+        columns: str | list[str] | None = None,
+        sort: str | None = None,
+        order: str | None = None,
+        project: str | None = None,
+        tags: list[str] | None = None,
+        archived: str = "exclude",
+        owner: str | None = None,
+        name: str | None = None,
+        states: list[str] | None = None,
+        limit: int | None = None,
+        page_size: int = 1000,
+    ) -> JobList:
+        """Every job the caller may see, newest first (``all=False``: only queued and running
+        ones), with the runs table's filters: ``where`` (``"metrics.val_loss.min < 0.1 and
+        hparams.lr >= 1e-3"``), ``columns`` (fields whose values each job carries in
+        ``values``), ``sort``/``order``, ``project``, ``tags`` (every one), ``archived``
+        ("exclude", "include", "only"), ``owner``, ``name`` (a substring), ``states``.
+        ``limit``: at most this many (None: all, fetched ``page_size`` at a time).
+
+        A :class:`~trainhouse.frames.JobList`: a list of job dicts with ``to_pandas()``."""
+        params: dict[str, Any] = {"all": str(all).lower(), "archived": archived}
+        if where:
+            params["where"] = where
+        if columns:
+            params["columns"] = columns if isinstance(columns, str) else ",".join(columns)
+        for key, value in (
+            ("sort", sort),
+            ("order", order),
+            ("project", project),
+            ("owner", owner),
+            ("name", name),
+        ):
+            if value:
+                params[key] = value
+        if tags:
+            params["tag"] = list(tags)
+        if states:
+            params["state"] = list(states)
+        jobs: list[dict[str, Any]] = []
+        total, shown = 0, list[str]()
+        while limit is None or len(jobs) < limit:
+            size = page_size if limit is None else min(page_size, limit - len(jobs))
+            page = self._json("GET", "/jobs", params={**params, "limit": size, "offset": len(jobs)})
+            jobs += page["jobs"]
+            total, shown = page["total"], page.get("columns") or []
+            if len(page["jobs"]) < size or len(jobs) >= total:
+                break
+        return JobList(jobs, total=total, columns=shown)
 
     def job(self, job_id: int) -> dict[str, Any]:
         result: dict[str, Any] = self._json("GET", f"/jobs/{job_id}")
@@ -262,9 +311,11 @@ class Client:
         all_ranks: bool = False,
         max_points: int = 0,
         after_step: int | None = None,
-    ) -> dict[str, Any]:
+    ) -> Metrics:
         """``{"job_id", "series": [{"name", "rank", "points": [[step, value, wall_time]],
-        "total_points", "downsampled"}]}``.
+        "total_points", "downsampled"}]}``, a :class:`~trainhouse.frames.Metrics` whose
+        ``history()`` is a DataFrame of a row per step and a column per series and
+        ``to_pandas()`` one of a row per point (pandas is an optional extra).
 
         ``max_points`` (>= 4; 0: all): a longer series comes downsampled by the server (its
         first and last points and each step bucket's smallest and largest value);
@@ -277,8 +328,7 @@ class Client:
             params["max_points"] = max_points
         if after_step is not None:
             params["after_step"] = after_step
-        result: dict[str, Any] = self._json("GET", f"/jobs/{job_id}/metrics", params=params)
-        return result
+        return Metrics(self._json("GET", f"/jobs/{job_id}/metrics", params=params))
 
     def metric_names(self, job_id: int, *, all_ranks: bool = True) -> list[dict[str, Any]]:
         """The job's series without their points: ``[{"name", "rank", "points", "last_step"}]``."""
@@ -568,6 +618,37 @@ class Client:
                 "owner": owner or current_user(),
             },
         )
+        return result
+
+    def set_tags(
+        self, job_id: int, *, add: list[str] | None = None, remove: list[str] | None = None
+    ) -> list[str]:
+        """Add and remove a job's tags; its tags after."""
+        body = {"add": add or [], "remove": remove or []}
+        result: list[str] = self._json("POST", f"/jobs/{job_id}/tags", json=body)["tags"]
+        return result
+
+    def set_note(self, job_id: int, note: str) -> dict[str, Any]:
+        """Replace a job's note (markdown; "" clears it)."""
+        result: dict[str, Any] = self._json("PUT", f"/jobs/{job_id}/note", json={"note": note})
+        return result
+
+    def archive(self, job_id: int, *, archived: bool = True) -> dict[str, Any]:
+        """Archive an ended job (out of the default list, kept), or bring it back."""
+        result: dict[str, Any] = self._json(
+            "POST", f"/jobs/{job_id}/archive", json={"archived": archived}
+        )
+        return result
+
+    def delete(self, job_id: int) -> dict[str, Any]:
+        """Delete an ended job, its files and its rows, for good:
+        ``{"job_id", "rows": {table: count}, "bytes_freed"}``."""
+        result: dict[str, Any] = self._json("DELETE", f"/jobs/{job_id}")
+        return result
+
+    def run_columns(self) -> dict[str, list[str]]:
+        """What a runs table can show: ``{"hparams", "metrics", "projects", "tags"}``."""
+        result: dict[str, list[str]] = self._json("GET", "/runs/columns")
         return result
 
     def set_priority(self, job_id: int, priority: str) -> dict[str, Any]:

@@ -38,6 +38,7 @@ __all__ = [
     "ExecutorUnavailable",
     "Forbidden",
     "InvalidMetrics",
+    "InvalidQuery",
     "InvalidTransition",
     "ModelError",
     "NotFound",
@@ -92,6 +93,14 @@ class BodyTooLarge(TrainhouseError):
 
 class InvalidMetrics(TrainhouseError):
     """A metric report or query breaks a rule; the message names the rule and the value."""
+
+    code = "invalid_request"
+    status = 422
+
+
+class InvalidQuery(TrainhouseError):
+    """A runs-table filter, sort or column that does not parse or cannot be compared; the
+    message points at the bad token."""
 
     code = "invalid_request"
     status = 422

@@ -13,6 +13,7 @@ hparams as JSON (``MAX_HPARAMS_BYTES``), the env (``MAX_ENV_VARS`` variables, na
 
 from __future__ import annotations
 
+import difflib
 import json
 import math
 import re
@@ -39,9 +40,11 @@ __all__ = [
     "MAX_RUNTIME",
     "MAX_SPEC_BYTES",
     "MAX_SPEC_DEPTH",
+    "MAX_TAGS",
     "MAX_WORKDIR",
     "PRIORITY_TIERS",
     "RESERVED_ENV",
+    "TAG",
     "CheckpointPolicy",
     "Environment",
     "JobSpec",
@@ -49,6 +52,7 @@ __all__ = [
     "Priority",
     "Resources",
     "apply_overrides",
+    "check_tags",
     "json_schema",
     "load_spec",
     "parse_duration",
@@ -70,6 +74,8 @@ def tier_rank(priority: str) -> int:
 # bounds on what a spec may hold (docs/security.md lists them)
 MAX_SPEC_BYTES = 256 * 1024  # the YAML or JSON text, UTF-8
 MAX_SPEC_DEPTH = 32  # nested mappings and lists
+MAX_TAGS = 32
+TAG = re.compile(r"^[A-Za-z0-9][\w.\-]{0,63}$", re.ASCII)
 MAX_HPARAMS_BYTES = 64 * 1024  # hparams serialized as JSON (passed to ranks in the environment)
 MAX_ENV_VARS = 256
 MAX_ENV_NAME = 128  # characters in a variable's name
@@ -338,6 +344,18 @@ class JobSpec(_Strict):
         max_length=MAX_WORKDIR,
         description="Directory packed and uploaded, relative to the spec",
     )
+    project: str = Field(
+        "default",
+        min_length=1,
+        max_length=128,
+        pattern=r"^[A-Za-z0-9][\w.\-]*$",
+        description="The project the job belongs to (the runs table filters by it)",
+    )
+    tags: list[str] = Field(
+        default_factory=list,
+        max_length=MAX_TAGS,
+        description=f"Labels for the runs table (at most {MAX_TAGS}; letters, digits, . _ -)",
+    )
     resources: Resources = Field(default_factory=lambda: Resources())
     priority: Priority = "normal"
     max_restarts: int = Field(
@@ -432,6 +450,11 @@ class JobSpec(_Strict):
             out[key] = text
         return out
 
+    @field_validator("tags")
+    @classmethod
+    def _tags(cls, value: list[str]) -> list[str]:
+        return check_tags(value)
+
     @field_validator("hparams")
     @classmethod
     def _hparams_json(cls, value: dict[str, Any]) -> dict[str, Any]:
@@ -468,6 +491,22 @@ class JobSpec(_Strict):
 
 # ---------------------------------------------------------------------------------------------
 # YAML loading with line numbers
+
+
+def check_tags(tags: list[str]) -> list[str]:
+    """``tags`` checked (each matches ``TAG``), without repeats, in order."""
+    out: list[str] = []
+    for tag in tags:
+        if not isinstance(tag, str) or not TAG.match(tag):
+            raise ValueError(
+                f"tag {_show(tag)} must be 1-64 letters, digits, '.', '_' or '-', "
+                "starting with a letter or digit"
+            )
+        if tag not in out:
+            out.append(tag)
+    if len(out) > MAX_TAGS:
+        raise ValueError(f"a job has at most {MAX_TAGS} tags, got {len(out)}")
+    return out
 
 
 def _show(value: Any) -> str:
@@ -580,6 +619,9 @@ def _format_errors(exc: ValidationError, source: str, lines: _Lines, overridden:
         if err["type"] == "extra_forbidden":
             msg = f"unknown key {field!r}"
             allowed = _allowed_keys(loc[:-1])
+            close = difflib.get_close_matches(str(loc[-1]), allowed, n=1, cutoff=0.6)
+            if close:
+                msg += f"; did you mean {close[0]!r}?"
             if allowed:
                 msg += f" (allowed: {', '.join(allowed)})"
         else:

@@ -16,6 +16,8 @@ from pathlib import Path
 import pytest
 from playwright.sync_api import Browser, ConsoleMessage, Error, Page, expect, sync_playwright
 
+from tests.support.servers import Server, assert_clean_stop, start_server
+
 REPO = Path(__file__).resolve().parents[2]
 CHROMIUM = Path(os.environ.get("TRAINHOUSE_CHROMIUM", "/usr/bin/chromium"))
 ARTIFACTS = REPO / "test-artifacts" / "browser"
@@ -100,3 +102,13 @@ def save_failure(pg: Page, item: pytest.Item, tmp_path: Path) -> None:
     shutil.copyfile(shot, kept)
     shutil.copyfile(shot.with_suffix(".html"), kept.with_suffix(".html"))
     print(f"screenshot of the failing page ({pg.url}): {shot}\n  kept as {kept}")
+
+
+@pytest.fixture
+def parked_server(tmp_path: Path) -> Iterator[Server]:
+    """A server whose users may use no CPU at all: every job waits, nothing ever runs."""
+    srv = start_server(tmp_path / "home", "--cpus", "2", "--quota-cpus", "0")
+    try:
+        yield srv
+    finally:
+        assert_clean_stop(srv)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import re
 import textwrap
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -13,8 +12,9 @@ import httpx
 import pytest
 from playwright.sync_api import Page, expect
 
+from tests.support.dashboard import api, row_ids
 from tests.support.jobs import write_job
-from tests.support.servers import Server, assert_clean_stop, start_server
+from tests.support.servers import Server
 from trainhouse.spec import parse_spec
 from trainhouse.storage import new_hash
 from trainhouse.workdir import pack
@@ -57,22 +57,6 @@ PARKED = """
 name: parked
 entrypoint: python train.py
 """
-
-
-@pytest.fixture
-def parked_server(tmp_path: Path) -> Iterator[Server]:
-    """A server whose users may use no CPU at all: every job waits, nothing ever runs."""
-    srv = start_server(tmp_path / "home", "--cpus", "2", "--quota-cpus", "0")
-    try:
-        yield srv
-    finally:
-        assert_clean_stop(srv)
-
-
-def api(server: Server, path: str, **params: Any) -> Any:
-    resp = httpx.get(f"{server.url}/api/v1{path}", params=params, timeout=30)
-    resp.raise_for_status()
-    return resp.json()
 
 
 def chart_data(page: Page, testid: str) -> list[dict[str, Any]]:
@@ -193,6 +177,23 @@ def test_list_shows_the_job_and_its_page_charts_the_apis_points(
         assert trace["name"].startswith(f"#{job['id']} ")
     assert overlaid[1]["y"][0] == 3.0
 
+    # the hparams the runs used side by side (scale differs), and wall time on the x axis
+    differs = page.get_by_test_id("compare-hparams").locator("tr.differs")
+    expect(differs).to_have_attribute("data-key", "scale")
+    page.get_by_test_id("compare-x").select_option("wall")
+    page.wait_for_function(
+        """() => {
+            const el = document.querySelector('[data-testid=compare-chart-loss]');
+            return !!(el && el.layout && el.layout.xaxis.type === "date" && el.data.length === 2);
+        }"""
+    )
+    walls = page.evaluate(
+        """() => document.querySelector('[data-testid=compare-chart-loss]').data[0].x
+            .map((d) => new Date(d).getTime() / 1000)"""
+    )
+    series = api(server, f"/jobs/{first['id']}/metrics", name="loss")["series"][0]["points"]
+    assert walls == pytest.approx([p[2] for p in series], abs=1e-3)
+
 
 def test_logs_stream_in_and_the_cancel_button_cancels(
     server: Server, page: Page, tmp_path: Path
@@ -272,13 +273,6 @@ def submit_many(server: Server, tmp_path: Path, count: int) -> list[dict[str, An
             owner = ("alice", "bob")[i % 2]
             jobs.append(client.submit_packed(spec, packed, owner=owner))
     return jobs
-
-
-def row_ids(page: Page) -> list[int]:
-    ids: list[str] = page.get_by_test_id("job-row").evaluate_all(
-        "(rows) => rows.map((r) => r.dataset.jobId)"
-    )
-    return [int(i) for i in ids]
 
 
 def test_pages_sorts_and_filters_many_jobs_and_shows_the_queue(

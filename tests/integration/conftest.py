@@ -57,6 +57,9 @@ SINGLE_BACKEND = {
     "test_model_registry.py": "the SDK's save and the job's registration through real ranks "
     "are under test; the registry's store runs on both backends in "
     "tests/unit/test_model_registry_store.py",
+    "test_runs.py": "a rank's SDK reporting its hparams and the CLI are under test; the store's "
+    "side (series summaries, filters and sorts, hparams rows) runs on both backends in "
+    "tests/unit/test_runs_store.py",
     "test_isolation.py": "the processes and files of a server are under test, not its store: "
     "the secret's test picks its own PostgreSQL database, and the SQLite file is among the "
     "files whose modes are checked",

@@ -13,23 +13,9 @@ from pathlib import Path
 import pytest
 
 from tests.support.jobs import LONG_SCRIPT, write_job
-from tests.support.servers import EXAMPLE, REPO, Server, free_port
+from tests.support.servers import EXAMPLE, REPO, Server, free_port, run_cli
 
 pytestmark = pytest.mark.integration
-
-
-def run_cli(*args: str, url: str | None = None) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "COLUMNS": "200"}
-    if url:
-        env["TRAINHOUSE_URL"] = url
-    return subprocess.run(
-        [sys.executable, "-m", "trainhouse", *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=REPO,
-        env=env,
-    )
 
 
 def assert_clean_error(result: subprocess.CompletedProcess[str], code: int, *needles: str) -> None:

@@ -252,3 +252,18 @@ def assert_clean_stop(srv: Server) -> None:
     log = srv.log_tail(100_000)
     assert code in (0, -signal.SIGTERM), f"server exited {code}: {log[-3000:]}"
     assert "Application shutdown complete" in log, log[-3000:]
+
+
+def run_cli(*args: str, url: str | None = None) -> subprocess.CompletedProcess[str]:
+    """``trainhouse ARGS`` in a child process (against ``url``), its output captured."""
+    env = {**os.environ, "COLUMNS": "200"}
+    if url:
+        env["TRAINHOUSE_URL"] = url
+    return subprocess.run(
+        [sys.executable, "-m", "trainhouse", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=REPO,
+        env=env,
+    )

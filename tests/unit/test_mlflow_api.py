@@ -194,7 +194,15 @@ def test_a_tracked_run_is_listed_with_the_jobs_and_ended_by_update(
     assert ended.json()["run_info"]["end_time"] == 1700000009000
     detail = api.get(f"/api/v1/jobs/{run}").json()
     assert detail["state"] == "COMPLETED" and detail["kind"] == "tracked"
-    assert detail["params"] == {"layers": "4", "lr": "0.1"} and detail["tags"]["team"] == "nlp"
+    assert detail["params"] == {"layers": "4", "lr": "0.1"}
+    assert detail["mlflow_tags"]["team"] == "nlp"
+    # params are the hparams the run reports: in the runs table, as numbers
+    assert detail["hparams"] == {"layers": 4, "lr": 0.1}
+    found = api.get(
+        "/api/v1/jobs",
+        params={"where": "hparams.lr >= 0.05 and hparams.layers = 4", "columns": "hparams.lr"},
+    ).json()
+    assert [(str(j["id"]), j["values"]) for j in found["jobs"]] == [(run, {"hparams.lr": 0.1})]
     assert detail["latest_metrics"]["acc"] == 1.0
     # the scheduler never saw it: no launch
     fake = services(api).scheduler.executor

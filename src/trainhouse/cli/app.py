@@ -13,6 +13,7 @@ the spec, the server and the store load inside the commands that use them, so
 - :mod:`~trainhouse.cli.jobs`: ``submit``, ``ps``, ``show``, ``cancel``, ``logs``, ``metrics``,
   ``checkpoints``
 - :mod:`~trainhouse.cli.lineage`: ``resume``, ``clone``
+- :mod:`~trainhouse.cli.runs`: ``tag``, ``note``, ``archive``, ``delete``
 - :mod:`~trainhouse.cli.top`: ``top``
 - :mod:`~trainhouse.cli.models`: ``models list/show/register/alias/download/delete``
 - :mod:`~trainhouse.cli.admin`: ``admin init/user/token/quota/audit``
@@ -31,6 +32,7 @@ from trainhouse.cli import (
     lineage,
     models,
     queue,
+    runs,
     search,
     server,
     session,
@@ -46,7 +48,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 
-for noun in (server, queue, session, spec, jobs, lineage, top):
+for noun in (server, queue, session, spec, jobs, runs, lineage, top):
     app.add_typer(noun.app)
 app.add_typer(models.app, name="models")
 app.add_typer(admin.app, name="admin")

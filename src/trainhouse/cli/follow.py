@@ -69,6 +69,11 @@ class Follower:
         for ev in events[self._seen_events :]:
             reason = (ev.get("reason") or "").splitlines()
             first = reason[0] if reason else ""
+            if first.startswith("warning:"):  # noted, no state change (an unread hparam)
+                progress.console.print(
+                    f"job {self.job_id}: {first}", style="yellow", highlight=False, markup=False
+                )
+                continue
             progress.console.print(
                 f"job {self.job_id}: {state(ev['to_state'])} {first}", highlight=False
             )

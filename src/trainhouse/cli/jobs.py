@@ -8,6 +8,7 @@ commands that use them.
 
 from __future__ import annotations
 
+import json
 import re
 import sys
 import time
@@ -164,23 +165,66 @@ def summary(job: dict[str, Any]) -> None:
 @app.command()
 def ps(
     all_: Annotated[bool, typer.Option("--all", "-a", help="Include ended jobs")] = False,
+    columns: Annotated[
+        str | None,
+        typer.Option(
+            "--columns",
+            "-c",
+            help="More columns: hparams.<key>, metrics.<series>.<last|min|max>, project, tag",
+        ),
+    ] = None,
+    where: Annotated[
+        str | None,
+        typer.Option(
+            "--where",
+            "-w",
+            help="A filter, such as 'metrics.val_loss.min < 0.1 and hparams.lr >= 1e-3 and "
+            "state = COMPLETED' (ended jobs are listed too)",
+        ),
+    ] = None,
+    sort: Annotated[
+        str | None, typer.Option("--sort", help="Order by a field (such as metrics.loss.min)")
+    ] = None,
+    asc: Annotated[bool, typer.Option("--asc", help="Smallest first (default: largest)")] = False,
+    project: Annotated[str | None, typer.Option("--project", help="Only this project")] = None,
+    tag: Annotated[
+        list[str] | None, typer.Option("--tag", help="Only jobs with this tag (repeatable)")
+    ] = None,
+    archived: Annotated[
+        bool, typer.Option("--archived", help="Archived jobs too (they are left out)")
+    ] = False,
+    limit: Annotated[int, typer.Option("--limit", "-n", help="At most this many jobs")] = 1000,
     as_json: Json = False,
     url: Url = None,
 ) -> None:
-    """List jobs (queued and running; --all for every job)."""
+    """List jobs (queued and running; --all or --where for ended ones too)."""
+    chosen = [c.strip() for c in (columns or "").split(",") if c.strip()]
     with errors(), options.client(url) as c:
-        jobs = c.jobs(all=all_)
+        jobs = c.jobs(
+            all=all_,
+            where=where,
+            columns=[k for k in chosen if k.startswith(("hparams.", "metrics."))] or None,
+            sort=sort,
+            order="asc" if asc else ("desc" if sort else None),
+            project=project,
+            tags=tag,
+            archived="include" if archived else "exclude",
+            limit=limit,
+        )
     if as_json:
-        print_json(jobs)
+        print_json(list(jobs))
         return
     if not jobs:
-        console.print("no jobs" + ("" if all_ else " queued or running (--all shows ended ones)"))
+        ended = all_ or where is not None
+        console.print("no jobs" + ("" if ended else " queued or running (--all shows ended ones)"))
         return
     table = Table(box=None, header_style="bold")
-    for col in ("ID", "NAME", "OWNER", "STATE", "PRIORITY", "RANKS", "STEPS", "SUBMITTED", "NOTE"):
+    heads = ["ID", "NAME", "OWNER", "STATE", "PRIORITY", "RANKS", "STEPS", "SUBMITTED"]
+    heads += [k.upper() if "." not in k else k for k in chosen]
+    for col in (*heads, "NOTE"):
         table.add_column(col, no_wrap=col != "NOTE", overflow="fold")
     for j in jobs:
-        res = j["spec"]["resources"]
+        res = j["spec"].get("resources") or {"nodes": 1}
         ranks = res["nodes"] * (res.get("procs_per_node") or 1)
         step = "-" if j["last_step"] is None else str(j["last_step"] + 1)
         if j.get("total_steps"):
@@ -196,9 +240,20 @@ def ps(
             str(ranks),
             step,
             ago(j["created_at"]),
+            *(cell(j, k) for k in chosen),
             note,
         )
     console.print(table)
+
+
+def cell(job: dict[str, Any], field: str) -> str:
+    """A chosen column's value in ``ps``'s table ("-": none)."""
+    if field == "tag" or field == "tags":
+        return ",".join(job.get("tags") or []) or "-"
+    value = job.get(field) if "." not in field else (job.get("values") or {}).get(field)
+    if value is None:
+        return "-"
+    return fmt_value(value) if isinstance(value, float) else str(value)
 
 
 @app.command()
@@ -217,6 +272,8 @@ def show(
     console.print(f"[bold]job {job['id']}[/] {job['name']}  {state(job['state'])}")
     rows = [
         ("owner", job["owner"]),
+        ("project", job.get("project") or "default"),
+        ("tags", ", ".join(job.get("tags") or []) or "-"),
         ("priority", job["priority"]),
         ("entrypoint", job["spec"]["entrypoint"]),
         (
@@ -269,6 +326,21 @@ def show(
         label = "waiting" if job["state"] == "QUEUED" else "reason"
         console.print(f"[bold]{label}:[/] ", end="")
         console.print(job["reason"], highlight=False, markup=False)
+    used = job.get("hparams")
+    hparams = used if used is not None else job["spec"].get("hparams") or {}
+    if hparams:
+        label = "hparams" if used is not None else "hparams (the spec's; the run reported none)"
+        console.print(f"[bold]{label}:[/] ", end="")
+        console.print(
+            "  ".join(f"{k}={json.dumps(v)}" for k, v in sorted(hparams.items())),
+            highlight=False,
+            markup=False,
+        )
+    if job.get("archived"):
+        console.print("[bold]archived[/] (left out of the default list)")
+    if job.get("note"):
+        console.print("[bold]note:[/]")
+        console.print(job["note"], highlight=False, markup=False)
     if job["latest_metrics"]:
         console.print(
             "[bold]latest metrics:[/] "

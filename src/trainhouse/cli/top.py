@@ -61,7 +61,7 @@ def gather(c: Client) -> dict[str, Any]:
     """Nodes with their latest sample, and every running job with its latest."""
     nodes = c.nodes()["nodes"]
     jobs = []
-    for j in c.jobs():
+    for j in c.jobs(all=False):
         if j["state"] != "RUNNING":
             continue
         usage = job_usage(c.job_system(j["id"], since=-JOB_WINDOW)["series"])

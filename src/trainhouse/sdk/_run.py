@@ -23,6 +23,7 @@ import atexit
 import logging
 import os
 import sys
+import threading
 import time
 import traceback
 import types
@@ -73,6 +74,60 @@ def _print_now(exc: BaseException) -> None:
     sys.excepthook = once
 
 
+class HparamsSender:
+    """Sends the hparams a run uses to the server from a thread: the latest set wins, a failed
+    send is retried for a minute, and the server's warnings (a spec key the script does not
+    declare) are printed to the rank's log. Nothing here ever raises into training."""
+
+    RETRY_FOR = 60.0
+    CLOSE_WAIT = 5.0  # seconds the run's end waits for a send still pending
+
+    def __init__(self, api: JobAPI, script_keys: list[str] | None) -> None:
+        self.api = api
+        self.script_keys = script_keys
+        self._pending: dict[str, Any] | None = None
+        self._busy = False
+        self._closed = False
+        self._cond = threading.Condition()
+        self._thread = threading.Thread(target=self._loop, name="trainhouse-hparams", daemon=True)
+        self._thread.start()
+
+    def send(self, hparams: dict[str, Any]) -> None:
+        with self._cond:
+            self._pending = hparams
+            self._cond.notify_all()
+
+    def _loop(self) -> None:
+        while True:
+            with self._cond:
+                while self._pending is None and not self._closed:
+                    self._cond.wait()
+                if self._pending is None:
+                    return
+                hparams, self._pending, self._busy = self._pending, None, True
+            try:
+                answer = self.api.report_hparams(
+                    hparams, self.script_keys, retry_for=self.RETRY_FOR
+                )
+                for warning in answer.get("warnings") or []:
+                    print(f"trainhouse: {warning}", file=sys.stderr, flush=True)
+            except Exception as exc:  # the network, a value that is not JSON
+                log.warning("trainhouse: the run's hparams were not recorded: %s", exc)
+            finally:
+                with self._cond:
+                    self._busy = False
+                    self._cond.notify_all()
+
+    def close(self) -> None:
+        """Wait a little for a send still pending; the thread then ends."""
+        deadline = time.monotonic() + self.CLOSE_WAIT
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+            while (self._pending is not None or self._busy) and time.monotonic() < deadline:
+                self._cond.wait(max(0.0, deadline - time.monotonic()))
+
+
 class _Parts(NamedTuple):
     """What differs between a run under the server and a standalone one."""
 
@@ -80,6 +135,7 @@ class _Parts(NamedTuple):
     stop: StopSignal
     registry: CheckpointRegistry
     location: str | Path  # where checkpoints go: a directory or a URL (any fsspec one)
+    api: JobAPI | None = None  # the job's API (None: standalone)
 
 
 def _server_parts(job: JobEnv, distributed: DistributedContext) -> _Parts:
@@ -91,7 +147,7 @@ def _server_parts(job: JobEnv, distributed: DistributedContext) -> _Parts:
         report=distributed.is_main,
     )
     sink = ServerSink(link, rank=distributed.rank, is_main=distributed.is_main)
-    return _Parts(sink, ServerStop(link), ServerRegistry(link), job.checkpoints)
+    return _Parts(sink, ServerStop(link), ServerRegistry(link), job.checkpoints, link.api)
 
 
 #: a standalone run's checkpoint retention (the newest this many stay in ./checkpoints)
@@ -134,6 +190,8 @@ class Run:
         self.attempt = job.attempt if job is not None else 1
         self.standalone = job is None
         self.hparams: dict[str, Any] = dict(hparams or {})
+        # the keys the script declares (its defaults): spec keys outside them are flagged
+        self._script_keys = sorted(str(k) for k in self.hparams) if hparams else None
         if job is not None:
             self.hparams.update(job.hparams)
         self._step = -1
@@ -146,8 +204,14 @@ class Run:
         self.checkpoint = Checkpointer(
             parts.location, distributed=self._dist, registry=parts.registry
         )
+        self._hparams_sender = (
+            HparamsSender(parts.api, self._script_keys)
+            if parts.api is not None and self.is_main
+            else None
+        )
         if total_steps is not None:
             self.set_total_steps(total_steps)
+        self._report_hparams()
         atexit.register(self._finish_at_exit)
 
     # -- where this rank stands ------------------------------------------------------------
@@ -175,6 +239,20 @@ class Run:
     def device(self) -> torch.device:
         """This rank's device: its GPU where CUDA is usable, else the CPU."""
         return self._dist.device
+
+    # -- hparams ---------------------------------------------------------------------------
+    def set_hparams(self, values: dict[str, Any] | None = None, /, **more: Any) -> None:
+        """Add or change hparams after ``init`` (a value computed at run time, say): they join
+        ``run.hparams`` and the server's record of what the run used (the runs table, ``show``,
+        compare). Plain JSON values."""
+        self.hparams.update(values or {}, **more)
+        self._report_hparams()
+
+    def _report_hparams(self) -> None:
+        """Hand the hparams the run uses to the background sender (the main rank, under the
+        server): training never waits on the network for them."""
+        if self._hparams_sender is not None:
+            self._hparams_sender.send(dict(self.hparams))
 
     # -- metrics ---------------------------------------------------------------------------
     def set_total_steps(self, total: int) -> None:
@@ -287,6 +365,8 @@ class Run:
         ckpt_error = self.checkpoint._close(collective=not failed)
         if ckpt_error is not None and failed:
             log.error("trainhouse: %s", ckpt_error)
+        if self._hparams_sender is not None:
+            self._hparams_sender.close()
         self._metrics.close()
         self._dist.close(failed=failed)
         if ckpt_error is not None and not failed:
@@ -322,7 +402,8 @@ def init(
 ) -> Run:
     """Start a run: sets up torch.distributed when WORLD_SIZE > 1 and connects to the server.
 
-    ``hparams`` are defaults; the job spec's ``hparams`` override them. ``total_steps`` lets the
-    CLI show a progress bar.
+    ``hparams`` are defaults; the job spec's ``hparams`` override them, and the merged set (the
+    run's ``run.hparams``) is reported to the server, which flags a spec key that is not among
+    the defaults. ``total_steps`` lets the CLI show a progress bar.
     """
     return Run(hparams=hparams, total_steps=total_steps, backend=backend)

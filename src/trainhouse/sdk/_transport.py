@@ -90,3 +90,13 @@ class JobAPI:
             retry_for=10,
         )
         return result
+
+    def report_hparams(
+        self, hparams: dict[str, Any], script_keys: list[str] | None, *, retry_for: float = 10.0
+    ) -> dict[str, Any]:
+        """The hparams the run uses now, and the keys the script declared (its defaults)."""
+        body = encode_json({"hparams": hparams, "script_keys": script_keys})
+        result: dict[str, Any] = self.call(
+            "POST", "/hparams", content=body, headers=JSON_HEADERS, retry_for=retry_for
+        )
+        return result

@@ -44,6 +44,7 @@ from trainhouse.server.routes import (
     models,
     queue,
     report,
+    runs,
     searches,
     system,
     ui,
@@ -231,6 +232,7 @@ def create_app(settings: Settings, *, executor: Executor | None = None) -> FastA
     app.include_router(envs.router, prefix="/api/v1")
     app.include_router(queue.router, prefix="/api/v1")  # before jobs: /jobs/dry-run
     app.include_router(logs.router, prefix="/api/v1")  # before jobs: /logs/stream
+    app.include_router(runs.router, prefix="/api/v1")  # before jobs: DELETE /jobs/{id}
     app.include_router(jobs.router, prefix="/api/v1")
     app.include_router(lineage.router, prefix="/api/v1")
     app.include_router(report.router, prefix="/api/v1")

@@ -93,6 +93,22 @@ class JobOut(BaseModel):
         None, description="The step of the checkpoint of that job it started from"
     )
     held: bool = Field(False, description="Queued, not yet schedulable: a clone being prepared")
+    project: str = "default"
+    tags: list[str] = Field(default_factory=list)
+    note: str | None = Field(
+        None, description="Markdown, edited on the job page or `trainhouse note`"
+    )
+    archived: bool = False
+    hparams: dict[str, Any] | None = Field(
+        None,
+        description="The hparams the run used (the script's defaults merged with the spec's), "
+        "as its SDK reported them; null until it did (the spec's are in spec.hparams)",
+    )
+    values: dict[str, float | str | None] = Field(
+        default_factory=dict,
+        description="The columns asked for (?columns=): by field name, such as hparams.lr or "
+        "metrics.val_loss.min; a job without the value has no entry",
+    )
 
 
 class CloneOut(BaseModel):
@@ -142,7 +158,7 @@ class JobDetailOut(JobOut):
         default_factory=dict,
         description="The hparams the job's script reported (MLflow params), as strings",
     )
-    tags: dict[str, str] = Field(
+    mlflow_tags: dict[str, str] = Field(
         default_factory=dict, description="The job's MLflow tags (mlflow.* included)"
     )
 
@@ -150,6 +166,56 @@ class JobDetailOut(JobOut):
 class JobListOut(BaseModel):
     jobs: list[JobOut]
     total: int = Field(description="How many jobs match the filters, ignoring limit and offset")
+    columns: list[str] = Field(default_factory=list, description="The columns' fields, in order")
+
+
+class TagsIn(BaseModel):
+    add: list[Annotated[str, Field(max_length=64)]] = Field(default_factory=list, max_length=32)
+    remove: list[Annotated[str, Field(max_length=64)]] = Field(default_factory=list, max_length=32)
+
+
+class TagsOut(BaseModel):
+    job_id: int
+    tags: list[str]
+
+
+class NoteIn(BaseModel):
+    note: str = Field(max_length=65536, pattern=NO_NUL, description="Markdown; empty clears it")
+
+
+class ArchiveIn(BaseModel):
+    archived: bool = True
+
+
+class DeletedOut(BaseModel):
+    job_id: int
+    rows: dict[str, int] = Field(description="Rows deleted, by table")
+    bytes_freed: int = Field(description="Bytes of the job's files (logs, checkpoints) removed")
+
+
+class HparamsIn(BaseModel):
+    hparams: dict[str, Any] = Field(
+        description="Every hparam the run uses now (the script's defaults and the spec's)"
+    )
+    script_keys: list[Annotated[str, Field(max_length=256)]] | None = Field(
+        None,
+        max_length=10000,
+        description="The keys the script declared (its defaults); spec keys outside them are "
+        "flagged as never read. Null: not known (nothing is flagged)",
+    )
+
+
+class HparamsOut(BaseModel):
+    job_id: int
+    unread: list[str] = Field(description="Spec hparams the script does not declare")
+    warnings: list[str]
+
+
+class RunColumnsOut(BaseModel):
+    hparams: list[str]
+    metrics: list[str]
+    projects: list[str]
+    tags: list[str]
 
 
 class SeriesOut(BaseModel):

@@ -75,6 +75,10 @@ def _job(row: RowMapping) -> Job:
         cloned_from=row["cloned_from"],
         cloned_step=row["cloned_step"],
         held=bool(row["held"]),
+        project=row["project"],
+        hparams=row["hparams"],
+        note=row["note"],
+        archived=bool(row["archived"]),
     )
 
 
@@ -156,9 +160,19 @@ def insert_job(
             **({"cloned_from": cloned_from} if cloned_from is not None else {}),
             **({"cloned_step": cloned_step} if cloned_step is not None else {}),
             **({"held": True} if hold else {}),
+            # the default project is the column's own default (the runs table's columns are
+            # written only when they say something)
+            **({"project": parsed.project} if parsed.project != "default" else {}),
         )
         .returning(t.jobs.c.id)
     ).scalar_one()
+    from trainhouse.store.runs import hparam_rows  # (runs reads jobs' rows)
+
+    rows = hparam_rows(job_id, parsed.hparams)
+    if rows:
+        conn.execute(insert(t.job_hparams), rows)
+    if parsed.tags:
+        conn.execute(insert(t.job_tags), [{"job_id": job_id, "tag": tag} for tag in parsed.tags])
     conn.execute(
         insert(t.events).values(
             job_id=job_id, at=now, from_state=None, to_state=JobState.QUEUED, reason=reason
@@ -190,7 +204,8 @@ class JobRepo:
 
         ``cloned_from``/``cloned_step``: the job (and its checkpoint's step) this one is a clone
         of. ``hold``: the scheduler leaves it alone until :meth:`release` (a clone waits
-        there while its checkpoint is copied in)."""
+        there while its checkpoint is copied in). Its project, tags and hparams (for the runs
+        table) come from the spec."""
         reason = "submitted"
         if cloned_from is not None:
             reason = f"cloned from job {cloned_from}" + (

@@ -410,6 +410,9 @@ def _add(
             touched[key] = (lo, hi) if was is None else (min(lo, was[0]), max(hi, was[1]))
     if touched:
         rollup.refresh_many(cursor, dialect, job_id, touched, fresh)
+        own = sorted({name for name, rank in touched if rank == -1})
+        if own:
+            _summarize(cursor, dialect, job_id, own, vanished=resume is not None)
     progress: dict[str, Any] = {}
     found = _progress(columns)
     if found is not None:
@@ -426,6 +429,53 @@ def _add(
     if progress:
         _progress_update(cursor, dialect, job_id, progress, now)
     return len(columns)
+
+
+# the summary of the job's own series (metric_summaries, the runs table's columns): last step
+# and extremes from the rollup's coarsest buckets (just refreshed), the last value from the
+# point at the last step; one statement for the batch's series
+_SUMMARIZE = (
+    "INSERT INTO metric_summaries (job_id, name, last_step, last_value, min_value, max_value) "
+    "SELECT g.job_id, g.name, g.last_step, (SELECT m.value FROM metrics m "
+    "WHERE m.job_id = g.job_id AND m.name = g.name AND m.rank = -1 AND m.step = g.last_step), "
+    "g.lo, g.hi FROM (SELECT job_id, name, max(last_step) AS last_step, min(min_value) AS lo, "
+    "max(max_value) AS hi FROM metric_buckets WHERE job_id = {p} AND rank = -1 AND level = {p} "
+    "AND name {names} GROUP BY job_id, name) AS g WHERE true "
+    "ON CONFLICT (job_id, name) DO UPDATE SET last_step = excluded.last_step, "
+    "last_value = excluded.last_value, min_value = excluded.min_value, "
+    "max_value = excluded.max_value"
+)
+# after a resume dropped points: a series left with none has no summary either
+_UNSUMMARIZE = (
+    "DELETE FROM metric_summaries WHERE job_id = {p} AND name {names} AND NOT EXISTS "
+    "(SELECT 1 FROM metric_buckets b WHERE b.job_id = metric_summaries.job_id "
+    "AND b.name = metric_summaries.name AND b.rank = -1 AND b.level = {p})"
+)
+
+
+def _summarize(cursor: Any, dialect: str, job_id: int, names: list[str], vanished: bool) -> None:
+    """Refresh the summaries of the job's own series ``names`` from their rollup."""
+    statements = [_SUMMARIZE] + ([_UNSUMMARIZE] if vanished else [])
+    if dialect != "sqlite":
+        for sql in statements:
+            cursor.execute(
+                sql.format(p="%s", names="= ANY(%s)"),
+                [job_id, rollup.COARSEST, names]
+                if sql is _SUMMARIZE
+                else [job_id, names, rollup.COARSEST],
+            )
+        return
+    per = SQLITE_VARIABLES - 2
+    for start in range(0, len(names), per):
+        chunk = names[start : start + per]
+        marks = "IN (" + ", ".join("?" * len(chunk)) + ")"
+        for sql in statements:
+            params = (
+                [job_id, rollup.COARSEST, *chunk]
+                if sql is _SUMMARIZE
+                else [job_id, *chunk, rollup.COARSEST]
+            )
+            cursor.execute(sql.format(p="?", names=marks), params)
 
 
 class MetricRepo:

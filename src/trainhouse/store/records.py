@@ -64,14 +64,18 @@ class Job:
     search_id: int | None = None  # the search this job is a trial of (trainhouse.tune)
     prune_requested: bool = False  # the search's pruner stopped it
 
-    @property
-    def tracked(self) -> bool:
-        return self.kind == TRACKED
-
     resumes: int = 0  # times a user sent it back to the queue after it ended
     cloned_from: int | None = None  # the job it was cloned from
     cloned_step: int | None = None  # the step of that job's checkpoint it started from
     held: bool = False  # QUEUED but left alone by the scheduler (a clone being prepared)
+    project: str = "default"
+    hparams: dict[str, Any] | None = None  # what its SDK reported it ran with (None: nothing yet)
+    note: str | None = None  # markdown
+    archived: bool = False
+
+    @property
+    def tracked(self) -> bool:
+        return self.kind == TRACKED
 
     @cached_property
     def spec(self) -> JobSpec:

@@ -14,6 +14,7 @@ concern, each owning its tables:
 ``store.tracking``        MLflow experiments and runs, params and tags (:mod:`.tracking`)
 ``store.searches``        hyperparameter searches and their trials (:mod:`.searches`)
 ``store.models``          the model registry: models, versions, aliases (:mod:`.models`)
+``store.runs``            the runs table: columns, filters, tags, notes, deletion (:mod:`.runs`)
 ========================  ======================================================================
 
 Repositories hand out plain records (:mod:`.records`), never SQLAlchemy objects.
@@ -28,6 +29,7 @@ from trainhouse.store.jobs import JobRepo
 from trainhouse.store.metrics import MetricRepo
 from trainhouse.store.models import ModelRepo
 from trainhouse.store.quotas import QuotaRepo
+from trainhouse.store.runs import RunsRepo
 from trainhouse.store.searches import SearchRepo
 from trainhouse.store.system import SystemMetrics
 from trainhouse.store.tracking import TrackingRepo
@@ -49,3 +51,4 @@ class Store(Database):
         self.tracking = TrackingRepo(self, self.jobs)
         self.searches = SearchRepo(self)
         self.models = ModelRepo(self)
+        self.runs = RunsRepo(self)

@@ -120,6 +120,37 @@ jobs = Table(
     Column("cloned_step", BigInteger),
     # a QUEUED job the scheduler leaves alone: a clone while its checkpoint is copied in
     Column("held", Boolean, nullable=False, default=False, server_default=false()),
+    # the runs table (trainhouse.store.runs): the spec's project, the hparams the run used as
+    # its SDK reported them (NULL: none reported yet; the spec's are in "spec"), a markdown
+    # note, and archived jobs (kept, out of the default list)
+    Column("project", String(128), nullable=False, server_default=text("'default'"), index=True),
+    Column("hparams", JSON),
+    Column("note", JobText),
+    Column("archived", Boolean, nullable=False, server_default=false()),
+)
+
+# a job's tags, one row each (the runs table filters by them)
+job_tags = Table(
+    "job_tags",
+    metadata,
+    Column("job_id", _Id, ForeignKey("jobs.id", ondelete="CASCADE"), nullable=False),
+    Column("tag", String(64), nullable=False),
+    PrimaryKeyConstraint("job_id", "tag"),
+    Index("ix_job_tags_tag_job_id", "tag", "job_id"),
+)
+
+# the hparams a job runs with, one row per (flattened) key: its value as a number (numbers and
+# booleans) and as text, so that a filter or sort on one key uses an index
+job_hparams = Table(
+    "job_hparams",
+    metadata,
+    Column("job_id", _Id, ForeignKey("jobs.id", ondelete="CASCADE"), nullable=False),
+    Column("key", String(256), nullable=False),
+    Column("num", Float),
+    Column("text", String(256)),
+    PrimaryKeyConstraint("job_id", "key"),
+    Index("ix_job_hparams_key_num", "key", "num"),
+    Index("ix_job_hparams_key_text", "key", "text"),
 )
 
 attempts = Table(
@@ -201,6 +232,24 @@ metric_series = Table(
     Column("name", String(256), nullable=False),
     Column("rank", Integer, nullable=False),
     PrimaryKeyConstraint("job_id", "name", "rank"),
+)
+
+# per series of the job's own values (rank -1): its last value (at its highest step) and its
+# smallest and largest finite values; kept in the ingest transaction from the rollup's coarsest
+# buckets (trainhouse.store.metrics), read by the runs table without touching the points
+metric_summaries = Table(
+    "metric_summaries",
+    metadata,
+    Column("job_id", _Id, ForeignKey("jobs.id", ondelete="CASCADE"), nullable=False),
+    Column("name", String(256), nullable=False),
+    Column("last_step", BigInteger, nullable=False),
+    Column("last_value", Float),
+    Column("min_value", Float),
+    Column("max_value", Float),
+    PrimaryKeyConstraint("job_id", "name"),
+    Index("ix_metric_summaries_name_last_value", "name", "last_value"),
+    Index("ix_metric_summaries_name_min_value", "name", "min_value"),
+    Index("ix_metric_summaries_name_max_value", "name", "max_value"),
 )
 
 report_batches = Table(

@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
-from sqlalchemy import insert, select, update
+from sqlalchemy import delete, insert, select, update
 from sqlalchemy.exc import IntegrityError
 
 from trainhouse.errors import NotFound, StoreError
@@ -302,6 +302,7 @@ class TrackingRepo:
                             f"its first value (got {value[:100]!r})"
                         )
                 values = {k: v for k, v in values.items() if k not in old}
+                _report_hparams(conn, job_id, values)
             _put_values(conn, self.db.dialect, job_id, kind, values)
 
     def values(self, job_id: int, kind: ValueKind) -> dict[str, str]:
@@ -312,6 +313,39 @@ class TrackingRepo:
                 .order_by(t.run_values.c.key)
             )
             return {row.key: row.value for row in rows}
+
+
+def _param_value(text: str) -> int | float | str:
+    """An MLflow param (always a string) as the hparam it stands for: a number where it reads
+    as one, so that the runs table filters and sorts it as a number."""
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
+
+
+def _report_hparams(conn: Connection, job_id: int, params: Mapping[str, str]) -> None:
+    """New MLflow params are hparams the run reports using: merged into the job's reported
+    hparams (``jobs.hparams``, as ``run.set_hparams`` does) and its runs-table rows."""
+    if not params:
+        return
+    from trainhouse.store.runs import hparam_rows
+
+    reported = conn.execute(select(t.jobs.c.hparams).where(t.jobs.c.id == job_id)).scalar()
+    added = {key: _param_value(value) for key, value in params.items()}
+    conn.execute(
+        update(t.jobs)
+        .where(t.jobs.c.id == job_id)
+        .values(hparams={**(reported or {}), **added}, updated_at=time.time())
+    )
+    rows = hparam_rows(job_id, added)
+    if rows:
+        keys = [row["key"] for row in rows]
+        h = t.job_hparams
+        conn.execute(delete(h).where(h.c.job_id == job_id, h.c.key.in_(keys)))
+        conn.execute(insert(h), rows)
 
 
 def _put_values(

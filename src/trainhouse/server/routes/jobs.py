@@ -16,6 +16,7 @@ from trainhouse.errors import (
     ArchiveError,
     Forbidden,
     InvalidMetrics,
+    InvalidQuery,
     NotFound,
     ResourceError,
     SpecError,
@@ -24,6 +25,8 @@ from trainhouse.errors import (
 )
 from trainhouse.layout import LAUNCHER
 from trainhouse.lifecycle import JobState, StopReason
+from trainhouse.runquery import QueryError, parse_field, parse_fields
+from trainhouse.runquery import parse as parse_query
 from trainhouse.scheduler.failures import attempt_log
 from trainhouse.scheduler.resources import never_fits
 from trainhouse.server.auth import (
@@ -49,18 +52,22 @@ from trainhouse.server.schemas import (
     JobListOut,
     JobOut,
     MetricsOut,
+    NulFree,
     RowId,
     SeriesInfoOut,
     SeriesListOut,
 )
 from trainhouse.spec import PRIORITY_TIERS, JobSpec, parse_spec
 from trainhouse.store import Job
-from trainhouse.store.jobs import JobSort
+from trainhouse.store.jobs import JOB_SORT_KEYS
 from trainhouse.store.reports import INT64, MAX_NAME, MAX_RANK
 from trainhouse.store.series import MIN_DOWNSAMPLED
 from trainhouse.workdir import human_size, list_members
 
 router = APIRouter(tags=["jobs"])
+
+MAX_COLUMNS = 50  # columns of one runs-table page
+MAX_QUERY = 2000  # characters of a ?where= filter (trainhouse.runquery.MAX_QUERY)
 
 
 def state_summary(job: Job) -> str:
@@ -77,11 +84,23 @@ def state_summary(job: Job) -> str:
     return state.lower()
 
 
-def job_out(job: Job, svc: Services | None = None, *, summary_only: bool = False) -> JobOut:
+def job_out(
+    job: Job,
+    svc: Services | None = None,
+    *,
+    summary_only: bool = False,
+    tags: list[str] | None = None,
+    values: dict[str, float | str | None] | None = None,
+) -> JobOut:
     """A job as the API shows it; ``summary_only`` (someone else's job in a shared list)
-    leaves out its spec (hparams, env), placement, metrics and stored reason (job-controlled
-    text): name, owner, state, times, and a reason said by the scheduler or the state."""
+    leaves out its spec (hparams, env), placement, metrics, note and stored reason
+    (job-controlled text): name, owner, state, times, project, tags, and a reason said by the
+    scheduler or the state. ``tags``: read from the store when not given."""
     data = job.public()
+    if tags is None and svc is not None:
+        tags = svc.store.runs.tags(job.id)
+    data["tags"] = tags or []
+    data["values"] = values or {}
     live = svc.scheduler.waiting.get(job.id) if svc is not None else None
     if job.state is JobState.QUEUED and live is not None:
         data["reason"] = live  # the scheduler's words, as of its last tick
@@ -89,7 +108,14 @@ def job_out(job: Job, svc: Services | None = None, *, summary_only: bool = False
         data["reason"] = state_summary(job)
     if summary_only:
         res = job.spec_data.get("resources")
-        data.update(spec={"resources": res} if res else {}, placement=None, latest_metrics={})
+        data.update(
+            spec={"resources": res} if res else {},
+            placement=None,
+            latest_metrics={},
+            note=None,
+            hparams=None,
+            values={},
+        )
     return JobOut(**data)
 
 
@@ -208,39 +234,88 @@ def list_jobs(
         pattern=NO_NUL,
         description="Only jobs whose name contains this (any case)",
     ),
-    sort: JobSort = Query("id", description="The column to order by; ties by id"),
+    sort: str = Query(
+        "id",
+        max_length=300,
+        pattern=NO_NUL,
+        description="The field to order by: a job column (" + ", ".join(JOB_SORT_KEYS) + ", "
+        "...), hparams.<key> or metrics.<series>.<last|min|max>; jobs without it last, ties by id",
+    ),
     order: Literal["asc", "desc"] = Query("desc"),
+    where: str | None = Query(
+        None,
+        max_length=MAX_QUERY,
+        pattern=NO_NUL,
+        description="A filter such as `metrics.val_loss.min < 0.1 and hparams.lr >= 1e-3 and "
+        "state = COMPLETED` (trainhouse.runquery); with it, ended jobs are listed too",
+    ),
+    columns: str | None = Query(
+        None,
+        max_length=4000,
+        pattern=NO_NUL,
+        description="Comma-separated fields whose values each job carries in `values`",
+    ),
+    project: str | None = Query(None, max_length=128, pattern=NO_NUL),
+    tag: list[NulFree] | None = Query(None, description="Only jobs with every one of these tags"),
+    archived: Literal["exclude", "include", "only"] = Query(
+        "exclude",
+        description="Archived jobs (all ended): left out (the default), listed too, or only "
+        "them (ended jobs are listed then without all=true)",
+    ),
     p: Principal = Depends(signed_in),
     svc: Services = Depends(services),
 ) -> JobListOut:
     """A page of jobs (by default the unfinished ones, newest first) and how many match.
-    Without the right to see every job (``--job-visibility``), only the caller's own."""
-    if not p.sees_every_job(svc.settings.job_visibility):
+    Without the right to see every job (``--job-visibility``), only the caller's own; with the
+    right to list them but not read them, filters, sorts and columns on hparams and metrics
+    see the caller's own jobs' values only."""
+    visibility = svc.settings.job_visibility
+    if not p.sees_every_job(visibility):
         if owner is not None and owner != p.name:
             raise Forbidden(f"{p.name!r} may list only their own jobs, not {owner!r}'s")
         owner = p.name
+    try:
+        tree = parse_query(where) if where else None
+        fields = parse_fields(columns) if columns else []
+        sort_field = parse_field(sort)
+    except QueryError as e:
+        raise InvalidQuery(f"where: {e}") from None
+    except ValueError as e:
+        raise InvalidQuery(str(e)) from None
+    if len(fields) > MAX_COLUMNS:
+        raise InvalidQuery(f"at most {MAX_COLUMNS} columns, got {len(fields)}")
     states: list[JobState] | None = state
-    if states is None and not all:
+    if states is None and not all and tree is None and archived != "only":
         states = [s for s in JobState if not s.terminal]
-    page = svc.store.jobs.list(
-        states=states,
+    private = None if p.is_admin or visibility == "all" or p.is_job else p.name
+    page = svc.store.runs.page(
+        where=tree,
+        columns=fields,
+        sort=sort_field,
+        order=order,
         limit=limit,
         offset=offset,
+        states=states,
         owner=owner,
         name=name,
-        sort=sort,
-        order=order,
-        tracked=None,  # MLflow runs made outside a job are listed too (kind "tracked")
+        project=project,
+        tags=tag or (),
+        archived={"exclude": False, "include": None, "only": True}[archived],
+        private=private,
     )
-    total = (
-        offset + len(page)
-        if len(page) < limit and (page or offset == 0)
-        else svc.store.jobs.count(states=states, owner=owner, name=name, tracked=None)
-    )
-    visibility = svc.settings.job_visibility
     return JobListOut(
-        jobs=[job_out(j, svc, summary_only=not p.may_read(j, visibility)) for j in page],
-        total=total,
+        jobs=[
+            job_out(
+                j,
+                svc,
+                summary_only=not p.may_read(j, visibility),
+                tags=page.tags.get(j.id, []),
+                values=page.values.get(j.id, {}),
+            )
+            for j in page.jobs
+        ],
+        total=page.total,
+        columns=[str(f) for f in fields],
     )
 
 
@@ -275,7 +350,7 @@ def show(
         ),
         job_dir=str(files.root) if p.is_admin else None,
         params=svc.store.tracking.values(job_id, "param"),
-        tags=svc.store.tracking.values(job_id, "tag"),
+        mlflow_tags=svc.store.tracking.values(job_id, "tag"),
     )
 
 

@@ -79,6 +79,11 @@ export function drawChart(el, title, traces, opts) {
     legend: { orientation: "h", x: 1, xanchor: "right", y: 1.02, yanchor: "bottom", font: { size: 10 } },
     uirevision: title,
     xaxis: { title: { text: plotlyText(opts.xTitle ?? "step") }, type: opts.xType || "-", zeroline: false, automargin: true, gridcolor: grid },
+    // marks (restarts): dashed vertical lines at these x values, labelled
+    shapes: (opts.marks || []).map((m) => ({ type: "line", xref: "x", yref: "paper", x0: m.x, x1: m.x, y0: 0, y1: 1,
+      line: { color: m.color || "#888", width: 1, dash: "dash" } })),
+    annotations: (opts.marks || []).map((m) => ({ x: m.x, xref: "x", yref: "paper", y: 1, yanchor: "bottom",
+      text: plotlyText(m.label || "restart"), showarrow: false, font: { size: 9, color: m.color || "#888" } })),
     yaxis: {
       gridcolor: grid,
       type: opts.log ? "log" : "linear",
@@ -222,10 +227,10 @@ export class MetricSeries {
       if (s.rank !== null && s.rank !== undefined) continue;
       let target = this.series.get(s.name);
       if (!target) {
-        target = { x: [], y: [] };
+        target = { x: [], y: [], t: [] }; // steps, values, wall times
         this.series.set(s.name, target);
       }
-      for (const [step, value] of s.points) {
+      for (const [step, value, wall] of s.points) {
         const n = target.x.length;
         if (n && step <= target.x[n - 1]) {
           if (step === target.x[n - 1]) target.y[n - 1] = value; // re-logged: the newer value
@@ -233,6 +238,7 @@ export class MetricSeries {
         }
         target.x.push(step);
         target.y.push(value);
+        target.t.push(wall);
         changed = true;
       }
     }

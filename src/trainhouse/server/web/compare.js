@@ -1,4 +1,5 @@
 // The compare page (#/compare?ids=1,2): a metric of several jobs on one chart.
+import { hparamsTable } from "./runs.js";
 import { ChartGrid, MetricSeries, chartControls } from "./charts.js";
 import {
   ApiError,
@@ -12,11 +13,32 @@ import {
   metricsText,
 } from "./core.js";
 
+/** Where each attempt after the first started, on the chart's x axis: its start time, or the
+ * first step the series logged from then on. */
+function restarts(job, series, byWall, color, id) {
+  const out = [];
+  for (const a of (job && job.attempt_history) || []) {
+    if (a.number < 2) continue;
+    const label = `#${id} attempt ${a.number}`;
+    if (byWall) {
+      out.push({ x: new Date(a.started_at * 1000), label, color });
+      continue;
+    }
+    const i = series.t.findIndex((w) => w >= a.started_at);
+    if (i >= 0) out.push({ x: series.x[i], label, color });
+  }
+  return out;
+}
+
 export function comparePage(view, query) {
   const ids = [...new Set((query.get("ids") || "").split(",").map((s) => Number(s.trim())).filter((n) => Number.isInteger(n) && n > 0))];
   const chosen = new Set(ids);
   const metricWanted = query.get("metric") || "";
   const chartOpts = { smoothing: Number(query.get("smoothing")) || 0, log: query.get("log") === "1" };
+  const byWall = query.get("x") === "wall";
+  const xSel = h("select", { testid: "compare-x", "aria-label": "x axis", onchange: () => apply() },
+    h("option", { value: "step" }, "x: step"), h("option", { value: "wall" }, "x: wall time"));
+  xSel.value = byWall ? "wall" : "step";
   const grid = h("div", { class: "charts wide", testid: "compare-charts" });
   const charts = new ChartGrid(grid, "compare-chart-", chartOpts);
   const sources = new Map(ids.map((id) => [id, { job: null, metrics: new MetricSeries(id), error: null }]));
@@ -26,6 +48,8 @@ export function comparePage(view, query) {
   const idsInput = h("input", { type: "text", value: ids.join(","), placeholder: "job ids, e.g. 3,5,8", testid: "compare-ids",
     "aria-label": "job ids", onkeydown: (e) => { if (e.key === "Enter") apply(true); } });
   const note = h("p", { class: "muted", testid: "compare-note" }, "");
+  const hpBox = h("div", { testid: "compare-hparams-box" });
+  let hpShown = "";
 
   function apply(fromInput = false) {
     const list = fromInput
@@ -34,6 +58,7 @@ export function comparePage(view, query) {
     const p = new URLSearchParams();
     if (list.length) p.set("ids", list.join(","));
     if (metricSel.value) p.set("metric", metricSel.value);
+    if (xSel.value === "wall") p.set("x", "wall");
     location.hash = `#/compare${p.toString() ? `?${p}` : ""}`.replaceAll("%2C", ",");
   }
 
@@ -48,11 +73,16 @@ export function comparePage(view, query) {
     const shown = metricWanted && names.has(metricWanted) ? [metricWanted] : known;
     for (const name of shown) {
       const traces = [];
+      const marks = [];
       [...sources].forEach(([id, s], i) => {
         const series = s.metrics.series.get(name);
         const color = PALETTE[i % PALETTE.length];
-        if (series) traces.push({ name: `#${id} ${s.job ? s.job.name : ""}`.trim(), x: series.x, y: series.y, color });
+        if (!series) return;
+        const x = byWall ? series.t.map((w) => new Date(w * 1000)) : series.x;
+        traces.push({ name: `#${id} ${s.job ? s.job.name : ""}`.trim(), x, y: series.y, color });
+        marks.push(...restarts(s.job, series, byWall, color, id));
       });
+      charts.axes = byWall ? { xType: "date", xTitle: "wall time", marks } : { xTitle: "step", marks };
       charts.set(name, name, traces);
     }
     charts.keep(new Set(shown));
@@ -61,6 +91,12 @@ export function comparePage(view, query) {
       h("a", { href: `#/jobs/${id}` }, `#${id} ${s.job ? s.job.name : ""}`), " ",
       s.job ? badge(s.job.state) : null,
       s.error ? h("span", { class: "error" }, ` ${s.error}`) : null)));
+    const jobs = [...sources.values()].map((s) => s.job).filter(Boolean);
+    const hpKey = JSON.stringify(jobs.map((j) => [j.id, j.hparams, j.spec && j.spec.hparams]));
+    if (hpKey !== hpShown) {
+      hpShown = hpKey;
+      hpBox.replaceChildren(jobs.length ? hparamsTable(jobs) : "");
+    }
     note.textContent = !ids.length ? "Pick jobs below (or type their ids) to overlay their metrics."
       : names.size ? "" : "None of these jobs has reported metrics yet.";
   };
@@ -110,8 +146,8 @@ export function comparePage(view, query) {
     h("div", { class: "toolbar" }, h("h1", {}, "Compare"), h("span", { class: "spacer" }),
       idsInput, h("button", { testid: "compare-apply", onclick: () => apply(true) }, "Compare"), metricSel),
     h("section", { class: "card" },
-      h("div", { class: "card-head" }, legend, h("span", { class: "spacer" }), chartControls(chartOpts, () => charts.redraw(), "compare-")),
-      note, grid),
+      h("div", { class: "card-head" }, legend, h("span", { class: "spacer" }), xSel, chartControls(chartOpts, () => charts.redraw(), "compare-")),
+      note, h("div", { class: "compare-body" }, grid, hpBox)),
     h("section", { class: "card" },
       h("div", { class: "card-head" }, h("h2", {}, "Pick jobs"), pickName),
       h("div", { class: "table-wrap" }, h("table", { class: "grid" },

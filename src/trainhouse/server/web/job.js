@@ -1,4 +1,5 @@
 // A job's page (#/jobs/<id>): state, cancel, metrics, system, logs, attempts, checkpoints.
+import { experimentCard } from "./runs.js";
 import { ChartGrid, MetricSeries, chartControls, drawSystem, systemSeries } from "./charts.js";
 import {
   API,
@@ -179,6 +180,7 @@ export function jobPage(view, jobId) {
   };
 
   const summary = h("dl", { class: "summary", testid: "job-summary" });
+  const experiment = experimentCard(jobId, () => view.wake());
   const reason = h("p", { class: "reason-line", testid: "job-reason" });
 
   // metrics
@@ -295,6 +297,7 @@ export function jobPage(view, jobId) {
       cancelMsg.textContent = "";
     }
     resumeBtn.hidden = !(job.state === "FAILED" || job.state === "CANCELED") || !job.checkpoints;
+    experiment.update(job);
     const p = progressOf(job);
     const running = job.started_at ? (job.ended_at || Date.now() / 1000) - job.started_at : null;
     summary.replaceChildren(
@@ -435,6 +438,7 @@ export function jobPage(view, jobId) {
         resumeBtn, cloneBtn, cloneDialog, cancelBtn, confirm, cancelMsg, lineageMsg)),
     reason,
     h("section", { class: "card" }, summary),
+    experiment.el,
     h("section", { class: "card", testid: "metrics-section" },
       h("div", { class: "card-head" }, h("h2", {}, "Metrics"), controls), metricsNote, metricsGrid),
     sysSection,

@@ -23,11 +23,22 @@ export const JOB_COLUMNS = [
   { key: "created_at", label: "Submitted", sort: "created_at", first: "desc" },
 ];
 
+function valueText(values, field) {
+  const v = values[field];
+  if (v === undefined || v === null) return "—";
+  return typeof v === "number" ? Number(v.toPrecision(4)).toString() : String(v);
+}
+
 export function jobsPage(view, query) {
   const st = {
     state: query.get("state") || "",
     owner: query.get("owner") || "",
     name: query.get("name") || "",
+    where: query.get("where") || "",
+    columns: query.get("columns") || "",
+    project: query.get("project") || "",
+    tag: query.get("tag") || "",
+    archived: query.get("archived") === "include" ? "include" : "exclude",
     sort: query.get("sort") || "id",
     order: query.get("order") === "asc" ? "asc" : "desc",
     page: Math.max(1, Number(query.get("page")) || 1),
@@ -42,7 +53,8 @@ export function jobsPage(view, query) {
     if (resetPage) st.page = 1;
     version += 1;
     const p = new URLSearchParams();
-    for (const k of ["state", "owner", "name"]) if (st[k]) p.set(k, st[k]);
+    for (const k of ["state", "owner", "name", "where", "columns", "project", "tag"]) if (st[k]) p.set(k, st[k]);
+    if (st.archived !== "exclude") p.set("archived", st.archived);
     if (st.sort !== "id") p.set("sort", st.sort);
     if (st.order !== "desc") p.set("order", st.order);
     if (st.page > 1) p.set("page", String(st.page));
@@ -60,6 +72,35 @@ export function jobsPage(view, query) {
     oninput: debounce(() => { st.owner = owner.value.trim(); changed(); }, 250) });
   const name = h("input", { type: "search", placeholder: "name contains…", value: st.name, testid: "filter-name", "aria-label": "name",
     oninput: debounce(() => { st.name = name.value.trim(); changed(); }, 250) });
+  // the runs table: a filter in the expression language, chosen columns, project and tag
+  const whereMsg = h("div", { class: "error where-error", testid: "filter-where-error", hidden: true });
+  const where = h("input", { type: "search", class: "where", value: st.where, testid: "filter-where", "aria-label": "filter",
+    placeholder: "filter: metrics.val_loss.min < 0.1 and hparams.lr >= 1e-3 and state = COMPLETED",
+    onkeydown: (e) => { if (e.key === "Enter") { st.where = where.value.trim(); changed(); } },
+    onsearch: () => { if (!where.value) { st.where = ""; changed(); } } });
+  const known = h("datalist", { id: "run-fields" });
+  const columns = h("input", { type: "text", value: st.columns, testid: "columns-input", "aria-label": "columns", list: "run-fields",
+    placeholder: "columns: hparams.lr, metrics.loss.min",
+    onkeydown: (e) => { if (e.key === "Enter") { st.columns = columns.value.replace(/\s+/g, ""); renderHead(); changed(); } } });
+  const projectSel = h("select", { testid: "filter-project", "aria-label": "project",
+    onchange: () => { st.project = projectSel.value; changed(); } }, h("option", { value: "" }, "all projects"));
+  const tagSel = h("select", { testid: "filter-tag", "aria-label": "tag",
+    onchange: () => { st.tag = tagSel.value; changed(); } }, h("option", { value: "" }, "any tag"));
+  const archivedBox = h("input", { type: "checkbox", checked: st.archived === "include", testid: "filter-archived",
+    onchange: () => { st.archived = archivedBox.checked ? "include" : "exclude"; changed(); } });
+  api("/runs/columns").then((c) => {
+    const opts = (sel, values, wanted) => {
+      for (const v of values) sel.append(h("option", { value: v }, v));
+      if (wanted && !values.includes(wanted)) sel.append(h("option", { value: wanted }, wanted));
+      sel.value = wanted;
+    };
+    opts(projectSel, c.projects, st.project);
+    opts(tagSel, c.tags, st.tag);
+    known.replaceChildren(...c.hparams.map((k) => h("option", { value: `hparams.${k}` })),
+      ...c.metrics.flatMap((m) => ["last", "min", "max"].map((a) => h("option", { value: `metrics.${m}.${a}` }))));
+  }).catch(() => {});
+  const chosen = () => st.columns.split(",").map((c) => c.trim()).filter(Boolean);
+
   const compareBtn = h("button", { testid: "compare-selected", disabled: true,
     onclick: () => { location.hash = `#/compare?ids=${[...selected].join(",")}`; } }, "Compare selected");
   const count = h("span", { class: "muted", testid: "job-count" }, "");
@@ -69,7 +110,8 @@ export function jobsPage(view, query) {
   const table = h("table", { class: "grid jobs-table", testid: "jobs-table" }, h("thead", {}, head), tbody);
 
   const renderHead = () => {
-    head.replaceChildren(...JOB_COLUMNS.map((c) => {
+    const extra = chosen().map((f) => ({ key: `value`, label: f, sort: f, first: f.startsWith("metrics.") ? "asc" : "desc" }));
+    head.replaceChildren(...[...JOB_COLUMNS, ...extra].map((c) => {
       if (!c.sort) return h("th", { class: `col-${c.key}` }, c.label);
       const active = st.sort === c.sort;
       return h("th", {
@@ -127,7 +169,8 @@ export function jobsPage(view, query) {
       h("td", { class: "col-progress" }, progressCell(job)),
       h("td", { class: "col-metrics", title: Object.entries(job.latest_metrics || {}).map(([k, v]) => `${k}: ${v}`).join("\n") },
         metricsText(job.latest_metrics)),
-      h("td", { class: "col-created" }, timeCell(job.created_at)));
+      h("td", { class: "col-created" }, timeCell(job.created_at)),
+      chosen().map((f) => h("td", { class: "col-value num", "data-field": f }, valueText(job.values || {}, f))));
   };
 
   const params = () => {
@@ -136,12 +179,28 @@ export function jobsPage(view, query) {
     else if (st.state !== "active") p.set("state", st.state);
     if (st.owner) p.set("owner", st.owner);
     if (st.name) p.set("name", st.name);
+    if (st.where) p.set("where", st.where);
+    if (st.columns) p.set("columns", st.columns);
+    if (st.project) p.set("project", st.project);
+    if (st.tag) p.set("tag", st.tag);
+    if (st.archived !== "exclude") p.set("archived", st.archived);
     return p;
   };
 
   const poller = view.poll(async () => {
     const asked = version;
-    const data = await api(`/jobs?${params()}`);
+    let data;
+    try {
+      data = await api(`/jobs?${params()}`);
+    } catch (err) {
+      if (asked !== version || !view.alive || err.status !== 422) throw err;
+      whereMsg.textContent = err.message; // the bad token, its column and a caret
+      whereMsg.hidden = false;
+      tbody.replaceChildren();
+      shown = "";
+      return;
+    }
+    whereMsg.hidden = true;
     if (asked !== version || !view.alive) return;
     total = data.total ?? data.jobs.length;
     if (!data.jobs.length && total > 0 && st.page > 1) {
@@ -153,7 +212,7 @@ export function jobsPage(view, query) {
     shown = key;
     tbody.replaceChildren(...(data.jobs.length ? data.jobs.map(row)
       : [h("tr", { class: "empty" }, h("td", { colspan: String(JOB_COLUMNS.length) },
-        st.state || st.owner || st.name ? "No job matches these filters."
+        st.state || st.owner || st.name || st.where || st.project || st.tag ? "No job matches these filters."
           : "No jobs yet. Submit one: trainhouse submit job.yaml"))]));
     const from = total ? (st.page - 1) * st.size + 1 : 0;
     const to = (st.page - 1) * st.size + data.jobs.length;
@@ -165,7 +224,10 @@ export function jobsPage(view, query) {
 
   return h("section", { class: "page jobs" },
     h("div", { class: "toolbar" }, h("h1", {}, "Jobs"), count, h("span", { class: "spacer" }),
-      stateSel, owner, name, compareBtn),
+      stateSel, projectSel, tagSel, owner, name, compareBtn),
+    h("div", { class: "toolbar runs-filter" }, where, columns, known,
+      h("label", { class: "small" }, archivedBox, " archived")),
+    whereMsg,
     h("div", { class: "table-wrap" }, table),
     h("div", { class: "pager" }, first, prev, pageInfo, next, last, size));
 }

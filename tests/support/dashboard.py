@@ -1,0 +1,24 @@
+"""What the dashboard's browser tests share: reading the API beside the page, the job list's
+rows."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+from playwright.sync_api import Page
+
+from tests.support.servers import Server
+
+
+def api(server: Server, path: str, **params: Any) -> Any:
+    resp = httpx.get(f"{server.url}/api/v1{path}", params=params, timeout=30)
+    resp.raise_for_status()
+    return resp.json()
+
+
+def row_ids(page: Page) -> list[int]:
+    ids: list[str] = page.get_by_test_id("job-row").evaluate_all(
+        "(rows) => rows.map((r) => r.dataset.jobId)"
+    )
+    return [int(i) for i in ids]
