@@ -43,7 +43,7 @@ SINGLE_BACKEND = {
     "(their callbacks, checkpoint copies and resume) are under test, not the store, whose side "
     "of a killed rank and a resume runs on both backends in test_training.py",
     "test_bring_your_own.py": "the mlflow client, TensorBoard's event files and bare torchrun "
-    "scripts are under test; the store's side of MLflow (migration 0013, tracked runs, params, "
+    "scripts are under test; the store's side of MLflow (migration 0010, tracked runs, params, "
     "tags, experiments) runs on both backends in tests/unit/test_tracking_store.py",
     "test_envs.py": "job environments: the processes and the cache on disk are under test, not "
     "the store",

@@ -195,7 +195,7 @@ def test_the_store_resumes_through_the_lifecycle(store: Store) -> None:
     assert [c.id for c in store.jobs.clones(job.id)] == [clone.id]
 
 
-def test_jobs_from_before_0012_were_never_resumed_nor_cloned(tmp_path: Path) -> None:
+def test_jobs_from_before_0011_were_never_resumed_nor_cloned(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'old.db'}"
     old_store(url, "0008").close()
     store = Store(url)

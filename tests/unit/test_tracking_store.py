@@ -1,5 +1,5 @@
 """store.tracking on SQLite and PostgreSQL: experiments, tracked runs (jobs of kind "tracked",
-never scheduled), the MLflow view of a launched job, params and tags; migration 0013."""
+never scheduled), the MLflow view of a launched job, params and tags; migration 0010."""
 
 from __future__ import annotations
 
@@ -93,7 +93,7 @@ def test_job_names_from_run_names() -> None:
     assert len(job_name("x" * 300)) == 128
 
 
-def test_migration_0013_keeps_jobs_launched(tmp_path: Path, request: pytest.FixtureRequest) -> None:
+def test_migration_0010_keeps_jobs_launched(tmp_path: Path, request: pytest.FixtureRequest) -> None:
     for url in (f"sqlite:///{tmp_path / 'old.db'}", request.getfixturevalue("pg_url")):
         old_store(url, "0008").close()
         store = Store(url, migrate=True)

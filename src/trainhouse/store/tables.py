@@ -100,7 +100,7 @@ jobs = Table(
     # listed with the jobs, never scheduled)
     Column(
         # the database's default only: an insert that names no kind works on a schema from
-        # before 0013 too (the migration tests write jobs into one)
+        # before 0010 too (the migration tests write jobs into one)
         "kind",
         String(16),
         nullable=False,
@@ -434,7 +434,7 @@ search_trials = Table(
     PrimaryKeyConstraint("search_id", "number"),
 )
 
-# the model registry (0010): a model is a name; each version points at the files a job saved
+# the model registry (0012): a model is a name; each version points at the files a job saved
 # (run.save_model) in its checkpoint storage, with the job, attempt and step that made it
 models = Table(
     "models",

@@ -1,6 +1,6 @@
 """tracking: external runs (jobs of kind "tracked"), MLflow experiments, runs' params and tags
 
-Revision ID: 0013
+Revision ID: 0010
 Revises: 0009
 Create Date: 2026-12-01
 
@@ -13,7 +13,7 @@ experiment, run name, MLflow status), ``run_values`` its params and tags.
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0013"
+revision = "0010"
 down_revision = "0009"
 branch_labels = None
 depends_on = None

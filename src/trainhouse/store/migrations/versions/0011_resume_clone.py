@@ -1,8 +1,8 @@
 """resume and clone: how often a job was resumed, the job (and checkpoint step) it was cloned
 from, and the hold a clone waits in while its checkpoint is copied
 
-Revision ID: 0012
-Revises: 0013
+Revision ID: 0011
+Revises: 0010
 Create Date: 2026-12-01
 
 Every job before this was never resumed nor cloned, and is not held: 0, NULL, NULL, false.
@@ -11,8 +11,8 @@ Every job before this was never resumed nor cloned, and is not held: 0, NULL, NU
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0012"
-down_revision = "0013"
+revision = "0011"
+down_revision = "0010"
 branch_labels = None
 depends_on = None
 

@@ -1,15 +1,15 @@
 """model registry: models, their versions (the files a job saved with run.save_model) and aliases
 
-Revision ID: 0010
-Revises: 0012
+Revision ID: 0012
+Revises: 0011
 Create Date: 2026-12-01
 """
 
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0010"
-down_revision = "0012"
+revision = "0012"
+down_revision = "0011"
 branch_labels = None
 depends_on = None
 

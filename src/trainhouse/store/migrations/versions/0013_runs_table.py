@@ -1,7 +1,7 @@
 """runs table: projects, tags, notes, archived jobs, the hparams a run used, series summaries
 
-Revision ID: 0011
-Revises: 0010
+Revision ID: 0013
+Revises: 0012
 Create Date: 2026-12-01
 
 The upgrade fills ``job_hparams`` from each job's spec and ``metric_summaries`` from the
@@ -11,8 +11,8 @@ rollup's coarsest buckets and the points at each series' last step.
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0011"
-down_revision = "0010"
+revision = "0013"
+down_revision = "0012"
 branch_labels = None
 depends_on = None
 
