@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -38,6 +39,26 @@ def mlflow_env(server: Server, tmp: Path) -> dict[str, str]:
     }
 
 
+@pytest.fixture
+def client_threads() -> Iterator[None]:
+    """The threads the mlflow client leaves in its process, stopped as its exit would stop
+    them: its artifact repositories' thread pools and tqdm's monitor (the download's progress
+    bar)."""
+    yield
+    import gc
+    from concurrent.futures import ThreadPoolExecutor
+
+    from tqdm._monitor import TMonitor
+
+    for thread in threading.enumerate():
+        if isinstance(thread, TMonitor):
+            thread.exit()
+    for pool in [o for o in gc.get_objects() if isinstance(o, ThreadPoolExecutor)]:
+        if pool._thread_name_prefix.startswith("Mlflow"):
+            pool.shutdown(wait=True)
+
+
+@pytest.mark.usefixtures("client_threads")
 def test_the_mlflow_client_logs_a_tracked_run(server: Server, tmp_path: Path) -> None:
     """The fluent API (the MLflow example run on a laptop), MlflowClient.log_batch with
     non-finite values, and a 10 MB artifact round trip."""

@@ -19,6 +19,7 @@ from tests.support.records import new_job
 from tests.support.team import Team, make_team, refused
 from trainhouse._http import CLIENT_HEADERS
 from trainhouse.cli import options as cli_options
+from trainhouse.cli import render
 from trainhouse.cli.app import app as cli_app
 from trainhouse.client import Client
 from trainhouse.lifecycle import JobState
@@ -216,6 +217,8 @@ def test_client_frames_and_cli(api: TestClient, monkeypatch: pytest.MonkeyPatch)
     client.close()
 
     monkeypatch.setattr(cli_options, "client", lambda url=None: in_process(api))
+    # the console took its width once, from whichever test imported the CLI first
+    monkeypatch.setattr(render.console, "width", 250)
     runner = CliRunner()
     out = runner.invoke(
         cli_app,

@@ -89,12 +89,14 @@ class JobLink:
         return self._run
 
     def record_hparams(self, params: Mapping[str, Any]) -> dict[str, Scalar]:
-        """Add ``params`` (flattened) to ``run.hparams``; the job spec's own hparams win."""
+        """Add ``params`` (flattened) to ``run.hparams`` and report them to the server as
+        hparams the run uses (``run.set_hparams``: the runs table, ``show``, compare); the job
+        spec's own hparams win."""
         run = self.run
         flat = flat_hparams(params)
-        spec = run.hparams
-        for key, value in flat.items():
-            spec.setdefault(key, value)
+        added = {key: value for key, value in flat.items() if key not in run.hparams}
+        if added:
+            run.set_hparams(added)
         return flat
 
     def adopt(
