@@ -153,20 +153,17 @@ class Client:
         owner: str | None = None,
     ) -> dict[str, Any]:
         """Validate the spec, pack its workdir and submit; returns the new job."""
-        from trainhouse.spec import load_spec
-        from trainhouse.workdir import pack
-
-        spec_path = Path(spec_file)
-        spec = load_spec(spec_path, overrides)
-        workdir = (spec_path.parent / spec.workdir).resolve()
-        return self.submit_packed(spec, pack(workdir), owner=owner)
+        spec, packed = _load_and_pack(spec_file, overrides)
+        return self.submit_packed(spec, packed, owner=owner)
 
     def submit_packed(
-        self, spec: JobSpec, packed: PackedWorkdir, *, owner: str | None = None
+        self, spec: JobSpec, packed: PackedWorkdir, *, owner: str | None = None, to: str = "/jobs"
     ) -> dict[str, Any]:
+        """Submit a spec and its packed workdir (``to``: ``/jobs``, or ``/searches`` for a
+        spec with a ``search:`` block); returns what was made."""
         result: dict[str, Any] = self._json(
             "POST",
-            "/jobs",
+            to,
             data={
                 "spec": spec.model_dump_json(exclude={"workdir"}),
                 "owner": owner or current_user(),
@@ -184,22 +181,8 @@ class Client:
         owner: str | None = None,
     ) -> dict[str, Any]:
         """Submit a spec with a ``search:`` block; returns the new search."""
-        from trainhouse.spec import load_spec
-        from trainhouse.workdir import pack
-
-        spec_path = Path(spec_file)
-        spec = load_spec(spec_path, overrides)
-        workdir = (spec_path.parent / spec.workdir).resolve()
-        result: dict[str, Any] = self._json(
-            "POST",
-            "/searches",
-            data={
-                "spec": spec.model_dump_json(exclude={"workdir"}),
-                "owner": owner or current_user(),
-            },
-            files={"workdir": ("workdir.tar.gz", pack(workdir).data, "application/gzip")},
-        )
-        return result
+        spec, packed = _load_and_pack(spec_file, overrides)
+        return self.submit_packed(spec, packed, owner=owner, to="/searches")
 
     def searches(self, *, all: bool = False) -> list[dict[str, Any]]:
         result: list[dict[str, Any]] = self._json(
@@ -785,3 +768,15 @@ class Client:
 def _window(since: float | None, until: float | None, max_points: int | None) -> dict[str, Any]:
     given = {"since": since, "until": until, "max_points": max_points}
     return {k: v for k, v in given.items() if v is not None}
+
+
+def _load_and_pack(
+    spec_file: str | Path, overrides: list[str] | None
+) -> tuple[JobSpec, PackedWorkdir]:
+    """The spec file (with its overrides) validated, and its workdir packed."""
+    from trainhouse.spec import load_spec
+    from trainhouse.workdir import pack
+
+    spec_path = Path(spec_file)
+    spec = load_spec(spec_path, overrides)
+    return spec, pack((spec_path.parent / spec.workdir).resolve())
