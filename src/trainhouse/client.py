@@ -370,22 +370,15 @@ class Client:
                 algorithm = chosen.get("algorithm", "sha256") if not name else "sha256"
                 digest = new_hash(algorithm)
                 url = f"{self.url}/api/v1/jobs/{job_id}/checkpoints/{chosen['id']}/content"
-                with (
-                    self._http.stream("GET", url, params={"file": name}) as resp,
-                    target.open("wb") as out,
-                ):
-                    if resp.status_code != 200:
-                        resp.read()
-                        raise ClientError(
-                            f"downloading {name or chosen['path']} failed: {resp.text[:300]}",
-                            status=resp.status_code,
-                        )
-                    for chunk in resp.iter_bytes(1 << 20):
-                        out.write(chunk)
-                        digest.update(chunk)
-                        done += len(chunk)
-                        if progress is not None:
-                            progress(done, total)
+
+                def refused(resp: httpx.Response, shown: str = name or chosen["path"]) -> Exception:
+                    return ClientError(
+                        f"downloading {shown} failed: {resp.text[:300]}", status=resp.status_code
+                    )
+
+                done = self._stream_to(
+                    url, target, digest, done, total, progress, refused, params={"file": name}
+                )
                 entries.append((name, digest.hexdigest(), target.stat().st_size))
             actual = entries[0][1] if chosen["kind"] == "file" else tree_digest(entries)
             if actual != chosen["sha256"]:
@@ -403,6 +396,32 @@ class Client:
             _discard(tmp)
             raise
         return final
+
+    def _stream_to(
+        self,
+        url: str,
+        target: Path,
+        digest: Any,
+        done: int,
+        total: int,
+        progress: Callable[[int, int], None] | None,
+        refused: Callable[[httpx.Response], Exception],
+        *,
+        params: dict[str, str] | None = None,
+    ) -> int:
+        """Stream ``url`` into ``target``, feeding ``digest`` and ``progress(done, total)`` as
+        it goes; the bytes done after it. A non-200 answer raises ``refused(response)``."""
+        with self._http.stream("GET", url, params=params) as resp, target.open("wb") as out:
+            if resp.status_code != 200:
+                resp.read()
+                raise refused(resp)
+            for chunk in resp.iter_bytes(1 << 20):
+                out.write(chunk)
+                digest.update(chunk)
+                done += len(chunk)
+                if progress is not None:
+                    progress(done, total)
+        return done
 
     # -- models ----------------------------------------------------------------------------
     def models(self) -> list[dict[str, Any]]:
@@ -466,19 +485,15 @@ class Client:
                 file = str(entry["name"])
                 digest = hashlib.sha256()
                 url = f"{self.url}/api/v1/models/{name}/versions/{version['version']}/files/{file}"
-                with (
-                    self._http.stream("GET", url) as resp,
-                    (tmp / Path(file).name).open("wb") as out,
-                ):
-                    if resp.status_code != 200:
-                        resp.read()
-                        raise error_from(resp, self.url)
-                    for chunk in resp.iter_bytes(1 << 20):
-                        out.write(chunk)
-                        digest.update(chunk)
-                        done += len(chunk)
-                        if progress is not None:
-                            progress(done, total)
+                done = self._stream_to(
+                    url,
+                    tmp / Path(file).name,
+                    digest,
+                    done,
+                    total,
+                    progress,
+                    lambda resp: error_from(resp, self.url),
+                )
                 if digest.hexdigest() != entry["sha256"]:
                     raise ModelError(
                         f"the downloaded {file} of {name}@{version['version']} has sha256 "
