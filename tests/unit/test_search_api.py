@@ -13,8 +13,9 @@ from typing import Any
 from fastapi.testclient import TestClient
 from sqlalchemy import inspect
 
-from tests.support.api import app_client, error_of, services, submit, workdir
+from tests.support.api import app_client, error_of, page_request, services, submit, workdir
 from tests.support.fakes import FakeExecutor
+from tests.support.team import make_team, refused
 from trainhouse.lifecycle import StopReason
 from trainhouse.store import Store
 from trainhouse.tune.study import OPTUNA_SCHEMA, optuna_storage
@@ -205,3 +206,34 @@ def test_optuna_tables_stay_out_of_trainhouse_schema(store: Store, tmp_path: Pat
         assert (tmp_path / "trainhouse.optuna.db").exists()
     status = store.schema_status()
     assert status.revision == status.head
+
+
+def test_searches_follow_the_api_roles(tmp_path: Path) -> None:
+    """Another member's token neither reads nor cancels a search, a viewer submits none, and a
+    cross-site page cannot submit one; its owner and an admin can."""
+    for team in make_team(tmp_path):
+        assert team.api.put(
+            "/api/v1/quotas/alice", json={"max_cpus": 2}, headers=team.h("root")
+        ).is_success
+        form = {
+            "data": {"spec": SPEC, "owner": "someone-else"},
+            "files": {"workdir": ("w.tar.gz", team.archive, "application/gzip")},
+        }
+        made = team.post("alice", "/searches", **form)
+        assert made.status_code == 201, made.text
+        search = made.json()
+        assert search["owner"] == "alice"  # the token's user, not the name sent
+        assert "viewer" in refused(team.post("vera", "/searches", **form))
+        assert "belongs to another user" in refused(team.get("bob", f"/searches/{search['id']}"))
+        assert "may not change it" in refused(team.post("bob", f"/searches/{search['id']}/cancel"))
+        assert team.get("bob", "/searches", params={"all": "true"}).json()["searches"] == []
+        cross_site = page_request(
+            team.api,
+            "POST",
+            "/api/v1/searches",
+            headers={**team.h("alice"), "Origin": "http://evil.example"},
+            **form,
+        )
+        assert cross_site.status_code == 403, cross_site.text
+        assert len(team.get("root", "/searches", params={"all": "true"}).json()["searches"]) == 1
+        assert team.post("root", f"/searches/{search['id']}/cancel").status_code == 200
