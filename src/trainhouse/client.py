@@ -511,6 +511,80 @@ class Client:
             raise
         return final
 
+    # -- services --------------------------------------------------------------------------
+    def serve(
+        self,
+        ref: str,
+        *,
+        name: str | None = None,
+        replicas: int = 1,
+        gpus_per_replica: int = 0,
+        max_batch: int = 32,
+        max_wait_ms: float = 5.0,
+        priority: str = "normal",
+    ) -> dict[str, Any]:
+        """Start serving ``NAME@ALIAS`` (or ``NAME@VERSION``, ``NAME@latest``): a service whose
+        replicas a long-running job runs; it follows the alias when it moves."""
+        from trainhouse.modelfiles import parse_ref
+
+        model, which = parse_ref(ref)
+        body = {
+            "model": model,
+            "ref": str(which),
+            "name": name,
+            "replicas": replicas,
+            "gpus_per_replica": gpus_per_replica,
+            "max_batch": max_batch,
+            "max_wait_ms": max_wait_ms,
+            "priority": priority,
+            "owner": current_user(),
+        }
+        result: dict[str, Any] = self._json("POST", "/services", json=body)
+        return result
+
+    def services(self) -> list[dict[str, Any]]:
+        result: list[dict[str, Any]] = self._json("GET", "/services")["services"]
+        return result
+
+    def service(self, name: str) -> dict[str, Any]:
+        result: dict[str, Any] = self._json("GET", f"/services/{_seg(name)}")
+        return result
+
+    def stop_service(self, name: str) -> dict[str, Any]:
+        result: dict[str, Any] = self._json("POST", f"/services/{_seg(name)}/stop")
+        return result
+
+    def predict(self, service: str, inputs: Any) -> dict[str, Any]:
+        """``{"outputs": [...], "model": NAME, "version": V}`` for ``inputs`` (a list with one
+        entry per example, or ``{"input name": [...]}``)."""
+        result: dict[str, Any] = self._json(
+            "POST", f"/services/{_seg(service)}/predict", json={"inputs": inputs}
+        )
+        return result
+
+    def wait_service(
+        self, name: str, *, timeout: float = 300.0, poll: float = 0.5
+    ) -> dict[str, Any]:
+        """The service once every replica is ready; raises :class:`ClientError` when it fails
+        or stops first, or on ``timeout``."""
+        deadline = time.monotonic() + timeout
+        while True:
+            found = self.service(name)
+            if found["state"] == "ready":
+                return found
+            if found["state"] in ("failed", "stopped", "lost"):
+                raise ClientError(
+                    f"service {name} is {found['state']} (job {found['job_id']}: "
+                    f"{found['job_state']}); see trainhouse logs {found['job_id']}",
+                    code="service_failed",
+                )
+            if time.monotonic() > deadline:
+                raise ClientError(
+                    f"service {name} is still {found['state']} after {timeout:g} s",
+                    code="timeout",
+                )
+            time.sleep(poll)
+
     def log_ranks(self, job_id: int) -> dict[str, Any]:
         result: dict[str, Any] = self._json("GET", f"/jobs/{job_id}/logs/ranks")
         return result

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 __all__ = [
     "ArchiveError",
+    "BadReplica",
     "BodyTooLarge",
     "CheckpointError",
     "ClientError",
@@ -44,10 +45,12 @@ __all__ = [
     "NotFound",
     "RateLimited",
     "RayUnavailable",
+    "ReplicaFailed",
     "ResourceError",
     "ServerBusy",
     "ServerStartError",
     "ServerUnreachable",
+    "ServiceUnavailable",
     "SpecError",
     "StoreError",
     "TrainhouseError",
@@ -178,6 +181,27 @@ class CheckpointError(TrainhouseError):
 
 class ModelError(TrainhouseError):
     code = "model_error"
+    status = 422
+
+
+class ServiceUnavailable(TrainhouseError):
+    """A service that has no ready replica to answer (stopped, queued, starting)."""
+
+    code = "service_unavailable"
+    status = 503
+
+
+class ReplicaFailed(TrainhouseError):
+    """A replica that failed while answering a forwarded prediction."""
+
+    code = "replica_failed"
+    status = 502
+
+
+class BadReplica(TrainhouseError):
+    """What a replica reported of itself is refused (an address it may not claim)."""
+
+    code = "bad_replica"
     status = 422
 
 

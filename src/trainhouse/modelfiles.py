@@ -27,6 +27,7 @@ from typing import Any
 from trainhouse.errors import ModelError
 
 __all__ = [
+    "BATCH_HEADER",
     "KINDS",
     "LOADER",
     "MAX_MODEL_RECORD",
@@ -34,6 +35,7 @@ __all__ = [
     "NAME_RULE",
     "PROGRAM",
     "RECORD",
+    "REPLICA_KEY_HEADER",
     "ROOT",
     "WEIGHTS",
     "check_loader",
@@ -59,6 +61,10 @@ NAME_RULE = "1-64 letters, digits, '.', '_' or '-', starting with a letter or di
 LOADER = re.compile(r"^([A-Za-z0-9_][A-Za-z0-9_./-]{0,200}\.py):([A-Za-z_][A-Za-z0-9_]{0,100})$")
 _STEP_DIR = re.compile(r"^step-([0-9]{9,})$")
 CHUNK = 1 << 20
+#: what a service's replica wants on every prediction (the key it gave its server), and the
+#: header of its answer that says how many examples the batch it ran in had
+REPLICA_KEY_HEADER = "x-trainhouse-replica-key"
+BATCH_HEADER = "x-trainhouse-batch"
 
 
 def check_name(name: str, what: str = "a model name") -> str:

@@ -16,6 +16,7 @@ the spec, the server and the store load inside the commands that use them, so
 - :mod:`~trainhouse.cli.runs`: ``tag``, ``note``, ``archive``, ``delete``
 - :mod:`~trainhouse.cli.top`: ``top``
 - :mod:`~trainhouse.cli.models`: ``models list/show/register/alias/download/delete``
+- :mod:`~trainhouse.cli.serve`: ``serve NAME@ALIAS``, ``serve list/show/stop``
 - :mod:`~trainhouse.cli.admin`: ``admin init/user/token/quota/audit``
 - :mod:`~trainhouse.cli.db`: ``db upgrade/current``
 """
@@ -34,6 +35,7 @@ from trainhouse.cli import (
     queue,
     runs,
     search,
+    serve,
     server,
     session,
     spec,
@@ -55,3 +57,4 @@ app.add_typer(admin.app, name="admin")
 app.add_typer(db.app, name="db")
 app.add_typer(envs.app, name="envs")
 app.add_typer(search.app, name="search")
+app.add_typer(serve.app, name="serve")

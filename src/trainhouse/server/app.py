@@ -46,10 +46,12 @@ from trainhouse.server.routes import (
     report,
     runs,
     searches,
+    services,
     system,
     ui,
 )
 from trainhouse.server.schemas import NO_NUL
+from trainhouse.server.serving import ServingHub
 from trainhouse.server.settings import Settings
 from trainhouse.server.tensorboard import TensorBoardImport
 from trainhouse.store import BlobStore, Store
@@ -159,6 +161,7 @@ def build_services(settings: Settings, executor: Executor | None = None) -> Serv
             interval=max(settings.tick, 0.1),
         ),
         ModelFiles(store, checkpoints),
+        ServingHub(store, telemetry.registry),
         tensorboard=tensorboard,
     )
 
@@ -183,6 +186,7 @@ def create_app(settings: Settings, *, executor: Executor | None = None) -> FastA
             for service in reversed(started):
                 service.stop()
             svc.reports.stop()  # stores what is queued
+            await svc.serving.aclose()
             svc.store.close()
 
     app = FastAPI(
@@ -238,6 +242,7 @@ def create_app(settings: Settings, *, executor: Executor | None = None) -> FastA
     app.include_router(report.router, prefix="/api/v1")
     app.include_router(searches.router, prefix="/api/v1")
     app.include_router(models.router, prefix="/api/v1")
+    app.include_router(services.router, prefix="/api/v1")
     app.include_router(system.exposition)  # GET /metrics (Prometheus)
     app.include_router(ui.router)  # the dashboard: / and /static/...
     mlflow_app = create_mlflow_app()

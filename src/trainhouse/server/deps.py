@@ -17,6 +17,7 @@ from trainhouse.scheduler.loop import SchedulerLoop
 from trainhouse.server.checkpoints import Checkpoints
 from trainhouse.server.housekeeping import Housekeeper
 from trainhouse.server.models import ModelFiles
+from trainhouse.server.serving import ServingHub
 from trainhouse.server.settings import Settings
 from trainhouse.server.tensorboard import TensorBoardImport
 from trainhouse.service import Service
@@ -89,6 +90,7 @@ class Services:
     reports: ReportWriter  # metric reports, stored in group commits
     tune: SearchService  # hyperparameter searches (trainhouse.tune)
     models: ModelFiles  # the model registry's files: registration, downloads
+    serving: ServingHub  # services' replicas and the predictions forwarded to them
     streams: StreamSlots = field(default_factory=StreamSlots)  # open log streams
     tensorboard: TensorBoardImport | None = None  # event files imported as metrics
 

@@ -26,6 +26,8 @@ from trainhouse.errors import BodyTooLarge
 MiB = 1024 * 1024
 #: metric reports (``POST /api/v1/jobs/{id}/report``): up to 200,000 points per batch
 REPORT_LIMIT = 64 * MiB
+#: a prediction forwarded to a service's replica (``POST /api/v1/services/{name}/predict``)
+PREDICT_LIMIT = 8 * MiB
 #: everything not listed per route: forms, JSON bodies, cancel, priority, ...
 DEFAULT_LIMIT = 1 * MiB
 
@@ -148,6 +150,7 @@ def route_limits(max_upload_bytes: int, artifact_bytes: int = MiB) -> list[tuple
         ("POST", r"/api/v1/jobs/?", upload),
         ("POST", r"/api/v1/jobs/dry-run/?", upload),
         ("POST", r"/api/v1/jobs/[^/]+/report/?", REPORT_LIMIT),
+        ("POST", r"/api/v1/services/[^/]+/predict/?", PREDICT_LIMIT),
         ("PUT", r"/mlflow(/jobs/[^/]+)?/api/2\.0/mlflow-artifacts/artifacts/.*", artifact_bytes),
     ]
 

@@ -36,6 +36,7 @@ import argparse
 import asyncio
 import concurrent.futures
 import contextlib
+import hmac
 import json
 import socket
 import sys
@@ -45,7 +46,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from trainhouse.modelfiles import RECORD
+from trainhouse.modelfiles import BATCH_HEADER, RECORD, REPLICA_KEY_HEADER
 from trainhouse.serving.inputs import BadInput, parse_inputs
 
 if TYPE_CHECKING:
@@ -68,6 +69,7 @@ class Loaded:
     signature: dict[str, Any]
     name: str
     version: int
+    device: str = "cpu"  # where the module's weights are; inputs go there, outputs come back
 
 
 def loader_function(workdir: Path, loader: str) -> Any:
@@ -99,9 +101,11 @@ def loader_function(workdir: Path, loader: str) -> Any:
     return found
 
 
-def load(directory: Path, *, version: int = 1, workdir: Path | None = None) -> Loaded:
-    """The model saved in ``directory`` (files checked), in eval mode. A model saved with a
-    loader needs ``workdir``, the job's code where the loader lives."""
+def load(
+    directory: Path, *, version: int = 1, workdir: Path | None = None, device: str = "cpu"
+) -> Loaded:
+    """The model saved in ``directory`` (files checked), in eval mode, on ``device``. A model
+    saved with a loader needs ``workdir``, the job's code where the loader lives."""
     from trainhouse.errors import ModelError
     from trainhouse.sdk import load_model
 
@@ -117,14 +121,16 @@ def load(directory: Path, *, version: int = 1, workdir: Path | None = None) -> L
     module = load_model(Path(directory), loader=function)
     with contextlib.suppress(Exception):
         module.eval()
-    return Loaded(module, dict(record["signature"]), str(record["name"]), version)
+    if device != "cpu":
+        module = module.to(device)
+    return Loaded(module, dict(record["signature"]), str(record["name"]), version, device)
 
 
 @dataclass
 class _Pending:
     inputs: list[torch.Tensor]
     rows: int
-    future: asyncio.Future[tuple[list[Any], Loaded]]
+    future: asyncio.Future[tuple[Any, Loaded, int]]
 
 
 class ReplicaMetrics:
@@ -210,11 +216,10 @@ class Batcher:
                 await self._task
         self._pool.shutdown(wait=False)
 
-    async def predict(self, inputs: list[torch.Tensor]) -> tuple[list[Any], Loaded]:
-        """This request's outputs (one entry per example) and the model that made them."""
-        future: asyncio.Future[tuple[list[Any], Loaded]] = (
-            asyncio.get_running_loop().create_future()
-        )
+    async def predict(self, inputs: list[torch.Tensor]) -> tuple[Any, Loaded, int]:
+        """This request's outputs (one entry per example), the model that made them and the
+        number of examples in the batch they ran in."""
+        future: asyncio.Future[tuple[Any, Loaded, int]] = asyncio.get_running_loop().create_future()
         await self._queue.put(_Pending(inputs, int(inputs[0].shape[0]), future))
         return await future
 
@@ -260,7 +265,7 @@ class Batcher:
             self.metrics.batch_size.labels(self.metrics.model).observe(rows)
             for item, out in zip(batch, outputs, strict=True):
                 if not item.future.done():
-                    item.future.set_result((out, model))
+                    item.future.set_result((out, model, rows))
 
 
 def _forward(model: Loaded, batch: list[_Pending]) -> list[Any]:
@@ -269,9 +274,11 @@ def _forward(model: Loaded, batch: list[_Pending]) -> list[Any]:
 
     count = len(batch[0].inputs)
     merged = [torch.cat([item.inputs[i] for item in batch]) for i in range(count)]
+    if model.device != "cpu":
+        merged = [m.to(model.device) for m in merged]
     with torch.no_grad():
         out = model.module(*merged)
-    outs = list(out) if isinstance(out, tuple | list) else [out]
+    outs = [o.cpu() for o in (out if isinstance(out, tuple | list) else [out])]
     answers: list[Any] = []
     start = 0
     for item in batch:
@@ -306,8 +313,11 @@ def build_app(
     max_wait_ms: float = 5.0,
     max_body: int = MAX_BODY,
     max_examples: int = MAX_EXAMPLES,
+    key: str | None = None,
 ) -> tuple[Starlette, Batcher]:
-    """The replica's ASGI app and its batcher (started and stopped with the app)."""
+    """The replica's ASGI app and its batcher (started and stopped with the app). With ``key``,
+    a prediction without it in the ``x-trainhouse-replica-key`` header is refused (403): a
+    service's replica answers its server only."""
     from prometheus_client import CONTENT_TYPE_LATEST
     from starlette.applications import Starlette
     from starlette.responses import JSONResponse, Response
@@ -316,6 +326,10 @@ def build_app(
     batcher = Batcher(model, max_batch=max_batch, max_wait=max_wait_ms / 1000)
 
     async def predict(request: Request) -> JSONResponse:
+        if key is not None and not hmac.compare_digest(
+            request.headers.get(REPLICA_KEY_HEADER, "").encode(), key.encode()
+        ):
+            return _error(403, "forbidden", "this replica answers its trainhouse server only")
         batcher.stats.requests += 1
         arrived = time.perf_counter()
         try:
@@ -330,13 +344,16 @@ def build_app(
             batcher.metrics.answered("bad_input", time.perf_counter() - arrived)
             return _error(exc.status, "bad_input", str(exc))
         try:
-            outputs, used = await batcher.predict(inputs)
+            outputs, used, rows = await batcher.predict(inputs)
         except Exception as exc:
             batcher.stats.errors += 1
             batcher.metrics.answered("error", time.perf_counter() - arrived)
             return _error(500, "model_error", f"the model failed: {type(exc).__name__}: {exc}")
         batcher.metrics.answered("ok", time.perf_counter() - arrived)
-        return JSONResponse({"outputs": outputs, "model": used.name, "version": used.version})
+        return JSONResponse(
+            {"outputs": outputs, "model": used.name, "version": used.version},
+            headers={BATCH_HEADER: str(rows)},
+        )
 
     async def metrics(_request: Request) -> Response:
         return Response(batcher.metrics.exposition(), media_type=CONTENT_TYPE_LATEST)

@@ -16,6 +16,7 @@ from trainhouse.store.records import (
     Model,
     ModelVersion,
     Search,
+    ServiceRecord,
     Trial,
     UserLimits,
 )
@@ -32,6 +33,7 @@ __all__ = [
     "ModelVersion",
     "SchemaStatus",
     "Search",
+    "ServiceRecord",
     "Store",
     "Trial",
     "UserLimits",

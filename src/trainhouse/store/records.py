@@ -224,3 +224,23 @@ class Model:
     versions: int  # how many versions it has now
     latest: int | None  # the newest version's number
     aliases: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ServiceRecord:
+    """A served model: what it follows, how it is served, and the job running its replicas."""
+
+    id: int
+    name: str
+    owner: str
+    model: str
+    ref: str  # an alias, "latest", or a version number (as text)
+    replicas: int
+    gpus_per_replica: int
+    max_batch: int
+    max_wait_ms: float
+    priority: str
+    stopped: bool
+    job_id: int | None
+    created_at: float
+    updated_at: float

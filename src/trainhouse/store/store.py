@@ -15,6 +15,7 @@ concern, each owning its tables:
 ``store.searches``        hyperparameter searches and their trials (:mod:`.searches`)
 ``store.models``          the model registry: models, versions, aliases (:mod:`.models`)
 ``store.runs``            the runs table: columns, filters, tags, notes, deletion (:mod:`.runs`)
+``store.services``        served models and the jobs that run their replicas (:mod:`.services`)
 ========================  ======================================================================
 
 Repositories hand out plain records (:mod:`.records`), never SQLAlchemy objects.
@@ -31,6 +32,7 @@ from trainhouse.store.models import ModelRepo
 from trainhouse.store.quotas import QuotaRepo
 from trainhouse.store.runs import RunsRepo
 from trainhouse.store.searches import SearchRepo
+from trainhouse.store.services import ServiceRepo
 from trainhouse.store.system import SystemMetrics
 from trainhouse.store.tracking import TrackingRepo
 
@@ -52,3 +54,4 @@ class Store(Database):
         self.searches = SearchRepo(self)
         self.models = ModelRepo(self)
         self.runs = RunsRepo(self)
+        self.services = ServiceRepo(self)

@@ -477,3 +477,25 @@ model_aliases = Table(
     Column("updated_at", Float, nullable=False),
     PrimaryKeyConstraint("model_id", "alias"),
 )
+
+# services (0014): a model version served by a long-running job of replicas; ``ref`` is what
+# the service follows (an alias, "latest", or a version number), resolved while it runs
+services = Table(
+    "services",
+    metadata,
+    Column("id", _Id, primary_key=True, autoincrement=True),
+    Column("name", String(64), nullable=False, unique=True),
+    Column("owner", String(128), nullable=False),
+    Column("model", String(64), nullable=False),
+    Column("ref", String(64), nullable=False),
+    Column("replicas", Integer, nullable=False),
+    Column("gpus_per_replica", Integer, nullable=False),
+    Column("max_batch", Integer, nullable=False),
+    Column("max_wait_ms", Float, nullable=False),
+    Column("priority", String(16), nullable=False),
+    Column("stopped", Boolean, nullable=False),
+    # the job that runs its replicas now; a stopped or ended service keeps its last one
+    Column("job_id", _Id, ForeignKey("jobs.id", ondelete="SET NULL")),
+    Column("created_at", Float, nullable=False),
+    Column("updated_at", Float, nullable=False),
+)

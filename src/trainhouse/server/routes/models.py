@@ -13,7 +13,7 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Path, Request
 from fastapi.responses import StreamingResponse
 
-from trainhouse.errors import Forbidden
+from trainhouse.errors import Forbidden, StoreError
 from trainhouse.server.auth import Principal, audit, reporting_job, signed_in, writer
 from trainhouse.server.deps import Services, services
 from trainhouse.server.schemas import (
@@ -133,7 +133,14 @@ def delete_version(
     p: Principal = Depends(writer),
     svc: Services = Depends(services),
 ) -> ModelVersionOut:
-    """Forget a version and delete its files; refused (409) while an alias names it."""
+    """Forget a version and delete its files; refused (409) while an alias names it or a
+    service uses it."""
+    users = svc.serving.users_of(name, version)
+    if users:
+        raise StoreError(
+            f"{name}@{version} is served by {', '.join(users)}: stop the service first "
+            "(trainhouse serve stop NAME) or move it to another version"
+        )
     gone = svc.models.delete(name, version)
     audit(svc, request, p, "model.delete", f"{name}@{version}")
     return version_out(gone)
