@@ -60,6 +60,9 @@ SINGLE_BACKEND = {
     "test_runs.py": "a rank's SDK reporting its hparams and the CLI are under test; the store's "
     "side (series summaries, filters and sorts, hparams rows) runs on both backends in "
     "tests/unit/test_runs_store.py",
+    "test_services.py": "a served model's replicas (real torch processes) and the server's "
+    "forwarding are under test, one server for the module; the services table's store side "
+    "runs on both backends in tests/unit/test_services_api.py",
     "test_isolation.py": "the processes and files of a server are under test, not its store: "
     "the secret's test picks its own PostgreSQL database, and the SQLite file is among the "
     "files whose modes are checked",

@@ -26,11 +26,25 @@ def _shape_text(shape: list[Any]) -> str:
     return "[" + ", ".join("batch" if d is None else str(d) for d in shape) + "]"
 
 
+def _has_bool(value: list[Any]) -> bool:
+    """Whether nested lists hold a JSON true or false (torch would take them as 1 and 0)."""
+    stack: list[Any] = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, list):
+            stack.extend(item)
+        elif isinstance(item, bool):
+            return True
+    return False
+
+
 def _tensor(name: str, value: Any, spec: dict[str, Any]) -> torch.Tensor:
     import torch
 
     if not isinstance(value, list) or not value:
         raise BadInput(f"{name} must be a non-empty list with one entry per example")
+    if str(spec["dtype"]) != "bool" and _has_bool(value):
+        raise BadInput(f"{name} holds true/false values; the model takes {spec['dtype']} numbers")
     try:
         raw = torch.tensor(value, dtype=torch.float64)
     except (TypeError, ValueError, RuntimeError, OverflowError) as exc:
