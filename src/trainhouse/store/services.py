@@ -88,7 +88,7 @@ class ServiceRepo:
         archive_sha256: str,
     ) -> ServiceRecord:
         """A service and the QUEUED job of its replicas, in one transaction. A name in use by
-        a service that still runs is refused (409); a stopped or ended one's row is reused."""
+        a service whose job has not ended is refused (409); an ended one's row is reused."""
         now = time.time()
         values: dict[str, Any] = {
             "owner": owner,
@@ -109,7 +109,12 @@ class ServiceRepo:
                 .where(t.services.c.name == name)
                 .with_for_update(of=t.services)
             ).first()
-            if old is not None and not old[1] and old[2] is not None and old[2] not in TERMINAL:
+            if old is not None and old[2] is not None and old[2] not in TERMINAL:
+                if old[1]:
+                    raise StoreError(
+                        f"service {name!r} is stopping: its job {old[3]} has not ended yet; "
+                        "start it again once it has"
+                    )
                 raise StoreError(
                     f"service {name!r} is running (job {old[3]}): stop it first "
                     f"(trainhouse serve stop {name}) or choose another --name"

@@ -1,0 +1,332 @@
+"""Services through the real app in process: the services table on both backends; starting,
+showing and stopping a service (its job placed like any job, refused when it could never
+run); a replica's calls with its job's credential (what it may claim as its address, what it
+is told to serve); predictions forwarded to a real replica (the app of
+``trainhouse.serving.replica`` on a real socket) with its key; the roles of the API."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import torch
+import uvicorn
+from fastapi.testclient import TestClient
+
+from tests.support.api import app_client, error_of, services, submit, wait_state, workdir
+from tests.support.records import new_job
+from tests.support.team import make_team, refused
+from trainhouse.errors import NotFound, StoreError
+from trainhouse.lifecycle import JobState
+from trainhouse.sdk._model import write_model
+from trainhouse.serving.replica import build_app, load
+from trainhouse.spec import JobSpec
+from trainhouse.storage import open_storage
+from trainhouse.store import Store
+from trainhouse.tokens import hash_token
+
+JOB_TOKEN = "replica-credential"
+
+
+def _spec(name: str = "serve-x") -> JobSpec:
+    return JobSpec.model_validate({"name": name, "entrypoint": "python -m x"})
+
+
+def _create(store: Store, name: str = "digits-svc", **kw: Any) -> Any:
+    values: dict[str, Any] = {
+        "owner": "alice",
+        "model": "digits",
+        "ref": "prod",
+        "replicas": 2,
+        "gpus_per_replica": 0,
+        "max_batch": 32,
+        "max_wait_ms": 5.0,
+        "priority": "normal",
+        "spec": _spec(),
+        "archive_sha256": "0" * 64,
+    }
+    return store.services.create(name=name, **{**values, **kw})
+
+
+def test_a_service_and_its_job_are_made_together_and_a_name_is_reused_once_it_ends(
+    store: Store,
+) -> None:
+    first = _create(store)
+    job = store.jobs.get(first.job_id)
+    assert (job.state, job.name, job.owner) == (JobState.QUEUED, "serve-x", "alice")
+    assert store.services.of_job(job.id) == first
+    assert [s.name for s in store.services.list()] == ["digits-svc"]
+    with pytest.raises(StoreError, match="is running"):
+        _create(store, ref="latest")
+    assert len(store.jobs.list()) == 1  # the refused one left no job behind
+    store.services.set_stopped("digits-svc")
+    with pytest.raises(StoreError, match="is stopping"):  # stopped, but its job has not ended
+        _create(store)
+    store.jobs.transition(job.id, JobState.CANCELED, reason="canceled")
+    again = _create(store, ref="3", replicas=1)
+    assert (again.id, again.ref, again.replicas, again.stopped) == (first.id, "3", 1, False)
+    assert again.job_id != first.job_id and store.services.of_job(first.job_id) is None
+    with pytest.raises(NotFound):
+        store.services.get("nothing")
+    assert store.services.of_job(new_job(store)) is None
+
+
+class Net(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = torch.nn.Linear(4, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.body(x)
+
+
+@pytest.fixture(autouse=True)
+def inductor_cache(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+
+
+@pytest.fixture
+def served(tmp_path: Path) -> Iterator[tuple[TestClient, Path]]:
+    """The app (jobs stay running) with ``tiny@1`` registered and aliased ``prod``; the saved
+    model's directory."""
+    with app_client(tmp_path, exit_code=None, cpus=4) as api:
+        made = submit(api, "entrypoint: python train.py\n", workdir(tmp_path)).json()
+        wait_state(api, made["id"], {"RUNNING"})
+        store = services(api).store
+        store.jobs.update(made["id"], token_hash=hash_token("maker"))
+        ckpt = Path(api.get(f"/api/v1/jobs/{made['id']}/checkpoints").json()["directory"])
+        torch.manual_seed(0)
+        record = write_model(
+            open_storage(ckpt),
+            "tiny",
+            Net(),
+            example_inputs=(torch.randn(2, 4),),
+            metrics=None,
+            loader=None,
+            step=1,
+            attempt=1,
+            job_id=made["id"],
+        )
+        resp = api.post(
+            f"/api/v1/jobs/{made['id']}/models",
+            json={"name": "tiny", "path": record["path"]},
+            headers={"Authorization": "Bearer maker"},
+        )
+        assert resp.status_code == 201, resp.text
+        assert api.put("/api/v1/models/tiny/aliases/prod", json={"version": 1}).is_success
+        yield api, ckpt / record["path"]
+
+
+def start(api: TestClient, **body: Any) -> Any:
+    return api.post("/api/v1/services", json={"model": "tiny", "ref": "prod", **body})
+
+
+def credential(api: TestClient, service: dict[str, Any]) -> dict[str, str]:
+    wait_state(api, service["job_id"], {"RUNNING"})
+    services(api).store.jobs.update(service["job_id"], token_hash=hash_token(JOB_TOKEN))
+    return {"Authorization": f"Bearer {JOB_TOKEN}"}
+
+
+def call(api: TestClient, service: dict[str, Any], **body: Any) -> Any:
+    payload = {"rank": 0, "url": "http://127.0.0.1:5999", "key": "k" * 24, "state": "ready"}
+    return api.post(
+        f"/api/v1/jobs/{service['job_id']}/replicas",
+        json={**payload, **body},
+        headers=credential(api, service),
+    )
+
+
+def test_a_service_is_a_job_of_replicas_placed_like_any_job(
+    served: tuple[TestClient, Path],
+) -> None:
+    api, _ = served
+    made = start(api, name="svc", replicas=2, max_batch=8)
+    assert made.status_code == 201, made.text
+    svc = made.json()
+    assert (svc["name"], svc["target_version"], svc["replicas"]) == ("svc", 1, 2)
+    assert svc["state"] in ("queued", "starting")
+    job = api.get(f"/api/v1/jobs/{svc['job_id']}").json()
+    assert job["spec"]["entrypoint"] == "python -m trainhouse.serving.follow"
+    assert job["spec"]["resources"]["procs_per_node"] == 2
+    assert (job["project"], job["tags"]) == ("services", ["service"])
+
+    again = start(api, name="svc")
+    assert again.status_code == 409 and "stop it first" in error_of(again)["message"]
+    assert start(api, ref="nope").status_code == 404
+    assert "no alias 'nope'" in error_of(start(api, ref="nope"))["message"]
+    assert start(api, model="other").status_code == 404
+    never = start(api, name="huge", replicas=64)
+    assert never.status_code == 422 and "can never run" in error_of(never)["message"]
+    assert start(api, name="gpu", gpus_per_replica=2).status_code == 422
+
+    stopped = api.post("/api/v1/services/svc/stop")
+    assert stopped.status_code == 200 and stopped.json()["state"] == "stopping"
+    fake = services(api).scheduler.executor
+    deadline = time.monotonic() + 30
+    while (svc["job_id"], "cancel") not in [(j, str(r)) for j, r in fake.stops]:
+        assert time.monotonic() < deadline, fake.stops
+        time.sleep(0.05)
+    again = start(api, name="svc")
+    assert again.status_code == 409 and "is stopping" in error_of(again)["message"]
+    fake.end(svc["job_id"], -15)  # its replicas end on SIGTERM
+    ended = wait_state(api, svc["job_id"], {"CANCELED"})
+    assert ended["state"] == "CANCELED"
+    assert api.get("/api/v1/services/svc").json()["state"] == "stopped"
+    assert api.post("/api/v1/services/nothing/stop").status_code == 404
+
+
+@pytest.mark.parametrize(
+    ("url", "says"),
+    [
+        ("http://10.0.0.7:8000", "loopback"),
+        ("http://169.254.169.254:8080", "loopback"),
+        ("http://127.0.0.1:80", "above 1023"),
+        ("https://127.0.0.1:8000", "http://HOST:PORT"),
+        ("http://127.0.0.1:8000/admin", "http://HOST:PORT"),
+        ("http://user:pw@127.0.0.1:8000", "nothing but"),
+        ("http://127.0.0.1:99999", "http://HOST:PORT"),
+    ],
+)
+def test_a_replica_may_claim_only_a_loopback_or_node_address(
+    served: tuple[TestClient, Path], url: str, says: str
+) -> None:
+    api, _ = served
+    svc = start(api).json()
+    resp = call(api, svc, url=url)
+    assert resp.status_code == 422 and says in error_of(resp)["message"], resp.text
+    assert api.get("/api/v1/services/tiny").json()["replica_list"] == []
+
+
+def test_a_replica_learns_what_to_serve_and_a_version_it_serves_is_kept(
+    served: tuple[TestClient, Path],
+) -> None:
+    api, _ = served
+    svc = start(api).json()
+    target = call(api, svc, state="loading").json()
+    assert (target["model"], target["version"], target["kind"]) == ("tiny", 1, "export")
+    assert {f["name"] for f in target["files"]} >= {"model.json", "weights.safetensors"}
+    wrong = api.post(
+        f"/api/v1/jobs/{svc['job_id']}/replicas",
+        json={"rank": 0, "url": "http://127.0.0.1:5999", "key": "k" * 24, "state": "ready"},
+        headers={"Authorization": "Bearer not-it"},
+    )
+    assert wrong.status_code == 401
+    people = api.post(
+        f"/api/v1/jobs/{svc['job_id']}/replicas",
+        json={"rank": 0, "url": "http://127.0.0.1:5999", "key": "k" * 24, "state": "ready"},
+    )
+    assert people.status_code == 401  # a person's call (no credential) is no replica's
+    # the files and the code of the version come with the credential
+    files = api.get(
+        f"/api/v1/jobs/{svc['job_id']}/replicas/versions/1/files/model.json",
+        headers=credential(api, svc),
+    )
+    assert files.status_code == 200 and files.json()["name"] == "tiny"
+    code = api.get(
+        f"/api/v1/jobs/{svc['job_id']}/replicas/versions/1/code", headers=credential(api, svc)
+    )
+    assert code.status_code == 200 and code.content[:2] == b"\x1f\x8b"
+
+    call(api, svc, version=1, state="ready")
+    shown = api.get("/api/v1/services/tiny").json()
+    assert (shown["state"], shown["version"], shown["ready_replicas"]) == ("ready", 1, 1)
+    assert api.put("/api/v1/models/tiny/aliases/prod", json={"version": 1}).is_success
+    api.delete("/api/v1/models/tiny/aliases/prod")
+    kept = api.delete("/api/v1/models/tiny/versions/1")
+    assert kept.status_code == 409 and "served by tiny" in error_of(kept)["message"]
+    # the alias gone, a replica is told there is nothing to move to and keeps serving
+    target = call(api, svc, version=1, state="ready").json()
+    assert target["version"] is None and "no alias 'prod'" in target["problem"]
+    # nothing listens at the claimed address: the prediction is refused, not hung
+    lost = api.post("/api/v1/services/tiny/predict", json={"inputs": [[0, 0, 0, 0]]})
+    assert lost.status_code == 503 and "no ready replica" in error_of(lost)["message"]
+
+
+@pytest.fixture
+def replica(served: tuple[TestClient, Path]) -> Iterator[tuple[str, str]]:
+    """The real replica app on a real socket, wanting a key: (its url, the key)."""
+    _, directory = served
+    key = "a-replica-key-of-24-chars"
+    app, _ = build_app(load(directory), max_batch=8, max_wait_ms=2, key=key)
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    try:
+        while not server.started:
+            time.sleep(0.02)
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}", key
+    finally:
+        server.should_exit = True
+        thread.join(30)
+        sock.close()
+
+
+def test_predictions_go_to_a_replica_with_its_key(
+    served: tuple[TestClient, Path], replica: tuple[str, str]
+) -> None:
+    api, directory = served
+    url, key = replica
+    svc = start(api).json()
+    assert call(api, svc, url=url, key=key, version=1).status_code == 200
+    model = load(directory).module
+    x = torch.randn(3, 4)
+    resp = api.post("/api/v1/services/tiny/predict", json={"inputs": x.tolist()})
+    assert resp.status_code == 200, resp.text
+    body = resp.json()
+    assert (body["model"], body["version"]) == ("tiny", 1)
+    with torch.no_grad():
+        assert torch.allclose(torch.tensor(body["outputs"]), model(x), atol=1e-6)
+    bad = api.post("/api/v1/services/tiny/predict", json={"inputs": [[1, 2]]})
+    assert bad.status_code == 422 and "shape" in error_of(bad)["message"]
+    # the replica answers its server only: without the key it refuses
+    direct = httpx.post(f"{url}/predict", json={"inputs": x.tolist()})
+    assert direct.status_code == 403
+    shown = api.get("/api/v1/services/tiny").json()
+    assert shown["stats"]["requests_total"] == 2 and shown["stats"]["errors_total"] == 0
+    assert shown["stats"]["mean_batch"] == 3
+    metrics = api.get("/metrics").text
+    assert 'trainhouse_service_requests_total{outcome="bad_input",service="tiny"} 1.0' in metrics
+    assert 'trainhouse_service_batch_size_sum{service="tiny"} 3.0' in metrics
+
+
+def test_services_follow_the_api_roles(tmp_path: Path) -> None:
+    """A viewer lists services but starts and stops none; a member stops only their own."""
+    for team in make_team(tmp_path):
+        store = team.svc.store
+        store.models.add_version(
+            "tiny",
+            owner="alice",
+            job_id=new_job(store, owner="alice"),
+            attempt=1,
+            step=1,
+            path="models/tiny/step-000000001",
+            kind="export",
+            files=[{"name": "model.json", "size": 1, "sha256": "0" * 64}],
+            metrics={},
+            signature={"inputs": [], "outputs": []},
+            record={},
+        )
+        for user in ("alice", "bob"):
+            resp = team.api.put(
+                f"/api/v1/quotas/{user}", json={"max_cpus": 4}, headers=team.h("root")
+            )
+            assert resp.status_code == 200
+        body = {"model": "tiny", "ref": "1", "owner": "someone-else"}
+        assert "viewer" in refused(team.post("vera", "/services", json=body))
+        made = team.post("alice", "/services", json=body)
+        assert made.status_code == 201, made.text
+        assert made.json()["owner"] == "alice"
+        assert [s["name"] for s in team.get("vera", "/services").json()["services"]] == ["tiny"]
+        assert "may not stop it" in refused(team.post("bob", "/services/tiny/stop"))
+        assert "viewer" in refused(team.post("vera", "/services/tiny/stop"))
+        gone = team.post("vera", "/services/tiny/predict", json={"inputs": [[1]]})
+        assert gone.status_code == 503  # a viewer may predict; no replica is there yet
+        assert team.post("root", "/services/tiny/stop").status_code == 200
