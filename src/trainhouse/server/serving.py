@@ -268,7 +268,9 @@ class ServingHub:
     def describe(self, service: ServiceRecord, job: Job | None) -> dict[str, Any]:
         """A service as ``serve show`` and the Services page show it."""
         now = time.time()
-        mine = job.id if job is not None else None
+        # an ended job has no replica: the calls its replicas made before they stopped (one
+        # may come after the stop forgot them) are not shown, nor counted ready
+        mine = job.id if job is not None and job.state not in TERMINAL else None
         replicas = [r for r in self.replicas(service.name) if r.job_id == mine]
         ready = [r for r in replicas if r.state == "ready" and r.fresh(now)]
         versions = sorted({r.version for r in ready if r.version is not None})

@@ -51,6 +51,7 @@ STATIC_FILES = (
     "cluster.js",
     "search.js",
     "models.js",
+    "services.js",
     "style.css",
     "favicon.svg",
 )

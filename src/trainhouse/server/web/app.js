@@ -1,6 +1,6 @@
 // trainhouse dashboard: one page, hash routes, plain DOM, polling the REST API under /api/v1.
 // Routes: #/jobs  #/jobs/<id>  #/compare?ids=1,2  #/queue  #/nodes  #/searches  #/searches/<id>
-//         #/models  #/models/<name>
+//         #/models  #/models/<name>[?version=N]  #/services  #/services/<name>
 // Plain ES modules, no build step. Charts are plotly.js (window.Plotly, served from the
 // installed `plotly` wheel); a chart's element keeps what it plots as plotly does:
 // el.data[i].x / el.data[i].y, raw series first.
@@ -11,6 +11,7 @@ import { jobPage } from "./job.js";
 import { jobsPage } from "./jobs.js";
 import { searchPage, searchesPage } from "./search.js";
 import { modelPage, modelsPage } from "./models.js";
+import { servicePage, servicesPage } from "./services.js";
 
 const ROUTES = [
   [/^\/jobs\/(\d+)$/, "jobs", (view, m) => jobPage(view, Number(m[1]))],
@@ -21,7 +22,9 @@ const ROUTES = [
   [/^\/searches\/(\d+)$/, "searches", (view, m) => searchPage(view, Number(m[1]))],
   [/^\/searches$/, "searches", (view) => searchesPage(view)],
   [/^\/models$/, "models", (view) => modelsPage(view)],
-  [/^\/models\/([A-Za-z0-9._-]+)$/, "models", (view, m) => modelPage(view, m[1])],
+  [/^\/models\/([A-Za-z0-9._-]+)$/, "models", (view, m, q) => modelPage(view, m[1], q.get("version"))],
+  [/^\/services$/, "services", (view) => servicesPage(view)],
+  [/^\/services\/([A-Za-z0-9._-]+)$/, "services", (view, m) => servicePage(view, m[1])],
 ];
 
 let current = null;

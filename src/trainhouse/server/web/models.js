@@ -1,5 +1,6 @@
 // The model registry: #/models (every model) and #/models/<name> (its versions: aliases, the
-// job that made each one, its step, metrics, files and signature).
+// job that made each one, its step, metrics, files and signature, the services that serve it;
+// ?version=N marks that version's row).
 import { POLL_MS, api, fmtBytes, fmtNum, h, timeCell } from "./core.js";
 
 const head = (cols) => h("thead", {}, h("tr", {}, cols.map((c) => h("th", {}, c))));
@@ -45,15 +46,26 @@ export function modelsPage(view) {
       head(["Name", "Versions", "Latest", "Aliases", "Owner", "Created"]), rows))));
 }
 
-export function modelPage(view, name) {
+/** The services of `model` that answer with `version` now (or will: starting on it). */
+function servedBy(services, model, version) {
+  const found = services.filter((s) => s.model === model && (s.versions.includes(version) ||
+    (!s.versions.length && s.target_version === version && (s.state === "queued" || s.state === "starting"))));
+  if (!found.length) return "—";
+  return found.flatMap((s, i) => [i ? ", " : null, h("a", { href: `#/services/${encodeURIComponent(s.name)}`,
+    testid: "version-service", title: s.state }, s.name), s.versions.includes(version) ? null : " (starting)"]);
+}
+
+export function modelPage(view, name, selected) {
   const rows = h("tbody", { testid: "version-rows" });
   const title = h("h1", {}, name);
   const owner = h("span", { class: "muted", testid: "model-owner" });
+  let scrolled = false;
   view.poll(async () => {
-    const data = await api(`/models/${encodeURIComponent(name)}`);
+    const [data, { services }] = await Promise.all([api(`/models/${encodeURIComponent(name)}`), api("/services")]);
     document.title = `${name} · trainhouse`;
     owner.textContent = `owner ${data.model.owner} · aliases ${aliasText(data.model.aliases)}`;
-    rows.replaceChildren(...[...data.versions].reverse().map((v) => h("tr", { testid: "version-row", "data-version": v.version },
+    rows.replaceChildren(...[...data.versions].reverse().map((v) => h("tr", { testid: "version-row", "data-version": v.version,
+      class: String(v.version) === selected ? "selected" : null },
       h("td", { class: "num" }, String(v.version)),
       h("td", { testid: "version-aliases" }, v.aliases.length ? v.aliases.join(", ") : "—"),
       h("td", {}, v.job_id === null ? "deleted" : h("a", { href: `#/jobs/${v.job_id}`, testid: "version-job" },
@@ -63,11 +75,15 @@ export function modelPage(view, name) {
       h("td", {}, v.kind),
       h("td", { class: "num" }, fmtBytes(v.size)),
       h("td", {}, signatureCell(v.signature)),
+      h("td", { testid: "version-services" }, servedBy(services, name, v.version)),
       h("td", {}, timeCell(v.created_at)))));
+    const mark = rows.querySelector("tr.selected");
+    if (mark && !scrolled) mark.scrollIntoView({ block: "nearest" });
+    scrolled = scrolled || Boolean(mark);
   }, POLL_MS);
   return h("section", { class: "page model" },
     h("div", { class: "toolbar" }, h("a", { href: "#/models" }, "Models"), title, owner),
     h("section", { class: "card" }, h("h2", {}, "Versions, newest first"),
       h("div", { class: "table-wrap" }, h("table", { class: "grid", testid: "versions-table" },
-        head(["Version", "Aliases", "Made by", "Step", "Metrics", "Kind", "Size", "Signature", "Registered"]), rows))));
+        head(["Version", "Aliases", "Made by", "Step", "Metrics", "Kind", "Size", "Signature", "Served by", "Registered"]), rows))));
 }
