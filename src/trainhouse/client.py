@@ -438,12 +438,32 @@ class Client:
         result: dict[str, Any] = self._json("GET", f"/models/{_seg(name)}/versions/{_seg(ref)}")
         return result
 
-    def register_model(self, name: str, job_id: int, step: int | None = None) -> dict[str, Any]:
+    def register_model(
+        self,
+        name: str,
+        job_id: int,
+        step: int | None = None,
+        *,
+        loader: str | None = None,
+        inputs: list[str] | list[dict[str, Any]] | None = None,
+    ) -> dict[str, Any]:
         """The model job ``job_id`` saved (``run.save_model``; its newest, or the one of
-        ``step``) as a new version of ``name``."""
-        result: dict[str, Any] = self._json(
-            "POST", f"/models/{_seg(name)}/versions", json={"job": job_id, "step": step}
-        )
+        ``step``) as a new version of ``name``. With ``loader`` (``"serve.py:load"``, a
+        function of the job's code), the job's checkpoint (its newest, or the one of ``step``)
+        instead: the server copies it into the registry (digests checked) and
+        ``load_model(dir, loader=fn)`` returns ``fn(state)``. ``inputs`` (with a loader) declare
+        the model's inputs, ``"x:float32[B,1,8,8]"`` or ``{"name", "dtype", "shape"}``, for
+        serving and exports."""
+        body: dict[str, Any] = {"job": job_id, "step": step}
+        if loader is not None:
+            body["loader"] = loader
+        if inputs is not None:
+            from trainhouse.modelfiles import check_inputs, parse_input
+
+            body["inputs"] = check_inputs(
+                [parse_input(i) if isinstance(i, str) else dict(i) for i in inputs]
+            )
+        result: dict[str, Any] = self._json("POST", f"/models/{_seg(name)}/versions", json=body)
         return result
 
     def set_alias(self, name: str, alias: str, version: int) -> dict[str, Any]:

@@ -34,6 +34,11 @@ def _signature(sig: dict[str, Any]) -> str:
     return f"{ins} -> {outs}" if ins or outs else "-"
 
 
+def _kind(version: dict[str, Any]) -> str:
+    loader = (version.get("record") or {}).get("loader")
+    return f"{version['kind']} ({loader})" if loader else str(version["kind"])
+
+
 @app.command("list")
 def list_models(as_json: Json = False, url: Url = None) -> None:
     """List models: versions, the newest, aliases."""
@@ -79,7 +84,7 @@ def show(
             " ".join(v["aliases"]) or "-",
             "-" if v["job_id"] is None else str(v["job_id"]),
             str(v["step"]),
-            v["kind"],
+            _kind(v),
             human_size(v["size"]),
             _metrics(v["metrics"]),
             _signature(v["signature"]),
@@ -92,19 +97,44 @@ def register(
     name: Annotated[str, typer.Argument(metavar="NAME")],
     job: Annotated[int, typer.Option("--job", help="The job that saved the model")],
     step: Annotated[
-        int | None, typer.Option("--step", help="The step it was saved at (default: newest)")
+        int | None,
+        typer.Option("--step", help="The step it was saved (or checkpointed) at (default: newest)"),
+    ] = None,
+    loader: Annotated[
+        str | None,
+        typer.Option(
+            "--loader",
+            metavar="FILE.py:FUNCTION",
+            help="Register the job's checkpoint instead, rebuilt by FUNCTION(state) of FILE.py "
+            "in the job's workdir",
+        ),
+    ] = None,
+    inputs: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--input",
+            metavar="NAME:DTYPE[B,...]",
+            help="With --loader: an input of the model, e.g. x:float32[B,1,8,8] (B the batch); "
+            "serving and exports need them",
+        ),
     ] = None,
     as_json: Json = False,
     url: Url = None,
 ) -> None:
-    """Register a model a job saved (run.save_model) as a new version of NAME."""
-    with errors(), options.client(url) as c:
-        version = c.register_model(name, job, step)
+    """Register a model a job saved (run.save_model) as a new version of NAME; with --loader,
+    one of the job's checkpoints and the function of its code that rebuilds the model."""
+    with errors():
+        if inputs and loader is None:
+            raise typer.BadParameter("--input goes with --loader (a saved model has its own)")
+        with options.client(url) as c:
+            version = c.register_model(name, job, step, loader=loader, inputs=inputs or None)
     if as_json:
         print_json(version)
         return
+    what = f", checkpoint, loader {loader}" if loader else ""
     console.print(
-        f"registered {name}@{version['version']} (job {version['job_id']}, step {version['step']})"
+        f"registered {name}@{version['version']} (job {version['job_id']}, step "
+        f"{version['step']}{what})"
     )
 
 
