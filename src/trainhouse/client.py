@@ -531,6 +531,95 @@ class Client:
             raise
         return final
 
+    def export_model(
+        self,
+        ref: str,
+        dest: str | os.PathLike[str],
+        *,
+        format: str = "onnx",
+        workdir: str | os.PathLike[str] | None = None,
+        force: bool = False,
+        progress: Callable[[int, int], None] | None = None,
+    ) -> dict[str, Any]:
+        """Export ``NAME@VERSION`` or ``NAME@ALIAS`` to ONNX in ``dest``:
+        ``dest/NAME-vVERSION.onnx`` (a dynamic batch dimension) and ``.json`` next to it
+        (input and output names, the signature, the source, the file's sha256); returns that
+        JSON with ``path`` and ``metadata``. The version is downloaded (sha256 checked) and
+        exported by ``python -m trainhouse.serving.export`` in a child process (torch is
+        never imported here). A model rebuilt by a loader needs ``workdir``, its job's code.
+        Existing outputs are replaced only with ``force``."""
+        import subprocess
+        import sys
+        import tempfile
+
+        from trainhouse.errors import ModelError
+        from trainhouse.modelfiles import LOADER_KINDS, export_paths, missing_onnx, parse_ref
+
+        if format != "onnx":
+            raise ModelError(f"format must be 'onnx', got {str(format)[:40]!r}")
+        missing = missing_onnx()
+        if missing is not None:
+            raise ModelError(missing)
+        name, which = parse_ref(ref)
+        version = self.model_version(name, which)
+        number = int(version["version"])
+        loader = version.get("record", {}).get("loader")
+        if version["kind"] in LOADER_KINDS and workdir is None:
+            raise ModelError(
+                f"{name}@{number} is rebuilt by the loader {loader}, a function of its job's "
+                f"code (job {version['job_id']}): give that code with --workdir DIR"
+            )
+        if workdir is not None and not Path(workdir).is_dir():
+            raise ModelError(f"the workdir {workdir} is not a directory")
+        if version["kind"] == "checkpoint" and not version["signature"].get("inputs"):
+            raise ModelError(
+                f"{name}@{number} was registered from a checkpoint without its inputs, which "
+                "the exporter needs: register it again with --input NAME:DTYPE[B,d1,...]"
+            )
+        out = Path(dest)
+        if out.exists() and not out.is_dir():
+            raise ModelError(f"{out} is not a directory")
+        if not force:
+            for path in export_paths(out, name, number):
+                if path.exists():
+                    raise ModelError(f"{path} exists: give --force to replace it")
+        out.mkdir(parents=True, exist_ok=True)
+        # the download goes next to the output (the same disk), and away once it is exported
+        with tempfile.TemporaryDirectory(dir=out, prefix=".export-") as tmp:
+            src = self.download_model(f"{name}@{number}", tmp, progress=progress)
+            result_file = Path(tmp) / "result.json"
+            command = [
+                sys.executable,
+                "-m",
+                "trainhouse.serving.export",
+                str(src),
+                str(out),
+                "--format",
+                format,
+                "--name",
+                name,
+                "--version",
+                str(number),
+                "--result",
+                str(result_file),
+            ]
+            if workdir is not None:
+                command += ["--workdir", str(Path(workdir).resolve())]
+            if force:
+                command.append("--force")
+            done = subprocess.run(command, capture_output=True, text=True, check=False)
+            try:
+                result: dict[str, Any] = json.loads(result_file.read_text())
+            except (OSError, ValueError):
+                tail = (done.stderr or done.stdout).strip().splitlines()[-5:]
+                raise ModelError(
+                    f"the export of {name}@{number} failed (exit status {done.returncode}): "
+                    + (" | ".join(tail) or "no output")
+                ) from None
+        if done.returncode != 0 or "error" in result:
+            raise ModelError(str(result.get("error") or f"exit status {done.returncode}"))
+        return result
+
     def log_ranks(self, job_id: int) -> dict[str, Any]:
         result: dict[str, Any] = self._json("GET", f"/jobs/{job_id}/logs/ranks")
         return result

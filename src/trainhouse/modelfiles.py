@@ -42,6 +42,7 @@ __all__ = [
     "MAX_MODEL_RECORD",
     "NAME",
     "NAME_RULE",
+    "ONNX_EXTRA",
     "PROGRAM",
     "RECORD",
     "ROOT",
@@ -49,6 +50,8 @@ __all__ = [
     "check_inputs",
     "check_loader",
     "check_name",
+    "export_paths",
+    "missing_onnx",
     "parse_input",
     "parse_ref",
     "sha256_file",
@@ -167,6 +170,32 @@ def check_inputs(inputs: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 f"first the batch, null in JSON; the others positive), got {str(shape)[:120]}"
             )
     return [{"name": s["name"], "shape": list(s["shape"]), "dtype": s["dtype"]} for s in inputs]
+
+
+ONNX_EXTRA = "pip install 'trainhouse[onnx]'"
+
+
+def missing_onnx() -> str | None:
+    """What ``models export --format onnx`` lacks here (onnx, onnxscript), as a sentence
+    naming the extra; None when nothing is missing. Nothing is imported."""
+    import importlib.util
+
+    def absent(module: str) -> bool:
+        try:
+            return importlib.util.find_spec(module) is None
+        except (ImportError, ValueError):
+            return True
+
+    missing = [m for m in ("onnx", "onnxscript") if absent(m)]
+    if not missing:
+        return None
+    return f"exporting to ONNX needs {' and '.join(missing)} (the onnx extra): {ONNX_EXTRA}"
+
+
+def export_paths(out_dir: Path, name: str, version: int | None) -> tuple[Path, Path]:
+    """Where ``models export`` writes ``name`` at ``version``: the ONNX file and its JSON."""
+    stem = f"{check_name(name)}-v{version}" if version is not None else check_name(name)
+    return out_dir / f"{stem}.onnx", out_dir / f"{stem}.json"
 
 
 def version_dir(name: str, step: int) -> str:

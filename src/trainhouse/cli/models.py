@@ -1,6 +1,8 @@
-"""``trainhouse models list/show/register/alias/download/delete``: the model registry.
+"""``trainhouse models list/show/register/alias/download/export/delete``: the model registry.
 
-Every read has ``--json``. ``download`` checks each file's sha256 against the registry.
+Every read has ``--json``. ``download`` checks each file's sha256 against the registry;
+``export`` downloads a version and exports it to ONNX in a child process (torch is never
+imported here).
 """
 
 from __future__ import annotations
@@ -181,6 +183,40 @@ def download(
         print_json({"path": str(path)})
         return
     console.print(f"downloaded {ref} to {path} (sha256 checked)")
+
+
+@app.command("export")
+def export(
+    ref: Ref,
+    dest: Annotated[Path, typer.Argument(metavar="DIR")],
+    fmt: Annotated[
+        str, typer.Option("--format", metavar="FORMAT", help="The format: onnx")
+    ] = "onnx",
+    workdir: Annotated[
+        Path | None,
+        typer.Option("--workdir", help="The job's code, for a model a loader of its code rebuilds"),
+    ] = None,
+    force: Annotated[bool, typer.Option("--force", help="Replace existing outputs")] = False,
+    as_json: Json = False,
+    url: Url = None,
+) -> None:
+    """Export a version to ONNX: DIR/NAME-vVERSION.onnx (dynamic batch) and a JSON next to it
+    (inputs, outputs, signature, source, sha256). Needs: pip install 'trainhouse[onnx]'."""
+    with errors(), options.client(url) as c:
+        if as_json:
+            result = c.export_model(ref, dest, format=fmt, workdir=workdir, force=force)
+        else:
+            with console.status(f"exporting {ref} to {fmt}"):
+                result = c.export_model(ref, dest, format=fmt, workdir=workdir, force=force)
+    if as_json:
+        print_json(result)
+        return
+    names = f"inputs {', '.join(result['inputs'])} -> outputs {', '.join(result['outputs'])}"
+    console.print(
+        f"exported {result['model']}@{result['version']} to {result['path']} ({names}; "
+        f"sha256 {result['sha256'][:16]}...)",
+        highlight=False,
+    )
 
 
 @app.command("delete")
