@@ -11,6 +11,7 @@ import hashlib
 import importlib.util
 import json
 import re
+import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -191,6 +192,18 @@ def test_the_missing_extra_is_named(
         export_onnx(saved, cache / "out-extra", version=1)
     with pytest.raises(ModelError, match=r"pip install 'trainhouse\[onnx\]'"):
         Client("http://127.0.0.1:9").export_model("digits@1", cache / "out-extra")
+    # the command says so before it asks any server, brackets and all
+    script = (
+        "import sys; sys.modules['onnx'] = None\n"
+        "from trainhouse.cli.app import app\n"
+        f"app(['models', 'export', 'digits@1', {str(cache / 'out-extra')!r}, '--url', "
+        "'http://127.0.0.1:9'], prog_name='trainhouse')"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert done.returncode == 2, done.stderr
+    assert "needs onnx (the onnx extra): pip install 'trainhouse[onnx]'" in done.stderr
 
 
 # -- the client's path: download (sha256 checked), export in a child process -------------------

@@ -201,7 +201,7 @@ def export(
     url: Url = None,
 ) -> None:
     """Export a version to ONNX: DIR/NAME-vVERSION.onnx (dynamic batch) and a JSON next to it
-    (inputs, outputs, signature, source, sha256). Needs: pip install 'trainhouse[onnx]'."""
+    (inputs, outputs, signature, source, sha256). Needs: pip install 'trainhouse\\[onnx]'."""
     with errors(), options.client(url) as c:
         if as_json:
             result = c.export_model(ref, dest, format=fmt, workdir=workdir, force=force)
