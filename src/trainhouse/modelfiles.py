@@ -116,7 +116,7 @@ def check_loader(loader: str) -> str:
 def parse_input(text: str) -> dict[str, Any]:
     """``NAME:DTYPE[B,d1,...]`` (``x:float32[B,1,8,8]``, B the batch) as a signature's input
     spec ``{"name", "dtype", "shape": [None, d1, ...]}``."""
-    match = _INPUT.match(text.strip()) if isinstance(text, str) else None
+    match = _INPUT.fullmatch(text.strip()) if isinstance(text, str) else None
     if match is None:
         raise ModelError(
             "an input must be NAME:DTYPE[B,d1,...] (e.g. x:float32[B,1,8,8], B the batch "
@@ -149,7 +149,7 @@ def check_inputs(inputs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     names = set()
     for spec in inputs:
         name, dtype, shape = spec.get("name"), spec.get("dtype"), spec.get("shape")
-        if not isinstance(name, str) or not re.match(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$", name):
+        if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]{0,63}", name):
             raise ModelError(f"an input's name must be an identifier, got {str(name)[:80]!r}")
         if name in names:
             raise ModelError(f"the input {name} is declared twice")
