@@ -438,12 +438,32 @@ class Client:
         result: dict[str, Any] = self._json("GET", f"/models/{_seg(name)}/versions/{_seg(ref)}")
         return result
 
-    def register_model(self, name: str, job_id: int, step: int | None = None) -> dict[str, Any]:
+    def register_model(
+        self,
+        name: str,
+        job_id: int,
+        step: int | None = None,
+        *,
+        loader: str | None = None,
+        inputs: list[str] | list[dict[str, Any]] | None = None,
+    ) -> dict[str, Any]:
         """The model job ``job_id`` saved (``run.save_model``; its newest, or the one of
-        ``step``) as a new version of ``name``."""
-        result: dict[str, Any] = self._json(
-            "POST", f"/models/{_seg(name)}/versions", json={"job": job_id, "step": step}
-        )
+        ``step``) as a new version of ``name``. With ``loader`` (``"serve.py:load"``, a
+        function of the job's code), the job's checkpoint (its newest, or the one of ``step``)
+        instead: the server copies it into the registry (digests checked) and
+        ``load_model(dir, loader=fn)`` returns ``fn(state)``. ``inputs`` (with a loader) declare
+        the model's inputs, ``"x:float32[B,1,8,8]"`` or ``{"name", "dtype", "shape"}``, for
+        serving and exports."""
+        body: dict[str, Any] = {"job": job_id, "step": step}
+        if loader is not None:
+            body["loader"] = loader
+        if inputs is not None:
+            from trainhouse.modelfiles import check_inputs, parse_input
+
+            body["inputs"] = check_inputs(
+                [parse_input(i) if isinstance(i, str) else dict(i) for i in inputs]
+            )
+        result: dict[str, Any] = self._json("POST", f"/models/{_seg(name)}/versions", json=body)
         return result
 
     def set_alias(self, name: str, alias: str, version: int) -> dict[str, Any]:
@@ -510,6 +530,95 @@ class Client:
             _discard(tmp)
             raise
         return final
+
+    def export_model(
+        self,
+        ref: str,
+        dest: str | os.PathLike[str],
+        *,
+        format: str = "onnx",
+        workdir: str | os.PathLike[str] | None = None,
+        force: bool = False,
+        progress: Callable[[int, int], None] | None = None,
+    ) -> dict[str, Any]:
+        """Export ``NAME@VERSION`` or ``NAME@ALIAS`` to ONNX in ``dest``:
+        ``dest/NAME-vVERSION.onnx`` (a dynamic batch dimension) and ``.json`` next to it
+        (input and output names, the signature, the source, the file's sha256); returns that
+        JSON with ``path`` and ``metadata``. The version is downloaded (sha256 checked) and
+        exported by ``python -m trainhouse.serving.export`` in a child process (torch is
+        never imported here). A model rebuilt by a loader needs ``workdir``, its job's code.
+        Existing outputs are replaced only with ``force``."""
+        import subprocess
+        import sys
+        import tempfile
+
+        from trainhouse.errors import ModelError
+        from trainhouse.modelfiles import LOADER_KINDS, export_paths, missing_onnx, parse_ref
+
+        if format != "onnx":
+            raise ModelError(f"format must be 'onnx', got {str(format)[:40]!r}")
+        missing = missing_onnx()
+        if missing is not None:
+            raise ModelError(missing)
+        name, which = parse_ref(ref)
+        version = self.model_version(name, which)
+        number = int(version["version"])
+        loader = version.get("record", {}).get("loader")
+        if version["kind"] in LOADER_KINDS and workdir is None:
+            raise ModelError(
+                f"{name}@{number} is rebuilt by the loader {loader}, a function of its job's "
+                f"code (job {version['job_id']}): give that code with --workdir DIR"
+            )
+        if workdir is not None and not Path(workdir).is_dir():
+            raise ModelError(f"the workdir {workdir} is not a directory")
+        if version["kind"] == "checkpoint" and not version["signature"].get("inputs"):
+            raise ModelError(
+                f"{name}@{number} was registered from a checkpoint without its inputs, which "
+                "the exporter needs: register it again with --input NAME:DTYPE[B,d1,...]"
+            )
+        out = Path(dest)
+        if out.exists() and not out.is_dir():
+            raise ModelError(f"{out} is not a directory")
+        if not force:
+            for path in export_paths(out, name, number):
+                if path.exists():
+                    raise ModelError(f"{path} exists: give --force to replace it")
+        out.mkdir(parents=True, exist_ok=True)
+        # the download goes next to the output (the same disk), and away once it is exported
+        with tempfile.TemporaryDirectory(dir=out, prefix=".export-") as tmp:
+            src = self.download_model(f"{name}@{number}", tmp, progress=progress)
+            result_file = Path(tmp) / "result.json"
+            command = [
+                sys.executable,
+                "-m",
+                "trainhouse.serving.export",
+                str(src),
+                str(out),
+                "--format",
+                format,
+                "--name",
+                name,
+                "--version",
+                str(number),
+                "--result",
+                str(result_file),
+            ]
+            if workdir is not None:
+                command += ["--workdir", str(Path(workdir).resolve())]
+            if force:
+                command.append("--force")
+            done = subprocess.run(command, capture_output=True, text=True, check=False)
+            try:
+                result: dict[str, Any] = json.loads(result_file.read_text())
+            except (OSError, ValueError):
+                tail = (done.stderr or done.stdout).strip().splitlines()[-5:]
+                raise ModelError(
+                    f"the export of {name}@{number} failed (exit status {done.returncode}): "
+                    + (" | ".join(tail) or "no output")
+                ) from None
+        if done.returncode != 0 or "error" in result:
+            raise ModelError(str(result.get("error") or f"exit status {done.returncode}"))
+        return result
 
     # -- services --------------------------------------------------------------------------
     def serve(

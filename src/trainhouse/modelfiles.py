@@ -14,6 +14,13 @@ function of the job's own code that rebuilds the model from its weights) and no 
 ("loader"). The directory is written under a temp name and published whole. The record's own
 sha256 is taken by the server when it registers the version.
 
+A model registered from one of a job's checkpoints (``models register NAME --job J --loader
+serve.py:load``, "checkpoint") is the same directory with the checkpoint's file copied in
+(``checkpoint.ckpt``, verified against the checkpoint's registered digest as it is copied) and
+a record the server writes: the loader, the checkpoint it came from, no program. Its loader
+gets the whole checkpoint's state (what ``run.checkpoint.load()`` returns). The copy lies
+outside the checkpoints retention deletes.
+
 Standard library only: the SDK, the server and the client all use it.
 """
 
@@ -28,18 +35,26 @@ from trainhouse.errors import ModelError
 
 __all__ = [
     "BATCH_HEADER",
+    "CHECKPOINT",
+    "INPUT_DTYPES",
     "KINDS",
     "LOADER",
+    "LOADER_KINDS",
     "MAX_MODEL_RECORD",
     "NAME",
     "NAME_RULE",
+    "ONNX_EXTRA",
     "PROGRAM",
     "RECORD",
     "REPLICA_KEY_HEADER",
     "ROOT",
     "WEIGHTS",
+    "check_inputs",
     "check_loader",
     "check_name",
+    "export_paths",
+    "missing_onnx",
+    "parse_input",
     "parse_ref",
     "sha256_file",
     "verify_copy",
@@ -50,8 +65,12 @@ ROOT = "models"
 PROGRAM = "program.pt2"
 WEIGHTS = "weights.safetensors"
 RECORD = "model.json"
-#: "export": a torch.export program; "loader": weights and a function of the job's code
-KINDS = ("export", "loader")
+CHECKPOINT = "checkpoint.ckpt"
+#: "export": a torch.export program; "loader": weights and a function of the job's code;
+#: "checkpoint": a copy of one of the job's checkpoints and a function of the job's code
+KINDS = ("export", "loader", "checkpoint")
+#: the kinds whose model is rebuilt by a loader of the job's code
+LOADER_KINDS = ("loader", "checkpoint")
 #: the bytes of a record the server reads at most (it holds a signature, metrics, digests)
 MAX_MODEL_RECORD = 256 * 1024
 #: a model's (and an alias's) name: what a URL path, a CLI argument and a directory all take
@@ -59,6 +78,22 @@ NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 NAME_RULE = "1-64 letters, digits, '.', '_' or '-', starting with a letter or digit"
 #: ``file.py:function``: where a loader lives in the job's workdir
 LOADER = re.compile(r"^([A-Za-z0-9_][A-Za-z0-9_./-]{0,200}\.py):([A-Za-z_][A-Za-z0-9_]{0,100})$")
+#: the dtypes a declared input may have (what a replica can build from JSON numbers)
+INPUT_DTYPES = (
+    "float32",
+    "float64",
+    "float16",
+    "bfloat16",
+    "int64",
+    "int32",
+    "int16",
+    "int8",
+    "uint8",
+    "bool",
+)
+_INPUT = re.compile(r"^([A-Za-z_][A-Za-z0-9_]{0,63}):([a-z0-9]{1,16})\[([^\]]{0,200})\]$")
+MAX_INPUTS = 64
+MAX_DIMS = 16
 _STEP_DIR = re.compile(r"^step-([0-9]{9,})$")
 CHUNK = 1 << 20
 #: what a service's replica wants on every prediction (the key it gave its server), and the
@@ -82,6 +117,91 @@ def check_loader(loader: str) -> str:
             f"path inside its workdir), got {str(loader)[:120]!r}"
         )
     return loader
+
+
+def parse_input(text: str) -> dict[str, Any]:
+    """``NAME:DTYPE[B,d1,...]`` (``x:float32[B,1,8,8]``, B the batch) as a signature's input
+    spec ``{"name", "dtype", "shape": [None, d1, ...]}``."""
+    match = _INPUT.fullmatch(text.strip()) if isinstance(text, str) else None
+    if match is None:
+        raise ModelError(
+            "an input must be NAME:DTYPE[B,d1,...] (e.g. x:float32[B,1,8,8], B the batch "
+            f"dimension), got {str(text)[:120]!r}"
+        )
+    name, dtype, dims = match.groups()
+    shape: list[int | None] = []
+    for i, dim in enumerate(d.strip() for d in dims.split(",")):
+        if i == 0:
+            if dim != "B":
+                raise ModelError(
+                    f"input {name}: dimension 0 must be B (the batch), got {dim[:20]!r} in "
+                    f"{text[:120]!r}"
+                )
+            shape.append(None)
+        elif dim.isdigit() and len(dim) <= 9:
+            shape.append(int(dim))
+        else:
+            raise ModelError(
+                f"input {name}: dimension {i} must be a number, got {dim[:20]!r} in {text[:120]!r}"
+            )
+    return check_inputs([{"name": name, "dtype": dtype, "shape": shape}])[0]
+
+
+def check_inputs(inputs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A declared signature's inputs: unique names, dimension 0 the batch (None), the others
+    positive sizes, a dtype of :data:`INPUT_DTYPES`."""
+    if not 1 <= len(inputs) <= MAX_INPUTS:
+        raise ModelError(f"a model takes 1 to {MAX_INPUTS} inputs, got {len(inputs)}")
+    names = set()
+    for spec in inputs:
+        name, dtype, shape = spec.get("name"), spec.get("dtype"), spec.get("shape")
+        if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]{0,63}", name):
+            raise ModelError(f"an input's name must be an identifier, got {str(name)[:80]!r}")
+        if name in names:
+            raise ModelError(f"the input {name} is declared twice")
+        names.add(name)
+        if dtype not in INPUT_DTYPES:
+            raise ModelError(
+                f"input {name}: dtype must be one of {', '.join(INPUT_DTYPES)}, "
+                f"got {str(dtype)[:40]!r}"
+            )
+        if (
+            not isinstance(shape, list)
+            or not 1 <= len(shape) <= MAX_DIMS
+            or shape[0] is not None
+            or any(type(d) is not int or not 1 <= d < 2**31 for d in shape[1:])
+        ):
+            raise ModelError(
+                f"input {name}: shape must be [B, d1, ...] (1 to {MAX_DIMS} dimensions, the "
+                f"first the batch, null in JSON; the others positive), got {str(shape)[:120]}"
+            )
+    return [{"name": s["name"], "shape": list(s["shape"]), "dtype": s["dtype"]} for s in inputs]
+
+
+ONNX_EXTRA = "pip install 'trainhouse[onnx]'"
+
+
+def missing_onnx() -> str | None:
+    """What ``models export --format onnx`` lacks here (onnx, onnxscript), as a sentence
+    naming the extra; None when nothing is missing. Nothing is imported."""
+    import importlib.util
+
+    def absent(module: str) -> bool:
+        try:
+            return importlib.util.find_spec(module) is None
+        except (ImportError, ValueError):
+            return True
+
+    missing = [m for m in ("onnx", "onnxscript") if absent(m)]
+    if not missing:
+        return None
+    return f"exporting to ONNX needs {' and '.join(missing)} (the onnx extra): {ONNX_EXTRA}"
+
+
+def export_paths(out_dir: Path, name: str, version: int | None) -> tuple[Path, Path]:
+    """Where ``models export`` writes ``name`` at ``version``: the ONNX file and its JSON."""
+    stem = f"{check_name(name)}-v{version}" if version is not None else check_name(name)
+    return out_dir / f"{stem}.onnx", out_dir / f"{stem}.json"
 
 
 def version_dir(name: str, step: int) -> str:

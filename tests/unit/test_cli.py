@@ -102,7 +102,9 @@ def test_the_commands_and_their_order() -> None:
         *("models", "admin", "db", "envs", "search"),
     ]
     models = root.commands["models"]  # type: ignore[attr-defined]
-    assert list(models.commands) == ["list", "show", "register", "alias", "download", "delete"]
+    assert list(models.commands) == [
+        *("list", "show", "register", "alias", "download", "export", "delete")
+    ]
     admin = root.commands["admin"]  # type: ignore[attr-defined]
     assert list(admin.commands) == ["init", "audit", "quota", "user", "token"]
     assert list(root.commands["db"].commands) == ["upgrade", "current"]  # type: ignore[attr-defined]

@@ -1,6 +1,8 @@
-"""``trainhouse models list/show/register/alias/download/delete``: the model registry.
+"""``trainhouse models list/show/register/alias/download/export/delete``: the model registry.
 
-Every read has ``--json``. ``download`` checks each file's sha256 against the registry.
+Every read has ``--json``. ``download`` checks each file's sha256 against the registry;
+``export`` downloads a version and exports it to ONNX in a child process (torch is never
+imported here).
 """
 
 from __future__ import annotations
@@ -32,6 +34,11 @@ def _signature(sig: dict[str, Any]) -> str:
     ins = " ".join(one(s) for s in sig.get("inputs", []))
     outs = " ".join(one(s) for s in sig.get("outputs", []))
     return f"{ins} -> {outs}" if ins or outs else "-"
+
+
+def _kind(version: dict[str, Any]) -> str:
+    loader = (version.get("record") or {}).get("loader")
+    return f"{version['kind']} ({loader})" if loader else str(version["kind"])
 
 
 @app.command("list")
@@ -79,7 +86,7 @@ def show(
             " ".join(v["aliases"]) or "-",
             "-" if v["job_id"] is None else str(v["job_id"]),
             str(v["step"]),
-            v["kind"],
+            _kind(v),
             human_size(v["size"]),
             _metrics(v["metrics"]),
             _signature(v["signature"]),
@@ -92,19 +99,44 @@ def register(
     name: Annotated[str, typer.Argument(metavar="NAME")],
     job: Annotated[int, typer.Option("--job", help="The job that saved the model")],
     step: Annotated[
-        int | None, typer.Option("--step", help="The step it was saved at (default: newest)")
+        int | None,
+        typer.Option("--step", help="The step it was saved (or checkpointed) at (default: newest)"),
+    ] = None,
+    loader: Annotated[
+        str | None,
+        typer.Option(
+            "--loader",
+            metavar="FILE.py:FUNCTION",
+            help="Register the job's checkpoint instead, rebuilt by FUNCTION(state) of FILE.py "
+            "in the job's workdir",
+        ),
+    ] = None,
+    inputs: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--input",
+            metavar="NAME:DTYPE[B,...]",
+            help="With --loader: an input of the model, e.g. x:float32[B,1,8,8] (B the batch); "
+            "serving and exports need them",
+        ),
     ] = None,
     as_json: Json = False,
     url: Url = None,
 ) -> None:
-    """Register a model a job saved (run.save_model) as a new version of NAME."""
-    with errors(), options.client(url) as c:
-        version = c.register_model(name, job, step)
+    """Register a model a job saved (run.save_model) as a new version of NAME; with --loader,
+    one of the job's checkpoints and the function of its code that rebuilds the model."""
+    with errors():
+        if inputs and loader is None:
+            raise typer.BadParameter("--input goes with --loader (a saved model has its own)")
+        with options.client(url) as c:
+            version = c.register_model(name, job, step, loader=loader, inputs=inputs or None)
     if as_json:
         print_json(version)
         return
+    what = f", checkpoint, loader {loader}" if loader else ""
     console.print(
-        f"registered {name}@{version['version']} (job {version['job_id']}, step {version['step']})"
+        f"registered {name}@{version['version']} (job {version['job_id']}, step "
+        f"{version['step']}{what})"
     )
 
 
@@ -151,6 +183,40 @@ def download(
         print_json({"path": str(path)})
         return
     console.print(f"downloaded {ref} to {path} (sha256 checked)")
+
+
+@app.command("export")
+def export(
+    ref: Ref,
+    dest: Annotated[Path, typer.Argument(metavar="DIR")],
+    fmt: Annotated[
+        str, typer.Option("--format", metavar="FORMAT", help="The format: onnx")
+    ] = "onnx",
+    workdir: Annotated[
+        Path | None,
+        typer.Option("--workdir", help="The job's code, for a model a loader of its code rebuilds"),
+    ] = None,
+    force: Annotated[bool, typer.Option("--force", help="Replace existing outputs")] = False,
+    as_json: Json = False,
+    url: Url = None,
+) -> None:
+    """Export a version to ONNX: DIR/NAME-vVERSION.onnx (dynamic batch) and a JSON next to it
+    (inputs, outputs, signature, source, sha256). Needs: pip install 'trainhouse\\[onnx]'."""
+    with errors(), options.client(url) as c:
+        if as_json:
+            result = c.export_model(ref, dest, format=fmt, workdir=workdir, force=force)
+        else:
+            with console.status(f"exporting {ref} to {fmt}"):
+                result = c.export_model(ref, dest, format=fmt, workdir=workdir, force=force)
+    if as_json:
+        print_json(result)
+        return
+    names = f"inputs {', '.join(result['inputs'])} -> outputs {', '.join(result['outputs'])}"
+    console.print(
+        f"exported {result['model']}@{result['version']} to {result['path']} ({names}; "
+        f"sha256 {result['sha256'][:16]}...)",
+        highlight=False,
+    )
 
 
 @app.command("delete")

@@ -24,6 +24,9 @@ from typing import TYPE_CHECKING, Any
 
 from trainhouse.errors import ModelError
 from trainhouse.modelfiles import (
+    CHECKPOINT,
+    KINDS,
+    LOADER_KINDS,
     MAX_MODEL_RECORD,
     PROGRAM,
     RECORD,
@@ -216,7 +219,9 @@ def write_model(
 def load_model(directory: Path, *, loader: Callable[..., Any] | None = None) -> Any:
     """The model saved in ``directory`` (a download or the version's directory), its files
     checked against the record first. An "export" model is the exported program's module
-    with the saved weights; a "loader" one is what ``loader(weights)`` returns."""
+    with the saved weights; a "loader" one is what ``loader(weights)`` returns; a
+    "checkpoint" one (registered from a checkpoint) is what ``loader(state)`` returns, the
+    state read with the checkpoint reader (no pickle of arbitrary objects)."""
     import torch
     from safetensors.torch import load_file
 
@@ -225,13 +230,21 @@ def load_model(directory: Path, *, loader: Callable[..., Any] | None = None) -> 
     if len(raw) > MAX_MODEL_RECORD:
         raise ModelError(f"{directory / RECORD} is larger than {MAX_MODEL_RECORD} bytes")
     record = json.loads(raw)
+    kind = record.get("kind") if isinstance(record, dict) else None
+    if kind not in KINDS:
+        raise ModelError(f"{directory / RECORD} is of the unknown kind {str(kind)[:40]!r}")
     verify_copy(directory, list(record["files"]))
+    if kind in LOADER_KINDS and loader is None:
+        what = "weights" if kind == "loader" else "a checkpoint"
+        raise ModelError(f"{directory} holds {what} only: it needs its loader {record['loader']}")
+    if kind == "checkpoint":
+        from trainhouse.sdk.checkpoint import load_checkpoint
+
+        assert loader is not None
+        return loader(load_checkpoint(directory / CHECKPOINT))
     weights = load_file(str(directory / WEIGHTS))
-    if record["kind"] == "loader":
-        if loader is None:
-            raise ModelError(
-                f"{directory} holds weights only: it needs its loader {record['loader']}"
-            )
+    if kind == "loader":
+        assert loader is not None
         return loader(weights)
     program = torch.export.load(str(directory / PROGRAM))
     module = program.module()

@@ -25,6 +25,7 @@ import queue
 import re
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from trainhouse.errors import CheckpointError, NotFound
 from trainhouse.jobfiles import MAX_RECORD
@@ -348,6 +349,39 @@ class Checkpoints(Service):
             algorithm=ckpt.algorithm,
         )
 
+    def copy_file(self, job: Job, ckpt: Checkpoint, to: str) -> str:
+        """Copy the file checkpoint ``ckpt`` of ``job`` to ``to`` in the same storage (a
+        model registered from it), verified as :meth:`copy` verifies: its registered digest
+        over the bytes copied, never more than its registered size; a CheckpointError on a
+        mismatch (the partial copy is the caller's to remove). Returns the copy's sha256."""
+        if ckpt.kind != "file":
+            raise CheckpointError(
+                f"checkpoint of step {ckpt.step} is {ckpt.kind}, not one file: it cannot be copied "
+                "as a model"
+            )
+        storage = self.storage(job.id)
+        self.files(job.id, ckpt)  # NotFound / CheckpointError when it is gone or changed
+        sha256 = new_hash("sha256")
+        try:
+            actual = _copy_file(
+                storage,
+                confine(ckpt.path),
+                storage,
+                confine(to),
+                ckpt.size,
+                algorithm=ckpt.algorithm,
+                also=sha256,
+            )
+        except OSError as exc:
+            raise CheckpointError(f"checkpoint of step {ckpt.step} cannot be read: {exc}") from None
+        if actual != ckpt.sha256:
+            raise CheckpointError(
+                f"checkpoint of step {ckpt.step} of job {job.id} is corrupt: its "
+                f"{ckpt.algorithm} is {actual[:16]}, the registered one {ckpt.sha256[:16]}; "
+                "not copied"
+            )
+        return str(sha256.hexdigest())
+
     def remove_all(self, job_id: int) -> None:
         """Delete every checkpoint file of ``job_id`` (a clone that never ran, discarded)."""
         storage = self.storage(job_id)
@@ -396,10 +430,18 @@ class Checkpoints(Service):
 
 
 def _copy_file(
-    src: Storage, rel: str, dst: Storage, to: str, size: int, *, algorithm: str = "sha256"
+    src: Storage,
+    rel: str,
+    dst: Storage,
+    to: str,
+    size: int,
+    *,
+    algorithm: str = "sha256",
+    also: Any = None,
 ) -> str:
     """Copy the file ``rel`` of ``src`` to ``to`` in ``dst``, reading at most ``size`` bytes
-    (a CheckpointError past them); returns the ``algorithm`` digest of what was copied."""
+    (a CheckpointError past them); returns the ``algorithm`` digest of what was copied (and
+    feeds the same bytes to the hasher ``also``)."""
     hasher = new_hash(algorithm)
     left = size
     with src.open_read(rel) as fh, dst.open_write(to) as out:
@@ -408,6 +450,8 @@ def _copy_file(
             if left < 0:
                 raise CheckpointError(f"{rel} holds more than its registered {size} bytes")
             hasher.update(chunk)
+            if also is not None:
+                also.update(chunk)
             out.write(chunk)
     if left:
         raise CheckpointError(f"{rel} holds {size - left} bytes, not its registered {size}")

@@ -11,32 +11,42 @@ against the record before the version is registered (the record's own sha256 is 
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import json
 import logging
+import time
 from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
 
 from pydantic import ValidationError
 
-from trainhouse.errors import CheckpointError, ModelError, NotFound
+from trainhouse.errors import ArchiveError, CheckpointError, ModelError, NotFound, StoreError
 from trainhouse.modelfiles import (
+    CHECKPOINT,
+    LOADER_KINDS,
     MAX_MODEL_RECORD,
     PROGRAM,
     RECORD,
     ROOT,
     WEIGHTS,
+    check_inputs,
     check_loader,
     check_name,
     step_of,
+    version_dir,
 )
 from trainhouse.server.checkpoints import CHUNK, Checkpoints
 from trainhouse.server.schemas import SavedModelRecord
 from trainhouse.storage import confine, is_temp
-from trainhouse.store import Job, ModelVersion, Store
+from trainhouse.store import Checkpoint, Job, ModelVersion, Store
+from trainhouse.workdir import list_members
 
 log = logging.getLogger(__name__)
 
 #: the files each kind of saved model has, besides its record
-KIND_FILES = {"export": {PROGRAM, WEIGHTS}, "loader": {WEIGHTS}}
+KIND_FILES = {"export": {PROGRAM, WEIGHTS}, "loader": {WEIGHTS}, "checkpoint": {CHECKPOINT}}
 
 
 class ModelFiles:
@@ -72,8 +82,16 @@ class ModelFiles:
             ) from None
         if record.loader is not None:
             check_loader(record.loader)
-        if (record.kind == "loader") != (record.loader is not None):
-            raise ModelError(f"{path}/{RECORD}: a 'loader' model names its loader, no other does")
+        if (record.kind in LOADER_KINDS) != (record.loader is not None):
+            raise ModelError(
+                f"{path}/{RECORD}: a {' or '.join(map(repr, LOADER_KINDS))} model names its "
+                "loader, no other does"
+            )
+        if (record.kind == "checkpoint") != (record.checkpoint is not None):
+            raise ModelError(
+                f"{path}/{RECORD}: a 'checkpoint' model names the checkpoint it came from, no "
+                "other does"
+            )
         names = [f.name for f in record.files]
         if set(names) != KIND_FILES[record.kind] or len(names) != len(set(names)):
             raise ModelError(
@@ -98,9 +116,31 @@ class ModelFiles:
                     f"{entry.sha256[:16]}..."
                 )
             files.append(entry.model_dump())
-        files.append({"name": RECORD, "size": len(raw), "sha256": hashlib.sha256(raw).hexdigest()})
+        return self._add(job, check_name(name or record.name), path, record, raw, files)
+
+    def _add(
+        self,
+        job: Job,
+        name: str,
+        path: str,
+        record: SavedModelRecord,
+        raw: bytes,
+        files: list[dict[str, Any]],
+    ) -> ModelVersion:
+        """A new version of ``name``: the checked ``files`` plus the record's own."""
+        own = {"name": RECORD, "size": len(raw), "sha256": hashlib.sha256(raw).hexdigest()}
+        files = [*files, own]
+        kept: dict[str, Any] = {
+            "saved_as": record.name,
+            "loader": record.loader,
+            "torch": record.torch,
+            "code_digest": record.code_digest,
+            "workdir_sha256": job.archive_sha256,
+        }
+        if record.checkpoint is not None:
+            kept["checkpoint"] = record.checkpoint.model_dump()
         return self.store.models.add_version(
-            check_name(name or record.name),
+            name,
             owner=job.owner,
             job_id=job.id,
             attempt=record.attempt,
@@ -110,13 +150,7 @@ class ModelFiles:
             files=files,
             metrics=record.metrics,
             signature=record.signature.model_dump(),
-            record={
-                "saved_as": record.name,
-                "loader": record.loader,
-                "torch": record.torch,
-                "code_digest": record.code_digest,
-                "workdir_sha256": job.archive_sha256,
-            },
+            record=kept,
         )
 
     def saved(self, job: Job) -> list[tuple[str, int, str]]:
@@ -138,7 +172,11 @@ class ModelFiles:
     def register_from_job(self, job: Job, name: str, step: int | None) -> ModelVersion:
         """``models register NAME --job J [--step S]``: the job's model saved at ``step`` (its
         newest by default), preferably the one saved as ``name``."""
-        saved = [s for s in self.saved(job) if step is None or s[1] == step]
+        # the copies of its checkpoints registered with a loader are not what it saved
+        copies = {v.path for v in self.store.models.for_job(job.id) if v.kind == "checkpoint"}
+        saved = [
+            s for s in self.saved(job) if (step is None or s[1] == step) and s[2] not in copies
+        ]
         if not saved:
             at = f" at step {step}" if step is not None else ""
             raise NotFound(f"job {job.id} saved no model{at} (run.save_model)")
@@ -150,6 +188,151 @@ class ModelFiles:
                 f"and none as {name!r}: name one of them"
             )
         return self.register(job, pool[-1][2], name=name)
+
+    # -- registering a checkpoint -----------------------------------------------------------
+    def register_checkpoint(
+        self,
+        job: Job,
+        name: str,
+        *,
+        step: int | None,
+        loader: str,
+        archive: Path | None,
+        inputs: list[dict[str, Any]] | None = None,
+    ) -> ModelVersion:
+        """``models register NAME --job J [--step S] --loader FILE.py:FUNCTION``: the job's
+        checkpoint of ``step`` (its newest by default) copied into the job's model layout
+        (verified against its registered digest as it is copied, so retention never deletes
+        it), with a record of kind "checkpoint" that names the loader, registered as a new
+        version of ``name``. The loader's file must be in the job's workdir ``archive``
+        (listed, never extracted); ``inputs``, when given, are the model's signature."""
+        check_name(name)
+        file = check_loader(loader).partition(":")[0]
+        self._check_loader_file(job, archive, file, loader)
+        signature = {"inputs": check_inputs(inputs) if inputs else [], "outputs": []}
+        ckpt = self._checkpoint(job, step)
+        path = version_dir(name, ckpt.step)
+        storage = self.checkpoints.storage(job.id)
+        source = {
+            "id": ckpt.id,
+            "path": ckpt.path,
+            "algorithm": ckpt.algorithm,
+            "digest": ckpt.sha256,
+        }
+        try:
+            exists = storage.exists(path)
+        except (OSError, CheckpointError) as exc:
+            raise ModelError(f"{path} cannot be read: {exc}") from None
+        if exists:
+            return self._again(job, name, path, loader, source, signature)
+        tmp = storage.temp_name(path)
+        try:
+            sha256 = self.checkpoints.copy_file(job, ckpt, f"{tmp}/{CHECKPOINT}")
+            record = SavedModelRecord.model_validate(
+                {
+                    "name": name,
+                    "kind": "checkpoint",
+                    "loader": loader,
+                    "signature": signature,
+                    "torch": None,
+                    "job_id": job.id,
+                    "attempt": ckpt.attempt,
+                    "step": ckpt.step,
+                    "code_digest": None,
+                    "metrics": ckpt.metrics,
+                    "files": [{"name": CHECKPOINT, "size": ckpt.size, "sha256": sha256}],
+                    "created_at": time.time(),
+                    "checkpoint": source,
+                }
+            )
+            raw = record.model_dump_json(indent=1).encode()
+            with storage.open_write(f"{tmp}/{RECORD}") as fh:
+                fh.write(raw)
+            storage.publish(tmp, path)
+        except BaseException:
+            with contextlib.suppress(Exception):
+                storage.delete(tmp)
+            raise
+        files = [f.model_dump() for f in record.files]
+        return self._add(job, name, path, record, raw, files)
+
+    def _check_loader_file(self, job: Job, archive: Path | None, file: str, loader: str) -> None:
+        """The loader's file is in the job's uploaded workdir (its archive listed, never
+        extracted): a 4xx naming what is missing."""
+        if job.archive_sha256 is None:
+            raise ModelError(
+                f"job {job.id} has no uploaded workdir (a run tracked from outside): the "
+                f"loader {loader} cannot be part of its code"
+            )
+        if archive is None or not archive.is_file():
+            raise NotFound(f"job {job.id}'s workdir archive is no longer on the server")
+        try:
+            names = list_members(archive)
+        except ArchiveError as exc:
+            raise ModelError(f"job {job.id}'s workdir archive cannot be listed: {exc}") from None
+        if file not in names:
+            py = sorted(n for n in names if n.endswith(".py"))
+            shown = ", ".join(py[:10]) or "no Python files"
+            raise ModelError(
+                f"the loader {loader}: {file} is not in job {job.id}'s workdir (its Python "
+                f"files: {shown})"
+            )
+
+    def _checkpoint(self, job: Job, step: int | None) -> Checkpoint:
+        """The job's checkpoint of ``step``, or its newest (registered, not corrupt)."""
+        live = [c for c in self.store.checkpoints.list(job.id) if c.corrupt is None]
+        found = [c for c in live if step is None or c.step == step]
+        if not found:
+            steps = ", ".join(str(c.step) for c in live[-10:]) or "none"
+            at = f" of step {step}" if step is not None else ""
+            raise NotFound(f"job {job.id} has no checkpoint{at} (its checkpoints' steps: {steps})")
+        ckpt = max(found, key=lambda c: (c.step, c.id))
+        if ckpt.kind != "file":
+            raise ModelError(
+                f"job {job.id}'s checkpoint of step {ckpt.step} is {ckpt.kind} (one directory "
+                "per rank's shards): only a checkpoint of one file can be registered with a "
+                "loader"
+            )
+        return ckpt
+
+    def _again(
+        self,
+        job: Job,
+        name: str,
+        path: str,
+        loader: str,
+        source: dict[str, Any],
+        signature: dict[str, Any],
+    ) -> ModelVersion:
+        """The same checkpoint registered again with the same loader: its copy, checked
+        again; anything else already in ``path`` is a conflict."""
+        storage = self.checkpoints.storage(job.id)
+        try:
+            raw = storage.read_bytes(f"{path}/{RECORD}", max_size=MAX_MODEL_RECORD)
+            found = json.loads(raw)
+        except (OSError, CheckpointError, ValueError):
+            found = None
+        same = (
+            isinstance(found, dict)
+            and found.get("kind") == "checkpoint"
+            and found.get("loader") == loader
+            and found.get("checkpoint") == source
+            and found.get("signature") == signature
+        )
+        if not same and isinstance(found, dict) and found.get("kind") == "checkpoint":
+            declared = len((found.get("signature") or {}).get("inputs") or [])
+            raise StoreError(
+                f"job {job.id} already holds {path}, a copy of its checkpoint of step "
+                f"{found.get('step')} with the loader {found.get('loader')} and {declared} "
+                "declared inputs: register it with the same loader and inputs, or under "
+                f"another name than {name!r}"
+            )
+        if not same:
+            raise StoreError(
+                f"job {job.id} already holds a model in {path} (run.save_model saved it): "
+                f"register it without --loader, or under another name than {name!r}"
+            )
+        return self.register(job, path, name=name)
 
     # -- reading and deleting --------------------------------------------------------------
     def read(self, version: ModelVersion, file: str) -> Iterator[bytes]:

@@ -511,16 +511,26 @@ class ModelFileOut(BaseModel):
     sha256: Digest
 
 
+class CheckpointSource(BaseModel):
+    """Where a "checkpoint" model's file came from: the job's checkpoint, as registered."""
+
+    id: int = Field(ge=0, le=INT64)
+    path: str = Field(min_length=1, max_length=1024, pattern=NO_NUL)
+    algorithm: str = Field(min_length=1, max_length=16, pattern=r"^[a-z0-9]+$")
+    digest: str = Field(min_length=1, max_length=128, pattern=r"^[0-9a-f]+$")
+
+
 class SavedModelRecord(BaseModel):
-    """``model.json`` as a job wrote it (hostile input: every field checked)."""
+    """``model.json`` as a job wrote it (hostile input: every field checked); the server
+    writes the record of a "checkpoint" model itself."""
 
     name: ModelName
-    kind: Literal["export", "loader"]
+    kind: Literal["export", "loader", "checkpoint"]
     loader: str | None = Field(None, max_length=320)
     signature: SignatureOut
-    torch: str = Field(max_length=64, pattern=NO_NUL)
+    torch: str | None = Field(None, max_length=64, pattern=NO_NUL)  # None: "checkpoint"
     job_id: int | None = Field(None, ge=0, le=INT64)
-    attempt: int = Field(ge=1, le=INT32)
+    attempt: int = Field(ge=0, le=INT32)  # 0: a checkpoint a clone was given
     step: int = Field(ge=0, le=INT64)
     code_digest: Digest | None = None
     metrics: dict[Annotated[str, Field(max_length=256, pattern=NO_NUL)], float | None] = Field(
@@ -528,6 +538,7 @@ class SavedModelRecord(BaseModel):
     )
     files: list[ModelFileOut] = Field(min_length=1, max_length=8)
     created_at: float | None = None
+    checkpoint: CheckpointSource | None = None
 
 
 class ModelRegisterIn(BaseModel):
@@ -538,10 +549,22 @@ class ModelRegisterIn(BaseModel):
 
 
 class VersionFromJobIn(BaseModel):
-    """``trainhouse models register NAME --job J [--step S]``: a job's saved model."""
+    """``trainhouse models register NAME --job J [--step S]``: a job's saved model; with
+    ``loader`` (``--loader FILE.py:FUNCTION``), one of its checkpoints (the newest, or the one
+    of ``step``) rebuilt by that function of the job's code, whose ``inputs`` a server
+    without torch cannot know (optional: serving and exports need them)."""
 
     job: int = Field(ge=0, le=INT64)
     step: int | None = Field(None, ge=0, le=INT64)
+    loader: str | None = Field(
+        None, min_length=1, max_length=320, description="file.py:function in the job's workdir"
+    )
+    inputs: list[TensorSpec] | None = Field(
+        None,
+        min_length=1,
+        max_length=64,
+        description="the model's inputs (with loader only): shape [null, ...], null the batch",
+    )
 
 
 class AliasIn(BaseModel):

@@ -105,17 +105,19 @@ def load(
     directory: Path, *, version: int = 1, workdir: Path | None = None, device: str = "cpu"
 ) -> Loaded:
     """The model saved in ``directory`` (files checked), in eval mode, on ``device``. A model
-    saved with a loader needs ``workdir``, the job's code where the loader lives."""
+    saved with a loader (or registered from a checkpoint with one) needs ``workdir``, the job's
+    code where the loader lives."""
     from trainhouse.errors import ModelError
+    from trainhouse.modelfiles import LOADER_KINDS
     from trainhouse.sdk import load_model
 
     record = json.loads((Path(directory) / RECORD).read_text())
     function = None
-    if record.get("kind") == "loader":
+    if record.get("kind") in LOADER_KINDS:
         if workdir is None:
             raise ModelError(
-                f"{directory} was saved with the loader {record.get('loader')}: give the "
-                "workdir that holds it (--workdir)"
+                f"{directory} is rebuilt by the loader {record.get('loader')}, a function of "
+                "its job's code: give the workdir that holds it (--workdir)"
             )
         function = loader_function(workdir, str(record["loader"]))
     module = load_model(Path(directory), loader=function)

@@ -13,7 +13,7 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Path, Request
 from fastapi.responses import StreamingResponse
 
-from trainhouse.errors import Forbidden, StoreError
+from trainhouse.errors import Forbidden, ModelError, StoreError
 from trainhouse.server.auth import Principal, audit, reporting_job, signed_in, writer
 from trainhouse.server.deps import Services, services
 from trainhouse.server.schemas import (
@@ -89,12 +89,35 @@ def register_version(
     p: Principal = Depends(writer),
     svc: Services = Depends(services),
 ) -> ModelVersionOut:
-    """A job's saved model (its newest, or the one of ``step``) as a new version of ``name``."""
+    """A job's saved model (its newest, or the one of ``step``) as a new version of ``name``;
+    with ``loader``, the job's checkpoint (its newest, or the one of ``step``) copied as a
+    model that function of the job's code rebuilds."""
     job = svc.store.jobs.get(body.job)
     if not p.may_read(job, svc.settings.job_visibility):
         raise Forbidden(f"job {job.id} belongs to another user; {p.name!r} may not read it")
-    version = svc.models.register_from_job(job, name, body.step)
-    audit(svc, request, p, "model.register", f"{name}@{version.version}", job=job.id)
+    if body.loader is None:
+        if body.inputs is not None:
+            raise ModelError("inputs are declared with a loader only (a saved model has its own)")
+        version = svc.models.register_from_job(job, name, body.step)
+    else:
+        archive = svc.blobs.path(job.archive_sha256) if job.archive_sha256 else None
+        version = svc.models.register_checkpoint(
+            job,
+            name,
+            step=body.step,
+            loader=body.loader,
+            archive=archive,
+            inputs=[i.model_dump() for i in body.inputs] if body.inputs is not None else None,
+        )
+    audit(
+        svc,
+        request,
+        p,
+        "model.register",
+        f"{name}@{version.version}",
+        job=job.id,
+        **({"loader": body.loader, "step": version.step} if body.loader else {}),
+    )
     return version_out(version)
 
 
