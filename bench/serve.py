@@ -8,8 +8,15 @@ dynamic batch dimension) into a temporary directory. In the same run:
   of 32 digits, examples per second, one thread, no HTTP;
 - one replica (``python -m trainhouse.serving.replica``, one torch thread) with dynamic
   batching (``--max-batch 32 --max-wait-ms 5``) and one with ``--max-batch 1``, each driven
-  for ``--seconds`` by 32 concurrent clients (one asyncio loop in this process, httpx), each
-  client sending one digit per request and the next as soon as the answer is back.
+  for ``--seconds`` by 32 concurrent clients (one asyncio loop in this process), each client
+  sending one digit per request on a keep-alive connection and the next as soon as the answer
+  is back.
+
+The clients speak HTTP/1.1 over asyncio streams with the request bytes made once (as ``wrk``
+does): httpx's client costs about 7 ms of CPU per request here, which on two cores capped both
+replicas at ~130 requests/s and measured the client, not the replica. The replica runs uvicorn
+with uvloop and httptools (dependencies of trainhouse); with uvicorn's pure-Python h11 parser
+the HTTP layer, not the model, was its bottleneck and batching bought nothing (0.9x).
 
 It prints throughput (requests/s), p50 and p99 latency for each replica, the batched/unbatched
 throughput ratio (goal: >= 3x) and the batched p99 (goal: < 50 ms), and both replicas'
@@ -105,29 +112,54 @@ def replica(directory: Path, work: Path, max_batch: int, smoke: bool = False) ->
             proc.wait()
 
 
-async def drive(url: str, clients: int, seconds: float, example: list[Any]) -> dict[str, Any]:
-    import httpx
+async def _request(
+    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, raw: bytes
+) -> tuple[int, bytes]:
+    """One request on a keep-alive connection: the status and the body."""
+    writer.write(raw)
+    head = await reader.readuntil(b"\r\n\r\n")
+    lines = head.split(b"\r\n")
+    status = int(lines[0].split()[1])
+    length = next(
+        int(line.split(b":", 1)[1]) for line in lines if line.lower().startswith(b"content-length")
+    )
+    return status, await reader.readexactly(length)
 
-    limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
+
+def _raw(path: str, body: bytes) -> bytes:
+    head = (
+        f"POST {path} HTTP/1.1\r\nHost: bench\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n"
+    )
+    return head.encode() + body
+
+
+async def drive(url: str, clients: int, seconds: float, example: list[Any]) -> dict[str, Any]:
+    host, port = url.removeprefix("http://").split(":")
+    raw = _raw("/predict", json.dumps({"inputs": [example]}).encode())
     latencies: list[float] = []
     failed = 0
-    async with httpx.AsyncClient(base_url=url, timeout=30, limits=limits) as http:
-        for _ in range(3):  # warm: connections, the first batches
-            (await http.post("/predict", json={"inputs": [example]})).raise_for_status()
-        end = time.perf_counter() + seconds
+    conns = [await asyncio.open_connection(host, int(port)) for _ in range(clients)]
+    for reader, writer in conns[:3]:  # warm: connections, the first batches
+        assert (await _request(reader, writer, raw))[0] == 200
+    end = time.perf_counter() + seconds
 
-        async def client() -> None:
-            nonlocal failed
-            while time.perf_counter() < end:
-                start = time.perf_counter()
-                resp = await http.post("/predict", json={"inputs": [example]})
-                latencies.append(time.perf_counter() - start)
-                failed += resp.status_code != 200
+    async def client(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal failed
+        while time.perf_counter() < end:
+            start = time.perf_counter()
+            status, _ = await _request(reader, writer, raw)
+            latencies.append(time.perf_counter() - start)
+            failed += status != 200
 
-        began = time.perf_counter()
-        await asyncio.gather(*(client() for _ in range(clients)))
-        elapsed = time.perf_counter() - began
-        health = (await http.get("/health")).json()
+    began = time.perf_counter()
+    await asyncio.gather(*(client(r, w) for r, w in conns))
+    elapsed = time.perf_counter() - began
+    for _, writer in conns:
+        writer.close()
+    import httpx
+
+    health = httpx.get(f"{url}/health").json()
     latencies.sort()
     pick = lambda q: latencies[min(len(latencies) - 1, int(q * len(latencies)))] * 1000  # noqa: E731
     return {

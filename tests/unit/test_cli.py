@@ -99,7 +99,7 @@ def test_the_commands_and_their_order() -> None:
         *("submit", "ps", "show", "cancel", "logs", "metrics", "checkpoints"),
         *("tag", "note", "archive", "delete"),
         *("resume", "clone", "top"),
-        *("models", "admin", "db", "envs", "search"),
+        *("models", "admin", "db", "envs", "search", "serve"),
     ]
     models = root.commands["models"]  # type: ignore[attr-defined]
     assert list(models.commands) == [
@@ -109,6 +109,45 @@ def test_the_commands_and_their_order() -> None:
     assert list(admin.commands) == ["init", "audit", "quota", "user", "token"]
     assert list(root.commands["db"].commands) == ["upgrade", "current"]  # type: ignore[attr-defined]
     assert list(root.commands["envs"].commands) == ["list", "prune"]  # type: ignore[attr-defined]
+    serve = root.commands["serve"]  # type: ignore[attr-defined]
+    assert list(serve.commands) == ["start", "list", "show", "stop"]
+
+
+def test_serve_with_a_model_reference_starts_a_service(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``serve NAME@ALIAS`` is ``serve start NAME@ALIAS``; the other words are subcommands
+    (options before the reference work too)."""
+    from typer.testing import CliRunner
+
+    calls: list[tuple[str, dict[str, Any]]] = []
+
+    class Fake:
+        url = "http://x"
+
+        def __enter__(self) -> Any:
+            return self
+
+        def __exit__(self, *exc: object) -> None:
+            pass
+
+        def serve(self, ref: str, **kw: Any) -> dict[str, Any]:
+            calls.append((ref, kw))
+            return {"name": kw["name"] or "m", "model": "m", "ref": "prod", "target_version": 3,
+                    "job_id": 7, "state": "queued", "replicas": kw["replicas"]}  # fmt: skip
+
+        def services(self) -> list[Any]:
+            calls.append(("list", {}))
+            return []
+
+    monkeypatch.setattr("trainhouse.cli.options.client", lambda url: Fake())
+    runner = CliRunner()
+    first = runner.invoke(app, ["serve", "m@prod", "--replicas", "2"])
+    assert first.exit_code == 0, first.output
+    assert "service m: m@prod (version 3), job 7, queued" in first.output
+    second = runner.invoke(app, ["serve", "--name", "svc", "m@prod"])
+    assert second.exit_code == 0, second.output
+    assert runner.invoke(app, ["serve", "list", "--json"]).exit_code == 0
+    assert [c[0] for c in calls] == ["m@prod", "m@prod", "list"]
+    assert (calls[0][1]["replicas"], calls[1][1]["name"]) == (2, "svc")
 
 
 def server_options() -> dict[str, Any]:

@@ -46,6 +46,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import orjson
+
 from trainhouse.modelfiles import BATCH_HEADER, RECORD, REPLICA_KEY_HEADER
 from trainhouse.serving.inputs import BadInput, parse_inputs
 
@@ -163,10 +165,16 @@ class ReplicaMetrics:
             buckets=LATENCY_BUCKETS,
             registry=self.registry,
         )
+        self._counters: dict[str, Any] = {}
+        self._latency = self.latency.labels(model)
+        self._batch = self.batch_size.labels(model)
 
     def answered(self, outcome: str, seconds: float) -> None:
-        self.requests.labels(self.model, outcome).inc()
-        self.latency.labels(self.model).observe(seconds)
+        counter = self._counters.get(outcome)
+        if counter is None:  # a labelled child, looked up once (labels() costs each request)
+            counter = self._counters[outcome] = self.requests.labels(self.model, outcome)
+        counter.inc()
+        self._latency.observe(seconds)
 
     def exposition(self) -> bytes:
         from prometheus_client import generate_latest
@@ -264,7 +272,7 @@ class Batcher:
             self.stats.batches += 1
             self.stats.examples += rows
             self.stats.largest_batch = max(self.stats.largest_batch, rows)
-            self.metrics.batch_size.labels(self.metrics.model).observe(rows)
+            self.metrics._batch.observe(rows)
             for item, out in zip(batch, outputs, strict=True):
                 if not item.future.done():
                     item.future.set_result((out, model, rows))
@@ -327,7 +335,7 @@ def build_app(
 
     batcher = Batcher(model, max_batch=max_batch, max_wait=max_wait_ms / 1000)
 
-    async def predict(request: Request) -> JSONResponse:
+    async def predict(request: Request) -> Response:
         if key is not None and not hmac.compare_digest(
             request.headers.get(REPLICA_KEY_HEADER, "").encode(), key.encode()
         ):
@@ -337,8 +345,8 @@ def build_app(
         try:
             raw = await _body(request, max_body)
             try:
-                body = json.loads(raw)
-            except ValueError as exc:
+                body = orjson.loads(raw)
+            except orjson.JSONDecodeError as exc:
                 raise BadInput(f"the body is not JSON: {exc}", 400) from None
             inputs = parse_inputs(body, batcher.model.signature, max_examples)
         except BadInput as exc:
@@ -352,8 +360,9 @@ def build_app(
             batcher.metrics.answered("error", time.perf_counter() - arrived)
             return _error(500, "model_error", f"the model failed: {type(exc).__name__}: {exc}")
         batcher.metrics.answered("ok", time.perf_counter() - arrived)
-        return JSONResponse(
-            {"outputs": outputs, "model": used.name, "version": used.version},
+        return Response(
+            orjson.dumps({"outputs": outputs, "model": used.name, "version": used.version}),
+            media_type="application/json",
             headers={BATCH_HEADER: str(rows)},
         )
 
