@@ -7,12 +7,21 @@ holds ``credentials.json``: ``{"<server URL>": "<token>"}``, mode 0600 in a 0700
 
 from __future__ import annotations
 
+import getpass
 import json
 import os
 import tempfile
 from pathlib import Path
 
 FILE = "credentials.json"
+
+
+def current_user() -> str:
+    """The name of the user running this process (what a job's owner is with auth off)."""
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):
+        return "anonymous"
 
 
 def config_dir() -> Path:
