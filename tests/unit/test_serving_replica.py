@@ -183,3 +183,17 @@ def test_a_model_saved_with_a_loader_is_served_from_the_jobs_code(tmp_path: Path
         loader_function(workdir, "evil.py:build")
     with pytest.raises(ModelError, match="a relative path inside its workdir"):
         loader_function(workdir, "../outside.py:build")
+
+
+def test_a_model_registered_without_its_inputs_takes_float_lists_of_any_shape() -> None:
+    """A checkpoint registered with a loader and no --input has no declared inputs: a request
+    is taken as float32 of any shape (the model says what it cannot take), never refused as
+    'several inputs'."""
+    from trainhouse.serving.inputs import BadInput, parse_inputs
+
+    (x,) = parse_inputs({"inputs": [[1, 2, 3], [4, 5, 6]]}, {"inputs": []}, 10)
+    assert (tuple(x.shape), str(x.dtype)) == ((2, 3), "torch.float32")
+    with pytest.raises(BadInput, match="true/false"):
+        parse_inputs({"inputs": [[True]]}, {"inputs": []}, 10)
+    with pytest.raises(BadInput, match="non-empty list"):
+        parse_inputs({"inputs": 3}, {"inputs": []}, 10)

@@ -51,8 +51,11 @@ def _tensor(name: str, value: Any, spec: dict[str, Any]) -> torch.Tensor:
         raise BadInput(
             f"{name} must be nested lists of numbers of one shape per example: {str(exc)[:200]}"
         ) from None
-    want = list(spec["shape"])
-    if raw.dim() != len(want) or any(
+    want = None if spec["shape"] is None else list(spec["shape"])
+    if want is None:
+        if raw.dim() < 1:
+            raise BadInput(f"{name} must hold one entry per example")
+    elif raw.dim() != len(want) or any(
         d is not None and d != got for d, got in zip(want[1:], raw.shape[1:], strict=False)
     ):
         got = [None, *raw.shape[1:]] if raw.dim() else []
@@ -87,6 +90,8 @@ def parse_inputs(body: Any, signature: dict[str, Any], max_examples: int) -> lis
         tensors = [_tensor(f"inputs.{s['name']}", inputs[s["name"]], s) for s in specs]
     elif len(specs) == 1:
         tensors = [_tensor("inputs", inputs, specs[0])]
+    elif not specs:  # registered without its inputs (--input): float32 of any shape
+        tensors = [_tensor("inputs", inputs, {"name": "inputs", "shape": None, "dtype": "float32"})]
     else:
         names = [s["name"] for s in specs]
         raise BadInput(
