@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 import httpx
 
-from trainhouse._clientmodels import ModelsAndServices
+from trainhouse._clientmodels import ModelsAndServices, _discard
 from trainhouse._credentials import current_user, find_token
 from trainhouse._http import CLIENT_HEADERS, error_from, send
 from trainhouse.errors import CheckpointError, ClientError, ServerUnreachable
@@ -63,20 +63,6 @@ def _sse(lines: Iterator[str]) -> Iterator[tuple[str, Any]]:
             kind = line[6:].strip()
         elif line.startswith("data:"):
             data.append(line[5:].removeprefix(" "))
-
-
-def _seg(value: str | int) -> str:
-    """``value`` as one URL path segment."""
-    from urllib.parse import quote
-
-    return quote(str(value), safe="")
-
-
-def _discard(path: Path) -> None:
-    if path.is_dir():
-        shutil.rmtree(path, ignore_errors=True)
-    else:
-        path.unlink(missing_ok=True)
 
 
 def _plain_http_transport(url: str) -> httpx.HTTPTransport | None:

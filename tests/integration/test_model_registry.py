@@ -11,31 +11,21 @@ worker); each test leaves the job's files as it found them."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from collections.abc import Iterator
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import onnxruntime as ort
 import pytest
 import torch
 
-from tests.support.servers import EXAMPLE, Server, assert_clean_stop, start_server
+from tests.support.servers import EXAMPLE, Server, assert_clean_stop, example_module, start_server
 from trainhouse.sdk import load_model
 from trainhouse.sdk.checkpoint import load_checkpoint
 from trainhouse.serving.replica import loader_function
 
 pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("model-registry")]
-
-
-def example_module() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("digits_train", EXAMPLE.parent / "train.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.fixture(scope="module")

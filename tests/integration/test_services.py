@@ -11,13 +11,11 @@ One server and one service for the module (a replica is a torch process; the tes
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import signal
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import httpx
@@ -26,20 +24,12 @@ import pytest
 import torch
 
 from tests.support.processes import marked_processes
-from tests.support.servers import EXAMPLE, Server, assert_clean_stop, start_server
+from tests.support.servers import EXAMPLE, Server, assert_clean_stop, example_module, start_server
 from trainhouse.sdk import load_model
 
 pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("services")]
 
 HEADERS = {"X-Trainhouse-Request": "1"}
-
-
-def example_module() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("digits_train", EXAMPLE.parent / "train.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 @dataclass

@@ -8,6 +8,7 @@ operator would, and dropped after the test.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import signal
@@ -16,6 +17,7 @@ import sys
 import time
 import uuid
 from pathlib import Path
+from types import ModuleType
 from typing import IO, Any, Self
 
 import psycopg
@@ -27,6 +29,15 @@ from trainhouse.serverprocess import ServerProcess, free_port
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "digits" / "trainhouse.yaml"
+
+
+def example_module() -> ModuleType:
+    """The digits example's ``train.py`` imported (its datasets and its model class)."""
+    spec = importlib.util.spec_from_file_location("digits_train", EXAMPLE.parent / "train.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def pg_url_of(name: str) -> str:
