@@ -71,7 +71,9 @@ def test_high_priority_job_preempts_and_the_victim_resumes(
     assert high_final["started_at"] >= attempts[0]["ended_at"] - 0.5
     assert high_final["placement"]["nodes"][0]["gpus"] == [0, 1]
 
-    log = srv.cli("logs", str(low["id"]), "--rank", "0").stdout
+    shown = srv.cli("logs", str(low["id"]), "--rank", "0")
+    log = shown.stdout
+    assert "rank 0 yields at step " in log, (shown.returncode, shown.stderr, log[-3000:])
     yielded = int(log.split("rank 0 yields at step ")[1].split()[0])
     assert f"rank 0 attempt 2 starts at step {yielded + 1}" in log  # resumed from its checkpoint
     rank1 = srv.cli("logs", str(low["id"]), "--rank", "1").stdout
