@@ -44,7 +44,7 @@ from trainhouse.lifecycle import TERMINAL, JobState
 from trainhouse.modelfiles import BATCH_HEADER, REPLICA_KEY_HEADER
 
 if TYPE_CHECKING:
-    import httpx
+    import aiohttp
 
     from trainhouse.store import Job, ModelVersion, ServiceRecord, Store
 
@@ -167,7 +167,7 @@ class ServingHub:
         self._windows: dict[str, _Window] = {}
         self._turn: dict[str, itertools.count[int]] = {}
         self._lock = threading.Lock()
-        self._http: httpx.AsyncClient | None = None
+        self._http: aiohttp.ClientSession | None = None
         self.requests = Counter(
             "trainhouse_service_requests",
             "Predictions a service answered, by outcome (ok, bad_input, error, unavailable).",
@@ -323,7 +323,7 @@ class ServingHub:
     # -- predictions -------------------------------------------------------------------------
     async def predict(self, name: str, body: bytes) -> tuple[int, bytes, dict[str, str]]:
         """Forward one prediction to a ready replica of ``name``: status, body, headers."""
-        import httpx
+        import aiohttp
 
         arrived = time.perf_counter()
         now = time.time()
@@ -335,27 +335,23 @@ class ServingHub:
         order = candidates[turn % len(candidates) :] + candidates[: turn % len(candidates)]
         http = self._client()
         for replica in order:
+            headers = {"Content-Type": "application/json", REPLICA_KEY_HEADER: replica.key}
             try:
-                resp = await http.post(
-                    f"{replica.url}/predict",
-                    content=body,
-                    headers={"content-type": "application/json", REPLICA_KEY_HEADER: replica.key},
-                )
-            except httpx.ConnectError:  # it never got the request: the next one may
+                async with http.post(f"{replica.url}/predict", data=body, headers=headers) as resp:
+                    content = await resp.read()
+                    code, batch = resp.status, resp.headers.get(BATCH_HEADER, "")
+            except aiohttp.ClientConnectorError:  # it never got the request: the next one may
                 replica.state = "unreachable"
                 continue
-            except httpx.HTTPError as exc:
+            except (aiohttp.ClientError, TimeoutError) as exc:
                 self._count(name, "error", arrived, 0)
                 raise ReplicaFailed(
                     f"replica {replica.rank} of service {name} failed while answering: "
                     f"{type(exc).__name__}"
                 ) from None
-            batch = resp.headers.get(BATCH_HEADER, "")
-            code = resp.status_code
             outcome = "ok" if code == 200 else "bad_input" if code < 500 else "error"
             self._count(name, outcome, arrived, int(batch) if batch.isdigit() else 0)
-            headers = {"x-trainhouse-replica": str(replica.rank)}
-            return resp.status_code, resp.content, headers
+            return code, content, {"x-trainhouse-replica": str(replica.rank)}
         self._unavailable(name)
         raise AssertionError("unreachable")  # pragma: no cover
 
@@ -378,15 +374,20 @@ class ServingHub:
             window = self._windows.setdefault(name, _Window())
             window.add(time.time(), seconds, batch, outcome != "error")
 
-    def _client(self) -> httpx.AsyncClient:
-        import httpx
+    def _client(self) -> aiohttp.ClientSession:
+        """One pooled client for every forwarded prediction (aiohttp: its C parser costs a
+        fraction of httpx's per request, which capped a service at ~120 requests/s)."""
+        import aiohttp
 
         if self._http is None:
-            limits = httpx.Limits(max_connections=256, max_keepalive_connections=64)
-            self._http = httpx.AsyncClient(timeout=httpx.Timeout(60.0, connect=2.0), limits=limits)
+            self._http = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=256, limit_per_host=64),
+                timeout=aiohttp.ClientTimeout(total=60, sock_connect=2),
+                auto_decompress=False,
+            )
         return self._http
 
     async def aclose(self) -> None:
         if self._http is not None:
-            await self._http.aclose()
+            await self._http.close()
             self._http = None
