@@ -66,10 +66,16 @@ def digits_module() -> ModuleType:
 
 @pytest.fixture(scope="module")
 def cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    """torch.export's loader makes an inductor cache: in the module's directory, not TMPDIR."""
+    """torch.export's loader makes an inductor cache: in the module's directory, not TMPDIR.
+    torch.onnx's exporter shows tqdm progress bars, whose monitor thread (a daemon of tqdm's,
+    started with the first bar) outlives the test that started it: off here (``models
+    export`` runs the export in a child process, where it ends with the process)."""
+    import tqdm
+
     root = tmp_path_factory.mktemp("export")
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("TORCHINDUCTOR_CACHE_DIR", str(root / "inductor"))
+        mp.setattr(tqdm.tqdm, "monitor_interval", 0)
         yield root
 
 
