@@ -15,7 +15,7 @@ from urllib.parse import urlsplit
 import orjson
 import sqlalchemy
 
-from trainhouse._http import CLIENT_HEADERS, JSON_HEADERS, encode_json
+from trainhouse.core.wire import CLIENT_HEADERS, JSON_HEADERS, encode_json
 from trainhouse.sdk._metrics import Point, as_columns
 
 REQUEST_TIMEOUT = 120.0  # seconds: a slow answer is measured, not turned into an error

@@ -29,7 +29,7 @@ from typing import Any
 
 import psutil
 
-from trainhouse.cluster import Node
+from trainhouse.core.cluster import Node
 from trainhouse.executors import registry
 from trainhouse.executors.base import Exit, Launch, ProcessInfo
 from trainhouse.executors.inventory import local_node

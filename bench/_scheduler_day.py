@@ -38,7 +38,7 @@ from _scheduler_mix import (
     pick,
 )
 
-from trainhouse.cluster import Node
+from trainhouse.core.cluster import Node
 from trainhouse.scheduler.incremental import Scheduler
 from trainhouse.scheduler.policy import Decisions, Snapshot
 from trainhouse.scheduler.simulate import SimJob, SimResult, fifo_decide, simulate

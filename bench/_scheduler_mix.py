@@ -11,7 +11,7 @@ import random
 from dataclasses import dataclass
 from typing import Any
 
-from trainhouse.cluster import Gpu, Node
+from trainhouse.core.cluster import Gpu, Node
 from trainhouse.scheduler.policy import Quota
 from trainhouse.scheduler.resources import Demand
 

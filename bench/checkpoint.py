@@ -372,7 +372,7 @@ class Bench:
 
 def part_digest(state: dict[str, Any], repeats: int) -> dict[str, Any]:
     """MB/s of each digest algorithm over the state's tensor bytes, in memory, one thread."""
-    from trainhouse.storage import DIGESTS, new_hash
+    from trainhouse.jobfs.storage import DIGESTS, new_hash
 
     views = [memoryview(t.numpy()).cast("B") for t in tensors(state)]
     nbytes = sum(len(v) for v in views)

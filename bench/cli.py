@@ -120,7 +120,7 @@ def real_server(enabled: bool) -> Iterator[tuple[str | None, psutil.Process | No
         return
     os.environ["PYTHONPATH"] = child_env(ROOT / "src")["PYTHONPATH"]  # the server's too
     sys.path.insert(0, str(ROOT / "src"))
-    from trainhouse.serverprocess import ServerProcess, free_port
+    from trainhouse.client.serverprocess import ServerProcess, free_port
 
     with tempfile.TemporaryDirectory(prefix="trainhouse-bench-cli-home-") as home:
         server = ServerProcess(Path(home), free_port(), "--cpus", "2", "--gpus", "0")

@@ -5,7 +5,8 @@ The packages are a handful of small pure-Python wheels written into a temporary 
 (``--packages``, 8; each but the first requires the one before it, so the resolver has work),
 served as ``find_links`` with an empty local index: nothing leaves the machine. The cases:
 
-- **cold**: :func:`trainhouse.envs.ensure` into an empty cache (uv's own cache empty too): what
+- **cold**: :func:`trainhouse.executors.node.envbuild.ensure` into an empty cache (uv's own cache
+empty too): what
   the first job with these requirements on a node waits for;
 - **warm**: what reuse adds to a job's start (goal: under 1 s): in a fresh process, what an
   attempt's supervisor does for a ready environment (read the requirements, compute the digest,
@@ -46,20 +47,23 @@ from _machine import BUSY_PERCENT, log, machine_busy, wait_quiet
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "src"))
 
-from trainhouse import envs  # noqa: E402
+from trainhouse.core import envspec  # noqa: E402
+from trainhouse.executors.node import envbuild  # noqa: E402
 
 WARM_GOAL_S = 1.0
 COLD_GOAL_RATIO = 3.0
 
-# what an attempt's supervisor (which imports trainhouse.envs anyway) does for a ready one
+# what an attempt's supervisor (which imports trainhouse.executors.node.envbuild anyway) does for a
+# ready one
 WARM_SCRIPT = """
 import sys, time
-import trainhouse.executors.supervise
+import trainhouse.executors.node.supervise
 from pathlib import Path
-from trainhouse import envs
+from trainhouse.core import envspec
+from trainhouse.executors.node import envbuild
 started = time.perf_counter()
-request = envs.Request.from_json(sys.argv[1])
-ready = envs.ensure(request, Path(sys.argv[2]), lambda line: None)
+request = envspec.Request.from_json(sys.argv[1])
+ready = envbuild.ensure(request, Path(sys.argv[2]), lambda line: None)
 assert not ready.built, "the environment was not ready"
 print(time.perf_counter() - started)
 ready.release()
@@ -143,14 +147,14 @@ def main(argv: list[str] | None = None) -> int:
         full: list[float] = []
         for round_ in range(args.repeats):
             cache = root / f"cache-{round_}"
-            request = envs.Request(
+            request = envspec.Request(
                 cache=str(cache),
                 requirements="requirements.txt",
                 index_url=f"file://{empty}",
                 find_links=[str(wheels)],
             )
             started = time.perf_counter()
-            ready = envs.ensure(request, workdir, lambda line: None)
+            ready = envbuild.ensure(request, workdir, lambda line: None)
             cold.append(time.perf_counter() - started)
             ready.release()
             assert ready.built

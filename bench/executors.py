@@ -1,6 +1,6 @@
 """The same 1-node job under the local executor and under the Ray executor, in the same run.
 
-Two real servers (``trainhouse.serverprocess.ServerProcess``: temporary homes, free ports)
+Two real servers (``trainhouse.client.serverprocess.ServerProcess``: temporary homes, free ports)
 run side by side: one with the local executor (``--cpus`` as given), one with
 ``--executor ray`` connected to a one-node Ray cluster this benchmark starts itself
 (``ray.cluster_utils.Cluster``: the head with ``--cpus`` CPUs, an 80 MiB object store, no
@@ -126,7 +126,7 @@ def start_cluster(cpus: int, tmp: Path) -> Any:
 
 def bench(args: argparse.Namespace) -> dict[str, Any]:
     from trainhouse.client import Client
-    from trainhouse.serverprocess import ServerProcess, free_port
+    from trainhouse.client.serverprocess import ServerProcess, free_port
 
     busy = wait_quiet(args.quiet_wait)
     tmp = Path(tempfile.mkdtemp(prefix="th-bench-", dir="/tmp"))  # short: Ray's socket paths

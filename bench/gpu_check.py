@@ -75,7 +75,7 @@ def step_env(step: Step) -> dict[str, str]:
     paths = [str(BENCH), str(SRC), os.environ.get("PYTHONPATH", "")]
     env = clean_env(PYTHONPATH=os.pathsep.join(p for p in paths if p), PYTHONUNBUFFERED="1")
     if step.name == "fsdp":  # rank 0 of a world of 1; the step joins the group itself
-        from trainhouse.serverprocess import free_port
+        from trainhouse.client.serverprocess import free_port
 
         env.update(
             MASTER_ADDR="127.0.0.1",
@@ -132,8 +132,8 @@ def run_step(step: Step, tmp: Path, timeout: float, smoke: bool, url: str | None
 # -- the server ----------------------------------------------------------------------------------
 def start_server(tmp: Path, smoke: bool) -> tuple[Any, Item]:
     """A trainhouse server on a free port, its home in ``tmp``; (server or None, its item)."""
+    from trainhouse.client.serverprocess import ServerProcess, free_port
     from trainhouse.errors import ServerStartError
-    from trainhouse.serverprocess import ServerProcess, free_port
 
     # a smoke run declares a GPU (jobs get CUDA_VISIBLE_DEVICES=0); a GPU machine's is NVML's
     args = ["--cancel-grace", "2", "--log-level", "warning"]

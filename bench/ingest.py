@@ -1,7 +1,7 @@
 """Metric ingestion: points/s through the SDK, HTTP and the server vs raw SQLite inserts.
 
 End to end
-    A real server (``trainhouse.serverprocess.ServerProcess``: a temporary home, a free port,
+    A real server (``trainhouse.client.serverprocess.ServerProcess``: a temporary home, a free port,
     SQLite, ``--cpus`` max(2, ranks)) runs a real job whose script (written to a temporary
     workdir, submitted with ``trainhouse.client.Client.submit``) logs as fast as it can:
     ``run.log({metric_000: v, ..., metric_<series-1>: v}, step=step)`` at every step, on every
@@ -58,7 +58,7 @@ import psutil
 from _machine import BUSY_PERCENT, log, wait_quiet
 
 from trainhouse.client import Client
-from trainhouse.serverprocess import ServerProcess, free_port
+from trainhouse.client.serverprocess import ServerProcess, free_port
 from trainhouse.store import Store
 from trainhouse.store.database import _sqlite_pragmas
 

@@ -36,7 +36,7 @@ Clients
     other for ``--duration`` seconds (60; 10 with ``--quick``): ``--series`` (10) series x
     ``--steps`` (10) consecutive steps per request, the job's own values (rank null), a fresh
     ``batch_id`` per request, encoded by the SDK's own code (``sdk._metrics.as_columns``,
-    ``trainhouse._http.encode_json``). A request that fails with a transport error or a 5xx
+    ``trainhouse.core.wire.encode_json``). A request that fails with a transport error or a 5xx
     (a 503 of a full queue too) is retried with the same body (the same batch id, as the SDK
     does) until it is acknowledged or ``--retry-for`` seconds (30) past the end; a 4xx is not
     retried. Latency is per HTTP request that got a 2xx answer; points/s is the points of
@@ -94,10 +94,10 @@ from _load_clients import count, drive, percentile, stored_blocks
 from _machine import BUSY_PERCENT, log, wait_quiet
 
 from trainhouse.client import Client
+from trainhouse.client.serverprocess import ServerProcess, free_port
 from trainhouse.errors import ServerStartError
-from trainhouse.serverprocess import ServerProcess, free_port
+from trainhouse.jobfs.workdir import pack
 from trainhouse.spec import load_spec
-from trainhouse.workdir import pack
 
 HERE = Path(__file__).resolve().parent
 DRIVER = HERE / "_load_server.py"

@@ -1,5 +1,5 @@
 """What does recording each log line's time cost a chatty rank? Straight to a file vs the rank
-wrapper (``trainhouse.executors.rank``), which copies the rank's output through a pipe into its
+wrapper (``trainhouse.executors.node.rank``), which copies the rank's output through a pipe into its
 log and writes a time record per piece.
 
 The two sides, in the same run, alternating ABBA
@@ -34,8 +34,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
 
-from trainhouse.executors.torchrun import RANK_WRAPPER  # noqa: E402
-from trainhouse.layout import ATTEMPT_DIR_ENV, LOG_DIR_ENV  # noqa: E402
+from trainhouse.executors.node.torchrun import RANK_WRAPPER  # noqa: E402
+from trainhouse.jobfs.layout import ATTEMPT_DIR_ENV, LOG_DIR_ENV  # noqa: E402
 
 TARGET = 1.25
 

@@ -12,7 +12,7 @@ Then, ``--repeats`` times each (15; 5 with ``--quick``), median and best:
 - **direct**: ``store.metrics.series(job, name="loss")`` + ``store.metrics.series_points(...,
   max_points=--max-points)`` (1000), what the route does, without HTTP;
 - **HTTP**: ``GET /api/v1/jobs/{id}/metrics?name=loss&max_points=1000`` against a real server
-  process (``trainhouse.serverprocess.ServerProcess`` on the same home), through httpx;
+  process (``trainhouse.client.serverprocess.ServerProcess`` on the same home), through httpx;
 - for context: every series of the job downsampled (``max_points`` only), the series list
   (``GET .../metrics/names``) and, once, the whole ``loss`` series without downsampling.
 
@@ -44,10 +44,10 @@ from typing import Any
 import httpx
 from _machine import log, wait_quiet
 
+from trainhouse.client.serverprocess import ServerProcess, free_port
+from trainhouse.core.reports import Columns
 from trainhouse.lifecycle import JobState
-from trainhouse.serverprocess import ServerProcess, free_port
 from trainhouse.store import Store, default_db_url
-from trainhouse.store.reports import Columns
 
 TARGET_MS = 100.0
 BATCH = 50_000

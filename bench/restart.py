@@ -1,6 +1,6 @@
 """How long from a killed rank to the next training step, compared with a cold start?
 
-A real server (``trainhouse.serverprocess.ServerProcess``: a temporary home, a free port,
+A real server (``trainhouse.client.serverprocess.ServerProcess``: a temporary home, a free port,
 ``--cpus 2``, no GPUs) runs a small job of 2 DDP ranks over gloo (``OMP_NUM_THREADS=1``): a
 linear model trained for a step about every 0.1 s, logging ``loss`` and ``attempt`` (its
 ``run.attempt``) at every step, checkpointing model and optimizer every ``--every`` steps
@@ -16,7 +16,7 @@ Restart
     Once the job has trained ``--warm-steps`` steps (15) past its start, rank 1's user process
     (found with psutil: ``TRAINHOUSE_RUN_MARKER`` and ``RANK=1`` in its environment, its job
     directory under this benchmark's home, ``train.py`` in its command line, not the
-    ``trainhouse.executors.rank`` wrapper nor torchrun) is sent SIGKILL and the time is taken.
+    ``trainhouse.executors.node.rank`` wrapper nor torchrun) is sent SIGKILL and the time is taken.
     The server sees the attempt fail, requeues the job and starts the next attempt, which loads
     the latest checkpoint. The restart latency is the ``wall_time`` of the first point of the
     ``attempt`` metric whose value is the new attempt's number, minus the kill time. Every
@@ -402,7 +402,7 @@ def write_job(workdir: Path) -> Path:
 
 def bench(args: argparse.Namespace) -> dict[str, Any]:
     from trainhouse.client import Client
-    from trainhouse.serverprocess import ServerProcess, free_port
+    from trainhouse.client.serverprocess import ServerProcess, free_port
 
     busy = wait_quiet(args.quiet_wait)
     tmp = Path(tempfile.mkdtemp(prefix="trainhouse-bench-restart-"))

@@ -55,9 +55,10 @@ import psycopg
 import sqlalchemy as sa
 from _machine import log, machine_busy
 
-from trainhouse.store import Store, reports, rollup
+from trainhouse.core import reports
+from trainhouse.core.reports import Columns
+from trainhouse.store import Store, rollup
 from trainhouse.store import metrics as metric_store
-from trainhouse.store.reports import Columns
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_PG = os.environ.get("TRAINHOUSE_BENCH_PG", "postgresql://postgres@127.0.0.1:5432/postgres")

@@ -48,13 +48,13 @@ import psycopg
 from _machine import log, wait_quiet
 from sqlalchemy import insert, text
 
+from trainhouse.client.serverprocess import ServerProcess, free_port
+from trainhouse.core.records import MetricPoint
+from trainhouse.core.runquery import parse, parse_field, parse_fields
 from trainhouse.lifecycle import JobState
-from trainhouse.runquery import parse, parse_field, parse_fields
-from trainhouse.serverprocess import ServerProcess, free_port
 from trainhouse.store import Store
 from trainhouse.store import tables as t
-from trainhouse.store.records import MetricPoint
-from trainhouse.store.runs import hparam_rows
+from trainhouse.store.jobrows import hparam_rows
 
 TARGET_MS = 100.0
 WHERE = "metrics.val_loss.min < 0.5 and hparams.lr >= 1e-3 and state = COMPLETED"

@@ -98,7 +98,7 @@ from _scheduler_mix import (
     pick,
 )
 
-from trainhouse.cluster import Node, Placement
+from trainhouse.core.cluster import Node, Placement
 from trainhouse.scheduler.incremental import Scheduler
 from trainhouse.scheduler.policy import QueuedJob, RunningJob, Snapshot, decide
 

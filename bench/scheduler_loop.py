@@ -29,7 +29,7 @@ from typing import ClassVar
 from sqlalchemy import insert
 
 import trainhouse.scheduler.loop as loop
-from trainhouse.cluster import Node
+from trainhouse.core.cluster import Node
 from trainhouse.executors.base import Exit, Launch, ProcessInfo
 from trainhouse.lifecycle import JobState, StopReason
 from trainhouse.scheduler.policy import decide

@@ -49,7 +49,7 @@ sys.path.insert(0, str(ROOT / "src"))
 
 import optuna  # noqa: E402
 
-from trainhouse.searchspec import SearchSpec, distributions  # noqa: E402
+from trainhouse.core.searchspec import SearchSpec, distributions  # noqa: E402
 from trainhouse.tune import study as studies  # noqa: E402
 
 TARGET = 0.05  # within this of the optimum's final value
@@ -215,7 +215,7 @@ def wait_ended(client: Any, job_ids: list[int], timeout: float = 300) -> None:
 
 def part2(steps: int, jobs: int) -> dict[str, Any]:
     from trainhouse.client import Client
-    from trainhouse.serverprocess import ServerProcess, free_port
+    from trainhouse.client.serverprocess import ServerProcess, free_port
 
     with tempfile.TemporaryDirectory(prefix="bench-search-") as tmp:
         root = Path(tmp)

@@ -203,8 +203,8 @@ def main() -> None:
         args.seconds, args.clients = 1.0, 8
     import torch
 
+    from trainhouse.jobfs.storage import open_storage
     from trainhouse.sdk._model import write_model
-    from trainhouse.storage import open_storage
 
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory(prefix="trainhouse-bench-serve-") as tmp:

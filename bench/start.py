@@ -104,11 +104,11 @@ def make_workdir(root: Path, epochs: int) -> Path:
 
 
 def classify(cmdline: str) -> str | None:
-    if "trainhouse.executors.supervise" in cmdline:
+    if "trainhouse.executors.node.supervise" in cmdline:
         return "supervisor"
     if "torch.distributed.run" in cmdline or "torchrun" in cmdline.split(" ")[0]:
         return "torchrun"
-    if "trainhouse.executors.rank" in cmdline or "executors/rank.py" in cmdline:
+    if "trainhouse.executors.node.rank" in cmdline or "executors/rank.py" in cmdline:
         return "wrapper"
     return None
 

@@ -51,7 +51,7 @@ while True:
 
 def fb_used(nvml: Any, gpu: int) -> float:
     """NVML's used memory of GPU ``gpu``, in bytes."""
-    from trainhouse.monitoring import names
+    from trainhouse.core import metricnames as names
 
     values, _ = nvml.sample()
     return next((v * MIB for n, v, i in values if n == names.FB_USED and i == gpu), 0.0)
@@ -67,7 +67,7 @@ def exited(pid: int) -> bool:
 def body(results: Results, args: argparse.Namespace) -> None:
     from trainhouse.client import Client
     from trainhouse.errors import ClientError
-    from trainhouse.monitoring.nvml import Nvml
+    from trainhouse.jobfs.nvml import Nvml
 
     size = sizes(args.smoke).executor_bytes
     nvml = Nvml.open()

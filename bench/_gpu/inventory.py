@@ -1,6 +1,6 @@
 """Step ``inventory``: what NVML and torch see of the machine, and whether they agree.
 
-NVML (``trainhouse.monitoring.nvml``, as the server reads it) finds the GPU with its name,
+NVML (``trainhouse.jobfs.nvml``, as the server reads it) finds the GPU with its name,
 memory and UUID; torch's CUDA device 0 has the same UUID (torch prints it without NVML's
 ``GPU-`` prefix); and NVML attributes a 4 GiB tensor this process allocates to this process
 (at least 4 GiB: the CUDA context comes on top).
@@ -25,7 +25,7 @@ def normalized_uuid(value: Any) -> str:
 
 
 def body(results: Results, args: argparse.Namespace) -> None:
-    from trainhouse.monitoring.nvml import Nvml, detect_gpus
+    from trainhouse.jobfs.nvml import Nvml, detect_gpus
 
     cuda = torch.cuda.is_available()
     versions = [f"torch {torch.__version__}", f"CUDA {torch.version.cuda}"]

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from trainhouse._version import __version__
+__version__ = "0.1.0"
 
 if TYPE_CHECKING:
     from trainhouse.sdk import Run, init

@@ -15,9 +15,9 @@ from playwright.sync_api import Page, expect
 from tests.support.dashboard import api, row_ids
 from tests.support.jobs import write_job
 from tests.support.servers import Server
+from trainhouse.jobfs.storage import new_hash
+from trainhouse.jobfs.workdir import pack
 from trainhouse.spec import parse_spec
-from trainhouse.storage import new_hash
-from trainhouse.workdir import pack
 
 pytestmark = pytest.mark.browser
 

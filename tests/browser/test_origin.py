@@ -24,7 +24,7 @@ import pytest
 from playwright.sync_api import Browser, Page
 
 from tests.support.servers import Server
-from trainhouse.workdir import pack
+from trainhouse.jobfs.workdir import pack
 
 pytestmark = pytest.mark.browser
 

@@ -13,8 +13,8 @@ from playwright.sync_api import Page, expect
 
 from tests.support.dashboard import api, row_ids
 from tests.support.servers import Server
+from trainhouse.jobfs.workdir import pack
 from trainhouse.spec import parse_spec
-from trainhouse.workdir import pack
 
 pytestmark = pytest.mark.browser
 

@@ -11,7 +11,7 @@ import pytest
 from playwright.sync_api import Page, expect
 
 from tests.support.servers import Server, assert_clean_stop, start_server
-from trainhouse._http import CLIENT_HEADERS
+from trainhouse.core.wire import CLIENT_HEADERS
 
 pytestmark = pytest.mark.browser
 
@@ -29,7 +29,7 @@ def team_server(tmp_path: Path) -> Iterator[Server]:
 
 
 def submit_as(srv: Server, token: str, name: str, tmp_path: Path) -> int:
-    from trainhouse.workdir import pack
+    from trainhouse.jobfs.workdir import pack
 
     src = tmp_path / name
     src.mkdir()

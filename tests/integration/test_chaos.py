@@ -16,8 +16,8 @@ import torch
 from tests.support.jobs import RANDOM_SCRIPT, rank_process, write_job
 from tests.support.processes import marked_processes
 from tests.support.servers import Server, assert_clean_stop, start_server
+from trainhouse.jobfs.storage import new_hash
 from trainhouse.sdk.checkpoint import load_checkpoint
-from trainhouse.storage import new_hash
 
 pytestmark = pytest.mark.integration
 

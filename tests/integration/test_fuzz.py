@@ -60,10 +60,10 @@ import httpx
 import pytest
 
 from tests.support.servers import EXAMPLE, Server, assert_clean_stop, start_server
-from trainhouse._http import CSRF_HEADER
 from trainhouse.client import Client
+from trainhouse.core.tokens import issue
+from trainhouse.core.wire import CSRF_HEADER
 from trainhouse.store import Store
-from trainhouse.tokens import issue
 
 pytestmark = pytest.mark.integration
 

@@ -24,7 +24,7 @@ import threading
 
 import httpx
 
-from trainhouse._http import CLIENT_HEADERS, JSON_HEADERS
+from trainhouse.core.wire import CLIENT_HEADERS, JSON_HEADERS
 
 env = os.environ
 acked = json.loads(env["TRAINHOUSE_HPARAMS"])["acked"]

@@ -19,7 +19,7 @@ import pytest
 
 from tests.support.jobs import rank_process
 from tests.support.servers import REPO, Server, assert_clean_stop, start_server
-from trainhouse.storage import open_storage
+from trainhouse.jobfs.storage import open_storage
 
 pytestmark = pytest.mark.integration
 

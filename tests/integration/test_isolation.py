@@ -35,7 +35,7 @@ from tests.support.servers import (
     free_port,
     start_server,
 )
-from trainhouse.executors import cgroups
+from trainhouse.executors.node import cgroups
 
 pytestmark = pytest.mark.integration
 
@@ -148,7 +148,7 @@ def unprivileged_server(
 def supervisor_of(job_id: int) -> psutil.Process:
     for proc in marked_processes():
         with contextlib.suppress(psutil.Error):
-            if "trainhouse.executors.supervise" in proc.cmdline() and proc.environ().get(
+            if "trainhouse.executors.node.supervise" in proc.cmdline() and proc.environ().get(
                 "TRAINHOUSE_JOB_ID"
             ) == str(job_id):
                 return proc

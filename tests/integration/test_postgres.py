@@ -16,9 +16,9 @@ import sqlalchemy as sa
 
 from tests.support.servers import Server, assert_clean_stop, database_of, db_upgrade, start_server
 from trainhouse.client import Client
+from trainhouse.client.serverprocess import ServerProcess, free_port
 from trainhouse.errors import ClientError, InvalidTransition, ServerStartError
 from trainhouse.lifecycle import TERMINAL, JobState, check_transition
-from trainhouse.serverprocess import ServerProcess, free_port
 from trainhouse.store.store import Store
 
 pytestmark = pytest.mark.integration

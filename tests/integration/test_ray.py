@@ -27,7 +27,7 @@ from tests.support.jobs import write_job
 from tests.support.processes import marked_processes
 from tests.support.servers import Server, assert_clean_stop, start_server
 from tests.support.wheels import write_wheel
-from trainhouse.executors.ray_node import interface_of
+from trainhouse.executors.ray.node import interface_of
 
 # one Ray cluster for the module: under pytest-xdist its tests stay on one worker
 pytestmark = [pytest.mark.ray, pytest.mark.xdist_group("ray-cluster")]

@@ -12,8 +12,8 @@ import torch
 from tests.support.jobs import LONG_SCRIPT, write_job
 from tests.support.processes import marked_processes
 from tests.support.servers import EXAMPLE, Server
+from trainhouse.jobfs.storage import new_hash
 from trainhouse.sdk.checkpoint import load_checkpoint
-from trainhouse.storage import new_hash
 
 pytestmark = pytest.mark.integration
 

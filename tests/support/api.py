@@ -20,11 +20,11 @@ from fastapi.testclient import TestClient
 from starlette.types import ASGIApp
 
 from tests.support.fakes import FakeExecutor
-from trainhouse._http import CLIENT_HEADERS, CSRF_HEADER
+from trainhouse.core.wire import CLIENT_HEADERS, CSRF_HEADER
 from trainhouse.executors.inventory import local_node
+from trainhouse.jobfs.workdir import pack
 from trainhouse.server import Settings, create_app
-from trainhouse.server.deps import Services
-from trainhouse.workdir import pack
+from trainhouse.usecases.runtime import Runtime
 
 DEFAULTS: dict[str, Any] = {"port": 1, "cpus": 2, "gpus": "0", "tick": 0.1}
 #: where the in-process client sends its requests: a Host the default server answers to
@@ -91,9 +91,9 @@ def app_client(
         yield client
 
 
-def services(api: TestClient) -> Services:
-    svc: Services = api.app.state.services  # type: ignore[attr-defined]
-    return svc
+def services(api: TestClient) -> Runtime:
+    rt: Runtime = api.app.state.runtime  # type: ignore[attr-defined]
+    return rt
 
 
 def workdir(tmp_path: Path, script: str = "print('hello from rank')\n") -> bytes:

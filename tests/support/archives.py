@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from trainhouse.workdir import ArchiveLimits
+from trainhouse.jobfs.workdir import ArchiveLimits
 
 
 def tar_of(tmp_path: Path, build: object) -> Path:

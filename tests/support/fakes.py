@@ -12,7 +12,7 @@ import signal
 import threading
 from typing import ClassVar
 
-from trainhouse.cluster import Node
+from trainhouse.core.cluster import Node
 from trainhouse.executors.base import Exit, Launch, ProcessInfo
 from trainhouse.lifecycle import StopReason
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import psutil
 
 from tests.support.processes import marked_processes
-from trainhouse.executors.torchrun import RANK_WRAPPER
+from trainhouse.executors.node.torchrun import RANK_WRAPPER
 
 RANK_WRAPPER_FILE = RANK_WRAPPER[-1]
 

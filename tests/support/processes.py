@@ -11,7 +11,7 @@ from pathlib import Path
 
 import psutil
 
-from trainhouse.layout import MARKER_ENV
+from trainhouse.jobfs.layout import MARKER_ENV
 
 _SESSION_ROOTS: list[str] = []
 

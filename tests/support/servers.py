@@ -25,7 +25,7 @@ import psycopg
 from tests.support.postgres import PG_ADMIN
 from tests.support.processes import unprivileged
 from trainhouse.client import Client
-from trainhouse.serverprocess import ServerProcess, free_port
+from trainhouse.client.serverprocess import ServerProcess, free_port
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "digits" / "trainhouse.yaml"

@@ -13,10 +13,10 @@ from typing import Any
 from fastapi.testclient import TestClient
 
 from tests.support.api import fake_executor, in_process, settings_for
+from trainhouse.core.tokens import issue
+from trainhouse.jobfs.workdir import pack
 from trainhouse.server import create_app
-from trainhouse.server.deps import Services
-from trainhouse.tokens import issue
-from trainhouse.workdir import pack
+from trainhouse.usecases.runtime import Runtime
 
 SPEC = "name: {name}\nentrypoint: python train.py\nresources: {{procs_per_node: 1}}\n"
 
@@ -24,7 +24,7 @@ SPEC = "name: {name}\nentrypoint: python train.py\nresources: {{procs_per_node: 
 @dataclass
 class Team:
     api: TestClient
-    svc: Services
+    rt: Runtime
     tokens: dict[str, str]  # user -> secret
 
     def h(self, user: str) -> dict[str, str]:
@@ -53,14 +53,14 @@ def make_team(tmp_path: Path, **settings: Any) -> Iterator[Team]:
     src.mkdir(parents=True)
     (src / "train.py").write_text("print('hi')\n")
     with in_process(create_app(cfg, executor=fake_executor(cfg))) as api:
-        svc: Services = api.app.state.services  # type: ignore[attr-defined]
+        rt: Runtime = api.app.state.runtime  # type: ignore[attr-defined]
         tokens = {}
         for name, role in (("root", "admin"), ("alice", "member"), ("bob", "member")):
-            svc.store.accounts.add_user(name, role)
-            tokens[name] = issue(svc.store.accounts, name)[1]
-        svc.store.accounts.add_user("vera", "viewer")
-        tokens["vera"] = issue(svc.store.accounts, "vera")[1]
-        team = Team(api, svc, tokens, archive=pack(src).data)
+            rt.store.accounts.add_user(name, role)
+            tokens[name] = issue(rt.store.accounts, name)[1]
+        rt.store.accounts.add_user("vera", "viewer")
+        tokens["vera"] = issue(rt.store.accounts, "vera")[1]
+        team = Team(api, rt, tokens, archive=pack(src).data)
         for user in ("alice", "bob", "root"):
             resp = api.put(f"/api/v1/quotas/{user}", json={"max_cpus": 0}, headers=team.h("root"))
             assert resp.status_code == 200, resp.text

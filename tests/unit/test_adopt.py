@@ -15,10 +15,10 @@ import torch
 
 from trainhouse.errors import CheckpointError
 from trainhouse.integrations._common import flat_hparams, numbers
+from trainhouse.jobfs.storage import is_temp
 from trainhouse.sdk.checkpoint import Checkpointer
 from trainhouse.sdk.checkpoint._adopt import adopt, commit_record, resume_point
 from trainhouse.sdk.checkpoint._registry import LocalRegistry
-from trainhouse.storage import is_temp
 
 
 class Registry(LocalRegistry):

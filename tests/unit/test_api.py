@@ -9,8 +9,8 @@ import pytest
 from fastapi.testclient import TestClient
 
 from tests.support.api import error_of, in_process, submit, wait_state, workdir
+from trainhouse.core.tokens import hash_token
 from trainhouse.server import Settings, create_app
-from trainhouse.tokens import hash_token
 
 
 def test_health_and_nodes(api: TestClient) -> None:
@@ -146,7 +146,7 @@ def test_malformed_report(api: TestClient, tmp_path: Path) -> None:
     # a stranger learns nothing about the payload rules: credentials are checked first
     resp = api.post(f"/api/v1/jobs/{job['id']}/report", json={"points": "nope"})
     assert resp.status_code == 401
-    services = api.app.state.services  # type: ignore[attr-defined]
+    services = api.app.state.runtime  # type: ignore[attr-defined]
     services.store.jobs.update(job["id"], token_hash=hash_token("known"))
     auth = {"Authorization": "Bearer known"}
     for body in (
@@ -248,7 +248,7 @@ def test_report_bounds_and_checkpoint_paths(api: TestClient, tmp_path: Path) -> 
     './x.pt' and 'x.pt' were two records for one file."""
     job = submit(api, "entrypoint: python train.py", workdir(tmp_path)).json()
     wait_state(api, job["id"], {"COMPLETED"})
-    services = api.app.state.services  # type: ignore[attr-defined]
+    services = api.app.state.runtime  # type: ignore[attr-defined]
     services.store.jobs.update(job["id"], token_hash=hash_token("known"))
     auth = {"Authorization": "Bearer known"}
     url = f"/api/v1/jobs/{job['id']}"

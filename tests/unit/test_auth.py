@@ -14,8 +14,8 @@ import pytest
 
 from tests.support.api import page_request
 from tests.support.team import SPEC, Team, make_team, refused
+from trainhouse.core.tokens import hash_token, job_token
 from trainhouse.server import Settings
-from trainhouse.tokens import hash_token, job_token
 
 
 @pytest.fixture
@@ -68,16 +68,16 @@ def test_members_cannot_read_or_touch_each_others_jobs(team: Team) -> None:
     assert [j["id"] for j in team.get("alice", "/jobs").json()["jobs"]] == [mine]
     assert [j["id"] for j in team.get("root", "/jobs").json()["jobs"]] == [mine]
     assert team.get("alice", "/queue").json()["jobs"][0]["id"] == mine
-    assert team.svc.store.jobs.get(mine).state == "QUEUED"  # nothing the others did stuck
+    assert team.rt.store.jobs.get(mine).state == "QUEUED"  # nothing the others did stuck
     assert team.post("alice", f"/jobs/{mine}/cancel").json()["state"] == "CANCELED"
 
 
 def test_checkpoint_downloads_are_the_owners(team: Team) -> None:
     mine = team.submit("alice").json()["id"]
-    ckpt_dir = Path(team.svc.checkpoints.location(mine))
+    ckpt_dir = Path(team.rt.checkpoints.location(mine))
     ckpt_dir.mkdir(parents=True, exist_ok=True)
     (ckpt_dir / "step-1.pt").write_bytes(b"weights")
-    ckpt = team.svc.store.checkpoints.add(
+    ckpt = team.rt.store.checkpoints.add(
         mine, attempt=1, step=1, path="step-1.pt", size=7, sha256="0" * 64
     )
     for path in (
@@ -128,7 +128,7 @@ def test_a_job_credential_reaches_its_own_job_only(team: Team) -> None:
     mine = team.submit("alice", "a").json()["id"]
     other = team.submit("alice", "b").json()["id"]
     secret = job_token(mine)
-    team.svc.store.jobs.update(mine, token_hash=hash_token(secret))
+    team.rt.store.jobs.update(mine, token_hash=hash_token(secret))
     job = {"Authorization": f"Bearer {secret}"}
     api = team.api
     assert api.get("/api/v1/whoami", headers=job).json()["role"] == "job"
@@ -150,14 +150,14 @@ def test_a_job_credential_reaches_its_own_job_only(team: Team) -> None:
     ):
         resp = api.request(method, f"/api/v1{path}", headers=job, json={})
         assert resp.status_code == 403, (method, path, resp.text)
-    assert team.svc.store.jobs.get(mine).state == "QUEUED"
+    assert team.rt.store.jobs.get(mine).state == "QUEUED"
     # the credential dies with the attempt: once the job leaves RUNNING it is cleared
-    team.svc.store.jobs.update(mine, token_hash=None)
+    team.rt.store.jobs.update(mine, token_hash=None)
     refused(api.get(f"/api/v1/jobs/{mine}/checkpoints", headers=job), 401)
 
 
 def test_the_job_credential_is_cleared_when_the_attempt_ends(team: Team) -> None:
-    store = team.svc.store
+    store = team.rt.store
     job = team.submit("alice").json()["id"]
     _started, _attempt = store.jobs.start_attempt(job, placement=(), token_hash=hash_token("x"))
     assert store.jobs.get(job).token_hash == hash_token("x")
@@ -188,7 +188,7 @@ def test_tokens_expire_revoke_and_disable(team: Team) -> None:
     resp = team.api.patch("/api/v1/users/root", json={"role": "member"}, headers=team.h("root"))
     assert "last active admin" in refused(resp, 409 if resp.status_code == 409 else 400)
     # the store keeps hashes only
-    with team.svc.store.engine.connect() as conn:
+    with team.rt.store.engine.connect() as conn:
         stored = [r[0] for r in conn.exec_driver_sql("SELECT hash FROM api_tokens")]
     assert team.tokens["alice"] not in stored and hash_token(team.tokens["alice"]) in stored
 

@@ -17,10 +17,10 @@ import torch
 
 import trainhouse
 from trainhouse.errors import CheckpointError
+from trainhouse.jobfs.storage import new_hash
 from trainhouse.sdk.checkpoint import RESERVED, _safety, load_checkpoint, refuse_unloadable
 from trainhouse.sdk.checkpoint import _format as fmt
 from trainhouse.sdk.checkpoint import _support as support
-from trainhouse.storage import new_hash
 
 
 @pytest.fixture

@@ -14,9 +14,9 @@ from fastapi.testclient import TestClient
 
 from tests.support.api import BASE_URL, submit, wait_state, workdir
 from trainhouse.client import Client
+from trainhouse.core.tokens import hash_token
 from trainhouse.errors import CheckpointError, ClientError
-from trainhouse.storage import new_hash, tree_digest
-from trainhouse.tokens import hash_token
+from trainhouse.jobfs.storage import new_hash, tree_digest
 
 AUTH = {"Authorization": "Bearer known"}
 
@@ -26,7 +26,7 @@ def job(api: TestClient, tmp_path: Path) -> Iterator[dict[str, Any]]:
     spec = "entrypoint: python train.py\ncheckpoints: {keep_last: 2}\n"
     created = submit(api, spec, workdir(tmp_path)).json()
     wait_state(api, created["id"], {"COMPLETED"})
-    services = api.app.state.services  # type: ignore[attr-defined]
+    services = api.app.state.runtime  # type: ignore[attr-defined]
     services.store.jobs.update(created["id"], token_hash=hash_token("known"))
     url = f"/api/v1/jobs/{created['id']}"
     directory = Path(api.get(f"{url}/checkpoints").json()["directory"])

@@ -17,10 +17,10 @@ from typer.testing import CliRunner
 import trainhouse
 from trainhouse.cli import server as server_cli
 from trainhouse.cli.app import app
-from trainhouse.envs import parse_size
+from trainhouse.core.envspec import parse_size
 from trainhouse.executors.registry import EXECUTORS
-from trainhouse.server.settings import Settings
 from trainhouse.spec import parse_duration
+from trainhouse.usecases.settings import Settings
 
 SRC = Path(trainhouse.__file__).resolve().parents[1]
 
@@ -36,8 +36,8 @@ SERVER_SIDE = (
     "trainhouse.scheduler",
     "trainhouse.executors.base",
     "trainhouse.executors.local",
-    "trainhouse.executors.ray",
-    "trainhouse.executors.torchrun",
+    "trainhouse.executors.ray.executor",
+    "trainhouse.executors.node.torchrun",
     "trainhouse.executors.inventory",
     "trainhouse.monitoring",
     "trainhouse.sdk",
@@ -45,7 +45,7 @@ SERVER_SIDE = (
     "psutil",
 )
 # nor, for --help, the client's HTTP stack or the spec's validation
-CLIENT_SIDE = ("httpx", "pydantic", "yaml", "trainhouse.spec", "trainhouse.workdir")
+CLIENT_SIDE = ("httpx", "pydantic", "yaml", "trainhouse.spec", "trainhouse.jobfs.workdir")
 
 
 def modules_after(code: str) -> set[str]:
@@ -89,7 +89,7 @@ def test_a_client_command_imports_no_server_module(command: list[str]) -> None:
         "    assert exc.code == 3, exc.code"
     )
     assert "trainhouse.client" in modules
-    assert loaded(modules, (*SERVER_SIDE, "trainhouse.spec", "trainhouse.workdir")) == []
+    assert loaded(modules, (*SERVER_SIDE, "trainhouse.spec", "trainhouse.jobfs.workdir")) == []
 
 
 def test_the_commands_and_their_order() -> None:
@@ -143,11 +143,11 @@ def test_serve_with_a_model_reference_starts_a_service(monkeypatch: pytest.Monke
     first = runner.invoke(app, ["serve", "m@prod", "--replicas", "2"])
     assert first.exit_code == 0, first.output
     assert "service m: m@prod (version 3), job 7, queued" in first.output
-    second = runner.invoke(app, ["serve", "--name", "svc", "m@prod"])
+    second = runner.invoke(app, ["serve", "--name", "rt", "m@prod"])
     assert second.exit_code == 0, second.output
     assert runner.invoke(app, ["serve", "list", "--json"]).exit_code == 0
     assert [c[0] for c in calls] == ["m@prod", "m@prod", "list"]
-    assert (calls[0][1]["replicas"], calls[1][1]["name"]) == (2, "svc")
+    assert (calls[0][1]["replicas"], calls[1][1]["name"]) == (2, "rt")
 
 
 def server_options() -> dict[str, Any]:

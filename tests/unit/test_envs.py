@@ -16,11 +16,14 @@ import pytest
 from tests.support.api import app_client, services, submit, wait_state, workdir
 from tests.support.team import make_team, refused
 from tests.support.wheels import serving, write_wheel
-from trainhouse import envs
+from trainhouse.core import envspec
+from trainhouse.core.errors import EnvBuildError
 from trainhouse.errors import SpecError
 from trainhouse.executors.base import Exit
-from trainhouse.executors.supervise import read_record
-from trainhouse.layout import JobLayout
+from trainhouse.executors.node import envbuild
+from trainhouse.executors.node.supervise import read_record
+from trainhouse.jobfs import envcache
+from trainhouse.jobfs.layout import JobLayout
 from trainhouse.lifecycle import FailureKind
 from trainhouse.scheduler.failures import analyse
 from trainhouse.spec import NoRestart, parse_spec
@@ -53,8 +56,8 @@ def test_a_bad_environment_names_the_field(environment: str, says: str) -> None:
 
 def test_an_environment_takes_the_servers_index_unless_it_names_its_own() -> None:
     spec = parse_spec("entrypoint: python t.py\nenvironment: {packages: [tabulate==0.9.0]}\n")
-    defaults = envs.Defaults("https://u:p@idx/simple", ("https://x/simple",), ("/w",), 123)
-    request = envs.request_for(spec.environment, defaults, "7.2")
+    defaults = envspec.Defaults("https://u:p@idx/simple", ("https://x/simple",), ("/w",), 123)
+    request = envspec.request_for(spec.environment, defaults, "7.2")
     assert request is not None
     assert (request.index_url, request.extra_index_urls, request.find_links) == (
         "https://u:p@idx/simple",
@@ -66,14 +69,14 @@ def test_an_environment_takes_the_servers_index_unless_it_names_its_own() -> Non
         "entrypoint: python t.py\n"
         "environment: {packages: [a], index_url: 'https://mine/', find_links: []}\n"
     )
-    mine = envs.request_for(own.environment, defaults, "1.1")
+    mine = envspec.request_for(own.environment, defaults, "1.1")
     assert mine is not None and mine.index_url == "https://mine/" and mine.find_links == []
-    assert envs.Request.from_json(mine.to_json()) == mine
-    assert envs.request_for(None, defaults, "1.1") is None
+    assert envspec.Request.from_json(mine.to_json()) == mine
+    assert envspec.request_for(None, defaults, "1.1") is None
 
 
 def digest_of(workdir: Path, **fields: object) -> str:
-    return envs.digest(envs.Request(cache="", **fields), workdir)  # type: ignore[arg-type]
+    return envbuild.digest(envspec.Request(cache="", **fields), workdir)  # type: ignore[arg-type]
 
 
 def test_a_changed_included_file_changes_the_digest(tmp_path: Path) -> None:
@@ -103,10 +106,10 @@ def test_an_include_outside_the_workdir_is_refused(tmp_path: Path) -> None:
     (tmp_path / "wd").mkdir()
     (tmp_path / "outside.txt").write_text("x\n")
     (tmp_path / "wd" / "r.txt").write_text("-r ../outside.txt\n")
-    with pytest.raises(envs.BuildError, match="outside the workdir"):
+    with pytest.raises(EnvBuildError, match="outside the workdir"):
         digest_of(tmp_path / "wd", requirements="r.txt")
     (tmp_path / "wd" / "r.txt").write_text("-r missing.txt\n")
-    with pytest.raises(envs.BuildError, match=r"missing\.txt is not in the workdir"):
+    with pytest.raises(EnvBuildError, match=r"missing\.txt is not in the workdir"):
         digest_of(tmp_path / "wd", requirements="r.txt")
 
 
@@ -123,15 +126,15 @@ def test_the_digest_covers_the_lock_and_a_local_wheel_directory(tmp_path: Path) 
 
 
 def test_a_requirement_for_another_torch_fails_before_any_build(tmp_path: Path) -> None:
-    request = envs.Request(cache=str(tmp_path / "cache"), packages=["torch==1.0.0"])
-    with pytest.raises(envs.BuildError, match="another torch than the server's"):
-        envs.ensure(request, tmp_path, print)
+    request = envspec.Request(cache=str(tmp_path / "cache"), packages=["torch==1.0.0"])
+    with pytest.raises(EnvBuildError, match="another torch than the server's"):
+        envbuild.ensure(request, tmp_path, print)
     assert not (tmp_path / "cache").exists()
 
 
 def test_credentials_are_redacted() -> None:
     text = "GET https://user:pa55@idx.example/simple/x/ and http://tok@h/ and file:///x"
-    assert envs.redact(text) == (
+    assert envspec.redact(text) == (
         "GET https://***@idx.example/simple/x/ and http://***@h/ and file:///x"
     )
 
@@ -139,17 +142,17 @@ def test_credentials_are_redacted() -> None:
 def fake_env(cache: Path, digest: str, size: int, used: float) -> None:
     path = cache / digest
     path.mkdir(parents=True)
-    (path / envs.READY).write_text("{}")
+    (path / envcache.READY).write_text("{}")
     (path / "blob").write_bytes(b"x" * size)
-    (path / envs.USED).touch()
-    os.utime(path / envs.USED, (used, used))
+    (path / envcache.USED).touch()
+    os.utime(path / envcache.USED, (used, used))
 
 
 def test_prune_removes_the_least_recently_used_never_one_in_use(tmp_path: Path) -> None:
     for i, digest in enumerate(["aa", "bb", "cc", "dd"]):
         fake_env(tmp_path, digest, 64 * 1024, 1000.0 + i)
     (tmp_path / "ee").mkdir()  # no ready marker: not an environment
-    listed = envs.cached(tmp_path)
+    listed = envcache.cached(tmp_path)
     assert [e.digest for e in listed] == ["aa", "bb", "cc", "dd"]
     each = listed[0].size
     locks = tmp_path / ".locks"
@@ -157,28 +160,30 @@ def test_prune_removes_the_least_recently_used_never_one_in_use(tmp_path: Path) 
         fcntl.flock(held, fcntl.LOCK_SH)
         (tmp_path / ".users" / "aa").mkdir(parents=True)
         (tmp_path / ".users" / "aa" / "3.1").write_text("1")
-        assert next((e.digest, e.in_use, e.jobs) for e in envs.cached(tmp_path)) == (
+        assert next((e.digest, e.in_use, e.jobs) for e in envcache.cached(tmp_path)) == (
             "aa",
             True,
             ["3.1"],
         )
-        removed = envs.prune(tmp_path, 2 * each)
+        removed = envcache.prune(tmp_path, 2 * each)
         assert [e.digest for e in removed] == ["bb", "cc"]
-        assert sorted(e.digest for e in envs.cached(tmp_path)) == ["aa", "dd"]
-        assert not envs.remove(tmp_path, "aa")
-    assert [e.digest for e in envs.prune(tmp_path, 0)] == ["aa", "dd"]
-    assert envs.cached(tmp_path) == []
+        assert sorted(e.digest for e in envcache.cached(tmp_path)) == ["aa", "dd"]
+        assert not envcache.remove(tmp_path, "aa")
+    assert [e.digest for e in envcache.prune(tmp_path, 0)] == ["aa", "dd"]
+    assert envcache.cached(tmp_path) == []
 
 
 def test_the_launcher_log_tells_where_the_environment_stands() -> None:
-    assert envs.phase("torchrun says hi\n") is None
-    starting = f"{envs.SETTING_UP} (requirements.txt)\n"
-    assert envs.phase(starting) == "setting up environment"
+    assert envspec.phase("torchrun says hi\n") is None
+    starting = f"{envspec.SETTING_UP} (requirements.txt)\n"
+    assert envspec.phase(starting) == "setting up environment"
     assert (
-        envs.phase(starting + "trainhouse: environment 0a1b ready in 3.25 s (built)\n")
+        envspec.phase(starting + "trainhouse: environment 0a1b ready in 3.25 s (built)\n")
         == "environment built in 3.2 s"
     )
-    assert envs.phase(starting + f"{envs.FAILED_LINE}:\nerror: nope\n") == "environment failed"
+    assert (
+        envspec.phase(starting + f"{envspec.FAILED_LINE}:\nerror: nope\n") == "environment failed"
+    )
 
 
 def test_a_failed_build_is_the_jobs_failure_and_never_restarted(tmp_path: Path) -> None:
@@ -186,26 +191,26 @@ def test_a_failed_build_is_the_jobs_failure_and_never_restarted(tmp_path: Path) 
     files.logs.mkdir(parents=True)
     files.log("launcher").write_text(
         "=== trainhouse: attempt 1 ===\n"
-        f"{envs.SETTING_UP} (x)\n{envs.FAILED_LINE}:\n"
+        f"{envspec.SETTING_UP} (x)\n{envspec.FAILED_LINE}:\n"
         "  cause: Because thenv-missing was not found in the package registry\n"
     )
-    failure = analyse(Exit(1, 1, envs.BUILD_FAILED_CODE), files, 2, NoRestart())
+    failure = analyse(Exit(1, 1, envspec.BUILD_FAILED_CODE), files, 2, NoRestart())
     assert failure.kind is FailureKind.USER and failure.permanent
     assert "thenv-missing was not found" in failure.log_tail
     assert failure.summary == "the job's environment could not be built"
 
 
 def test_sizes() -> None:
-    assert envs.parse_size("20G") == 20 * 1024**3
-    assert envs.parse_size("512MiB") == 512 * 1024**2
-    assert envs.parse_size("1000") == 1000
+    assert envspec.parse_size("20G") == 20 * 1024**3
+    assert envspec.parse_size("512MiB") == 512 * 1024**2
+    assert envspec.parse_size("1000") == 1000
     with pytest.raises(ValueError, match="must be a size"):
-        envs.parse_size("lots")
+        envspec.parse_size("lots")
 
 
 def test_envs_routes_are_for_admins(tmp_path: Path) -> None:
     for team in make_team(tmp_path, env_cache_size=100 * 1024):
-        cache = team.svc.settings.env_cache
+        cache = team.rt.settings.env_cache
         for i, digest in enumerate(["aa11", "bb22", "cc33"]):
             fake_env(cache, digest, 64 * 1024, 1000.0 + i)
         assert "only admins" in refused(team.get("alice", "/envs"))
@@ -241,7 +246,7 @@ def test_a_launch_carries_the_environment_with_the_servers_index(tmp_path: Path)
         assert api.get(url).json()["environment"] is None  # the fake wrote none
         log = services(api).files(job["id"]).log("launcher")
         log.parent.mkdir(parents=True, exist_ok=True)
-        log.write_text(f"=== trainhouse: attempt 1 ===\n{envs.SETTING_UP} (requirements.txt)\n")
+        log.write_text(f"=== trainhouse: attempt 1 ===\n{envspec.SETTING_UP} (requirements.txt)\n")
         assert api.get(url).json()["environment"] == "setting up environment"
         with log.open("a") as fh:
             fh.write("trainhouse: environment 0a1b ready in 0.12 s (reused)\n")
@@ -249,11 +254,11 @@ def test_a_launch_carries_the_environment_with_the_servers_index(tmp_path: Path)
 
 
 def test_every_node_of_a_job_must_be_ready() -> None:
-    two = f"[node 0] {envs.SETTING_UP} (x)\n[node 1] {envs.SETTING_UP} (x)\n"
+    two = f"[node 0] {envspec.SETTING_UP} (x)\n[node 1] {envspec.SETTING_UP} (x)\n"
     first = "[node 1] trainhouse: environment 0a ready in 2.50 s (built)\n"
-    assert envs.phase(two + first) == "setting up environment"
+    assert envspec.phase(two + first) == "setting up environment"
     second = "[node 0] trainhouse: environment 0a ready in 3.10 s (reused)\n"
-    assert envs.phase(two + first + second) == "environment built in 3.1 s"
+    assert envspec.phase(two + first + second) == "environment built in 3.1 s"
 
 
 def test_a_pyproject_with_its_lock_is_built_as_locked(tmp_path: Path) -> None:
@@ -267,7 +272,7 @@ def test_a_pyproject_with_its_lock_is_built_as_locked(tmp_path: Path) -> None:
         '[project]\nname = "job"\nversion = "0.1"\nrequires-python = ">=3.11"\n'
         'dependencies = ["thenv-lib"]\n'
     )
-    request = envs.Request(
+    request = envspec.Request(
         cache=str(tmp_path / "cache"),
         pyproject="pyproject.toml",
         index_url=f"file://{empty}",
@@ -275,12 +280,12 @@ def test_a_pyproject_with_its_lock_is_built_as_locked(tmp_path: Path) -> None:
     )
     env = {**os.environ, "UV_INDEX_URL": f"file://{empty}", "UV_FIND_LINKS": str(wheels)}
     locked = subprocess.run(
-        [envs._uv(), "lock", "--no-config", "--project", str(project)], env=env, check=False
+        [envbuild._uv(), "lock", "--no-config", "--project", str(project)], env=env, check=False
     )
     assert locked.returncode == 0
     write_wheel(wheels, "thenv-lib", "2.0")  # newer, but not what the lock says
     lines: list[str] = []
-    ready = envs.ensure(request, project, lines.append)
+    ready = envbuild.ensure(request, project, lines.append)
     ready.release()
     assert ready.built
     shown = subprocess.run(
@@ -302,14 +307,14 @@ def test_a_supervisor_stopped_while_building_ends_and_leaves_nothing(tmp_path: P
     exit_file = tmp_path / "exit-launcher"
     with serving(wheels) as index:
         index.hold()
-        request = envs.Request(
+        request = envspec.Request(
             cache=str(tmp_path / "cache"),
             packages=["thenv-slow"],
             index_url=f"file://{empty}",
             find_links=[index.links],
         )
-        env = {**os.environ, envs.ENV_VAR: request.to_json()}
-        command = [sys.executable, "-m", "trainhouse.executors.supervise", str(exit_file)]
+        env = {**os.environ, envspec.ENV_VAR: request.to_json()}
+        command = [sys.executable, "-m", "trainhouse.executors.node.supervise", str(exit_file)]
         proc = subprocess.Popen(
             [*command, sys.executable, "-c", "raise SystemExit('never started')"],
             cwd=wd,
@@ -332,4 +337,4 @@ def test_a_supervisor_stopped_while_building_ends_and_leaves_nothing(tmp_path: P
     recorded = read_record(exit_file, within=tmp_path)
     assert recorded is not None and recorded[0] == -signal.SIGTERM
     assert list((tmp_path / "cache" / ".tmp").iterdir()) == []
-    assert envs.cached(tmp_path / "cache") == []
+    assert envcache.cached(tmp_path / "cache") == []

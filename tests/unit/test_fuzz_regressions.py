@@ -18,11 +18,11 @@ from sqlalchemy.exc import DataError
 
 from tests.support.api import fake_executor, in_process
 from tests.support.team import Team, make_team, refused
+from trainhouse.core.reports import parse_report
+from trainhouse.core.tokens import hash_token, job_token
 from trainhouse.errors import InvalidMetrics, StoreError
 from trainhouse.server import Settings, create_app
 from trainhouse.store import Store
-from trainhouse.store.reports import parse_report
-from trainhouse.tokens import hash_token, job_token
 
 INT64 = 2**63 - 1
 PAST_BIGINT = (INT64 + 1, 2**64, -(2**63) - 1)
@@ -172,7 +172,7 @@ def test_a_database_url_password_stays_out_of_errors() -> None:
 def test_what_a_job_reports_must_fit_the_columns(team: Team) -> None:
     job = job_of(team)
     secret = job_token(job)
-    team.svc.store.jobs.update(job, token_hash=hash_token(secret))
+    team.rt.store.jobs.update(job, token_hash=hash_token(secret))
     h = {"Authorization": f"Bearer {secret}"}
     point = [[1, "loss", 0.5, None, 1.0]]
     report = {"batch_id": "b1", "attempt": 2**31, "points": point}

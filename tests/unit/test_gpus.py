@@ -18,10 +18,10 @@ from tests.support.api import app_client, services, submit, wait_state, workdir
 from tests.support.fakes import FakeExecutor
 from tests.support.nvml import FakeGpu, FakeMig, FakeNvml, FakeProcess
 from tests.support.records import new_job
-from trainhouse.cluster import Gpu, Node
+from trainhouse.core import metricnames as names
+from trainhouse.core.cluster import Gpu, Node
 from trainhouse.executors.inventory import local_node, parse_gpus
-from trainhouse.monitoring import names
-from trainhouse.monitoring.nvml import Nvml, detect_gpus, parse_mask
+from trainhouse.jobfs.nvml import Nvml, detect_gpus, parse_mask
 from trainhouse.monitoring.sampler import Sampler, nspids
 from trainhouse.store import Store
 
@@ -236,7 +236,7 @@ def test_a_gpu_an_ended_attempt_still_holds_waits_until_released(
     process is gone. The job sees its GPU by UUID in PCI bus order, and its compilers' cache
     is kept from its failed first attempt to its second, then removed with the job."""
     from trainhouse.executors.gpu_release import GpuRelease
-    from trainhouse.layout import MARKER_ENV, JobLayout
+    from trainhouse.jobfs.layout import MARKER_ENV, JobLayout
 
     home = tmp_path / "home"
     home_id = hashlib.sha256(str(home.resolve()).encode()).hexdigest()[:12]

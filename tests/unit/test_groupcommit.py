@@ -1,4 +1,4 @@
-"""Group commit of metric reports (trainhouse.store.groupcommit) on SQLite and PostgreSQL:
+"""Group commit of metric reports (trainhouse.ingest.groupcommit) on SQLite and PostgreSQL:
 many reports in one transaction, errors per report, each batch id once, a bounded queue, a
 drain at stop; and the report route's 503 when the queue is full."""
 
@@ -17,11 +17,11 @@ from sqlalchemy import event
 
 from tests.support.api import app_client, error_of, services, submit, wait_launched, workdir
 from tests.support.records import new_job
+from trainhouse.core.reports import MAX_SERIES, Columns, Report, check_columns
+from trainhouse.core.tokens import hash_token
 from trainhouse.errors import InvalidMetrics, NotFound, ServerBusy
+from trainhouse.ingest import groupcommit as gc
 from trainhouse.store import Store
-from trainhouse.store import groupcommit as gc
-from trainhouse.store.reports import MAX_SERIES, Columns, Report, check_columns
-from trainhouse.tokens import hash_token
 
 TOKEN = "thj_test-credential"
 

@@ -20,11 +20,11 @@ import pytest
 from typer.testing import CliRunner
 
 from tests.support.processes import unprivileged
-from trainhouse import _hardening
 from trainhouse.cli.app import app
-from trainhouse.executors import cgroups, torchrun
-from trainhouse.executors.supervise import read_record, supervised
-from trainhouse.server.settings import Settings
+from trainhouse.executors.node import cgroups, torchrun
+from trainhouse.executors.node.supervise import read_record, supervised
+from trainhouse.jobfs import hardening as _hardening
+from trainhouse.usecases.settings import Settings
 
 
 def run_python(code: str, *, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
@@ -41,7 +41,7 @@ def run_python(code: str, *, stdin: str | None = None) -> subprocess.CompletedPr
 def test_no_dump_makes_the_process_non_dumpable() -> None:
     result = run_python(
         """
-        from trainhouse import _hardening
+        from trainhouse.jobfs import hardening as _hardening
         print(_hardening.is_dumpable(), _hardening.no_dump(), _hardening.is_dumpable())
         """
     )
@@ -86,7 +86,7 @@ def test_standard_input_is_read_once_and_then_closed_off() -> None:
     result = run_python(
         """
         import os
-        from trainhouse import _hardening
+        from trainhouse.jobfs import hardening as _hardening
         print(_hardening.read_private_file("-"))
         print(os.readlink("/proc/self/fd/0"))
         """,
@@ -163,7 +163,7 @@ def supervise(tmp_path: Path, *extra: str) -> tuple[int, int, float]:
     exit_file = tmp_path / "exit-launcher"
     cmd = [sys.executable, "-c", ESCAPING_LAUNCHER, str(pidfile)]
     proc = subprocess.Popen(
-        [sys.executable, "-m", "trainhouse.executors.supervise", *extra, str(exit_file), *cmd]
+        [sys.executable, "-m", "trainhouse.executors.node.supervise", *extra, str(exit_file), *cmd]
     )
     deadline = time.monotonic() + 30
     while not pidfile.exists():
@@ -244,7 +244,7 @@ def test_the_supervisor_is_not_dumpable(tmp_path: Path) -> None:
         [
             sys.executable,
             "-m",
-            "trainhouse.executors.supervise",
+            "trainhouse.executors.node.supervise",
             str(tmp_path / "exit-launcher"),
             *unprivileged([sys.executable, "-c", peek]),
         ],
@@ -282,7 +282,7 @@ def test_a_new_sqlite_database_is_private_whatever_the_umask(tmp_path: Path) -> 
 
 
 def test_unpacked_code_gets_no_bit_the_umask_takes_away(tmp_path: Path) -> None:
-    from trainhouse.workdir import extract, pack
+    from trainhouse.jobfs.workdir import extract, pack
 
     src = tmp_path / "src"
     (src / "pkg").mkdir(parents=True)

@@ -27,9 +27,9 @@ from tests.support.api import (
     workdir,
 )
 from tests.support.hostile import Fifos, finishes, socket_file
-from trainhouse.layout import JobLayout
-from trainhouse.server.housekeeping import expire_logs
-from trainhouse.tokens import hash_token
+from trainhouse.core.tokens import hash_token
+from trainhouse.ingest.logretention import expire_logs
+from trainhouse.jobfs.layout import JobLayout
 
 AUTH = {"Authorization": "Bearer known"}
 SPEC = "entrypoint: python train.py\ncheckpoints: {keep_last: 2}\n"
@@ -43,8 +43,8 @@ def new_job(api: TestClient, tmp_path: Path, until: str = "COMPLETED", spec: str
         wait_launched(api, created["id"])
     else:
         wait_state(api, created["id"], {until})
-    svc = services(api)
-    svc.store.jobs.update(created["id"], token_hash=hash_token("known"))
+    rt = services(api)
+    rt.store.jobs.update(created["id"], token_hash=hash_token("known"))
     url = f"/api/v1/jobs/{created['id']}"
     shown = api.get(url).json()
     location = api.get(f"{url}/checkpoints").json()["directory"]  # a path or a file:// URL
@@ -338,8 +338,8 @@ def test_log_retention_deletes_nothing_through_a_linked_job_directory(
     (outside / "logs" / "keep.txt").write_text("not the job's")
     shutil.rmtree(job["root"], ignore_errors=True)
     job["root"].symlink_to(outside)
-    svc = services(api)
-    expire_logs(svc.store, svc.settings.home, 1.0, now=time.time() + 100)
+    rt = services(api)
+    expire_logs(rt.store, rt.settings.home, 1.0, now=time.time() + 100)
     assert (outside / "logs" / "keep.txt").read_text() == "not the job's"
 
 

@@ -15,13 +15,13 @@ from pathlib import Path
 import pytest
 
 from tests.support.hostile import Fifos, finishes, sparse
-from trainhouse.cluster import Placement
+from trainhouse.core.cluster import Placement
 from trainhouse.executors.base import Launch, ProcessInfo
 from trainhouse.executors.inventory import local_node
 from trainhouse.executors.local import LocalExecutor
-from trainhouse.executors.ray_attempt import OFFSETS, Attempt, Member
-from trainhouse.executors.ray_node import NodeAgent
-from trainhouse.layout import JobEnv, JobLayout
+from trainhouse.executors.ray.attempt import OFFSETS, Attempt, Member
+from trainhouse.executors.ray.node import NodeAgent
+from trainhouse.jobfs.layout import JobEnv, JobLayout
 from trainhouse.spec import parse_spec
 
 REPO = Path(__file__).resolve().parents[2]
@@ -37,8 +37,8 @@ tmp, case = Path(sys.argv[1]), sys.argv[2]
 with app_client(tmp, exit_code=None) as api:
     job = submit(api, "entrypoint: python train.py", workdir(tmp)).json()
     wait_launched(api, job["id"])
-    svc = services(api)
-    directory = Path(svc.checkpoints.location(job["id"]))
+    rt = services(api)
+    directory = Path(rt.checkpoints.location(job["id"]))
     (directory / "step-000000001.pt").write_bytes(b"weights")
     record = directory / "step-000000001.pt.json"
     if case == "sparse":
@@ -49,7 +49,7 @@ with app_client(tmp, exit_code=None) as api:
     vm = int(next(l for l in open("/proc/self/status") if l.startswith("VmSize")).split()[1])
     resource.setrlimit(resource.RLIMIT_AS, ((vm << 10) + (3 << 30), resource.RLIM_INFINITY))
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss << 10
-    svc.scheduler.executor.end(job["id"], 0)
+    rt.scheduler.executor.end(job["id"], 0)
     final = wait_state(api, job["id"], {"COMPLETED", "FAILED"}, timeout=60)
     after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss << 10
     listed = api.get(f"/api/v1/jobs/{job['id']}/checkpoints").json()["checkpoints"]

@@ -5,9 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from tests.support.records import new_job
-from trainhouse.layout import JobLayout
+from trainhouse.ingest.logretention import DELETED_NOTE, expire_logs
+from trainhouse.jobfs.layout import JobLayout
 from trainhouse.lifecycle import JobState
-from trainhouse.server.housekeeping import DELETED_NOTE, expire_logs
 from trainhouse.store import Store
 
 

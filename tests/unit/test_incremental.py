@@ -15,7 +15,7 @@ from dataclasses import replace
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from trainhouse.cluster import Gpu, Node, Placement
+from trainhouse.core.cluster import Gpu, Node, Placement
 from trainhouse.scheduler.incremental import QueueIndex, Scheduler, walk
 from trainhouse.scheduler.policy import (
     QueuedJob,

@@ -94,7 +94,7 @@ def test_pages_filters_and_sorts_in_sql(store: Store) -> None:
 def api(tmp_path: Path) -> Iterator[TestClient]:
     # no user may use a CPU: the queued jobs of this test wait, nothing is started
     with app_client(tmp_path, tick=0.5, quota_cpus=0) as client:
-        fill(client.app.state.services.store)  # type: ignore[attr-defined]
+        fill(client.app.state.runtime.store)  # type: ignore[attr-defined]
         yield client
 
 

@@ -21,7 +21,7 @@ from tests.support.api import services, submit, wait_state, workdir
 from tests.support.fakes import FakeExecutor
 from tests.support.records import new_job, stored_archive
 from tests.support.team import make_team
-from trainhouse.layout import JobLayout
+from trainhouse.jobfs.layout import JobLayout
 from trainhouse.lifecycle import JobState
 from trainhouse.scheduler.loop import SchedulerLoop
 from trainhouse.store import BlobStore, Store
@@ -102,8 +102,8 @@ def test_a_checkpoint_file_name_that_is_not_utf8_is_skipped_not_fatal(
     checkpoint after it stayed unregistered)."""
     job = submit(api, "entrypoint: python train.py", workdir(tmp_path)).json()
     wait_state(api, job["id"], {"COMPLETED"})
-    svc = services(api)
-    directory = os.fsencode(svc.checkpoints.location(job["id"]))
+    rt = services(api)
+    directory = os.fsencode(rt.checkpoints.location(job["id"]))
     os.makedirs(directory, exist_ok=True)
     for step, name in ((1, b"step-1.pt"), (2, b"step-\xff.pt"), (3, b"step-3.pt")):
         data = b"x" * step
@@ -118,7 +118,7 @@ def test_a_checkpoint_file_name_that_is_not_utf8_is_skipped_not_fatal(
         }
         with open(os.path.join(directory, name + b".json"), "w") as fh:
             fh.write(json.dumps(record))
-    added = svc.checkpoints.register_unlisted(job["id"], 1)
+    added = rt.checkpoints.register_unlisted(job["id"], 1)
     assert sorted(c.path for c in added) == ["step-1.pt", "step-3.pt"]
 
 
@@ -127,11 +127,11 @@ def test_a_shared_list_and_queue_show_no_text_of_others_jobs(tmp_path: Path) -> 
     admin see her reasons."""
     secret = "attempt 1 failed: rank 0 exited with code 1; last lines:\nAPI_KEY=hunter2"
     for team in make_team(tmp_path, job_visibility="list"):
-        store = team.svc.store
+        store = team.rt.store
         failed, yielding, queued = (
             team.submit("alice", name).json()["id"] for name in ("failed", "yielding", "queued")
         )
-        executor = team.svc.scheduler.executor
+        executor = team.rt.scheduler.executor
         for job_id in (failed, yielding):
             executor.live[job_id] = 1  # type: ignore[attr-defined]  # "runs": not swept up
             store.jobs.start_attempt(job_id, placement=[], token_hash="0" * 64)

@@ -1,4 +1,4 @@
-"""trainhouse.jobfiles: what the server opens of a job's files, and what it refuses."""
+"""trainhouse.jobfs.jobfiles: what the server opens of a job's files, and what it refuses."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from tests.support.hostile import Fifos, finishes, socket_file, sparse
-from trainhouse import jobfiles
-from trainhouse.jobfiles import UnsafeFile
+from trainhouse.jobfs import jobfiles
+from trainhouse.jobfs.jobfiles import UnsafeFile
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""trainhouse.executors.launch runs a module as python -m does, then freezes the heap."""
+"""trainhouse.executors.node.launch runs a module as python -m does, then freezes the heap."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ sys.exit(int(sys.argv[1]))
 def launch(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
     (tmp_path / "some_module.py").write_text(textwrap.dedent(MODULE))
     return subprocess.run(
-        [sys.executable, "-m", "trainhouse.executors.launch", "some_module", *args],
+        [sys.executable, "-m", "trainhouse.executors.node.launch", "some_module", *args],
         cwd=tmp_path,
         capture_output=True,
         text=True,
@@ -45,6 +45,6 @@ def test_an_exception_ends_it_as_it_would_end_python_m(tmp_path: Path) -> None:
 
 def test_no_module_is_a_usage_error() -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "trainhouse.executors.launch"], capture_output=True, text=True
+        [sys.executable, "-m", "trainhouse.executors.node.launch"], capture_output=True, text=True
     )
     assert done.returncode == 2 and "usage:" in done.stderr

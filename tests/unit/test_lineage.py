@@ -32,12 +32,12 @@ def api(tmp_path: Path) -> Iterator[TestClient]:
 
 def checkpoint(api: TestClient, job_id: int, step: int, data: bytes, attempt: int = 1) -> Path:
     """A checkpoint file of ``job_id`` as the SDK leaves it, registered."""
-    svc = services(api)
-    directory = Path(svc.checkpoints.location(job_id))
+    rt = services(api)
+    directory = Path(rt.checkpoints.location(job_id))
     directory.mkdir(parents=True, exist_ok=True)
     name = f"step-{step:09d}.pt"
     (directory / name).write_bytes(data)
-    svc.store.checkpoints.add(
+    rt.store.checkpoints.add(
         job_id,
         attempt=attempt,
         step=step,
@@ -108,11 +108,11 @@ def test_clone_copies_the_checkpoint_verified(api: TestClient, tmp_path: Path) -
     assert new["archive_sha256"] == source["archive_sha256"]  # the same code, not uploaded
     assert (new["cloned_from"], new["cloned_step"], new["held"]) == (source["id"], 10, False)
 
-    svc = services(api)
-    (copied,) = svc.store.checkpoints.list(new["id"])
+    rt = services(api)
+    (copied,) = rt.store.checkpoints.list(new["id"])
     assert (copied.step, copied.attempt, copied.size) == (10, 0, 4)
     assert copied.sha256 == hashlib.sha256(b"ten!").hexdigest()
-    directory = Path(svc.checkpoints.location(new["id"]))
+    directory = Path(rt.checkpoints.location(new["id"]))
     assert (directory / copied.path).read_bytes() == b"ten!"
     record = json.loads((directory / f"{copied.path}.json").read_text())
     assert record["copied_from"] == {"job": source["id"], "step": 10}
@@ -123,7 +123,7 @@ def test_clone_copies_the_checkpoint_verified(api: TestClient, tmp_path: Path) -
     fresh = api.post(f"/api/v1/jobs/{source['id']}/clone", json={"from_checkpoint": "5"})
     assert fresh.json()["cloned_step"] == 5
     plain = api.post(f"/api/v1/jobs/{source['id']}/clone").json()
-    assert plain["cloned_step"] is None and svc.store.checkpoints.list(plain["id"]) == []
+    assert plain["cloned_step"] is None and rt.store.checkpoints.list(plain["id"]) == []
 
 
 def test_clone_refusals_leave_no_job(api: TestClient, tmp_path: Path) -> None:
@@ -148,9 +148,9 @@ def test_clone_refusals_leave_no_job(api: TestClient, tmp_path: Path) -> None:
 
 
 def test_a_held_job_is_not_scheduled(api: TestClient, tmp_path: Path) -> None:
-    svc = services(api)
+    rt = services(api)
     archive = submit(api, SPEC, packed(tmp_path)).json()["archive_sha256"]
-    held = svc.store.jobs.create(
+    held = rt.store.jobs.create(
         name="held",
         owner="x",
         priority="normal",
@@ -158,11 +158,11 @@ def test_a_held_job_is_not_scheduled(api: TestClient, tmp_path: Path) -> None:
         archive_sha256=archive,
         hold=True,
     )
-    snap, _ = svc.scheduler.snapshot()
+    snap, _ = rt.scheduler.snapshot()
     assert held.id not in {q.id for q in snap.queued}
-    svc.store.jobs.discard(held.id)
+    rt.store.jobs.discard(held.id)
     with pytest.raises(StoreError, match="not a held job"):
-        svc.store.jobs.discard(1)
+        rt.store.jobs.discard(1)
 
 
 def test_the_store_resumes_through_the_lifecycle(store: Store) -> None:
@@ -214,7 +214,7 @@ def team(tmp_path: Path) -> Iterator[Team]:
 def test_only_the_owner_or_an_admin_resumes(team: Team) -> None:
     job = team.submit("alice").json()
     assert team.post("alice", f"/jobs/{job['id']}/cancel").json()["state"] == "CANCELED"
-    team.svc.store.checkpoints.add(job["id"], attempt=1, step=3, path="p", size=1, sha256="0" * 64)
+    team.rt.store.checkpoints.add(job["id"], attempt=1, step=3, path="p", size=1, sha256="0" * 64)
     assert "may not change it" in refused(team.post("bob", f"/jobs/{job['id']}/resume"))
     assert "viewer" in refused(team.post("vera", f"/jobs/{job['id']}/resume"))
     resumed = team.post("root", f"/jobs/{job['id']}/resume")

@@ -8,8 +8,8 @@ from pathlib import Path
 from fastapi.testclient import TestClient
 
 from tests.support.api import error_of, services, submit, wait_state, workdir
-from trainhouse import joblogs
-from trainhouse.joblogs import TIME_RECORD
+from trainhouse.jobfs import joblogs
+from trainhouse.jobfs.joblogs import TIME_RECORD
 
 SPEC = "name: two\nentrypoint: python train.py\nresources: {procs_per_node: 2}\n"
 

@@ -9,7 +9,7 @@ from typing import Any
 from fastapi.testclient import TestClient
 
 from tests.support.api import error_of, submit, wait_state, workdir
-from trainhouse.client import _sse
+from trainhouse.client.api import _sse
 
 SCRIPT = r"""
 import sys

@@ -10,9 +10,9 @@ import pytest
 
 from tests.support.fakes import FakeExecutor
 from tests.support.records import stored_archive
-from trainhouse.cluster import Node
+from trainhouse.core.cluster import Node
 from trainhouse.executors.base import Exit
-from trainhouse.layout import JobLayout
+from trainhouse.jobfs.layout import JobLayout
 from trainhouse.lifecycle import JobState
 from trainhouse.scheduler.loop import SchedulerConfig, SchedulerLoop, with_held_gpus
 from trainhouse.scheduler.policy import QueuedJob, Snapshot, decide

@@ -19,12 +19,12 @@ import sqlalchemy as sa
 from fastapi.testclient import TestClient
 
 from tests.support.records import new_job, old_store
+from trainhouse.core.reports import MAX_SERIES, Columns, check_columns
+from trainhouse.core.tokens import hash_token
 from trainhouse.errors import InvalidMetrics
 from trainhouse.lifecycle import JobState
 from trainhouse.store import Store
 from trainhouse.store import metrics as ingest
-from trainhouse.store.reports import MAX_SERIES, Columns, check_columns
-from trainhouse.tokens import hash_token
 
 
 def cols(
@@ -123,7 +123,7 @@ def report_of(batch_id: str, series: list[str]) -> bytes:
 
 
 def test_the_report_route_refuses_a_series_past_the_cap_with_422(api: TestClient) -> None:
-    store: Store = api.app.state.services.store  # type: ignore[attr-defined]
+    store: Store = api.app.state.runtime.store  # type: ignore[attr-defined]
     job = new_job(store)
     store.jobs.transition(job, JobState.CANCELED, reason="test")
     store.jobs.update(job, token_hash=hash_token("known"))

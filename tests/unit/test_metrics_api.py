@@ -13,13 +13,13 @@ from typer.testing import CliRunner
 
 from tests.support.api import BASE_URL, InProcessTransport
 from tests.support.records import new_job
-from trainhouse._http import CLIENT_HEADERS, encode_json
 from trainhouse.cli import options as cli_options
 from trainhouse.cli.app import app as cli_app
 from trainhouse.client import Client
+from trainhouse.core.tokens import hash_token
+from trainhouse.core.wire import CLIENT_HEADERS, encode_json
 from trainhouse.lifecycle import JobState
 from trainhouse.sdk._metrics import as_columns
-from trainhouse.tokens import hash_token
 
 AUTH = {"Authorization": "Bearer known"}
 
@@ -27,7 +27,7 @@ AUTH = {"Authorization": "Bearer known"}
 @pytest.fixture
 def job(api: TestClient) -> int:
     """A job (ended, so the scheduler leaves it alone) whose credential is AUTH."""
-    store = api.app.state.services.store  # type: ignore[attr-defined]
+    store = api.app.state.runtime.store  # type: ignore[attr-defined]
     job_id = new_job(store)
     store.jobs.transition(job_id, JobState.CANCELED, reason="test")
     store.jobs.update(job_id, token_hash=hash_token("known"))

@@ -14,9 +14,10 @@ import pytest
 import sqlalchemy as sa
 
 from tests.support.records import new_job as make_job
-from trainhouse.store import Store, reports, rollup
+from trainhouse.core import reports
+from trainhouse.core.reports import Columns
+from trainhouse.store import Store, rollup
 from trainhouse.store import metrics as m
-from trainhouse.store.reports import Columns
 
 INT64 = 2**63 - 1
 

@@ -11,13 +11,13 @@ from pathlib import Path
 import pytest
 
 from tests.support.records import new_job as make_job
+from trainhouse.core import reports as m
+from trainhouse.core.reports import Columns, parse_report
 from trainhouse.errors import InvalidMetrics
-from trainhouse.layout import AttemptLayout
+from trainhouse.ingest.spool import ingest_spool
+from trainhouse.jobfs.layout import AttemptLayout
 from trainhouse.store import MetricPoint, Store
-from trainhouse.store import reports as m
-from trainhouse.store.reports import Columns, parse_report
 from trainhouse.store.series import SeriesInfo, SeriesPoints
-from trainhouse.store.spool import ingest_spool
 
 INT64 = 2**63 - 1
 

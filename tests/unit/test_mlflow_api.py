@@ -17,7 +17,7 @@ from fastapi.testclient import TestClient
 from tests.support.api import app_client, services, wait_launched, workdir
 from tests.support.fakes import FakeExecutor
 from tests.support.team import Team, make_team
-from trainhouse.layout import JobEnv
+from trainhouse.jobfs.layout import JobEnv
 
 API = "/mlflow/api/2.0/mlflow"
 ARTIFACTS = "/mlflow/api/2.0/mlflow-artifacts/artifacts"

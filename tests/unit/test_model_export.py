@@ -26,12 +26,12 @@ from fastapi.testclient import TestClient
 
 from tests.support.api import BASE_URL, InProcessTransport, submit, wait_state, workdir
 from tests.support.servers import EXAMPLE
-from trainhouse._http import CLIENT_HEADERS
 from trainhouse.client import Client
+from trainhouse.core.wire import CLIENT_HEADERS
 from trainhouse.errors import ModelError
+from trainhouse.jobfs.storage import open_storage
 from trainhouse.sdk._model import write_model
 from trainhouse.serving.export import ExportFailed, export_onnx
-from trainhouse.storage import open_storage
 
 DIGITS = EXAMPLE.parent
 BRANCHY = """\

@@ -19,17 +19,17 @@ import torch
 from fastapi.testclient import TestClient
 
 from tests.support.api import BASE_URL, InProcessTransport, error_of, services, submit, wait_state
-from trainhouse._http import CLIENT_HEADERS
 from trainhouse.client import Client
+from trainhouse.core.modelfiles import check_inputs, parse_input
+from trainhouse.core.tokens import hash_token
+from trainhouse.core.wire import CLIENT_HEADERS
 from trainhouse.errors import ClientError, ModelError
-from trainhouse.modelfiles import check_inputs, parse_input
+from trainhouse.jobfs.storage import new_hash, open_storage
+from trainhouse.jobfs.workdir import pack
 from trainhouse.sdk import load_model
 from trainhouse.sdk._model import write_model
 from trainhouse.sdk.checkpoint import _format
 from trainhouse.serving.replica import load
-from trainhouse.storage import new_hash, open_storage
-from trainhouse.tokens import hash_token
-from trainhouse.workdir import pack
 
 AUTH = {"Authorization": "Bearer known"}
 SERVE = """\

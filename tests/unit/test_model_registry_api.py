@@ -18,11 +18,11 @@ from fastapi.testclient import TestClient
 
 from tests.support.api import BASE_URL, submit, wait_state, workdir
 from trainhouse.client import Client
+from trainhouse.core.tokens import hash_token
 from trainhouse.errors import ClientError, ModelError
+from trainhouse.jobfs.storage import open_storage
 from trainhouse.sdk import load_model
 from trainhouse.sdk._model import write_model
-from trainhouse.storage import open_storage
-from trainhouse.tokens import hash_token
 
 AUTH = {"Authorization": "Bearer known"}
 
@@ -55,7 +55,7 @@ def inductor_cache(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
 def job(api: TestClient, tmp_path: Path) -> Iterator[dict[str, Any]]:
     created = submit(api, "entrypoint: python train.py\n", workdir(tmp_path)).json()
     wait_state(api, created["id"], {"COMPLETED"})
-    services = api.app.state.services  # type: ignore[attr-defined]
+    services = api.app.state.runtime  # type: ignore[attr-defined]
     services.store.jobs.update(created["id"], token_hash=hash_token("known"))
     url = f"/api/v1/jobs/{created['id']}"
     directory = Path(api.get(f"{url}/checkpoints").json()["directory"])

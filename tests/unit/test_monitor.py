@@ -21,17 +21,17 @@ from tests.support.api import in_process
 from tests.support.fakes import FakeExecutor
 from tests.support.nvml import FakeGpu, FakeNvml, FakeProcess
 from tests.support.records import new_job as make_job
-from trainhouse.cluster import Node
+from trainhouse.core import metricnames as names
+from trainhouse.core.cluster import Node
+from trainhouse.core.tokens import hash_token
 from trainhouse.executors.local import LocalExecutor
-from trainhouse.executors.markers import marked_pids
-from trainhouse.monitoring import names
+from trainhouse.executors.node.markers import marked_pids
+from trainhouse.jobfs.workdir import pack
 from trainhouse.monitoring.sampler import Nvml, Sampler
 from trainhouse.monitoring.telemetry import Telemetry
 from trainhouse.server import Settings, create_app
 from trainhouse.store import Store
 from trainhouse.store.system import Sample
-from trainhouse.tokens import hash_token
-from trainhouse.workdir import pack
 
 DAY = 86400.0
 
@@ -330,7 +330,7 @@ def api(tmp_path: Path) -> Iterator[TestClient]:
 
 
 def services(api: TestClient) -> Any:
-    return api.app.state.services  # type: ignore[attr-defined]
+    return api.app.state.runtime  # type: ignore[attr-defined]
 
 
 def scrape(api: TestClient) -> dict[str, list[Any]]:
@@ -414,11 +414,11 @@ def test_nodes_show_the_latest_sample(api: TestClient) -> None:
 
 
 def test_job_system_series(api: TestClient) -> None:
-    svc = services(api)
-    job_id = new_job(svc.store)
+    rt = services(api)
+    job_id = new_job(rt.store)
     t0 = time.time() - 100
     for i in range(50):
-        svc.store.system.write("n", t0 + i, [Sample(names.RSS, float(i), job_id=job_id)])
+        rt.store.system.write("n", t0 + i, [Sample(names.RSS, float(i), job_id=job_id)])
     body = api.get(f"/api/v1/jobs/{job_id}/system").json()
     assert body == {
         "series": [
@@ -452,8 +452,8 @@ def test_prometheus_exposition(api: TestClient, tmp_path: Path) -> None:
         "the job did not complete",
         timeout=120,
     )
-    svc = services(api)
-    svc.store.jobs.update(job["id"], token_hash=hash_token("known"))
+    rt = services(api)
+    rt.store.jobs.update(job["id"], token_hash=hash_token("known"))
     body = {
         "batch_id": "b",
         "attempt": 1,
@@ -466,7 +466,7 @@ def test_prometheus_exposition(api: TestClient, tmp_path: Path) -> None:
     wait_for(lambda: scrape(api).get("trainhouse_node_cpu_percent"), "no node sample exposed")
 
     families = scrape(api)
-    node = svc.scheduler.executor.nodes()[0].name
+    node = rt.scheduler.executor.nodes()[0].name
     assert value(families, "trainhouse_jobs", state="COMPLETED") == 1
     assert value(families, "trainhouse_jobs", state="FAILED") == 0
     for tier in ("low", "normal", "high", "urgent"):

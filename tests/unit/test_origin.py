@@ -163,8 +163,8 @@ def test_a_token_does_not_replace_the_header(team: Team) -> None:
         team.api, "PUT", "/api/v1/quotas/bob", json={"max_cpus": 9}, headers=SAME_SITE
     )
     cross_origin(cookie_write)
-    assert team.svc.store.quotas.limits()["bob"].max_cpus == 0
-    assert team.svc.store.jobs.count() == 0
+    assert team.rt.store.quotas.limits()["bob"].max_cpus == 0
+    assert team.rt.store.jobs.count() == 0
 
 
 # -- what goes through -----------------------------------------------------------------------

@@ -11,6 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from trainhouse.core.records import Job
 from trainhouse.executors.base import Exit
 from trainhouse.lifecycle import (
     TRANSITIONS,
@@ -27,7 +28,6 @@ from trainhouse.scheduler.outcome import (
     outcome,
     stop_reason,
 )
-from trainhouse.store.records import Job
 
 INFRA = 20
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from trainhouse.cluster import Gpu, Node, Placement
+from trainhouse.core.cluster import Gpu, Node, Placement
 from trainhouse.scheduler.policy import (
     QueuedJob,
     Quota,

@@ -1,4 +1,5 @@
-"""The rank wrapper (trainhouse.executors.rank) as torchrun starts it: log, exit record, signals."""
+"""The rank wrapper (trainhouse.executors.node.rank) as torchrun starts it: log, exit record,
+signals."""
 
 from __future__ import annotations
 
@@ -12,9 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from trainhouse import envs, joblogs, layout
-from trainhouse.executors import rank, torchrun
-from trainhouse.executors.supervise import read_record
+from trainhouse.core import envspec
+from trainhouse.executors.node import rank, torchrun
+from trainhouse.executors.node.supervise import read_record
+from trainhouse.jobfs import joblogs, layout
 
 
 def test_its_names_are_the_layouts() -> None:
@@ -22,7 +24,7 @@ def test_its_names_are_the_layouts() -> None:
     assert rank.ATTEMPT_DIR_ENV == layout.ATTEMPT_DIR_ENV
     assert rank.ATTEMPT_ENV == layout.ATTEMPT_ENV
     assert rank.RANK_EXIT_PREFIX == layout.RANK_EXIT_PREFIX
-    assert rank.PYTHON_ENV == envs.PYTHON_ENV
+    assert rank.PYTHON_ENV == envspec.PYTHON_ENV
     assert rank.log_name("3") == layout.log_name(3)
     assert rank.times_name("3") == layout.times_name(3)
     attempt = layout.AttemptLayout(Path("/x"))

@@ -20,19 +20,19 @@ import pytest
 
 from tests.support.fakes import FakeExecutor
 from tests.support.records import stored_archive
-from trainhouse.cluster import Node
+from trainhouse.core.cluster import Node
 from trainhouse.errors import ResourceError
 from trainhouse.executors.base import Exit, Launch, ProcessInfo
-from trainhouse.executors.ray_attempt import Attempt, Member, node_name, pack, to_node
-from trainhouse.executors.ray_node import MARKER_ENV, interface_of, socket_interfaces
-from trainhouse.layout import JobLayout
+from trainhouse.executors.ray.attempt import Attempt, Member, node_name, pack, to_node
+from trainhouse.executors.ray.node import MARKER_ENV, interface_of, socket_interfaces
+from trainhouse.jobfs.layout import JobLayout
 from trainhouse.lifecycle import JobState
 from trainhouse.scheduler.failures import analyse
 from trainhouse.scheduler.loop import SchedulerLoop
 from trainhouse.server.routes.jobs import schedulable_spec
-from trainhouse.server.settings import Settings
 from trainhouse.spec import NoRestart
 from trainhouse.store import BlobStore, Store
+from trainhouse.usecases.settings import Settings
 
 RAW = {
     "NodeID": "ab12cd34" + "0" * 48,
@@ -154,7 +154,7 @@ def test_the_guard_kills_the_nodes_processes_when_its_agent_dies(tmp_path: Path)
             [
                 sys.executable,
                 "-m",
-                "trainhouse.executors.ray_node",
+                "trainhouse.executors.ray.node",
                 "guard",
                 str(read_end),
                 marker,
@@ -282,7 +282,7 @@ def test_ranks_are_told_the_interface_of_the_nodes_ray_address() -> None:
 def test_a_nodes_job_caches_are_pruned_after_days_unused(tmp_path: Path) -> None:
     """A Ray node keeps each job's compilers' caches across its attempts; it cannot know when
     a job ended for good, so caches unused for a week go when another attempt starts there."""
-    from trainhouse.executors.ray_node import CACHE_IDLE, prune_caches
+    from trainhouse.executors.ray.node import CACHE_IDLE, prune_caches
 
     caches = tmp_path / "caches"
     for name in ("old", "recent", "mine"):

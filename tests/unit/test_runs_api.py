@@ -17,15 +17,15 @@ from typer.testing import CliRunner
 from tests.support.api import BASE_URL, InProcessTransport, services
 from tests.support.records import new_job
 from tests.support.team import Team, make_team, refused
-from trainhouse._http import CLIENT_HEADERS
 from trainhouse.cli import options as cli_options
 from trainhouse.cli import render
 from trainhouse.cli.app import app as cli_app
 from trainhouse.client import Client
+from trainhouse.core.records import MetricPoint
+from trainhouse.core.tokens import hash_token
+from trainhouse.core.wire import CLIENT_HEADERS
 from trainhouse.lifecycle import JobState
 from trainhouse.store import Store
-from trainhouse.store.records import MetricPoint
-from trainhouse.tokens import hash_token
 
 AUTH = {"Authorization": "Bearer known"}
 WAIT = {"entrypoint": "python train.py", "resources": {"gpus_per_node": 8}}
@@ -60,8 +60,8 @@ def in_process(api: TestClient) -> Client:
 
 
 def test_list_columns_filters_sorts_and_errors(api: TestClient) -> None:
-    svc = services(api)
-    a, b, c, waiting = sweep(svc.store)
+    rt = services(api)
+    a, b, c, waiting = sweep(rt.store)
     get = lambda **params: api.get("/api/v1/jobs", params=params)  # noqa: E731
 
     resp = get(
@@ -113,8 +113,8 @@ def test_list_columns_filters_sorts_and_errors(api: TestClient) -> None:
 
 
 def test_tags_note_archive_and_delete(api: TestClient, tmp_path: Path) -> None:
-    svc = services(api)
-    a, b, _c, waiting = sweep(svc.store)
+    rt = services(api)
+    a, b, _c, waiting = sweep(rt.store)
     resp = api.post(f"/api/v1/jobs/{a}/tags", json={"add": ["best", "best"], "remove": ["s0"]})
     assert resp.json() == {"job_id": a, "tags": ["best", "sweep"]}
     resp = api.post(f"/api/v1/jobs/{a}/tags", json={"add": ["no spaces"]})
@@ -136,7 +136,7 @@ def test_tags_note_archive_and_delete(api: TestClient, tmp_path: Path) -> None:
     # delete: refused while not ended; the rows and the files go, and the bytes are counted
     resp = api.delete(f"/api/v1/jobs/{waiting}")
     assert resp.status_code == 409 and "cancel it first" in resp.json()["error"]["message"]
-    files = svc.files(b)
+    files = rt.files(b)
     files.logs.mkdir(parents=True)
     (files.logs / "rank0.log").write_bytes(b"x" * 5000)
     files.checkpoints.mkdir(parents=True)
@@ -151,15 +151,15 @@ def test_tags_note_archive_and_delete(api: TestClient, tmp_path: Path) -> None:
     assert not files.root.exists() and outside.read_text() == "keep me"
     assert api.get(f"/api/v1/jobs/{b}").status_code == 404
     assert api.delete(f"/api/v1/jobs/{b}").status_code == 404
-    audit = svc.store.accounts.audit_entries(actions=["job.delete"])[0]
+    audit = rt.store.accounts.audit_entries(actions=["job.delete"])[0]
     assert [e.target for e in audit] == [f"job:{b}"]
 
 
 def test_the_hparams_a_run_reports_and_the_keys_it_never_reads(api: TestClient) -> None:
-    svc = services(api)
-    job = new_job(svc.store, spec={**WAIT, "hparams": {"epocs": 3, "lr": 0.1}})
-    svc.store.jobs.transition(job, JobState.CANCELED, reason="test")
-    svc.store.jobs.update(job, token_hash=hash_token("known"))
+    rt = services(api)
+    job = new_job(rt.store, spec={**WAIT, "hparams": {"epocs": 3, "lr": 0.1}})
+    rt.store.jobs.transition(job, JobState.CANCELED, reason="test")
+    rt.store.jobs.update(job, token_hash=hash_token("known"))
     body = {"hparams": {"epochs": 10, "lr": 0.1, "epocs": 3}, "script_keys": ["epochs", "lr"]}
     assert api.post(f"/api/v1/jobs/{job}/hparams", json=body).status_code == 401
     resp = api.post(f"/api/v1/jobs/{job}/hparams", json=body, headers=AUTH)
@@ -188,9 +188,9 @@ def test_the_hparams_a_run_reports_and_the_keys_it_never_reads(api: TestClient) 
 
 def test_client_frames_and_cli(api: TestClient, monkeypatch: pytest.MonkeyPatch) -> None:
     pd = pytest.importorskip("pandas")
-    svc = services(api)
-    a, b, c, waiting = sweep(svc.store)
-    svc.store.metrics.add(a, [MetricPoint(1, "acc", 0.5), MetricPoint(4, "acc", float("nan"))])
+    rt = services(api)
+    a, b, c, waiting = sweep(rt.store)
+    rt.store.metrics.add(a, [MetricPoint(1, "acc", 0.5), MetricPoint(4, "acc", float("nan"))])
     client = in_process(api)
     everything = client.jobs()  # every job the caller may see, ended ones too
     assert [j["id"] for j in everything] == [waiting, c, b, a] and everything.total == 4
@@ -270,7 +270,7 @@ def test_who_may_read_and_change_what(team: Team) -> None:
         resp = team.submit(user, name=f"{user}-run", extra=f"hparams: {{lr: {lr}}}\ntags: [t]\n")
         assert resp.status_code == 201, resp.text
         ids[user] = resp.json()["id"]
-    team.svc.store.jobs.transition(ids["bob"], JobState.CANCELED, reason="test")
+    team.rt.store.jobs.transition(ids["bob"], JobState.CANCELED, reason="test")
     # alice lists bob's job but filters and columns see her own jobs' hparams only
     listed = team.get("alice", "/jobs", params={"where": "hparams.lr > 0", "columns": "hparams.lr"})
     assert [(j["id"], j["values"]) for j in listed.json()["jobs"]] == [
@@ -291,5 +291,5 @@ def test_who_may_read_and_change_what(team: Team) -> None:
     assert team.post("bob", f"/jobs/{bob_job}/tags", json={"add": ["x"]}).status_code == 200
     resp = team.api.delete(f"/api/v1/jobs/{bob_job}", headers=team.h("root"))
     assert resp.status_code == 200, resp.text
-    entries = team.svc.store.accounts.audit_entries(actions=["job.delete"])[0]
+    entries = team.rt.store.accounts.audit_entries(actions=["job.delete"])[0]
     assert [(e.actor, e.target) for e in entries] == [("root", f"job:{bob_job}")]

@@ -8,12 +8,12 @@ import pytest
 from sqlalchemy import func, select
 
 from tests.support.records import new_job
+from trainhouse.core.records import MetricPoint
+from trainhouse.core.runquery import parse, parse_field, parse_fields
 from trainhouse.errors import InvalidQuery, StoreError
 from trainhouse.lifecycle import JobState
-from trainhouse.runquery import parse, parse_field, parse_fields
 from trainhouse.store import Store
 from trainhouse.store import tables as t
-from trainhouse.store.records import MetricPoint
 
 
 def ended(store: Store, job_id: int, state: JobState = JobState.COMPLETED) -> None:
@@ -193,7 +193,7 @@ def test_tags_notes_archive_hparams_and_delete(store: Store) -> None:
     ],
 )
 def test_query_errors_point_at_the_token(text: str, column: int, message: str) -> None:
-    from trainhouse.runquery import QueryError
+    from trainhouse.core.runquery import QueryError
 
     with pytest.raises(QueryError) as info:
         parse(text)
@@ -203,7 +203,7 @@ def test_query_errors_point_at_the_token(text: str, column: int, message: str) -
 
 
 def test_parse_trees() -> None:
-    from trainhouse.runquery import And, Compare, Field, In, Not, Or
+    from trainhouse.core.runquery import And, Compare, Field, In, Not, Or
 
     tree = (
         parse("a_b = 1") if False else parse("not (tag = x or project in (a, 'b c')) and id >= 2")

@@ -23,13 +23,13 @@ import torch
 
 import trainhouse
 from trainhouse.errors import CheckpointError, ClientError
+from trainhouse.jobfs.storage import FsspecStorage, LocalStorage, new_hash
 from trainhouse.sdk._server import ServerLink
 from trainhouse.sdk._transport import JobAPI
 from trainhouse.sdk.checkpoint import RESERVED, Checkpointer, SaveHandle, load_checkpoint
 from trainhouse.sdk.checkpoint._registry import ServerRegistry
 from trainhouse.sdk.checkpoint._safety import check_dcp_metadata
 from trainhouse.sdk.checkpoint._support import is_disk_full
-from trainhouse.storage import FsspecStorage, LocalStorage, new_hash
 
 DISK_FULL = "the disk is full (No space left on device)"
 

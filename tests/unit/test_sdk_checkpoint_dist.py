@@ -33,7 +33,7 @@ DIST_SCRIPT = textwrap.dedent(
 
     import trainhouse
     from trainhouse.errors import CheckpointError
-    from trainhouse.storage import LocalStorage
+    from trainhouse.jobfs.storage import LocalStorage
 
     class Limited:
         def __init__(self, fh): self.fh = fh
@@ -237,7 +237,7 @@ KILL_SCRIPT = textwrap.dedent(
     import sys, time
     import torch
     import trainhouse
-    from trainhouse.storage import LocalStorage
+    from trainhouse.jobfs.storage import LocalStorage
 
     class Stalling:
         def __init__(self, fh): self.fh = fh; self.n = 0

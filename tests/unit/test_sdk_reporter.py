@@ -13,14 +13,14 @@ import httpx
 import pytest
 
 from tests.support.records import new_job
+from trainhouse.core.reports import COLUMN_KEYS
 from trainhouse.errors import ClientError
-from trainhouse.layout import AttemptLayout
+from trainhouse.ingest.spool import ingest_spool
+from trainhouse.jobfs.layout import AttemptLayout
 from trainhouse.sdk import _run as sdk_run
 from trainhouse.sdk._metrics import MAX_SERVER_ERRORS, Reporter
 from trainhouse.sdk._transport import JobAPI
 from trainhouse.store import MetricPoint, Store
-from trainhouse.store.reports import COLUMN_KEYS
-from trainhouse.store.spool import ingest_spool
 
 
 def report_body(content: bytes) -> dict[str, Any]:

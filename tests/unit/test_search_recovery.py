@@ -8,11 +8,11 @@ from pathlib import Path
 
 import optuna
 
+from trainhouse.core.reports import Columns
 from trainhouse.lifecycle import JobState
 from trainhouse.spec import parse_spec
 from trainhouse.store import MetricPoint, Store
-from trainhouse.store.reports import Columns
-from trainhouse.tune.service import SearchService
+from trainhouse.tune.runner import SearchRunner
 
 SPEC = """
 name: r
@@ -22,8 +22,8 @@ search: {method: random, metric: val_loss, max_trials: 3, max_concurrent: 2, see
 """
 
 
-def service(store: Store, home: Path) -> SearchService:
-    return SearchService(store, db_url=store.url, home=home, wake_scheduler=lambda: None)
+def service(store: Store, home: Path) -> SearchRunner:
+    return SearchRunner(store, db_url=store.url, home=home, wake_scheduler=lambda: None)
 
 
 def complete(store: Store, job_id: int, value: float) -> None:

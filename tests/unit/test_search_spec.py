@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
+from trainhouse.core.searchspec import distributions, fill
 from trainhouse.errors import SpecError
-from trainhouse.searchspec import distributions, fill
 from trainhouse.spec import parse_spec
 
 BASE = """

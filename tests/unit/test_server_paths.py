@@ -15,11 +15,11 @@ from typer.testing import CliRunner
 
 from tests.support.api import BASE_URL, InProcessTransport
 from tests.support.team import Team, make_team
-from trainhouse._http import CLIENT_HEADERS
 from trainhouse.cli import options as cli_options
 from trainhouse.cli.app import app as cli_app
 from trainhouse.cli.jobs import summary
 from trainhouse.client import Client
+from trainhouse.core.wire import CLIENT_HEADERS
 
 
 @pytest.fixture
@@ -32,7 +32,7 @@ def team(tmp_path: Path) -> Iterator[Team]:
 def job(team: Team) -> int:
     """Alice's job, with one checkpoint on record."""
     job_id: int = team.submit("alice").json()["id"]
-    team.svc.store.checkpoints.add(
+    team.rt.store.checkpoints.add(
         job_id, attempt=1, step=3, path="step-3.pt", size=1, sha256="0" * 64
     )
     return job_id
@@ -49,9 +49,9 @@ def test_only_admins_see_where_a_job_is_kept(team: Team, job: int) -> None:
     for user in ("alice", "bob", "vera"):  # its owner, another member, a viewer
         assert paths(team, user, job) == (None, None), user
     job_dir, directory = paths(team, "root", job)
-    assert job_dir == str(team.svc.files(job).root)
-    assert directory == team.svc.checkpoints.location(job)
-    assert str(team.svc.settings.home) in job_dir
+    assert job_dir == str(team.rt.files(job).root)
+    assert directory == team.rt.checkpoints.location(job)
+    assert str(team.rt.settings.home) in job_dir
 
 
 def client_as(team: Team, user: str) -> Client:
@@ -71,7 +71,7 @@ def test_the_cli_shows_a_job_without_its_paths(
     monkeypatch.setattr(cli_options, "client", lambda url=None: client_as(team, "alice"))
     monkeypatch.setenv("COLUMNS", "400")  # no path folded across lines
     runner = CliRunner()
-    home = str(team.svc.settings.home)
+    home = str(team.rt.settings.home)
     shown = runner.invoke(cli_app, ["show", str(job)])
     assert shown.exit_code == 0, shown.output
     assert "alice" in shown.output and home not in shown.output and "None" not in shown.output

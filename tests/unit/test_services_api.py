@@ -1,4 +1,4 @@
-"""Services through the real app in process: the services table on both backends; starting,
+"""Runtime through the real app in process: the services table on both backends; starting,
 showing and stopping a service (its job placed like any job, refused when it could never
 run); a replica's calls with its job's credential (what it may claim as its address, what it
 is told to serve); predictions forwarded to a real replica (the app of
@@ -22,14 +22,14 @@ from fastapi.testclient import TestClient
 from tests.support.api import app_client, error_of, services, submit, wait_state, workdir
 from tests.support.records import new_job
 from tests.support.team import make_team, refused
+from trainhouse.core.tokens import hash_token
 from trainhouse.errors import NotFound, StoreError
+from trainhouse.jobfs.storage import open_storage
 from trainhouse.lifecycle import JobState
 from trainhouse.sdk._model import write_model
 from trainhouse.serving.replica import build_app, load
 from trainhouse.spec import JobSpec
-from trainhouse.storage import open_storage
 from trainhouse.store import Store
-from trainhouse.tokens import hash_token
 
 JOB_TOKEN = "replica-credential"
 
@@ -38,7 +38,7 @@ def _spec(name: str = "serve-x") -> JobSpec:
     return JobSpec.model_validate({"name": name, "entrypoint": "python -m x"})
 
 
-def _create(store: Store, name: str = "digits-svc", **kw: Any) -> Any:
+def _create(store: Store, name: str = "digits-rt", **kw: Any) -> Any:
     values: dict[str, Any] = {
         "owner": "alice",
         "model": "digits",
@@ -61,11 +61,11 @@ def test_a_service_and_its_job_are_made_together_and_a_name_is_reused_once_it_en
     job = store.jobs.get(first.job_id)
     assert (job.state, job.name, job.owner) == (JobState.QUEUED, "serve-x", "alice")
     assert store.services.of_job(job.id) == first
-    assert [s.name for s in store.services.list()] == ["digits-svc"]
+    assert [s.name for s in store.services.list()] == ["digits-rt"]
     with pytest.raises(StoreError, match="is running"):
         _create(store, ref="latest")
     assert len(store.jobs.list()) == 1  # the refused one left no job behind
-    store.services.set_stopped("digits-svc")
+    store.services.set_stopped("digits-rt")
     with pytest.raises(StoreError, match="is stopping"):  # stopped, but its job has not ended
         _create(store)
     store.jobs.transition(job.id, JobState.CANCELED, reason="canceled")
@@ -146,17 +146,17 @@ def test_a_service_is_a_job_of_replicas_placed_like_any_job(
     served: tuple[TestClient, Path],
 ) -> None:
     api, _ = served
-    made = start(api, name="svc", replicas=2, max_batch=8)
+    made = start(api, name="rt", replicas=2, max_batch=8)
     assert made.status_code == 201, made.text
-    svc = made.json()
-    assert (svc["name"], svc["target_version"], svc["replicas"]) == ("svc", 1, 2)
-    assert svc["state"] in ("queued", "starting")
-    job = api.get(f"/api/v1/jobs/{svc['job_id']}").json()
+    rt = made.json()
+    assert (rt["name"], rt["target_version"], rt["replicas"]) == ("rt", 1, 2)
+    assert rt["state"] in ("queued", "starting")
+    job = api.get(f"/api/v1/jobs/{rt['job_id']}").json()
     assert job["spec"]["entrypoint"] == "python -m trainhouse.serving.follow"
     assert job["spec"]["resources"]["procs_per_node"] == 2
     assert (job["project"], job["tags"]) == ("services", ["service"])
 
-    again = start(api, name="svc")
+    again = start(api, name="rt")
     assert again.status_code == 409 and "stop it first" in error_of(again)["message"]
     assert start(api, ref="nope").status_code == 404
     assert "no alias 'nope'" in error_of(start(api, ref="nope"))["message"]
@@ -165,19 +165,19 @@ def test_a_service_is_a_job_of_replicas_placed_like_any_job(
     assert never.status_code == 422 and "can never run" in error_of(never)["message"]
     assert start(api, name="gpu", gpus_per_replica=2).status_code == 422
 
-    stopped = api.post("/api/v1/services/svc/stop")
+    stopped = api.post("/api/v1/services/rt/stop")
     assert stopped.status_code == 200 and stopped.json()["state"] == "stopping"
     fake = services(api).scheduler.executor
     deadline = time.monotonic() + 30
-    while (svc["job_id"], "cancel") not in [(j, str(r)) for j, r in fake.stops]:
+    while (rt["job_id"], "cancel") not in [(j, str(r)) for j, r in fake.stops]:
         assert time.monotonic() < deadline, fake.stops
         time.sleep(0.05)
-    again = start(api, name="svc")
+    again = start(api, name="rt")
     assert again.status_code == 409 and "is stopping" in error_of(again)["message"]
-    fake.end(svc["job_id"], -15)  # its replicas end on SIGTERM
-    ended = wait_state(api, svc["job_id"], {"CANCELED"})
+    fake.end(rt["job_id"], -15)  # its replicas end on SIGTERM
+    ended = wait_state(api, rt["job_id"], {"CANCELED"})
     assert ended["state"] == "CANCELED"
-    assert api.get("/api/v1/services/svc").json()["state"] == "stopped"
+    assert api.get("/api/v1/services/rt").json()["state"] == "stopped"
     assert api.post("/api/v1/services/nothing/stop").status_code == 404
 
 
@@ -197,8 +197,8 @@ def test_a_replica_may_claim_only_a_loopback_or_node_address(
     served: tuple[TestClient, Path], url: str, says: str
 ) -> None:
     api, _ = served
-    svc = start(api).json()
-    resp = call(api, svc, url=url)
+    rt = start(api).json()
+    resp = call(api, rt, url=url)
     assert resp.status_code == 422 and says in error_of(resp)["message"], resp.text
     assert api.get("/api/v1/services/tiny").json()["replica_list"] == []
 
@@ -207,33 +207,33 @@ def test_a_replica_learns_what_to_serve_and_a_version_it_serves_is_kept(
     served: tuple[TestClient, Path],
 ) -> None:
     api, _ = served
-    svc = start(api).json()
-    target = call(api, svc, state="loading").json()
+    rt = start(api).json()
+    target = call(api, rt, state="loading").json()
     assert (target["model"], target["version"], target["kind"]) == ("tiny", 1, "export")
     assert {f["name"] for f in target["files"]} >= {"model.json", "weights.safetensors"}
     wrong = api.post(
-        f"/api/v1/jobs/{svc['job_id']}/replicas",
+        f"/api/v1/jobs/{rt['job_id']}/replicas",
         json={"rank": 0, "url": "http://127.0.0.1:5999", "key": "k" * 24, "state": "ready"},
         headers={"Authorization": "Bearer not-it"},
     )
     assert wrong.status_code == 401
     people = api.post(
-        f"/api/v1/jobs/{svc['job_id']}/replicas",
+        f"/api/v1/jobs/{rt['job_id']}/replicas",
         json={"rank": 0, "url": "http://127.0.0.1:5999", "key": "k" * 24, "state": "ready"},
     )
     assert people.status_code == 401  # a person's call (no credential) is no replica's
     # the files and the code of the version come with the credential
     files = api.get(
-        f"/api/v1/jobs/{svc['job_id']}/replicas/versions/1/files/model.json",
-        headers=credential(api, svc),
+        f"/api/v1/jobs/{rt['job_id']}/replicas/versions/1/files/model.json",
+        headers=credential(api, rt),
     )
     assert files.status_code == 200 and files.json()["name"] == "tiny"
     code = api.get(
-        f"/api/v1/jobs/{svc['job_id']}/replicas/versions/1/code", headers=credential(api, svc)
+        f"/api/v1/jobs/{rt['job_id']}/replicas/versions/1/code", headers=credential(api, rt)
     )
     assert code.status_code == 200 and code.content[:2] == b"\x1f\x8b"
 
-    call(api, svc, version=1, state="ready")
+    call(api, rt, version=1, state="ready")
     shown = api.get("/api/v1/services/tiny").json()
     assert (shown["state"], shown["version"], shown["ready_replicas"]) == ("ready", 1, 1)
     assert api.put("/api/v1/models/tiny/aliases/prod", json={"version": 1}).is_success
@@ -241,7 +241,7 @@ def test_a_replica_learns_what_to_serve_and_a_version_it_serves_is_kept(
     kept = api.delete("/api/v1/models/tiny/versions/1")
     assert kept.status_code == 409 and "served by tiny" in error_of(kept)["message"]
     # the alias gone, a replica is told there is nothing to move to and keeps serving
-    target = call(api, svc, version=1, state="ready").json()
+    target = call(api, rt, version=1, state="ready").json()
     assert target["version"] is None and "no alias 'prod'" in target["problem"]
     # nothing listens at the claimed address: the prediction is refused, not hung
     lost = api.post("/api/v1/services/tiny/predict", json={"inputs": [[0, 0, 0, 0]]})
@@ -274,8 +274,8 @@ def test_predictions_go_to_a_replica_with_its_key(
 ) -> None:
     api, directory = served
     url, key = replica
-    svc = start(api).json()
-    assert call(api, svc, url=url, key=key, version=1).status_code == 200
+    rt = start(api).json()
+    assert call(api, rt, url=url, key=key, version=1).status_code == 200
     model = load(directory).module
     x = torch.randn(3, 4)
     resp = api.post("/api/v1/services/tiny/predict", json={"inputs": x.tolist()})
@@ -300,7 +300,7 @@ def test_predictions_go_to_a_replica_with_its_key(
 def test_services_follow_the_api_roles(tmp_path: Path) -> None:
     """A viewer lists services but starts and stops none; a member stops only their own."""
     for team in make_team(tmp_path):
-        store = team.svc.store
+        store = team.rt.store
         store.models.add_version(
             "tiny",
             owner="alice",

@@ -14,9 +14,9 @@ import torch
 from starlette.testclient import TestClient
 
 from trainhouse.errors import ModelError
+from trainhouse.jobfs.storage import open_storage
 from trainhouse.sdk._model import write_model
 from trainhouse.serving.replica import build_app, load, loader_function
-from trainhouse.storage import open_storage
 
 
 @pytest.fixture(scope="module")

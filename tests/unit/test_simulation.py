@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from trainhouse.cluster import Gpu, Node
+from trainhouse.core.cluster import Gpu, Node
 from trainhouse.scheduler.resources import Demand
 from trainhouse.scheduler.simulate import SimJob, fifo_decide, simulate
 from trainhouse.spec import PRIORITY_TIERS

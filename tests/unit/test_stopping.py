@@ -1,10 +1,10 @@
-"""The stop schedule both executors follow (trainhouse.executors.stopping)."""
+"""The stop schedule both executors follow (trainhouse.executors.node.stopping)."""
 
 from __future__ import annotations
 
 import signal
 
-from trainhouse.executors.stopping import KILL_AFTER_TERM, StopTimer
+from trainhouse.executors.node.stopping import KILL_AFTER_TERM, StopTimer
 from trainhouse.lifecycle import StopReason
 
 

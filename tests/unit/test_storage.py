@@ -1,4 +1,4 @@
-"""trainhouse.storage: one interface over a local directory and fsspec URLs."""
+"""trainhouse.jobfs.storage: one interface over a local directory and fsspec URLs."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import fsspec
 import pytest
 
 from trainhouse.errors import CheckpointError
-from trainhouse.storage import (
+from trainhouse.jobfs.storage import (
     FsspecStorage,
     LocalStorage,
     Storage,

@@ -1,4 +1,4 @@
-"""TensorBoard event files imported as a running job's metrics (trainhouse.server.tensorboard),
+"""TensorBoard event files imported as a running job's metrics (trainhouse.ingest.tensorboard),
 in process: the tensorboard package's own reader and writer, the files as hostile as a job can
 make them. The end-to-end job: tests/integration/test_bring_your_own.py."""
 
@@ -15,7 +15,7 @@ from torch.utils.tensorboard import SummaryWriter
 
 from tests.support.api import app_client, services, submit, wait_launched, workdir
 from tests.support.fakes import FakeExecutor
-from trainhouse.server.tensorboard import TensorBoardImport
+from trainhouse.ingest.tensorboard import TensorBoardImport
 
 
 @pytest.fixture
@@ -29,10 +29,10 @@ def running_job(api: TestClient, tmp_path: Path) -> tuple[int, Path, TensorBoard
     spec = "name: tb\nentrypoint: python train.py\n"
     job_id = submit(api, spec, workdir(tmp_path)).json()["id"]
     wait_launched(api, job_id)
-    svc = services(api)
-    directory = svc.files(job_id).tensorboard
+    rt = services(api)
+    directory = rt.files(job_id).tensorboard
     directory.mkdir(parents=True)
-    return job_id, directory, TensorBoardImport(svc.store, svc.reports, svc.settings.home)
+    return job_id, directory, TensorBoardImport(rt.store, rt.reports, rt.settings.home)
 
 
 def series(api: TestClient, job_id: int) -> dict[str, list[tuple[int, float | None]]]:

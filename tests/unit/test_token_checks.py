@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 
 from tests.support.team import Team, make_team, refused
-from trainhouse.client import _sse
+from trainhouse.client.api import _sse
+from trainhouse.core.tokens import hash_token, job_of_token, job_token
 from trainhouse.server.routes import logs
-from trainhouse.tokens import hash_token, job_of_token, job_token
 
 
 @pytest.fixture
@@ -36,7 +36,7 @@ def test_wrong_job_credentials_on_the_report_routes_are_rate_limited_and_audited
 ) -> None:
     job = team.submit("alice").json()["id"]
     secret = job_token(job)
-    team.svc.store.jobs.update(job, token_hash=hash_token(secret))
+    team.rt.store.jobs.update(job, token_hash=hash_token(secret))
     wrong = {"Authorization": f"Bearer {job_token(job)}"}
     report = {"batch_id": "b1", "attempt": 1, "points": []}
     checkpoint = {"attempt": 1, "step": 1, "path": "a.pt", "size": 1, "sha256": "0" * 64}
@@ -111,14 +111,14 @@ def test_an_open_stream_ends_once_its_token_no_longer_works(
     kind, data = events[-1]
     assert kind == "error" and data["status"] == 401, events
     assert "was refused" in data["message"]
-    assert team.svc.streams.open() == 0
+    assert team.rt.streams.open() == 0
 
 
 def test_open_streams_are_capped_per_user_and_in_all(team: Team) -> None:
     job = team.submit("alice").json()["id"]
     team.post("alice", f"/jobs/{job}/cancel")  # ended: its stream ends at once
-    per_user = team.svc.settings.log_streams_per_user
-    slots = team.svc.streams
+    per_user = team.rt.settings.log_streams_per_user
+    slots = team.rt.streams
     held = [slots.acquire("alice", per_user=per_user, total=10_000) for _ in range(per_user)]
     status, events = stream(team, "alice", job)
     assert status == 429 and events[0][1]["code"] == "rate_limited"
@@ -129,7 +129,7 @@ def test_open_streams_are_capped_per_user_and_in_all(team: Team) -> None:
     assert slots.open("alice") == per_user - 1
     for release in held:
         release()
-    total = team.svc.settings.log_streams
+    total = team.rt.settings.log_streams
     held = [slots.acquire(f"user{i}", per_user=1, total=total) for i in range(total)]
     status, events = stream(team, "root", job)
     assert status == 429 and f"{total} log streams open" in events[0][1]["message"]

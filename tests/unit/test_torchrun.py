@@ -1,5 +1,6 @@
 """The process tree and the environment of one node, as both executors build them
-(trainhouse.executors.torchrun), read back by the SDK's side (trainhouse.layout.JobEnv)."""
+(trainhouse.executors.node.torchrun), read back by the SDK's side
+(trainhouse.jobfs.layout.JobEnv)."""
 
 from __future__ import annotations
 
@@ -8,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from trainhouse.executors import rank, torchrun
-from trainhouse.layout import MARKER_ENV, AttemptLayout, JobEnv
+from trainhouse.executors.node import rank, torchrun
+from trainhouse.jobfs.layout import MARKER_ENV, AttemptLayout, JobEnv
 from trainhouse.spec import parse_spec
 
 JOB = JobEnv(
@@ -25,8 +26,13 @@ JOB = JobEnv(
 
 def test_one_node_rendezvous_standalone_several_at_node_0() -> None:
     one = torchrun.command(Path("/a/exit-launcher"), ["python", "train.py"], procs=2)
-    assert one[:4] == [sys.executable, "-m", "trainhouse.executors.supervise", "/a/exit-launcher"]
-    launch = [sys.executable, "-m", "trainhouse.executors.launch", "torch.distributed.run"]
+    assert one[:4] == [
+        sys.executable,
+        "-m",
+        "trainhouse.executors.node.supervise",
+        "/a/exit-launcher",
+    ]
+    launch = [sys.executable, "-m", "trainhouse.executors.node.launch", "torch.distributed.run"]
     assert one[4:8] == launch
     assert "--standalone" in one and "--nproc-per-node=2" in one and "--max-restarts=0" in one
     wrapper = str(Path(rank.__file__).resolve())

@@ -17,7 +17,7 @@ from fastapi.testclient import TestClient
 
 from tests.support.api import error_of, submit
 from tests.support.archives import CRAFTED, Crafted, zeros_member
-from trainhouse import workdir
+from trainhouse.jobfs import workdir
 
 SPEC = "name: crafted\nentrypoint: python train.py\n"
 

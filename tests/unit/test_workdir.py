@@ -19,9 +19,9 @@ from tests.support.archives import (
     tar_of,
     zeros_member,
 )
-from trainhouse import workdir
 from trainhouse.errors import ArchiveError
-from trainhouse.workdir import ArchiveLimits, extract, iter_files, list_members, pack
+from trainhouse.jobfs import workdir
+from trainhouse.jobfs.workdir import ArchiveLimits, extract, iter_files, list_members, pack
 
 
 def make_tree(root: Path) -> None:

@@ -43,7 +43,7 @@ RoleOpt = Annotated[str, typer.Option("--role", help="admin | member | viewer")]
 
 def _seconds(duration: str) -> float:
     """A duration option (30d, 12h) in seconds; the spec module loads only when one is given."""
-    from trainhouse.spec import parse_duration
+    from trainhouse.core.spec import parse_duration
 
     return float(parse_duration(duration))
 
@@ -86,13 +86,13 @@ def admin_init(
     as_json: Annotated[bool, json_option("Print JSON")] = False,
 ) -> None:
     """Make the first admin and their token, on the server's machine (no token needed)."""
-    from trainhouse._credentials import save_token
-    from trainhouse._hardening import private_umask
     from trainhouse.cli.db import database_url
     from trainhouse.client import default_url
-    from trainhouse.server.settings import default_home
+    from trainhouse.client.credentials import save_token
+    from trainhouse.core.tokens import issue
+    from trainhouse.jobfs.hardening import private_umask
     from trainhouse.store import Store
-    from trainhouse.tokens import issue
+    from trainhouse.usecases.settings import default_home
 
     url_of_db = database_url(db, home, db_file)  # this process is non-dumpable from here on
     with errors(), private_umask():  # a new home and SQLite database: this user's alone

@@ -22,7 +22,7 @@ from rich.markup import escape
 from trainhouse.cli import render
 from trainhouse.cli.options import DbFile, Home, db_option, json_option
 from trainhouse.cli.render import console, print_json
-from trainhouse.errors import StoreError
+from trainhouse.core.errors import StoreError
 
 if TYPE_CHECKING:
     from trainhouse.store.store import Store
@@ -45,8 +45,8 @@ def database_url(url: str | None, home: Path | None, db_file: str | None = None)
     """The URL the server would use with the same ``--db``, ``--db-file`` and ``--home``
     (exit 2 naming the problem if they conflict, or the file cannot be read or is not
     private). Makes this process non-dumpable first."""
-    from trainhouse._hardening import no_dump
-    from trainhouse.server.settings import Settings, default_home
+    from trainhouse.jobfs.hardening import no_dump
+    from trainhouse.usecases.settings import Settings, default_home
 
     no_dump()
     if url and db_file:
@@ -91,7 +91,7 @@ def head_revision(store: Store) -> str:
 @app.command("upgrade")
 def upgrade_cmd(db_url: DbOpt = None, db_file: DbFile = None, home: Home = None) -> None:
     """Apply the migrations the database lacks, up to this trainhouse's schema."""
-    from trainhouse._hardening import private_umask
+    from trainhouse.jobfs.hardening import private_umask
 
     store = open_store(database_url(db_url, home, db_file))
     path = sqlite_file(store)

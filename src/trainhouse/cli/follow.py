@@ -17,7 +17,7 @@ from rich.progress import (
 
 from trainhouse.cli.render import console, fmt_value, state
 from trainhouse.client import Client
-from trainhouse.lifecycle import TERMINAL
+from trainhouse.core.lifecycle import TERMINAL
 
 
 def _headline_metric(latest: dict[str, float | None]) -> str:

@@ -33,7 +33,7 @@ from trainhouse.cli.render import (
     print_json,
     state,
 )
-from trainhouse.lifecycle import TERMINAL
+from trainhouse.core.lifecycle import TERMINAL
 
 if TYPE_CHECKING:
     from trainhouse.client import Client
@@ -74,7 +74,7 @@ def submit(
     if dry_run:
         _dry_run(file, set_ or [], as_json, url)
         return
-    from trainhouse.spec import load_spec
+    from trainhouse.core.spec import load_spec
 
     with errors():
         is_search = load_spec(file, set_ or []).search is not None
@@ -545,7 +545,7 @@ def checkpoints(
     url: Url = None,
 ) -> None:
     """A job's checkpoints with step, size and digest; --download STEP DIR fetches one."""
-    from trainhouse.workdir import human_size
+    from trainhouse.jobfs.workdir import human_size
 
     if download is not None:
         _download(job_id, download[0], download[1], url, as_json)

@@ -69,7 +69,7 @@ def show(
     name: Annotated[str, typer.Argument(metavar="NAME")], as_json: Json = False, url: Url = None
 ) -> None:
     """A model's versions with job, step, metrics, aliases, size and signature."""
-    from trainhouse.workdir import human_size
+    from trainhouse.jobfs.workdir import human_size
 
     with errors(), options.client(url) as c:
         data = c.model(name)
@@ -222,7 +222,7 @@ def export(
 @app.command("delete")
 def delete(ref: Ref, url: Url = None) -> None:
     """Delete NAME@VERSION and its files; refused while an alias names it."""
-    from trainhouse.modelfiles import parse_ref
+    from trainhouse.core.modelfiles import parse_ref
 
     with errors():
         name, which = parse_ref(ref)

@@ -52,7 +52,7 @@ def set_priority(
     url: Url = None,
 ) -> None:
     """Change a queued job's priority tier."""
-    from trainhouse.spec import PRIORITY_TIERS
+    from trainhouse.core.spec import PRIORITY_TIERS
 
     if tier not in PRIORITY_TIERS:
         fail(f"TIER must be one of {', '.join(PRIORITY_TIERS)}, got {tier!r}", EXIT_BAD_INPUT)

@@ -13,7 +13,7 @@ from typing import Any, NoReturn
 import typer
 from rich.console import Console
 
-from trainhouse.errors import ClientError, ServerUnreachable, TrainhouseError
+from trainhouse.core.errors import ClientError, ServerUnreachable, TrainhouseError
 
 console = Console()
 err_console = Console(stderr=True)

@@ -116,7 +116,7 @@ def delete(
             "metrics, for good?",
             abort=True,
         )
-    from trainhouse.workdir import human_size
+    from trainhouse.jobfs.workdir import human_size
 
     results = []
     with errors(), options.client(url) as c:

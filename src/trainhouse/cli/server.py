@@ -1,11 +1,11 @@
 """``trainhouse server`` (run the server) and ``trainhouse demo`` (the embedded quick start).
 
-``server`` builds the server's :class:`~trainhouse.server.settings.Settings` from the options the
+``server`` builds the server's :class:`~trainhouse.usecases.settings.Settings` from the options the
 user gave, and only those: the defaults are Settings' (``--help`` shows them through
-:func:`~trainhouse.cli.options.settings_default`), and ``Settings.validate`` checks the values
-(the three range checks ``--help`` shows as ``x>=...`` stay on their options too). The server
-(FastAPI, the store, the executors) is imported when ``server`` runs, never when the CLI
-starts; ``demo`` starts one in a child process (:class:`~trainhouse.serverprocess.ServerProcess`).
+:func:`~trainhouse.cli.options.settings_default`), and ``Settings.validate`` checks the values (the
+three range checks ``--help`` shows as ``x>=...`` stay on their options too). The server (FastAPI,
+the store, the executors) is imported when ``server`` runs, never when the CLI starts; ``demo``
+starts one in a child process (:class:`~trainhouse.client.serverprocess.ServerProcess`).
 """
 
 from __future__ import annotations
@@ -25,12 +25,12 @@ from trainhouse.cli.options import (
     url_option,
 )
 from trainhouse.cli.render import console, errors
-from trainhouse.errors import ServerUnreachable
+from trainhouse.core.errors import ServerUnreachable
 from trainhouse.executors.registry import EXECUTORS
 
 if TYPE_CHECKING:
-    from trainhouse.server.settings import Settings
-    from trainhouse.serverprocess import ServerProcess
+    from trainhouse.client.serverprocess import ServerProcess
+    from trainhouse.usecases.settings import Settings
 
 app = typer.Typer()  # merged into the root: its commands are top-level
 
@@ -69,7 +69,7 @@ def serve(settings: Settings, *, log_level: str = "info") -> None:
 
     import uvicorn
 
-    from trainhouse._hardening import PRIVATE_UMASK
+    from trainhouse.jobfs.hardening import PRIVATE_UMASK
     from trainhouse.server import create_app
 
     os.umask(PRIVATE_UMASK)
@@ -256,8 +256,8 @@ def server(
     log_level: Annotated[str, typer.Option(help="debug, info, warning")] = "info",
 ) -> None:
     """Run the trainhouse server in the foreground."""
-    from trainhouse._hardening import no_dump
-    from trainhouse.server.settings import Settings, default_home
+    from trainhouse.jobfs.hardening import no_dump
+    from trainhouse.usecases.settings import Settings, default_home
 
     # first: the processes of this user (jobs) cannot read this one's environment or memory
     no_dump()
@@ -321,7 +321,7 @@ def _seconds(option: str, duration: str | None) -> float | None:
     with exit code 2, naming the option."""
     if duration is None:
         return None
-    from trainhouse.spec import parse_duration
+    from trainhouse.core.spec import parse_duration
 
     try:
         return float(parse_duration(duration))
@@ -334,7 +334,7 @@ def _bytes(option: str, size: str | None) -> int | None:
     exit code 2, naming the option."""
     if size is None:
         return None
-    from trainhouse.envs import parse_size
+    from trainhouse.core.envspec import parse_size
 
     try:
         return parse_size(size)
@@ -373,8 +373,8 @@ def run_demo(
     from trainhouse.cli.follow import Follower
     from trainhouse.cli.jobs import result_code, summary
     from trainhouse.client import DEFAULT_URL, Client
-    from trainhouse.server.settings import DEFAULT_PORT, default_home
-    from trainhouse.serverprocess import ServerProcess, free_port
+    from trainhouse.client.serverprocess import ServerProcess, free_port
+    from trainhouse.usecases.settings import DEFAULT_PORT, default_home
 
     spec_file = (example or example_dir()) / "trainhouse.yaml"
     home = (home or default_home()).expanduser().resolve()

@@ -1,6 +1,6 @@
 """``trainhouse login``, ``logout`` and ``whoami``: this user's token for a server.
 
-The token is checked against the server and stored by :mod:`trainhouse._credentials` (0600,
+The token is checked against the server and stored by :mod:`trainhouse.client.credentials` (0600,
 this user only); ``TRAINHOUSE_TOKEN`` beats the stored one.
 """
 
@@ -36,8 +36,8 @@ def login(
     ] = None,
 ) -> None:
     """Check a token against the server and store it for it (0600, this user only)."""
-    from trainhouse._credentials import save_token
     from trainhouse.client import Client, default_url
+    from trainhouse.client.credentials import save_token
 
     target = (url or default_url()).rstrip("/")
     if token is None:
@@ -58,8 +58,8 @@ def login(
 @app.command()
 def logout(url: Url = None) -> None:
     """Forget the stored token for the server (it stays valid: revoke it to end it)."""
-    from trainhouse._credentials import forget_token
     from trainhouse.client import default_url
+    from trainhouse.client.credentials import forget_token
 
     target = (url or default_url()).rstrip("/")
     if forget_token(target):

@@ -23,7 +23,7 @@ def spec_cmd(
     set_: Annotated[list[str] | None, typer.Option("--set", help="Override key=value")] = None,
 ) -> None:
     """Print the job spec's JSON Schema, or validate a spec file and print it resolved."""
-    from trainhouse.spec import json_schema, load_spec
+    from trainhouse.core.spec import json_schema, load_spec
 
     if schema:
         print_json(json_schema())

@@ -3,7 +3,7 @@
 An executor turns a :class:`Launch` (one attempt of a job, placed on nodes) into processes and
 reports how each attempt ended as an :class:`Exit`. Two implementations: ``local`` (torchrun on
 this machine, :mod:`trainhouse.executors.local`) and ``ray`` (a placement group on a Ray
-cluster, :mod:`trainhouse.executors.ray`); :mod:`trainhouse.executors.registry` names them.
+cluster, :mod:`trainhouse.executors.ray.executor`); :mod:`trainhouse.executors.registry` names them.
 """
 
 from __future__ import annotations
@@ -13,11 +13,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar, Protocol
 
-from trainhouse.cluster import Node, Placements
-from trainhouse.envs import Request
-from trainhouse.layout import AttemptLayout, JobEnv, JobLayout
-from trainhouse.lifecycle import StopReason
-from trainhouse.spec import JobSpec
+from trainhouse.core.cluster import Node, Placements
+from trainhouse.core.envspec import Request
+from trainhouse.core.lifecycle import StopReason
+from trainhouse.core.spec import JobSpec
+from trainhouse.jobfs.layout import AttemptLayout, JobEnv, JobLayout
 
 __all__ = ["Executor", "Exit", "Launch", "ProcessInfo"]
 

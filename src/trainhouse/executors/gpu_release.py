@@ -18,9 +18,9 @@ from collections.abc import Callable, Collection
 
 import psutil
 
-from trainhouse.cluster import Node
-from trainhouse.layout import MARKER_ENV
-from trainhouse.monitoring.nvml import Nvml
+from trainhouse.core.cluster import Node
+from trainhouse.jobfs.layout import MARKER_ENV
+from trainhouse.jobfs.nvml import Nvml
 
 __all__ = ["GpuRelease"]
 

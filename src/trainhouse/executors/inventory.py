@@ -12,8 +12,8 @@ import socket
 
 import psutil
 
-from trainhouse.cluster import Gpu, Node
-from trainhouse.monitoring.nvml import detect_gpus, parse_mask
+from trainhouse.core.cluster import Gpu, Node
+from trainhouse.jobfs.nvml import detect_gpus, parse_mask
 
 
 def server_mask() -> list[str] | None:

@@ -1,12 +1,12 @@
 """The local executor: one torchrun per job on this machine.
 
 Each attempt is started as ``python -m torch.distributed.run --standalone ...`` (through
-:mod:`trainhouse.executors.launch`) in a session of its own (its own process group), under
-:mod:`trainhouse.executors.supervise`, which records the launcher's exit code in the attempt's
+:mod:`trainhouse.executors.node.launch`) in a session of its own (its own process group), under
+:mod:`trainhouse.executors.node.supervise`, which records the launcher's exit code in the attempt's
 directory. The attempt does not depend on the server: a server killed with SIGKILL leaves it
 training, and the next server re-adopts it (:meth:`adopt`) by its PID, start time and marker,
 and reads its result from that file when it ends. torchrun starts every rank through
-:mod:`trainhouse.executors.rank`, which sends the rank's stdout and stderr to
+:mod:`trainhouse.executors.node.rank`, which sends the rank's stdout and stderr to
 ``logs/rank-N.log`` and records its exit code. The server learns of an attempt's end when its
 supervisor exits (a pidfd, :func:`watch_exit`), not at the scheduler loop's next poll.
 
@@ -15,7 +15,7 @@ them; every process of an attempt therefore carries ``TRAINHOUSE_RUN_MARKER`` in
 and stopping an attempt signals every process that carries its marker, every process under its
 supervisor (a child subreaper: orphans of the attempt become its children, whatever their
 session or environment) and, where the machine allows, every process in the attempt's cgroup
-(:mod:`trainhouse.executors.cgroups`; ``cgroup.kill`` for SIGKILL). The same three find the
+(:mod:`trainhouse.executors.node.cgroups`; ``cgroup.kill`` for SIGKILL). The same three find the
 attempt's processes for the resource monitor (:meth:`pids`). Nothing survives a stop.
 
 The supervisor is non-dumpable, so its environment cannot be read by the server's user (only by
@@ -41,16 +41,23 @@ from typing import IO, ClassVar
 
 import psutil
 
-from trainhouse import jobfiles
-from trainhouse.cluster import Node
-from trainhouse.executors import cgroups, torchrun
+from trainhouse.core.cluster import Node
+from trainhouse.core.lifecycle import StopReason
 from trainhouse.executors.base import Exit, Launch, ProcessInfo
 from trainhouse.executors.gpu_release import GpuRelease
-from trainhouse.executors.markers import Scan, find_marked, kill_marked, processes, scan, signal_all
-from trainhouse.executors.stopping import StopTimer
-from trainhouse.executors.supervise import read_record, supervised
-from trainhouse.layout import LAUNCHER, AttemptLayout, JobLayout
-from trainhouse.lifecycle import StopReason
+from trainhouse.executors.node import cgroups, torchrun
+from trainhouse.executors.node.markers import (
+    Scan,
+    find_marked,
+    kill_marked,
+    processes,
+    scan,
+    signal_all,
+)
+from trainhouse.executors.node.stopping import StopTimer
+from trainhouse.executors.node.supervise import read_record, supervised
+from trainhouse.jobfs import jobfiles
+from trainhouse.jobfs.layout import LAUNCHER, AttemptLayout, JobLayout
 
 log = logging.getLogger(__name__)
 

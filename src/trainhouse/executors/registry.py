@@ -87,7 +87,7 @@ def _check_ray(options: ExecutorOptions) -> None:
 
 
 def _build_ray(options: ExecutorOptions) -> Executor:
-    from trainhouse.executors.ray import RayExecutor
+    from trainhouse.executors.ray.executor import RayExecutor
 
     if not options.shared_checkpoints:
         log.warning(

@@ -1,11 +1,11 @@
 """The resource sampler: a service that records what this node and each running job use.
 
 Every ``interval`` seconds (``trainhouse server --monitor-interval``, 5 s by default; 0 turns it
-off) one sample batch is stored in ``system_metrics`` (:mod:`trainhouse.monitoring.names` has the
+off) one sample batch is stored in ``system_metrics`` (:mod:`trainhouse.core.metricnames` has the
 names and units):
 
 - the node: CPU percent of all cores, memory used (total - available) and total, and for each
-  GPU NVML sees, every value of :data:`trainhouse.monitoring.nvml.GPU_METRICS` (DCGM's
+  GPU NVML sees, every value of :data:`trainhouse.jobfs.nvml.GPU_METRICS` (DCGM's
   ``DCGM_FI_DEV_GPU_UTIL``, ``_FB_USED``, ``_FB_FREE`` (MiB), ``_POWER_USAGE`` (W) and
   ``_GPU_TEMP`` (C)), labelled by the GPU's NVML index;
 - each running job: its attempt's processes (the executor's :meth:`pids`), their summed CPU
@@ -33,10 +33,10 @@ from typing import Any
 
 import psutil
 
+from trainhouse.core import metricnames as names
+from trainhouse.core.background import BackgroundLoop
 from trainhouse.executors.base import Executor
-from trainhouse.monitoring import names
-from trainhouse.monitoring.nvml import Nvml
-from trainhouse.service import Service
+from trainhouse.jobfs.nvml import Nvml
 from trainhouse.store.system import Sample, SystemMetrics
 
 __all__ = ["Nvml", "Sampler"]
@@ -68,7 +68,7 @@ def nspids(pid: int, proc: Path = Path("/proc")) -> list[int]:
     return [pid]
 
 
-class Sampler(Service):
+class Sampler(BackgroundLoop):
     """Samples this node and its running jobs every ``interval`` seconds, in a thread."""
 
     name = "trainhouse-monitor"

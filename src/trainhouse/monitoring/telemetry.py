@@ -30,17 +30,17 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from trainhouse.core import metricnames as names
+from trainhouse.core.lifecycle import JobState
+from trainhouse.core.spec import PRIORITY_TIERS
 from trainhouse.executors.base import Executor
-from trainhouse.lifecycle import JobState
-from trainhouse.monitoring import names
-from trainhouse.monitoring.nvml import GPU_METRICS
-from trainhouse.spec import PRIORITY_TIERS
+from trainhouse.jobfs.nvml import GPU_METRICS
 from trainhouse.store import Store
 from trainhouse.store.system import SystemMetrics
 
 DECISION_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 
-# one family per GPU metric the sampler takes (trainhouse.monitoring.nvml.GPU_METRICS)
+# one family per GPU metric the sampler takes (trainhouse.jobfs.nvml.GPU_METRICS)
 GPU_HELP = {metric.name: metric.help for metric in GPU_METRICS}
 
 

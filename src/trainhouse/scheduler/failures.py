@@ -15,12 +15,12 @@ import re
 import signal
 from dataclasses import dataclass
 
-from trainhouse.envs import BUILD_FAILED_CODE
+from trainhouse.core.envspec import BUILD_FAILED_CODE
+from trainhouse.core.lifecycle import FailureKind
+from trainhouse.core.spec import NoRestart
 from trainhouse.executors.base import Exit
-from trainhouse.joblogs import read_log
-from trainhouse.layout import JobLayout
-from trainhouse.lifecycle import FailureKind
-from trainhouse.spec import NoRestart
+from trainhouse.jobfs.joblogs import read_log
+from trainhouse.jobfs.layout import JobLayout
 
 # signals that come from outside the process: the infrastructure's doing, not the code's
 INFRA_SIGNALS = frozenset(

@@ -32,6 +32,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from heapq import heapify, heappop, heapreplace
 
+from trainhouse.core.spec import PRIORITY_TIERS, tier_rank
 from trainhouse.scheduler.policy import (
     DEFAULT_EXPECTED_RUNTIME,
     INF,
@@ -50,7 +51,6 @@ from trainhouse.scheduler.policy import (
     quota_block,
 )
 from trainhouse.scheduler.resources import Demand, Free
-from trainhouse.spec import PRIORITY_TIERS, tier_rank
 
 __all__ = ["QueueIndex", "Scheduler", "walk"]
 

@@ -17,12 +17,18 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from trainhouse import envs, jobfiles
-from trainhouse.cluster import Placements
-from trainhouse.errors import InvalidTransition, StoreError
+from trainhouse.core import envspec
+from trainhouse.core.background import BackgroundLoop
+from trainhouse.core.cluster import Placements
+from trainhouse.core.errors import InvalidTransition, StoreError
+from trainhouse.core.lifecycle import AttemptResult, JobState, StopReason
+from trainhouse.core.tokens import hash_token, job_token
 from trainhouse.executors.base import Executor, Exit, Launch, ProcessInfo
-from trainhouse.layout import JobEnv, JobLayout
-from trainhouse.lifecycle import AttemptResult, JobState, StopReason
+from trainhouse.ingest.spool import ingest_spool
+from trainhouse.jobfs import jobfiles
+from trainhouse.jobfs.layout import JobEnv, JobLayout
+from trainhouse.jobfs.storage import open_storage
+from trainhouse.jobfs.workdir import extract
 from trainhouse.scheduler import outcome
 from trainhouse.scheduler.failures import DEFAULT_MAX_INFRA_RESTARTS, analyse
 from trainhouse.scheduler.fairshare import DEFAULT_ENTRY_SECONDS, DEFAULT_HALF_LIFE, UsageLedger
@@ -38,12 +44,7 @@ from trainhouse.scheduler.policy import (
     decide,
 )
 from trainhouse.scheduler.resources import Demand
-from trainhouse.service import Service
-from trainhouse.storage import open_storage
 from trainhouse.store import BlobStore, Job, Store
-from trainhouse.store.spool import ingest_spool
-from trainhouse.tokens import hash_token, job_token
-from trainhouse.workdir import extract
 
 __all__ = ["SchedulerConfig", "SchedulerLoop"]
 
@@ -81,7 +82,7 @@ def with_held_gpus(waiting: dict[int, str], snap: Snapshot) -> dict[int, str]:
 _QueuedKey = tuple[float, str, float, str]
 
 
-class SchedulerLoop(Service):
+class SchedulerLoop(BackgroundLoop):
     name = "trainhouse-scheduler"
 
     def __init__(
@@ -98,11 +99,11 @@ class SchedulerLoop(Service):
         checkpoint_location: Callable[[int], str] | None = None,
         on_attempt_end: Callable[[int, int], object] | None = None,
         config: SchedulerConfig | None = None,
-        env_defaults: envs.Defaults | None = None,
+        env_defaults: envspec.Defaults | None = None,
     ) -> None:
         super().__init__(tick)
         # the server's index options and cache size for the jobs' environments
-        self.env_defaults = env_defaults or envs.Defaults()
+        self.env_defaults = env_defaults or envspec.Defaults()
         self.store = store
         self.blobs = blobs
         self.executor = executor
@@ -442,7 +443,7 @@ class SchedulerLoop(Service):
                 checkpoints=checkpoints,
                 hparams=spec.hparams,
             )
-            request = envs.request_for(
+            request = envspec.request_for(
                 spec.environment, self.env_defaults, f"{job.id}.{attempt.number}"
             )
             info = self.executor.launch(Launch(spec, placements, files, env, request))

@@ -33,10 +33,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from trainhouse.core.lifecycle import AttemptResult, FailureKind, JobState, StopReason
+from trainhouse.core.records import Job
 from trainhouse.executors.base import Exit
-from trainhouse.lifecycle import AttemptResult, FailureKind, JobState, StopReason
 from trainhouse.scheduler.failures import Failure
-from trainhouse.store.records import Job
 
 __all__ = ["AttemptEnd", "Outcome", "Stop", "lost", "needs_analysis", "outcome", "stop_reason"]
 

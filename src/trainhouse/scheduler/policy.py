@@ -27,10 +27,10 @@ from collections import defaultdict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from trainhouse.cluster import Node, Placement
+from trainhouse.core.cluster import Node, Placement
+from trainhouse.core.spec import tier_rank
 from trainhouse.scheduler.preemption import choose_victims
 from trainhouse.scheduler.resources import Demand, Free
-from trainhouse.spec import tier_rank
 
 INF = math.inf
 # expected runtime charged to an owner's fair-share key for each job handed out in one pass

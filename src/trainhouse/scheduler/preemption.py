@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from trainhouse.core.spec import tier_rank
 from trainhouse.scheduler.resources import Demand, Free
-from trainhouse.spec import tier_rank
 
 if TYPE_CHECKING:
     from trainhouse.scheduler.policy import QueuedJob, RunningJob

@@ -1,12 +1,13 @@
 """What the policy hands out: a job's demand per node, a node's free capacity while a pass
-assigns it, and whether a job can ever fit (the resource model is :mod:`trainhouse.cluster`)."""
+assigns it, and whether a job can ever fit (the resource model is
+:mod:`trainhouse.core.cluster`)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from trainhouse.cluster import Node, Placement
-from trainhouse.spec import Resources
+from trainhouse.core.cluster import Node, Placement
+from trainhouse.core.spec import Resources
 
 
 @dataclass(frozen=True)

@@ -29,8 +29,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from trainhouse._http import encode_json
-from trainhouse.errors import ClientError, ServerUnreachable
+from trainhouse.core.errors import ClientError, ServerUnreachable
+from trainhouse.core.wire import encode_json
 from trainhouse.sdk._transport import JobAPI
 
 log = logging.getLogger("trainhouse")

@@ -1,7 +1,7 @@
 """``run.save_model``: export a model, write its files atomically next to the checkpoints, and
 load a saved model back (what a serving replica and a test do).
 
-The layout and the record are :mod:`trainhouse.modelfiles`'. ``torch.export`` captures the
+The layout and the record are :mod:`trainhouse.core.modelfiles`'. ``torch.export`` captures the
 model with a dynamic batch dimension (dimension 0 of every input); the program is saved with
 ``torch.export.save`` and the weights with safetensors. A model that ``torch.export`` cannot
 capture raises a ModelError that names the reason, unless a ``loader`` (``"serve.py:load"``)
@@ -22,8 +22,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from trainhouse.errors import ModelError
-from trainhouse.modelfiles import (
+from trainhouse.core.errors import ModelError
+from trainhouse.core.modelfiles import (
     CHECKPOINT,
     KINDS,
     LOADER_KINDS,
@@ -36,7 +36,7 @@ from trainhouse.modelfiles import (
     verify_copy,
     version_dir,
 )
-from trainhouse.storage import Storage
+from trainhouse.jobfs.storage import Storage
 
 if TYPE_CHECKING:
     import torch

@@ -30,7 +30,8 @@ import types
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from trainhouse.layout import CHECKPOINT_URL_ENV, DEFAULT_KEEP_LAST, JobEnv
+from trainhouse.core.defaults import DEFAULT_KEEP_LAST
+from trainhouse.jobfs.layout import CHECKPOINT_URL_ENV, JobEnv
 from trainhouse.sdk._distributed import DistributedContext, connect
 from trainhouse.sdk._metrics import finite_or_none
 from trainhouse.sdk._preempt import NeverStop, Preemption, ServerStop, StopSignal
@@ -302,7 +303,7 @@ class Run:
         ``step`` defaults to the last step logged. Returns the record on the main rank (with
         ``version`` under the server), None on the others.
         """
-        from trainhouse.errors import ModelError
+        from trainhouse.core.errors import ModelError
         from trainhouse.sdk._model import write_model
         from trainhouse.sdk.checkpoint._handle import message_of
 

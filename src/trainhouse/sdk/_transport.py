@@ -7,8 +7,8 @@ from typing import Any
 
 import httpx
 
-from trainhouse._http import CLIENT_HEADERS, JSON_HEADERS, encode_json, send
-from trainhouse.errors import ClientError, ServerUnreachable
+from trainhouse.core.errors import ClientError, ServerUnreachable
+from trainhouse.core.wire import CLIENT_HEADERS, JSON_HEADERS, encode_json, send
 
 
 class JobAPI:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from trainhouse.server.settings import Settings
+from trainhouse.usecases.settings import Settings
 
 if TYPE_CHECKING:
     from trainhouse.server.app import create_app

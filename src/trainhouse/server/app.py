@@ -1,4 +1,4 @@
-"""The app factory: ``create_app(settings)`` builds the API; its lifespan runs the services.
+"""The app factory: ``create_app(settings)`` builds the API; its lifespan runs the background loops.
 
 ``create_app(settings, executor=...)`` runs the app on a given executor instead of the one
 ``settings.executor`` names (tests run the real API over a fake one).
@@ -17,24 +17,12 @@ from fastapi.responses import JSONResponse
 from sqlalchemy.exc import DataError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from trainhouse._version import __version__
-from trainhouse.errors import ServerBusy, TrainhouseError
-from trainhouse.executors import registry
+from trainhouse import __version__
+from trainhouse.core.errors import ServerBusy, TrainhouseError
 from trainhouse.executors.base import Executor
-from trainhouse.executors.inventory import server_mask
-from trainhouse.lifecycle import JobState
-from trainhouse.monitoring.sampler import Sampler
-from trainhouse.monitoring.telemetry import Telemetry
-from trainhouse.scheduler.loop import SchedulerConfig, SchedulerLoop
-from trainhouse.scheduler.policy import Quota
 from trainhouse.server import limits, origin
-from trainhouse.server.auth import Authenticator
-from trainhouse.server.checkpoints import Checkpoints
-from trainhouse.server.deps import Services
-from trainhouse.server.housekeeping import Housekeeper
 from trainhouse.server.mlflow import create_app as create_mlflow_app
-from trainhouse.server.mlflow import set_services as set_mlflow_services
-from trainhouse.server.models import ModelFiles
+from trainhouse.server.mlflow import set_runtime as set_mlflow_runtime
 from trainhouse.server.routes import (
     accounts,
     envs,
@@ -51,12 +39,8 @@ from trainhouse.server.routes import (
     ui,
 )
 from trainhouse.server.schemas import NO_NUL
-from trainhouse.server.serving import ServingHub
-from trainhouse.server.settings import Settings
-from trainhouse.server.tensorboard import TensorBoardImport
-from trainhouse.store import BlobStore, Store
-from trainhouse.store.groupcommit import ReportWriter
-from trainhouse.tune.service import SearchService
+from trainhouse.usecases.runtime import build_runtime
+from trainhouse.usecases.settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -82,102 +66,18 @@ def _validation_message(exc: RequestValidationError) -> str:
     return "; ".join(parts)
 
 
-def build_services(settings: Settings, executor: Executor | None = None) -> Services:
-    settings.home.mkdir(parents=True, exist_ok=True)
-    if executor is None:
-        executor = registry.build(settings)
-    node = executor.server_node()
-    store = Store(settings.database_url, migrate="auto")  # PostgreSQL: `db upgrade` first
-    blobs = BlobStore(settings.home / "blobs")
-    checkpoints = Checkpoints(store, settings.home, settings.checkpoint_url)
-    loop = SchedulerLoop(
-        store,
-        blobs,
-        executor,
-        home=settings.home,
-        server_url=settings.url,
-        tick=settings.tick,
-        cancel_grace=settings.cancel_grace,
-        shutdown_grace=settings.shutdown_grace,
-        checkpoint_location=checkpoints.location,
-        on_attempt_end=checkpoints.register_unlisted,
-        config=SchedulerConfig(
-            half_life=settings.fairshare_half_life,
-            max_infra_restarts=settings.max_infra_restarts,
-            default_quota=Quota(settings.quota_gpus, settings.quota_cpus),
-        ),
-        env_defaults=settings.env_defaults,
-    )
-
-    def allocations() -> dict[int, list[int]]:  # running job -> its GPUs on this node
-        running = store.jobs.list(states=[JobState.RUNNING])
-        return {j.id: [g for p in j.placement if p.node == node for g in p.gpus] for j in running}
-
-    monitor = Sampler(
-        store.system,
-        executor,
-        node=node,
-        interval=settings.monitor_interval,
-        retention=settings.monitor_retention,
-        allocations=allocations,
-        gpu_mask=server_mask(),
-    )
-    telemetry = Telemetry()
-    telemetry.watch(
-        store, store.system, executor, stale_after=max(3 * settings.monitor_interval, 15.0)
-    )
-    loop.decision_observer = telemetry.decision_seconds.observe
-    auth = Authenticator(
-        store.accounts,
-        enabled=settings.auth_enabled,
-        limit=settings.auth_failures,
-        window=settings.auth_window,
-    )
-    if auth.enabled and not store.accounts.has_admin():
-        log.warning(
-            "auth is on and there is no admin yet: run `trainhouse admin init` on this machine"
-        )
-    writers = settings.report_writers or (1 if store.dialect == "sqlite" else 4)
-    reports = ReportWriter(store, writers=writers, queue_points=settings.report_queue_points)
-    tensorboard = TensorBoardImport(
-        store, reports, settings.home, interval=settings.tensorboard_interval
-    )
-    return Services(
-        settings,
-        store,
-        blobs,
-        loop,
-        checkpoints,
-        monitor,
-        Housekeeper(store, settings.home, settings.log_retention),
-        telemetry,
-        auth,
-        reports,
-        SearchService(
-            store,
-            db_url=settings.database_url,
-            home=settings.home,
-            wake_scheduler=loop.wake,
-            interval=max(settings.tick, 0.1),
-        ),
-        ModelFiles(store, checkpoints),
-        ServingHub(store, telemetry.registry),
-        tensorboard=tensorboard,
-    )
-
-
 def create_app(settings: Settings, *, executor: Executor | None = None) -> FastAPI:
     """The API over ``settings``; ``executor`` replaces the one ``settings.executor`` names."""
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        svc = build_services(settings, executor)
-        app.state.services = svc
-        set_mlflow_services(mlflow_app, svc)
+        rt = build_runtime(settings, executor)
+        app.state.runtime = rt
+        set_mlflow_runtime(mlflow_app, rt)
         started = []
         try:
-            svc.reports.start()  # first and last: reports answered before the end are stored
-            for service in svc.background:
+            rt.reports.start()  # first and last: reports answered before the end are stored
+            for service in rt.background:
                 service.start()
                 started.append(service)
             log.info("trainhouse %s serving %s (home %s)", __version__, settings.url, settings.home)
@@ -185,9 +85,9 @@ def create_app(settings: Settings, *, executor: Executor | None = None) -> FastA
         finally:
             for service in reversed(started):
                 service.stop()
-            svc.reports.stop()  # stores what is queued
-            await svc.serving.aclose()
-            svc.store.close()
+            rt.reports.stop()  # stores what is queued
+            await rt.replicas.aclose()
+            rt.store.close()
 
     app = FastAPI(
         title="trainhouse",

@@ -21,7 +21,7 @@ import orjson
 from fastapi import FastAPI
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from trainhouse.errors import BodyTooLarge
+from trainhouse.core.errors import BodyTooLarge
 
 MiB = 1024 * 1024
 #: metric reports (``POST /api/v1/jobs/{id}/report``): up to 200,000 points per batch

@@ -5,7 +5,7 @@ header of every request and where every write comes from, before the app sees ei
 **400** ``unknown_host``. This stops DNS rebinding: a page on ``attacker.example`` whose name the
 attacker then points at 127.0.0.1 talks to the server as its own origin (so it could read the
 answers), but its requests say ``Host: attacker.example``. The names the server answers to are
-:attr:`Settings.host_names <trainhouse.server.settings.Settings.host_names>`: the address it
+:attr:`Settings.host_names <trainhouse.usecases.settings.Settings.host_names>`: the address it
 listens on, ``localhost``, 127.0.0.1 and ::1 when it listens on the loopback (or on every
 address), the host of ``--advertise-url`` and each ``--allowed-host``. On every address
 (``0.0.0.0``, ``::``) any IP address is taken too: an address names the machine itself, and no
@@ -55,8 +55,8 @@ import orjson
 from fastapi import FastAPI
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from trainhouse._http import CSRF_HEADER
-from trainhouse.server.settings import Settings
+from trainhouse.core.wire import CSRF_HEADER
+from trainhouse.usecases.settings import Settings
 
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 #: ``Sec-Fetch-Site`` values of a request the server's own pages (or the user) made

@@ -34,8 +34,8 @@ import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from trainhouse.errors import ModelError
-from trainhouse.modelfiles import (
+from trainhouse.core.errors import ExportFailed, ModelError
+from trainhouse.core.modelfiles import (
     LOADER_KINDS,
     MAX_MODEL_RECORD,
     RECORD,
@@ -54,10 +54,6 @@ FORMATS = ("onnx",)
 MAX_BATCH = 1 << 16
 #: the batch of the example inputs the exporter traces with (not 0 or 1, which it specializes)
 EXAMPLE_BATCH = 2
-
-
-class ExportFailed(ModelError):
-    """torch's exporter could not export the model (its reason in the message)."""
 
 
 def check_targets(out_dir: Path, name: str, version: int | None, *, force: bool) -> None:

@@ -31,8 +31,8 @@ from typing import Any
 
 import httpx
 
-from trainhouse._http import CLIENT_HEADERS
-from trainhouse.layout import JOB_ID_ENV, JOB_TOKEN_ENV, URL_ENV
+from trainhouse.core.wire import CLIENT_HEADERS
+from trainhouse.jobfs.layout import JOB_ID_ENV, JOB_TOKEN_ENV, URL_ENV
 from trainhouse.serving.replica import Batcher, Loaded, build_app, load
 
 __all__ = ["Follower", "main"]
@@ -107,7 +107,7 @@ class Follower:
                     str(entry["sha256"]),
                 )
             if target.get("kind") != "export":
-                from trainhouse.workdir import extract
+                from trainhouse.jobfs.workdir import extract
 
                 archive = tmp / "code.tar.gz"
                 self._download(f"/jobs/{self.job_id}/replicas/versions/{version}/code", archive)

@@ -6,20 +6,14 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any
 
+from trainhouse.core.errors import BadInput
+
 if TYPE_CHECKING:
     import torch
 
 __all__ = ["BadInput", "parse_inputs"]
 
 INTEGER_DTYPES = {"int8", "int16", "int32", "int64", "uint8", "bool"}
-
-
-class BadInput(Exception):
-    """A request the model cannot take; ``status`` is its HTTP status (a 4xx)."""
-
-    def __init__(self, message: str, status: int = 422) -> None:
-        super().__init__(message)
-        self.status = status
 
 
 def _shape_text(shape: list[Any]) -> str:

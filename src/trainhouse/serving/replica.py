@@ -48,7 +48,7 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from trainhouse.modelfiles import BATCH_HEADER, RECORD, REPLICA_KEY_HEADER
+from trainhouse.core.modelfiles import BATCH_HEADER, RECORD, REPLICA_KEY_HEADER
 from trainhouse.serving.inputs import BadInput, parse_inputs
 
 if TYPE_CHECKING:
@@ -79,8 +79,8 @@ def loader_function(workdir: Path, loader: str) -> Any:
     replica runs as the job would): the file must lie inside ``workdir``."""
     import importlib.util
 
-    from trainhouse.errors import ModelError
-    from trainhouse.modelfiles import check_loader
+    from trainhouse.core.errors import ModelError
+    from trainhouse.core.modelfiles import check_loader
 
     file, _, function = check_loader(loader).partition(":")
     root = Path(workdir).resolve()
@@ -109,8 +109,8 @@ def load(
     """The model saved in ``directory`` (files checked), in eval mode, on ``device``. A model
     saved with a loader (or registered from a checkpoint with one) needs ``workdir``, the job's
     code where the loader lives."""
-    from trainhouse.errors import ModelError
-    from trainhouse.modelfiles import LOADER_KINDS
+    from trainhouse.core.errors import ModelError
+    from trainhouse.core.modelfiles import LOADER_KINDS
     from trainhouse.sdk import load_model
 
     record = json.loads((Path(directory) / RECORD).read_text())

@@ -5,9 +5,7 @@ concern (``store.jobs``, ``.checkpoints``, ``.metrics``, ``.quotas``, ``.account
 over a public transaction; see :mod:`trainhouse.store.store`.
 """
 
-from trainhouse.store.blobs import BlobStore
-from trainhouse.store.database import SchemaStatus, default_db_url
-from trainhouse.store.records import (
+from trainhouse.core.records import (
     Attempt,
     Checkpoint,
     Event,
@@ -20,6 +18,8 @@ from trainhouse.store.records import (
     Trial,
     UserLimits,
 )
+from trainhouse.store.blobs import BlobStore
+from trainhouse.store.database import SchemaStatus, default_db_url
 from trainhouse.store.store import Store
 
 __all__ = [

@@ -1,7 +1,7 @@
 """Accounts (``store.accounts``): users with a role, their API tokens (stored as hashes only)
 and the audit log.
 
-Tokens are made and hashed by :mod:`trainhouse.tokens`; this module records only a token's
+Tokens are made and hashed by :mod:`trainhouse.core.tokens`; this module records only a token's
 sha256 and its first characters. A job's ranks get a separate, per-attempt credential that is
 kept on the job row, not here.
 """
@@ -19,9 +19,9 @@ from sqlalchemy.engine import RowMapping
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.sql.elements import ColumnElement
 
-from trainhouse.errors import NotFound, SpecError, StoreError
+from trainhouse.core.errors import NotFound, SpecError, StoreError
+from trainhouse.core.tokens import hash_token
 from trainhouse.store import tables as t
-from trainhouse.tokens import hash_token
 
 if TYPE_CHECKING:
     from trainhouse.store.database import Database
@@ -199,7 +199,7 @@ class Accounts:
         prefix: str,
         expires_at: float | None = None,
     ) -> Token:
-        """Record a token made by :func:`trainhouse.tokens.issue` (its hash, never itself)."""
+        """Record a token made by :func:`trainhouse.core.tokens.issue` (its hash, never itself)."""
         if not TOKEN_NAME_RE.match(name):
             raise SpecError(
                 f"a token name is 1-64 letters, digits or _.@:+- characters; got {name!r}"

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO
 
-from trainhouse._durable import fsync_dir
+from trainhouse.jobfs.durable import fsync_dir
 
 
 class BlobStore:

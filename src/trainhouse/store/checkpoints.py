@@ -1,7 +1,7 @@
 """Checkpoint records (``store.checkpoints``): what each job saved, where, with which sha256.
 
-The files themselves live in the job's checkpoint storage (:mod:`trainhouse.storage`); the
-server registers, verifies and retires them through :mod:`trainhouse.server.checkpoints`.
+The files themselves live in the job's checkpoint storage (:mod:`trainhouse.jobfs.storage`); the
+server registers, verifies and retires them through :mod:`trainhouse.ingest.checkpoints`.
 """
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ from typing import TYPE_CHECKING
 from sqlalchemy import func, insert, select, update
 from sqlalchemy.engine import RowMapping
 
-from trainhouse.errors import NotFound
+from trainhouse.core.errors import NotFound
+from trainhouse.core.records import Checkpoint
 from trainhouse.store import tables as t
-from trainhouse.store.records import Checkpoint
 
 if TYPE_CHECKING:
     from trainhouse.store.database import Database

@@ -22,7 +22,7 @@ from alembic.script import ScriptDirectory
 from sqlalchemy import Connection, Engine, create_engine, event
 from sqlalchemy.exc import SQLAlchemyError
 
-from trainhouse.errors import StoreError
+from trainhouse.core.errors import StoreError
 
 __all__ = ["MIGRATE_MODES", "Database", "MigrateMode", "SchemaStatus", "default_db_url"]
 

@@ -1,7 +1,7 @@
 """Jobs, their attempts and their events (``store.jobs``).
 
 State changes go through :meth:`JobRepo.transition` (and :meth:`JobRepo.start_attempt`), which
-check the lifecycle table (:func:`trainhouse.lifecycle.check_transition`) and write the new
+check the lifecycle table (:func:`trainhouse.core.lifecycle.check_transition`) and write the new
 state with a compare-and-set UPDATE in the same transaction as the event, so two threads (or two
 servers on one PostgreSQL) can never both move a job out of the same state.
 """
@@ -13,26 +13,24 @@ from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any, Literal, get_args
 
 from sqlalchemy import case, delete, func, insert, select, update
-from sqlalchemy.engine import Connection, RowMapping
 from sqlalchemy.sql.elements import ColumnElement
 
-from trainhouse.cluster import Placements, placements_from_json, placements_to_json
-from trainhouse.errors import InvalidTransition, NotFound, StoreError
-from trainhouse.lifecycle import (
+from trainhouse.core.cluster import Placements, placements_to_json
+from trainhouse.core.errors import InvalidTransition, NotFound, StoreError
+from trainhouse.core.lifecycle import (
     RESUMABLE,
-    AttemptResult,
-    FailureKind,
     JobState,
     check_transition,
 )
-from trainhouse.spec import PRIORITY_TIERS, JobSpec
+from trainhouse.core.records import Attempt, Event, Job
+from trainhouse.core.spec import PRIORITY_TIERS, JobSpec
 from trainhouse.store import tables as t
-from trainhouse.store.records import TRACKED, Attempt, Event, Job
+from trainhouse.store.jobrows import attempt_from_row, insert_job, job_filters, job_from_row
 
 if TYPE_CHECKING:
     from trainhouse.store.database import Database
 
-__all__ = ["JOB_SORT_KEYS", "JobRepo", "JobSort", "insert_job"]
+__all__ = ["JOB_SORT_KEYS", "JobRepo", "JobSort"]
 
 # names for annotations inside JobRepo, whose ``list`` method shadows the builtin there
 JobList = list[Job]
@@ -41,144 +39,6 @@ EventList = list[Event]
 
 JobSort = Literal["id", "created_at", "name", "owner", "state", "priority"]
 JOB_SORT_KEYS: tuple[str, ...] = get_args(JobSort)
-
-
-def _job(row: RowMapping) -> Job:
-    return Job(
-        id=row["id"],
-        name=row["name"],
-        owner=row["owner"],
-        state=JobState(row["state"]),
-        priority=row["priority"],
-        spec_data=row["spec"],
-        archive_sha256=row["archive_sha256"],
-        created_at=row["created_at"],
-        updated_at=row["updated_at"],
-        started_at=row["started_at"],
-        ended_at=row["ended_at"],
-        attempts=row["attempts"],
-        restarts=row["restarts"],
-        infra_restarts=row["infra_restarts"],
-        exit_code=row["exit_code"],
-        reason=row["reason"],
-        cancel_requested=bool(row["cancel_requested"]),
-        preempt_requested=bool(row["preempt_requested"]),
-        token_hash=row["token_hash"],
-        placement=placements_from_json(row["placement"]),
-        total_steps=row["total_steps"],
-        last_step=row["last_step"],
-        latest_metrics=row["latest_metrics"] or {},
-        kind=row["kind"],
-        search_id=row["search_id"],
-        prune_requested=bool(row["prune_requested"]),
-        resumes=row["resumes"],
-        cloned_from=row["cloned_from"],
-        cloned_step=row["cloned_step"],
-        held=bool(row["held"]),
-        project=row["project"],
-        hparams=row["hparams"],
-        note=row["note"],
-        archived=bool(row["archived"]),
-    )
-
-
-def _attempt(row: RowMapping) -> Attempt:
-    return Attempt(
-        job_id=row["job_id"],
-        number=row["number"],
-        started_at=row["started_at"],
-        ended_at=row["ended_at"],
-        result=AttemptResult(row["result"]) if row["result"] else None,
-        exit_code=row["exit_code"],
-        rank_exit_codes=row["rank_exit_codes"],
-        placement=placements_from_json(row["placement"]),
-        pid=row["pid"],
-        pid_create_time=row["pid_create_time"],
-        reason=row["reason"],
-        failure=FailureKind(row["failure"]) if row["failure"] else None,
-        failed_rank=row["failed_rank"],
-        log_tail=row["log_tail"],
-    )
-
-
-def _filters(
-    states: Iterable[JobState] | None,
-    owner: str | None,
-    name: str | None,
-    tracked: bool | None = False,
-) -> list[ColumnElement[bool]]:
-    where: list[ColumnElement[bool]] = []
-    if tracked is not None:
-        where.append((t.jobs.c.kind == TRACKED) if tracked else (t.jobs.c.kind != TRACKED))
-    if states is not None:
-        where.append(t.jobs.c.state.in_([str(s) for s in states]))
-    if owner:
-        where.append(t.jobs.c.owner == owner)
-    if name:
-        escaped = name.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
-        where.append(func.lower(t.jobs.c.name).like(f"%{escaped.lower()}%", escape="\\"))
-    return where
-
-
-def insert_job(
-    conn: Connection,
-    *,
-    name: str,
-    owner: str,
-    priority: str,
-    spec: JobSpec | Mapping[str, Any],
-    archive_sha256: str,
-    search_id: int | None = None,
-    cloned_from: int | None = None,
-    cloned_step: int | None = None,
-    hold: bool = False,
-    reason: str = "submitted",
-) -> int:
-    """Insert a new QUEUED job and its first event in the caller's transaction; its id."""
-    parsed = spec if isinstance(spec, JobSpec) else JobSpec.model_validate(spec)
-    stored = parsed.model_dump(mode="json")
-    if stored.get("search") is None:
-        stored.pop("search", None)  # a plain job's spec reads as before searches existed
-    now = time.time()
-    job_id: int = conn.execute(
-        insert(t.jobs)
-        .values(
-            name=name,
-            owner=owner,
-            state=JobState.QUEUED,
-            priority=priority,
-            spec=stored,
-            archive_sha256=archive_sha256,
-            created_at=now,
-            updated_at=now,
-            attempts=0,
-            restarts=0,
-            cancel_requested=False,
-            reason="waiting for the scheduler",
-            # columns named only when set: an insert works on an older schema too
-            **({"search_id": search_id} if search_id is not None else {}),
-            **({"cloned_from": cloned_from} if cloned_from is not None else {}),
-            **({"cloned_step": cloned_step} if cloned_step is not None else {}),
-            **({"held": True} if hold else {}),
-            # the default project is the column's own default (the runs table's columns are
-            # written only when they say something)
-            **({"project": parsed.project} if parsed.project != "default" else {}),
-        )
-        .returning(t.jobs.c.id)
-    ).scalar_one()
-    from trainhouse.store.runs import hparam_rows  # (runs reads jobs' rows)
-
-    rows = hparam_rows(job_id, parsed.hparams)
-    if rows:
-        conn.execute(insert(t.job_hparams), rows)
-    if parsed.tags:
-        conn.execute(insert(t.job_tags), [{"job_id": job_id, "tag": tag} for tag in parsed.tags])
-    conn.execute(
-        insert(t.events).values(
-            job_id=job_id, at=now, from_state=None, to_state=JobState.QUEUED, reason=reason
-        )
-    )
-    return job_id
 
 
 class JobRepo:
@@ -252,7 +112,7 @@ class JobRepo:
             rows = conn.execute(
                 select(t.jobs).where(t.jobs.c.cloned_from == job_id).order_by(t.jobs.c.id)
             ).mappings()
-            return [_job(r) for r in rows]
+            return [job_from_row(r) for r in rows]
 
     def resume(self, job_id: int, *, by: str, checkpoint_step: int) -> Job:
         """Send an ended job (CANCELED or FAILED) back to the queue, the same job, to continue
@@ -276,13 +136,13 @@ class JobRepo:
             row = conn.execute(select(t.jobs).where(t.jobs.c.id == job_id)).mappings().first()
         if row is None:
             raise NotFound(f"job {job_id} does not exist")
-        return _job(row)
+        return job_from_row(row)
 
     def get_many(self, job_ids: Iterable[int]) -> dict[int, Job]:
         """The jobs of ``job_ids`` that exist, by id (one query)."""
         with self.db.connect() as conn:
             rows = conn.execute(select(t.jobs).where(t.jobs.c.id.in_(set(job_ids)))).mappings()
-            return {row["id"]: _job(row) for row in rows}
+            return {row["id"]: job_from_row(row) for row in rows}
 
     def list(
         self,
@@ -318,7 +178,7 @@ class JobRepo:
         keys = [key, t.jobs.c.id] if sort != "id" else [key]
         query = (
             select(t.jobs)
-            .where(*_filters(states, owner, name, tracked))
+            .where(*job_filters(states, owner, name, tracked))
             .order_by(*(k.desc() if order == "desc" else k.asc() for k in keys))
         )
         if offset:
@@ -326,7 +186,7 @@ class JobRepo:
         if limit is not None:
             query = query.limit(limit)
         with self.db.connect() as conn:
-            return [_job(r) for r in conn.execute(query).mappings()]
+            return [job_from_row(r) for r in conn.execute(query).mappings()]
 
     def count(
         self,
@@ -338,7 +198,9 @@ class JobRepo:
     ) -> int:
         """How many jobs :meth:`list` would return with these filters and no limit."""
         query = (
-            select(func.count()).select_from(t.jobs).where(*_filters(states, owner, name, tracked))
+            select(func.count())
+            .select_from(t.jobs)
+            .where(*job_filters(states, owner, name, tracked))
         )
         with self.db.connect() as conn:
             return int(conn.execute(query).scalar_one())
@@ -501,7 +363,7 @@ class JobRepo:
             )
         if row is None:
             raise NotFound(f"job {job_id} has no attempt {number}")
-        return _attempt(row)
+        return attempt_from_row(row)
 
     def attempts(self, job_id: int) -> AttemptList:
         with self.db.connect() as conn:
@@ -510,7 +372,7 @@ class JobRepo:
                 .where(t.attempts.c.job_id == job_id)
                 .order_by(t.attempts.c.number)
             ).mappings()
-            return [_attempt(r) for r in rows]
+            return [attempt_from_row(r) for r in rows]
 
     def update_attempt(self, job_id: int, number: int, **fields: Any) -> None:
         with self.db.transaction() as conn:

@@ -1,7 +1,7 @@
 """Metric points (``store.metrics``): batched ingest at the database's pace, and the reads.
 
 Ingest makes no Python object per point beyond what the JSON parser made: a batch arrives as
-checked columns (:mod:`trainhouse.store.reports`) and the rows go to SQLite as multi-row
+checked columns (:mod:`trainhouse.core.reports`) and the rows go to SQLite as multi-row
 upserts grouped by series, or to PostgreSQL through ``COPY``, in one transaction with the
 batch-id record, the resume cleanup and the job's progress.
 
@@ -10,10 +10,10 @@ Semantics: a batch id seen before for the job is ignored (retries are stored onc
 ``resume=(attempt, step)`` first drops the points earlier attempts logged after ``step``; a
 value that is not finite is stored as NULL.
 
-A job has at most :data:`~trainhouse.store.reports.MAX_SERIES` series, (name, rank) pairs:
+A job has at most :data:`~trainhouse.core.reports.MAX_SERIES` series, (name, rank) pairs:
 every series a batch names is recorded once in ``metric_series`` (a series whose points a
 resume dropped stays there), and a batch that takes the job past the cap is refused whole
-(:class:`~trainhouse.errors.InvalidMetrics`, its id not recorded). The count is taken in the
+(:class:`~trainhouse.core.errors.InvalidMetrics`, its id not recorded). The count is taken in the
 batch's transaction, after the job's series lock on PostgreSQL (SQLite's write lock on
 SQLite), so two reports at once cannot both pass it.
 
@@ -42,12 +42,12 @@ from typing import TYPE_CHECKING, Any
 import orjson
 from sqlalchemy import Connection, delete
 
-from trainhouse.errors import InvalidMetrics
+from trainhouse.core.errors import InvalidMetrics
+from trainhouse.core.records import MetricPoint
+from trainhouse.core.reports import INT64, MAX_SERIES, Columns, columns_from_points
 from trainhouse.store import rollup
 from trainhouse.store import series as reads
 from trainhouse.store import tables as t
-from trainhouse.store.records import MetricPoint
-from trainhouse.store.reports import INT64, MAX_SERIES, Columns, columns_from_points
 from trainhouse.store.series import SeriesInfo, SeriesPoints
 
 if TYPE_CHECKING:
@@ -193,7 +193,7 @@ def _insert_points(
                     copy.write_row(row)
             cursor.execute(_PG_FROM_STAGE, (job_id,))
             # dropped now, not at the commit: a group commit stores more reports in this
-            # transaction (trainhouse.store.groupcommit), and the next large one stages again
+            # transaction (trainhouse.ingest.groupcommit), and the next large one stages again
             cursor.execute("DROP TABLE trainhouse_metrics_in")
     finally:
         cursor.close()
@@ -495,13 +495,13 @@ class MetricRepo:
     ) -> int:
         """Store points; a (name, rank, step) seen before is replaced. Returns points written.
 
-        ``points``: MetricPoints, or :class:`~trainhouse.store.reports.Columns` checked by
+        ``points``: MetricPoints, or :class:`~trainhouse.core.reports.Columns` checked by
         ``reports.check_columns`` (the report route's fast path).
         A ``batch_id`` already seen for this job is ignored, so a client may retry a batch.
         ``resume=(attempt, step)``: that attempt resumed after ``step``, so points earlier
         attempts logged past it are dropped first (the series is the final lineage).
-        Raises :class:`~trainhouse.errors.InvalidMetrics`, storing nothing, if the points would
-        take the job past :data:`~trainhouse.store.reports.MAX_SERIES` series.
+        Raises :class:`~trainhouse.core.errors.InvalidMetrics`, storing nothing, if the points would
+        take the job past :data:`~trainhouse.core.reports.MAX_SERIES` series.
         """
         columns = points if isinstance(points, Columns) else columns_from_points(points)
         with self.db.transaction() as conn:

@@ -15,10 +15,10 @@ from sqlalchemy import delete, func, insert, select, update
 from sqlalchemy.engine import Connection, RowMapping
 from sqlalchemy.exc import IntegrityError
 
-from trainhouse.errors import ModelError, NotFound, StoreError
-from trainhouse.modelfiles import check_name
+from trainhouse.core.errors import ModelError, NotFound, StoreError
+from trainhouse.core.modelfiles import check_name
+from trainhouse.core.records import Model, ModelVersion
 from trainhouse.store import tables as t
-from trainhouse.store.records import Model, ModelVersion
 
 if TYPE_CHECKING:
     from trainhouse.store.database import Database

@@ -11,8 +11,8 @@ from typing import TYPE_CHECKING
 
 from sqlalchemy import delete, insert, select, update
 
+from trainhouse.core.records import UserLimits
 from trainhouse.store import tables as t
-from trainhouse.store.records import UserLimits
 
 if TYPE_CHECKING:
     from trainhouse.store.database import Database

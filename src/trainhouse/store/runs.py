@@ -4,7 +4,7 @@ their hparams and metric summaries; tags, notes, archiving, the hparams a run us
 A page never reads metric points: a series' last, smallest and largest values are kept in
 ``metric_summaries`` at ingest (:mod:`trainhouse.store.metrics`), and each job's hparams in
 ``job_hparams``, one row per flattened key with its value as a number and as text. A filter
-(:mod:`trainhouse.runquery`) becomes a correlated ``EXISTS (SELECT ... WHERE job_id = jobs.id
+(:mod:`trainhouse.core.runquery`) becomes a correlated ``EXISTS (SELECT ... WHERE job_id = jobs.id
 AND key = ? AND value < ?)``, probed through the (job, key) primary keys (SQLite runs it about
 twice as fast as ``jobs.id IN (SELECT job_id ...)`` on 10,000 jobs; PostgreSQL plans both as a
 semi-join); a sort on one joins the one summary or hparam per job; the page's columns are then
@@ -13,7 +13,6 @@ read for its jobs only.
 
 from __future__ import annotations
 
-import math
 import operator
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -37,71 +36,23 @@ from sqlalchemy import (
 )
 from sqlalchemy.sql.elements import ColumnElement
 
-from trainhouse.errors import InvalidQuery, NotFound, StoreError
-from trainhouse.lifecycle import JobState
-from trainhouse.runquery import NUMERIC_JOB_FIELDS, And, Compare, Field, In, Node, Not, Op
-from trainhouse.spec import PRIORITY_TIERS
+from trainhouse.core.errors import InvalidQuery, NotFound, StoreError
+from trainhouse.core.lifecycle import JobState
+from trainhouse.core.records import Job
+from trainhouse.core.runquery import NUMERIC_JOB_FIELDS, And, Compare, Field, In, Node, Not, Op
+from trainhouse.core.spec import PRIORITY_TIERS
 from trainhouse.store import tables as t
-from trainhouse.store.jobs import _filters, _job
-from trainhouse.store.records import Job
+from trainhouse.store.jobrows import hparam_rows, job_filters, job_from_row
 
 if TYPE_CHECKING:
     from sqlalchemy import Connection
 
     from trainhouse.store.database import Database
 
-__all__ = ["MAX_NOTE", "Page", "RunsRepo", "flatten_hparams", "hparam_rows"]
+__all__ = ["MAX_NOTE", "Page", "RunsRepo"]
 
 MAX_NOTE = 64 * 1024  # characters of a job's note
-MAX_HPARAM_TEXT = 256  # characters of an hparam's value kept for filtering (the JSON keeps all)
-MAX_HPARAM_KEYS = 1000  # flattened keys of one job kept for filtering
-
 Scalar = float | str | None
-
-
-def flatten_hparams(hparams: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-    """Nested mappings flattened with dots (``{"optim": {"lr": 1}}`` -> ``{"optim.lr": 1}``);
-    lists and other values stay as they are."""
-    out: dict[str, Any] = {}
-    for key, value in hparams.items():
-        name = f"{prefix}{key}"
-        if isinstance(value, Mapping) and value:
-            out.update(flatten_hparams(value, f"{name}."))
-        else:
-            out[name] = value
-    return out
-
-
-def _as_text(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if value is None:
-        return "null"
-    if isinstance(value, float) and value.is_integer():
-        return str(int(value))
-    if isinstance(value, str):
-        return value
-    import json
-
-    return json.dumps(value, sort_keys=True, default=str)
-
-
-def hparam_rows(job_id: int, hparams: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """The ``job_hparams`` rows of ``hparams``: per flattened key, the value as a number
-    (numbers, booleans as 1 and 0; NULL otherwise) and as text (at most 256 characters)."""
-    rows = []
-    for key, value in list(flatten_hparams(hparams).items())[:MAX_HPARAM_KEYS]:
-        if len(key) > 256:
-            continue
-        num = None
-        if isinstance(value, bool):
-            num = 1.0 if value else 0.0
-        elif isinstance(value, int | float) and math.isfinite(value):
-            num = float(value)
-        rows.append(
-            {"job_id": job_id, "key": key, "num": num, "text": _as_text(value)[:MAX_HPARAM_TEXT]}
-        )
-    return rows
 
 
 @dataclass(frozen=True)
@@ -287,7 +238,7 @@ class RunsRepo:
         Raises :class:`StoreError` for a comparison the field cannot make.
         """
         compiler = _Compiler(private)
-        conds = _filters(states, owner, name, tracked=None)  # tracked runs are listed too
+        conds = job_filters(states, owner, name, tracked=None)  # tracked runs are listed too
         if project:
             conds.append(t.jobs.c.project == project)
         if archived is not None:
@@ -326,7 +277,7 @@ class RunsRepo:
             query = query.offset(offset)
         with self.db.connect() as conn:
             rows = conn.execute(query).mappings().all()
-            jobs = [_job(r) for r in rows]
+            jobs = [job_from_row(r) for r in rows]
             if rows:
                 total = int(rows[0]["matches_"])
             elif not count or offset == 0:
@@ -448,7 +399,7 @@ class RunsRepo:
         self, job_id: int, *, add: Sequence[str] = (), remove: Sequence[str] = ()
     ) -> list[str]:
         """Add and remove tags (already checked); the job's tags after."""
-        from trainhouse.spec import MAX_TAGS
+        from trainhouse.core.spec import MAX_TAGS
 
         g = t.job_tags
         with self.db.transaction() as conn:

@@ -16,11 +16,11 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import func, insert, select, update
 from sqlalchemy.engine import RowMapping
 
-from trainhouse.errors import NotFound
-from trainhouse.spec import JobSpec
+from trainhouse.core.errors import NotFound
+from trainhouse.core.records import Search, Trial
+from trainhouse.core.spec import JobSpec
 from trainhouse.store import tables as t
-from trainhouse.store.jobs import insert_job
-from trainhouse.store.records import Search, Trial
+from trainhouse.store.jobrows import insert_job
 
 if TYPE_CHECKING:
     from trainhouse.store.database import Database

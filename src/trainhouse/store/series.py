@@ -20,9 +20,9 @@ from typing import Any
 
 from sqlalchemy import Engine, text
 
-from trainhouse.errors import InvalidMetrics
+from trainhouse.core.errors import InvalidMetrics
+from trainhouse.core.records import MetricPoint
 from trainhouse.store import rollup
-from trainhouse.store.records import MetricPoint
 
 MIN_DOWNSAMPLED = 4  # the first, the last, the smallest and the largest value
 

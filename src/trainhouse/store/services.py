@@ -15,14 +15,14 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import select, update
 from sqlalchemy.engine import RowMapping
 
-from trainhouse.errors import NotFound, StoreError
-from trainhouse.lifecycle import TERMINAL
+from trainhouse.core.errors import NotFound, StoreError
+from trainhouse.core.lifecycle import TERMINAL
+from trainhouse.core.records import ServiceRecord
 from trainhouse.store import tables as t
-from trainhouse.store.jobs import insert_job
-from trainhouse.store.records import ServiceRecord
+from trainhouse.store.jobrows import insert_job
 
 if TYPE_CHECKING:
-    from trainhouse.spec import JobSpec
+    from trainhouse.core.spec import JobSpec
     from trainhouse.store.database import Database
 
 __all__ = ["ServiceRepo"]

@@ -4,7 +4,7 @@ The sampler (:mod:`trainhouse.monitoring.sampler`) writes one batch per interval
 own values (``job_id`` NULL) and each running job's processes' values on that node. They are
 read back as series, averaged into time buckets when there are more points than asked for, and
 deleted once older than the retention. Both SQLite and PostgreSQL. The series' names and
-units are :mod:`trainhouse.monitoring.names`.
+units are :mod:`trainhouse.core.metricnames`.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import ColumnElement, Integer, cast, delete, func, insert, select
 
-from trainhouse.lifecycle import JobState
-from trainhouse.monitoring.names import CPU_PERCENT, PROCESSES
+from trainhouse.core.lifecycle import JobState
+from trainhouse.core.metricnames import CPU_PERCENT, PROCESSES
 from trainhouse.store import tables as t
 
 if TYPE_CHECKING:

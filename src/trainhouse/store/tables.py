@@ -223,7 +223,7 @@ metric_buckets = Table(
 )
 
 # every series (name, rank) a job has reported, once: what the cap on a job's series counts
-# (trainhouse.store.reports.MAX_SERIES); written in the ingest transaction, never deleted but
+# (trainhouse.core.reports.MAX_SERIES); written in the ingest transaction, never deleted but
 # with the job (a series whose points a resume dropped still counts)
 metric_series = Table(
     "metric_series",

@@ -3,7 +3,7 @@
 Every job can be an MLflow run (its run id is the job's id): a job whose script logs through
 MLflow gets a row in ``mlflow_runs`` the first time it is asked for (its experiment, run name and
 MLflow status; the job's own state stays the scheduler's), and an MLflow run made outside the
-server is a job of kind "tracked" (:data:`~trainhouse.store.records.TRACKED`), made here RUNNING
+server is a job of kind "tracked" (:data:`~trainhouse.core.records.TRACKED`), made here RUNNING
 in one transaction and never scheduled (:meth:`JobRepo.list` leaves it out by default). Params
 and tags live in ``run_values``: a param, once logged, keeps its value (MLflow's rule), a tag is
 replaced. Experiment ``0``, "Default", always exists and is not stored.
@@ -20,11 +20,11 @@ from typing import TYPE_CHECKING, Literal
 from sqlalchemy import delete, insert, select, update
 from sqlalchemy.exc import IntegrityError
 
-from trainhouse.errors import NotFound, StoreError
-from trainhouse.lifecycle import JobState, check_transition
-from trainhouse.spec import JobSpec
+from trainhouse.core.errors import AlreadyExists, NotFound, ValueChanged
+from trainhouse.core.lifecycle import JobState, check_transition
+from trainhouse.core.records import TRACKED, Job
+from trainhouse.core.spec import JobSpec
 from trainhouse.store import tables as t
-from trainhouse.store.records import TRACKED, Job
 
 if TYPE_CHECKING:
     from sqlalchemy import Connection
@@ -46,20 +46,6 @@ ValueKind = Literal["param", "tag"]
 #: MLflow's run states and the job state a tracked run takes with each
 RUN_STATUSES = ("RUNNING", "SCHEDULED", "FINISHED", "FAILED", "KILLED")
 ENDED = {"FINISHED": JobState.COMPLETED, "FAILED": JobState.FAILED, "KILLED": JobState.CANCELED}
-
-
-class AlreadyExists(StoreError):
-    """A name that must be unique is taken (an MLflow experiment's)."""
-
-    code = "already_exists"
-    status = 409
-
-
-class ValueChanged(StoreError):
-    """A value that keeps its first setting was given another (an MLflow param)."""
-
-    code = "value_changed"
-    status = 409
 
 
 @dataclass(frozen=True)
@@ -162,7 +148,7 @@ class TrackingRepo:
     ) -> Job:
         """A tracked run: a job of kind "tracked", RUNNING from the start (never scheduled),
         with its MLflow row and tags, in one transaction. ``token_hash`` is what its metric
-        reports are checked against (:mod:`trainhouse.store.groupcommit`)."""
+        reports are checked against (:mod:`trainhouse.ingest.groupcommit`)."""
         self.experiment(experiment_id)
         now = time.time()
         name = job_name(run_name)
@@ -331,7 +317,7 @@ def _report_hparams(conn: Connection, job_id: int, params: Mapping[str, str]) ->
     hparams (``jobs.hparams``, as ``run.set_hparams`` does) and its runs-table rows."""
     if not params:
         return
-    from trainhouse.store.runs import hparam_rows
+    from trainhouse.store.jobrows import hparam_rows
 
     reported = conn.execute(select(t.jobs.c.hparams).where(t.jobs.c.id == job_id)).scalar()
     added = {key: _param_value(value) for key, value in params.items()}

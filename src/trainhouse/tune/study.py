@@ -30,8 +30,8 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import create_engine, event, text
 from sqlalchemy.engine import make_url
 
-from trainhouse.errors import SpecError
-from trainhouse.searchspec import Distribution, SearchSpec
+from trainhouse.core.errors import SpecError
+from trainhouse.core.searchspec import Distribution, SearchSpec
 
 if TYPE_CHECKING:
     import optuna

@@ -6,10 +6,10 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from trainhouse.lifecycle import JobState
+from trainhouse.core.lifecycle import JobState
 from trainhouse.store import Job, Search, Store, Trial
 from trainhouse.store.searches import TRIAL_ACTIVE
-from trainhouse.tune.service import SearchService
+from trainhouse.tune.runner import SearchRunner
 
 __all__ = ["best", "curves", "importances", "search_summary", "search_view", "trial_state"]
 
@@ -55,7 +55,7 @@ def search_summary(search: Search, counts: dict[str, int] | None = None) -> dict
     }
 
 
-def _intermediate(tune: SearchService, search: Search) -> dict[int, dict[int, float]]:
+def _intermediate(tune: SearchRunner, search: Search) -> dict[int, dict[int, float]]:
     """Each trial's reported objective values by step, from Optuna's study."""
     entry = tune.opened(search)
     return {
@@ -64,7 +64,7 @@ def _intermediate(tune: SearchService, search: Search) -> dict[int, dict[int, fl
     }
 
 
-def search_view(store: Store, tune: SearchService, search: Search) -> dict[str, Any]:
+def search_view(store: Store, tune: SearchRunner, search: Search) -> dict[str, Any]:
     """The search with each trial (job, state, hparams, latest/best objective) and the best."""
     spec = search.spec
     assert spec.search is not None
@@ -115,7 +115,7 @@ def best_trial(rows: list[dict[str, Any]], mode: str) -> dict[str, Any] | None:
     return pick(done, key=lambda r: r["value"])
 
 
-def best(store: Store, tune: SearchService, search: Search) -> dict[str, Any] | None:
+def best(store: Store, tune: SearchRunner, search: Search) -> dict[str, Any] | None:
     """The best completed trial: its hparams (the job's, sampled ones filled in) and its best
     checkpoint (by the search's metric when checkpoints carry it, else the newest)."""
     view = search_view(store, tune, search)
@@ -157,7 +157,7 @@ def best(store: Store, tune: SearchService, search: Search) -> dict[str, Any] | 
     }
 
 
-def curves(store: Store, tune: SearchService, search: Search) -> list[dict[str, Any]]:
+def curves(store: Store, tune: SearchRunner, search: Search) -> list[dict[str, Any]]:
     """Each trial's objective by step (what the pruner saw), with its state."""
     trials = store.searches.trials(search.id)
     jobs = store.jobs.get_many(t.job_id for t in trials)
@@ -174,7 +174,7 @@ def curves(store: Store, tune: SearchService, search: Search) -> list[dict[str, 
     ]
 
 
-def importances(tune: SearchService, search: Search) -> dict[str, Any]:
+def importances(tune: SearchRunner, search: Search) -> dict[str, Any]:
     """Optuna's hparam importances once enough trials completed (``None`` before)."""
     import optuna
 

@@ -5,7 +5,7 @@ state (``sharded=True``: every rank its shard, with torch.distributed.checkpoint
 name, publishes it with write/fsync/rename, then writes its sidecar record and registers step,
 size and sha256 with the server. ``load`` verifies the checksum and never unpickles arbitrary
 objects. Every rank's RNG states go in too, and come back on ``load``. ``blocking=False`` writes
-in the background. Where checkpoints go is a :class:`trainhouse.storage.Storage` (a local
+in the background. Where checkpoints go is a :class:`trainhouse.jobfs.storage.Storage` (a local
 directory or an fsspec URL).
 """
 

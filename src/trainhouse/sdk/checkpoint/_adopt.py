@@ -3,7 +3,7 @@
 
 The Hugging Face Trainer writes ``checkpoint-N/`` directories and Lightning ``.ckpt`` files where
 the user's script says. :func:`adopt` copies one into the job's checkpoint storage under a temp
-name, hashes it (sha256: a file's, or a directory's :func:`~trainhouse.storage.tree_digest`),
+name, hashes it (sha256: a file's, or a directory's :func:`~trainhouse.jobfs.storage.tree_digest`),
 publishes it as ``step-XXXXXXXXX/`` (a directory, registered as ``sharded``) or
 ``step-XXXXXXXXX.pt`` (a file), and commits it like the checkpointer's own saves: the metrics
 logged before it flushed first, then its sidecar record, then its registration with the server.
@@ -22,11 +22,11 @@ import stat
 from pathlib import Path
 from typing import Any
 
-from trainhouse.errors import CheckpointError
+from trainhouse.core.errors import CheckpointError
+from trainhouse.jobfs.storage import CHUNK, confine, tree_digest
 from trainhouse.sdk.checkpoint._checkpointer import Checkpointer
 from trainhouse.sdk.checkpoint._finding import dir_name, file_name
 from trainhouse.sdk.checkpoint._support import HashingWriter
-from trainhouse.storage import CHUNK, confine, tree_digest
 
 log = logging.getLogger("trainhouse")
 

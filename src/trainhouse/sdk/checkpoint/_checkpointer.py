@@ -23,7 +23,15 @@ import os
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Literal, overload
 
-from trainhouse.errors import CheckpointError, ClientError, ServerUnreachable
+from trainhouse.core.errors import CheckpointError, ClientError, ServerUnreachable
+from trainhouse.jobfs.storage import (
+    FILE_DIGEST,
+    EntryList,
+    Storage,
+    open_storage,
+    sidecar_name,
+    tree_digest,
+)
 from trainhouse.sdk._distributed import DistributedContext, SingleProcess
 from trainhouse.sdk.checkpoint import _format as file_format
 from trainhouse.sdk.checkpoint import _rng as rng_mod
@@ -39,14 +47,6 @@ from trainhouse.sdk.checkpoint._support import (
     disk_full_error,
     estimate_bytes,
     is_disk_full,
-)
-from trainhouse.storage import (
-    FILE_DIGEST,
-    EntryList,
-    Storage,
-    open_storage,
-    sidecar_name,
-    tree_digest,
 )
 
 if TYPE_CHECKING:
@@ -67,8 +67,8 @@ class Checkpointer(Finder):
     """``run.checkpoint``: save and load the training state.
 
     ``location`` is a local directory, a ``file://`` URL or any fsspec URL (see
-    :mod:`trainhouse.storage`). ``directory`` is the local directory, or None for a remote one.
-    ``distributed`` is this rank's place among the ranks and their collectives (default: one
+    :mod:`trainhouse.jobfs.storage`). ``directory`` is the local directory, or None for a remote
+    one. ``distributed`` is this rank's place among the ranks and their collectives (default: one
     process alone); ``registry`` is the server's side of checkpoints (default: no server, the
     records next to the checkpoints only).
     """

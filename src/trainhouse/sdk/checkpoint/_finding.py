@@ -15,12 +15,12 @@ import os
 import re
 from typing import Any
 
-from trainhouse.errors import CheckpointError, ClientError
+from trainhouse.core.errors import CheckpointError, ClientError
+from trainhouse.jobfs.storage import EntryList, Storage, is_temp, new_hash, temp_pid, tree_digest
 from trainhouse.sdk._distributed import DistributedContext
 from trainhouse.sdk.checkpoint import _format as file_format
 from trainhouse.sdk.checkpoint._registry import CheckpointRegistry
 from trainhouse.sdk.checkpoint._support import Comm
-from trainhouse.storage import EntryList, Storage, is_temp, new_hash, temp_pid, tree_digest
 
 log = logging.getLogger("trainhouse")
 

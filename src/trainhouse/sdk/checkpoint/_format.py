@@ -35,7 +35,7 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import IO, Any
 
-from trainhouse.errors import CheckpointError
+from trainhouse.core.errors import CheckpointError, NotEncodable
 
 MAGIC = b"THCKPT\x00\x01"
 ALIGN = 64
@@ -75,10 +75,6 @@ def _torch_dtypes() -> dict[str, Any]:
 
 def _pad(n: int) -> int:
     return -n % ALIGN
-
-
-class NotEncodable(Exception):
-    """The state holds something this format does not store (torch.save writes it instead)."""
 
 
 def _tensor_bytes(t: Any) -> memoryview:

@@ -6,7 +6,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from trainhouse.errors import CheckpointError
+from trainhouse.core.errors import CheckpointError
 
 
 def message_of(exc: BaseException | None) -> str | None:

@@ -13,8 +13,8 @@ import sys
 from abc import ABC, abstractmethod
 from typing import Any
 
+from trainhouse.jobfs.storage import Storage, sidecar_name
 from trainhouse.sdk._server import ServerLink
-from trainhouse.storage import Storage, sidecar_name
 
 
 class CheckpointRegistry(ABC):

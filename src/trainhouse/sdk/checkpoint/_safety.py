@@ -18,7 +18,7 @@ import pickle
 from pathlib import Path
 from typing import IO, Any
 
-from trainhouse.errors import CheckpointError
+from trainhouse.core.errors import CheckpointError
 from trainhouse.sdk.checkpoint import _format as file_format
 
 

@@ -14,8 +14,8 @@ import warnings
 from collections.abc import Iterator
 from typing import Any
 
+from trainhouse.jobfs.storage import Storage
 from trainhouse.sdk.checkpoint._safety import check_dcp_metadata, safe_load
-from trainhouse.storage import Storage
 
 RNG_FILE = "trainhouse-rng.pt"
 METADATA = ".metadata"

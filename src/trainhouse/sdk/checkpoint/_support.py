@@ -14,9 +14,9 @@ from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import IO, Any
 
-from trainhouse.errors import CheckpointError
+from trainhouse.core.errors import CheckpointError
+from trainhouse.jobfs.storage import new_hash
 from trainhouse.sdk._distributed import DistributedContext
-from trainhouse.storage import new_hash
 
 DISK_FULL = "the disk is full (No space left on device)"
 

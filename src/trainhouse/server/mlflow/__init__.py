@@ -18,10 +18,10 @@ from fastapi.responses import JSONResponse
 from sqlalchemy.exc import DataError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from trainhouse.errors import ServerBusy, TrainhouseError
-from trainhouse.server.deps import Services
+from trainhouse.core.errors import MlflowError, ServerBusy, TrainhouseError
 from trainhouse.server.mlflow import artifacts, tracking
-from trainhouse.server.mlflow.protocol import MlflowError, from_trainhouse
+from trainhouse.server.mlflow.protocol import from_trainhouse
+from trainhouse.usecases.runtime import Runtime
 
 __all__ = ["create_app"]
 
@@ -36,7 +36,7 @@ def _answer(exc: MlflowError) -> JSONResponse:
 
 
 def create_app() -> FastAPI:
-    """The MLflow API; its lifespan is the main app's (``set_services`` hands it the
+    """The MLflow API; its lifespan is the main app's (``set_runtime`` hands it the
     services)."""
     app = FastAPI(openapi_url=None, docs_url=None, redoc_url=None)
 
@@ -86,5 +86,5 @@ def create_app() -> FastAPI:
     return app
 
 
-def set_services(app: FastAPI, svc: Services) -> None:
-    app.state.services = svc
+def set_runtime(app: FastAPI, rt: Runtime) -> None:
+    app.state.runtime = rt

@@ -21,21 +21,13 @@ from dataclasses import dataclass
 
 from fastapi import Request
 
-from trainhouse.errors import Forbidden, TrainhouseError, Unauthorized
-from trainhouse.server.auth import (
-    OPEN,
-    SAFE_METHODS,
-    WRITE_ROLES,
-    Principal,
-    bearer_token,
-    client_address,
-    job_credential,
-    principal_of,
-)
-from trainhouse.server.deps import Services
+from trainhouse.core.errors import Forbidden, TrainhouseError, Unauthorized
+from trainhouse.core.tokens import hash_token, job_of_token
+from trainhouse.server.auth import SAFE_METHODS, bearer_token, client_address, principal_of
 from trainhouse.server.mlflow.protocol import missing
 from trainhouse.store import Job
-from trainhouse.tokens import hash_token, job_of_token
+from trainhouse.usecases.access import OPEN, WRITE_ROLES, Principal, job_credential
+from trainhouse.usecases.runtime import Runtime
 
 
 @dataclass(frozen=True)
@@ -52,7 +44,7 @@ class Caller:
         return self.principal.job_id if self.principal.is_job else None
 
 
-def caller(request: Request, svc: Services) -> Caller:
+def caller(request: Request, rt: Runtime) -> Caller:
     """The caller of an MLflow request (in a worker thread: it may read the database)."""
     token = bearer_token(request.headers.get("authorization"))
     client = client_address(request)
@@ -65,23 +57,23 @@ def caller(request: Request, svc: Services) -> Caller:
     job_id = job_of_token(token) if token else None
     if token and job_id is not None:  # a job's credential: checked with auth on or off
         try:
-            job = svc.store.jobs.get(job_id)
+            job = rt.store.jobs.get(job_id)
         except TrainhouseError:
             job = None
         if job is None or not job_credential(job, token):
-            raise svc.auth.refuse(client, "not the credential of a running attempt", token)
+            raise rt.auth.refuse(client, "not the credential of a running attempt", token)
         if scope is not None and scope != job_id:
             raise Forbidden(f"a job's credential reaches only its own job (job {job_id})")
         return Caller(Principal(f"job:{job_id}", "job", job_id=job_id), scope, token)
-    principal = principal_of(svc, token, client) if svc.auth.enabled else OPEN
+    principal = principal_of(rt, token, client) if rt.auth.enabled else OPEN
     if scope is not None:
         if request.method not in SAFE_METHODS:
             raise Unauthorized(
                 f"job {scope}'s MLflow API takes writes with the job's credential only "
                 "(MLFLOW_TRACKING_TOKEN, which trainhouse sets in the job's environment)"
             )
-        job = svc.store.jobs.get(scope)
-        if not principal.may_read(job, svc.settings.job_visibility):
+        job = rt.store.jobs.get(scope)
+        if not principal.may_read(job, rt.settings.job_visibility):
             raise Forbidden(
                 f"job {scope} belongs to another user; {principal.name!r} may not read it"
             )
@@ -96,11 +88,11 @@ def may_create(c: Caller) -> None:
     raise Forbidden(f"user {p.name!r} is a {p.role}: viewers can read, not change anything")
 
 
-def run_job(svc: Services, c: Caller, run: int, *, write: bool) -> Job:
+def run_job(rt: Runtime, c: Caller, run: int, *, write: bool) -> Job:
     """The job run ``run`` names, if ``c`` may read it (``write``: change it)."""
     if c.job_id is not None and run != c.job_id:
         raise missing(f"Run with id={run} not found (this API is job {c.job_id}'s)")
-    job = svc.store.jobs.get(run)
+    job = rt.store.jobs.get(run)
     p = c.principal
     if p.is_job:
         return job  # its own job: checked above
@@ -113,13 +105,13 @@ def run_job(svc: Services, c: Caller, run: int, *, write: bool) -> Job:
         may_create(c)
         if not p.may_write(job):
             raise Forbidden(f"run {run} belongs to another user; {p.name!r} may not change it")
-    elif not p.may_read(job, svc.settings.job_visibility):
+    elif not p.may_read(job, rt.settings.job_visibility):
         raise Forbidden(f"run {run} belongs to another user; {p.name!r} may not read it")
     return job
 
 
 def credential_hash(c: Caller, job: Job) -> str:
-    """What a metric report for ``job`` is checked against (:mod:`trainhouse.store.groupcommit`):
+    """What a metric report for ``job`` is checked against (:mod:`trainhouse.ingest.groupcommit`):
     the job's credential as presented, or (a tracked run, its writer checked) its own hash."""
     if c.principal.is_job and c.token:
         return hash_token(c.token)

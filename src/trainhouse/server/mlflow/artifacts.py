@@ -4,7 +4,7 @@ A run's artifact URI is ``mlflow-artifacts:/runs/<run id>``; the client resolves
 tracking URI, so every path here starts with ``runs/<run id>/``. The files live in the job's
 directory, ``HOME/jobs/<id>/artifacts/`` (:attr:`JobLayout.artifacts`), which a launched job's
 processes could reach: every path is walked from the server's home without following a link
-(:mod:`trainhouse.jobfiles`), a name is a plain component (no ``..``, ``.``, NUL or
+(:mod:`trainhouse.jobfs.jobfiles`), a name is a plain component (no ``..``, ``.``, NUL or
 backslash), a write goes to a fresh file renamed into place, a read opens only a regular file
 with one link, and sizes are capped (``Settings.mlflow_artifact_bytes`` a file,
 ``mlflow_run_artifact_bytes`` a run). Not served: delete, multipart uploads, presigned URLs.
@@ -22,11 +22,12 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
-from trainhouse import jobfiles
-from trainhouse.server.deps import Services
+from trainhouse.core.errors import MlflowError
+from trainhouse.jobfs import jobfiles
 from trainhouse.server.mlflow import access
-from trainhouse.server.mlflow.protocol import MlflowError, invalid, missing
+from trainhouse.server.mlflow.protocol import invalid, missing
 from trainhouse.store import Job
+from trainhouse.usecases.runtime import Runtime
 
 router = APIRouter()
 
@@ -59,10 +60,10 @@ def split(path: str) -> tuple[int, list[str]]:
     return int(run), rest
 
 
-def _open_root(svc: Services, job: Job, *, make: bool) -> jobfiles.Dir:
+def _open_root(rt: Runtime, job: Job, *, make: bool) -> jobfiles.Dir:
     """The run's artifacts directory, walked from the home (made when ``make``)."""
-    home = svc.settings.home
-    files = svc.files(job.id)
+    home = rt.settings.home
+    files = rt.files(job.id)
     if not make:
         return jobfiles.open_dir(home, files.artifacts)
     (home / "jobs").mkdir(parents=True, exist_ok=True)
@@ -117,27 +118,27 @@ def _unsafe(exc: OSError) -> MlflowError:
 @router.put(ROOT + "/{path:path}")
 async def upload(path: str, request: Request) -> JSONResponse:
     """Store one artifact (the request body), replacing one of the same path."""
-    svc: Services = request.app.state.services
-    c = await run_in_threadpool(access.caller, request, svc)
+    rt: Runtime = request.app.state.runtime
+    c = await run_in_threadpool(access.caller, request, rt)
     run, parts = split(path)
     if not parts:
         raise invalid("an artifact needs a file name below runs/<run id>/")
-    job = await run_in_threadpool(access.run_job, svc, c, run, write=True)
-    limit = svc.settings.mlflow_artifact_bytes
+    job = await run_in_threadpool(access.run_job, rt, c, run, write=True)
+    limit = rt.settings.mlflow_artifact_bytes
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise MlflowError(413, "INVALID_PARAMETER_VALUE", f"an artifact is at most {limit} bytes")
 
     def begin() -> tuple[jobfiles.Dir, jobfiles.Dir, str, BinaryIO]:
-        root = _open_root(svc, job, make=True)
+        root = _open_root(rt, job, make=True)
         try:
             used = _used(root)
             incoming = int(declared) if declared is not None and declared.isdigit() else 0
-            if used + incoming > svc.settings.mlflow_run_artifact_bytes:
+            if used + incoming > rt.settings.mlflow_run_artifact_bytes:
                 raise MlflowError(
                     413,
                     "INVALID_PARAMETER_VALUE",
-                    f"run {run}'s artifacts would pass {svc.settings.mlflow_run_artifact_bytes} "
+                    f"run {run}'s artifacts would pass {rt.settings.mlflow_run_artifact_bytes} "
                     f"bytes ({used} stored)",
                 )
             d = _walk_to(root, parts[:-1], make=True)
@@ -182,19 +183,19 @@ async def upload(path: str, request: Request) -> JSONResponse:
 @router.get(ROOT + "/{path:path}")
 async def download(path: str, request: Request) -> StreamingResponse:
     """One artifact's bytes."""
-    svc: Services = request.app.state.services
-    c = await run_in_threadpool(access.caller, request, svc)
+    rt: Runtime = request.app.state.runtime
+    c = await run_in_threadpool(access.caller, request, rt)
     run, parts = split(path)
     if not parts:
         raise missing("no artifact at the run's root: name a file")
-    job = await run_in_threadpool(access.run_job, svc, c, run, write=False)
+    job = await run_in_threadpool(access.run_job, rt, c, run, write=False)
 
     def open_it() -> BinaryIO:
-        root = _open_root(svc, job, make=False)
+        root = _open_root(rt, job, make=False)
         try:
             d = _walk_to(root, parts[:-1], make=False)
             try:
-                return d.open_file(parts[-1], max_size=svc.settings.mlflow_artifact_bytes)
+                return d.open_file(parts[-1], max_size=rt.settings.mlflow_artifact_bytes)
             finally:
                 if d is not root:
                     d.close()
@@ -218,14 +219,14 @@ async def download(path: str, request: Request) -> StreamingResponse:
 async def list_artifacts(request: Request) -> JSONResponse:
     """The entries of one directory of a run's artifacts (``path``: ``runs/<id>/...``), names
     relative to it; a file's path lists the file itself; a missing one lists nothing."""
-    svc: Services = request.app.state.services
-    c = await run_in_threadpool(access.caller, request, svc)
+    rt: Runtime = request.app.state.runtime
+    c = await run_in_threadpool(access.caller, request, rt)
     run, parts = split(request.query_params.get("path", ""))
-    job = await run_in_threadpool(access.run_job, svc, c, run, write=False)
+    job = await run_in_threadpool(access.run_job, rt, c, run, write=False)
 
     def listing() -> list[dict[str, Any]]:
         try:
-            root = _open_root(svc, job, make=False)
+            root = _open_root(rt, job, make=False)
         except (FileNotFoundError, NotADirectoryError):
             return []
         try:

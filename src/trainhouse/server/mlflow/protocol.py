@@ -14,18 +14,20 @@ from typing import Any
 
 import orjson
 
-from trainhouse.errors import (
+from trainhouse.core.errors import (
+    AlreadyExists,
     BodyTooLarge,
     Forbidden,
+    MlflowError,
     NotFound,
     RateLimited,
     ServerBusy,
     TrainhouseError,
     Unauthorized,
 )
-from trainhouse.store.records import Job
+from trainhouse.core.records import Job
 from trainhouse.store.series import SeriesPoints
-from trainhouse.store.tracking import AlreadyExists, Experiment, MlflowRun
+from trainhouse.store.tracking import Experiment, MlflowRun
 
 # MLflow's own limits (mlflow/utils/validation.py, 3.x)
 MAX_PARAMS_TAGS_PER_BATCH = 100
@@ -37,16 +39,6 @@ MAX_ENTITY_KEY_LENGTH = 250
 MAX_EXPERIMENT_NAME_LENGTH = 500
 MAX_RUN_NAME_LENGTH = 250
 INT64 = 2**63 - 1
-
-
-class MlflowError(Exception):
-    """An answer in MLflow's error shape: ``{"error_code": ..., "message": ...}``."""
-
-    def __init__(self, status: int, code: str, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-        self.code = code
-        self.message = message
 
 
 def invalid(message: str) -> MlflowError:

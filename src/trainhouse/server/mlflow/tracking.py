@@ -1,7 +1,7 @@
 """MLflow's tracking routes (``/api/2.0/mlflow/...``) over trainhouse's jobs.
 
 A run is a job (its run id is the job's id): metrics are the job's series, stored through the
-same group commit as the SDK's reports (:mod:`trainhouse.store.groupcommit`, one point per
+same group commit as the SDK's reports (:mod:`trainhouse.ingest.groupcommit`, one point per
 (name, step): a step logged again replaces the value, as ``run.log`` does), params are its
 reported hparams and tags its tags (:mod:`trainhouse.store.tracking`). Who may reach what:
 :mod:`.access`.
@@ -19,9 +19,11 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
-from trainhouse.errors import InvalidMetrics
+from trainhouse.core.errors import InvalidMetrics
+from trainhouse.core.reports import Columns, Report, check_columns
+from trainhouse.core.tokens import hash_token
+from trainhouse.ingest.groupcommit import Refused
 from trainhouse.server.auth import client_address
-from trainhouse.server.deps import Services
 from trainhouse.server.mlflow import access
 from trainhouse.server.mlflow.protocol import (
     MAX_ENTITIES_PER_BATCH,
@@ -48,10 +50,8 @@ from trainhouse.server.mlflow.protocol import (
     value_out,
 )
 from trainhouse.store import Job
-from trainhouse.store.groupcommit import Refused
-from trainhouse.store.reports import Columns, Report, check_columns
 from trainhouse.store.tracking import RUN_STATUSES
-from trainhouse.tokens import hash_token
+from trainhouse.usecases.runtime import Runtime
 
 router = APIRouter()
 
@@ -60,20 +60,20 @@ router = APIRouter()
 MAX_HISTORY = 100_000
 
 
-async def _svc(request: Request) -> Services:
-    svc: Services = request.app.state.services
-    return svc
+async def _svc(request: Request) -> Runtime:
+    rt: Runtime = request.app.state.runtime
+    return rt
 
 
-async def _request(request: Request) -> tuple[Services, access.Caller, dict[str, Any]]:
+async def _request(request: Request) -> tuple[Runtime, access.Caller, dict[str, Any]]:
     """The services, the caller and the request's fields (JSON body, or the query of a GET)."""
-    svc = await _svc(request)
+    rt = await _svc(request)
     if request.method == "GET":
         data: dict[str, Any] = dict(request.query_params)
     else:
         data = body_of(await request.body())
-    c = await run_in_threadpool(access.caller, request, svc)
-    return svc, c, data
+    c = await run_in_threadpool(access.caller, request, rt)
+    return rt, c, data
 
 
 def _ok(body: dict[str, Any] | None = None) -> JSONResponse:
@@ -86,46 +86,46 @@ async def get_experiment_by_name(request: Request) -> JSONResponse:
     """The experiment of that name; 404 RESOURCE_DOES_NOT_EXIST (the client then makes it).
     Inside a job's scope the job's run moves to it (``mlflow.set_experiment`` before
     ``start_run``: MLflow refuses a run id whose experiment is not the active one)."""
-    svc, c, data = await _request(request)
+    rt, c, data = await _request(request)
     name = text(data, "experiment_name", limit=MAX_EXPERIMENT_NAME_LENGTH)
     assert name is not None
-    exp = await run_in_threadpool(svc.store.tracking.experiment_named, name)
+    exp = await run_in_threadpool(rt.store.tracking.experiment_named, name)
     if c.principal.is_job and c.job_id is not None:
-        await run_in_threadpool(_move, svc, c.job_id, exp.id)
+        await run_in_threadpool(_move, rt, c.job_id, exp.id)
     return _ok({"experiment": experiment_json(exp)})
 
 
 @router.get("/api/2.0/mlflow/experiments/get")
 async def get_experiment(request: Request) -> JSONResponse:
-    svc, c, data = await _request(request)
+    rt, c, data = await _request(request)
     number = experiment_id(data.get("experiment_id"))
-    exp = await run_in_threadpool(svc.store.tracking.experiment, number)
+    exp = await run_in_threadpool(rt.store.tracking.experiment, number)
     if c.principal.is_job and c.job_id is not None:
-        await run_in_threadpool(_move, svc, c.job_id, exp.id)
+        await run_in_threadpool(_move, rt, c.job_id, exp.id)
     return _ok({"experiment": experiment_json(exp)})
 
 
 @router.post("/api/2.0/mlflow/experiments/create")
 async def create_experiment(request: Request) -> JSONResponse:
-    svc, c, data = await _request(request)
+    rt, c, data = await _request(request)
     access.may_create(c)
     name = text(data, "name", limit=MAX_EXPERIMENT_NAME_LENGTH)
     assert name is not None
-    exp = await run_in_threadpool(svc.store.tracking.create_experiment, name)
+    exp = await run_in_threadpool(rt.store.tracking.create_experiment, name)
     if c.principal.is_job and c.job_id is not None:
-        await run_in_threadpool(_move, svc, c.job_id, exp.id)
+        await run_in_threadpool(_move, rt, c.job_id, exp.id)
     return _ok({"experiment_id": str(exp.id)})
 
 
-def _move(svc: Services, job_id: int, experiment: int) -> None:
-    job = svc.store.jobs.get(job_id)
-    svc.store.tracking.update_run(job, experiment_id=experiment)
+def _move(rt: Runtime, job_id: int, experiment: int) -> None:
+    job = rt.store.jobs.get(job_id)
+    rt.store.tracking.update_run(job, experiment_id=experiment)
 
 
 # -- runs ------------------------------------------------------------------------------------
-def _run_json(svc: Services, job: Job) -> dict[str, Any]:
-    run = svc.store.tracking.run(job)
-    fresh = svc.store.jobs.get(job.id)
+def _run_json(rt: Runtime, job: Job) -> dict[str, Any]:
+    run = rt.store.tracking.run(job)
+    fresh = rt.store.jobs.get(job.id)
     metrics = [
         {
             "key": name,
@@ -139,8 +139,8 @@ def _run_json(svc: Services, job: Job) -> dict[str, Any]:
         "info": run_info(fresh, run),
         "data": {
             "metrics": metrics,
-            "params": pairs(svc.store.tracking.values(job.id, "param")),
-            "tags": pairs(svc.store.tracking.values(job.id, "tag")),
+            "params": pairs(rt.store.tracking.values(job.id, "param")),
+            "tags": pairs(rt.store.tracking.values(job.id, "tag")),
         },
         "inputs": {},
     }
@@ -150,7 +150,7 @@ def _run_json(svc: Services, job: Job) -> dict[str, Any]:
 async def create_run(request: Request) -> JSONResponse:
     """A new run: inside a job (its credential, or its scope's URI) the job itself, in the
     experiment asked for; outside one a tracked run, listed with the jobs."""
-    svc, c, data = await _request(request)
+    rt, c, data = await _request(request)
     access.may_create(c)
     exp = experiment_id(data.get("experiment_id", "0"))
     run_name = text(data, "run_name", limit=MAX_RUN_NAME_LENGTH, required=False) or ""
@@ -160,15 +160,15 @@ async def create_run(request: Request) -> JSONResponse:
     )
     run_name = run_name or tags.get("mlflow.runName", "")
     if c.job_id is not None:
-        job = await run_in_threadpool(svc.store.jobs.get, c.job_id)
+        job = await run_in_threadpool(rt.store.jobs.get, c.job_id)
 
         def attach() -> dict[str, Any]:
-            svc.store.tracking.experiment(exp)
-            svc.store.tracking.update_run(
+            rt.store.tracking.experiment(exp)
+            rt.store.tracking.update_run(
                 job, status="RUNNING", run_name=run_name or None, experiment_id=exp
             )
-            svc.store.tracking.put(job.id, "tag", tags)
-            return _run_json(svc, job)
+            rt.store.tracking.put(job.id, "tag", tags)
+            return _run_json(rt, job)
 
         return _ok({"run": await run_in_threadpool(attach)})
     user = c.principal.name
@@ -179,7 +179,7 @@ async def create_run(request: Request) -> JSONResponse:
     tags.setdefault("mlflow.runName", run_name)
 
     def create() -> dict[str, Any]:
-        job = svc.store.tracking.create_tracked(
+        job = rt.store.tracking.create_tracked(
             owner=user,
             run_name=run_name,
             experiment_id=exp,
@@ -187,25 +187,25 @@ async def create_run(request: Request) -> JSONResponse:
             token_hash=hash_token(secrets.token_urlsafe(32)),  # a token nobody holds
             tags=tags,
         )
-        svc.store.accounts.audit(
+        rt.store.accounts.audit(
             c.principal.name,
             "mlflow.run.create",
             f"job:{job.id}",
             detail={"name": job.name},
             client=client_address(request),
         )
-        return _run_json(svc, job)
+        return _run_json(rt, job)
 
     return _ok({"run": await run_in_threadpool(create)})
 
 
 @router.get("/api/2.0/mlflow/runs/get")
 async def get_run(request: Request) -> JSONResponse:
-    svc, c, data = await _request(request)
+    rt, c, data = await _request(request)
     number = run_id(data)
 
     def read() -> dict[str, Any]:
-        return _run_json(svc, access.run_job(svc, c, number, write=False))
+        return _run_json(rt, access.run_job(rt, c, number, write=False))
 
     return _ok({"run": await run_in_threadpool(read)})
 
@@ -215,7 +215,7 @@ async def update_run(request: Request) -> JSONResponse:
     """A run's status, end time or name; a tracked run's job ends with it (FINISHED:
     COMPLETED, FAILED: FAILED, KILLED: CANCELED). A launched job's state stays the
     scheduler's."""
-    svc, c, data = await _request(request)
+    rt, c, data = await _request(request)
     number = run_id(data)
     status = text(data, "status", limit=16, required=False)
     if status is not None and status not in RUN_STATUSES:
@@ -224,16 +224,16 @@ async def update_run(request: Request) -> JSONResponse:
     name = text(data, "run_name", limit=MAX_RUN_NAME_LENGTH, required=False)
 
     def change() -> dict[str, Any]:
-        job = access.run_job(svc, c, number, write=True)
-        run = svc.store.tracking.update_run(job, status=status, end_time=end, run_name=name)
-        return run_info(svc.store.jobs.get(job.id), run)
+        job = access.run_job(rt, c, number, write=True)
+        run = rt.store.tracking.update_run(job, status=status, end_time=end, run_name=name)
+        return run_info(rt.store.jobs.get(job.id), run)
 
     return _ok({"run_info": await run_in_threadpool(change)})
 
 
 # -- logging ---------------------------------------------------------------------------------
 async def _store_metrics(
-    svc: Services, c: access.Caller, job: Job, metrics: list[dict[str, Any]], client: str
+    rt: Runtime, c: access.Caller, job: Job, metrics: list[dict[str, Any]], client: str
 ) -> None:
     """Metrics through the report path: checked, then one group commit."""
     if not metrics:
@@ -254,42 +254,42 @@ async def _store_metrics(
     report = Report(uuid.uuid4().hex, attempt, columns)
     try:
         stored = await asyncio.wrap_future(
-            svc.reports.submit(job.id, report, access.credential_hash(c, job))
+            rt.reports.submit(job.id, report, access.credential_hash(c, job))
         )
     except Refused:
         why = f"the credential is not valid for job {job.id}'s current attempt"
-        raise await run_in_threadpool(svc.auth.refuse, client, why, c.token or "") from None
-    svc.telemetry.points.inc(stored.accepted)
+        raise await run_in_threadpool(rt.auth.refuse, client, why, c.token or "") from None
+    rt.telemetry.points.inc(stored.accepted)
 
 
-async def _job_for_write(svc: Services, c: access.Caller, data: dict[str, Any]) -> Job:
+async def _job_for_write(rt: Runtime, c: access.Caller, data: dict[str, Any]) -> Job:
     number = run_id(data)
-    return await run_in_threadpool(access.run_job, svc, c, number, write=True)
+    return await run_in_threadpool(access.run_job, rt, c, number, write=True)
 
 
 @router.post("/api/2.0/mlflow/runs/log-metric")
 async def log_metric(request: Request) -> JSONResponse:
-    svc, c, data = await _request(request)
-    job = await _job_for_write(svc, c, data)
-    await _store_metrics(svc, c, job, [data], client_address(request))
+    rt, c, data = await _request(request)
+    job = await _job_for_write(rt, c, data)
+    await _store_metrics(rt, c, job, [data], client_address(request))
     return _ok()
 
 
 @router.post("/api/2.0/mlflow/runs/log-parameter")
 async def log_parameter(request: Request) -> JSONResponse:
-    svc, c, data = await _request(request)
+    rt, c, data = await _request(request)
     values = key_values([data], MAX_PARAM_VAL_LENGTH, "Param value")
-    job = await _job_for_write(svc, c, data)
-    await run_in_threadpool(svc.store.tracking.put, job.id, "param", values)
+    job = await _job_for_write(rt, c, data)
+    await run_in_threadpool(rt.store.tracking.put, job.id, "param", values)
     return _ok()
 
 
 @router.post("/api/2.0/mlflow/runs/set-tag")
 async def set_tag(request: Request) -> JSONResponse:
-    svc, c, data = await _request(request)
+    rt, c, data = await _request(request)
     values = key_values([data], MAX_TAG_VAL_LENGTH, "Tag value")
-    job = await _job_for_write(svc, c, data)
-    await run_in_threadpool(svc.store.tracking.put, job.id, "tag", values)
+    job = await _job_for_write(rt, c, data)
+    await run_in_threadpool(rt.store.tracking.put, job.id, "tag", values)
     return _ok()
 
 
@@ -297,7 +297,7 @@ async def set_tag(request: Request) -> JSONResponse:
 async def log_batch(request: Request) -> JSONResponse:
     """Up to 1000 metrics, 100 params and 100 tags, 1000 in all (MLflow's limits); params
     and tags first, then the metrics in one report."""
-    svc, c, data = await _request(request)
+    rt, c, data = await _request(request)
     metrics = entries(data, "metrics", MAX_METRICS_PER_BATCH)
     params = entries(data, "params", MAX_PARAMS_TAGS_PER_BATCH)
     tags = entries(data, "tags", MAX_PARAMS_TAGS_PER_BATCH)
@@ -309,31 +309,31 @@ async def log_batch(request: Request) -> JSONResponse:
         )
     param_values = key_values(params, MAX_PARAM_VAL_LENGTH, "Param value")
     tag_values = key_values(tags, MAX_TAG_VAL_LENGTH, "Tag value")
-    job = await _job_for_write(svc, c, data)
+    job = await _job_for_write(rt, c, data)
 
     def put() -> None:
-        svc.store.tracking.put(job.id, "param", param_values)
-        svc.store.tracking.put(job.id, "tag", tag_values)
+        rt.store.tracking.put(job.id, "param", param_values)
+        rt.store.tracking.put(job.id, "tag", tag_values)
 
     if param_values or tag_values:
         await run_in_threadpool(put)
-    await _store_metrics(svc, c, job, metrics, client_address(request))
+    await _store_metrics(rt, c, job, metrics, client_address(request))
     return _ok()
 
 
 @router.get("/api/2.0/mlflow/metrics/get-history")
 async def get_metric_history(request: Request) -> JSONResponse:
     """Every point of one of the run's own series (one per step), in step order."""
-    svc, c, data = await _request(request)
+    rt, c, data = await _request(request)
     number = run_id(data)
     key = key_of(data, "metric_key")
 
     def read() -> list[dict[str, Any]]:
-        job = access.run_job(svc, c, number, write=False)
-        found = svc.store.metrics.series(job.id, name=key)
+        job = access.run_job(rt, c, number, write=False)
+        found = rt.store.metrics.series(job.id, name=key)
         if not found:
             return []
-        points = svc.store.metrics.series_points(job.id, found[0], max_points=MAX_HISTORY)
+        points = rt.store.metrics.series_points(job.id, found[0], max_points=MAX_HISTORY)
         return history_json(key, points)
 
     return _ok({"metrics": await run_in_threadpool(read)})

@@ -9,20 +9,14 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Path, Query, Request, Response
 from pydantic import BaseModel, Field
 
-from trainhouse.errors import Forbidden, Unauthorized
-from trainhouse.server.auth import (
-    COOKIE,
-    Principal,
-    admin,
-    audit,
-    caller,
-    client_address,
-    signed_in,
-)
-from trainhouse.server.deps import Services, services
+from trainhouse.core.errors import Forbidden, Unauthorized
+from trainhouse.core.tokens import issue
+from trainhouse.server.auth import COOKIE, admin, audit, caller, client_address, signed_in
+from trainhouse.server.deps import runtime
 from trainhouse.server.schemas import NO_NUL, NulFree, RowId
 from trainhouse.store.accounts import Role, Token, User
-from trainhouse.tokens import issue
+from trainhouse.usecases.access import Principal
+from trainhouse.usecases.runtime import Runtime
 
 router = APIRouter(tags=["accounts"])
 
@@ -120,14 +114,14 @@ def token_out(token: Token) -> TokenOut:
 
 
 @router.get("/whoami", response_model=WhoAmIOut)
-def whoami(p: Principal = Depends(caller), svc: Services = Depends(services)) -> WhoAmIOut:
+def whoami(p: Principal = Depends(caller), rt: Runtime = Depends(runtime)) -> WhoAmIOut:
     """The caller as the server sees it (``trainhouse login`` checks a token with it)."""
     return WhoAmIOut(
         name=p.name,
         role=p.role,
         job_id=p.job_id,
-        auth=svc.auth.enabled,
-        job_visibility=svc.settings.job_visibility,
+        auth=rt.auth.enabled,
+        job_visibility=rt.settings.job_visibility,
     )
 
 
@@ -136,16 +130,16 @@ def open_session(
     request: Request,
     response: Response,
     body: SessionIn,
-    svc: Services = Depends(services),
+    rt: Runtime = Depends(runtime),
 ) -> WhoAmIOut:
     """Sign the dashboard in: the token goes into an HttpOnly, SameSite=Strict cookie."""
-    if not svc.auth.enabled:
+    if not rt.auth.enabled:
         return WhoAmIOut(
-            name="anonymous", role="open", auth=False, job_visibility=svc.settings.job_visibility
+            name="anonymous", role="open", auth=False, job_visibility=rt.settings.job_visibility
         )
     if body.token.startswith("thj_"):
         raise Forbidden("a job's credential cannot open a dashboard session")
-    p = svc.auth.user(body.token.strip(), client_address(request))
+    p = rt.auth.user(body.token.strip(), client_address(request))
     response.set_cookie(
         COOKIE,
         body.token.strip(),
@@ -154,9 +148,7 @@ def open_session(
         secure=request.url.scheme == "https",
         path="/",
     )
-    return WhoAmIOut(
-        name=p.name, role=p.role, auth=True, job_visibility=svc.settings.job_visibility
-    )
+    return WhoAmIOut(name=p.name, role=p.role, auth=True, job_visibility=rt.settings.job_visibility)
 
 
 @router.delete("/session", status_code=204)
@@ -166,8 +158,8 @@ def close_session(response: Response) -> None:
 
 # -- users ----------------------------------------------------------------------------------
 @router.get("/users", response_model=UsersOut)
-def list_users(_p: Principal = Depends(admin), svc: Services = Depends(services)) -> UsersOut:
-    return UsersOut(users=[user_out(u) for u in svc.store.accounts.users()])
+def list_users(_p: Principal = Depends(admin), rt: Runtime = Depends(runtime)) -> UsersOut:
+    return UsersOut(users=[user_out(u) for u in rt.store.accounts.users()])
 
 
 @router.post("/users", response_model=UserOut, status_code=201)
@@ -175,10 +167,10 @@ def add_user(
     request: Request,
     body: UserIn,
     p: Principal = Depends(admin),
-    svc: Services = Depends(services),
+    rt: Runtime = Depends(runtime),
 ) -> UserOut:
-    user = svc.store.accounts.add_user(body.name, body.role)
-    audit(svc, request, p, "user.add", user.name, role=user.role)
+    user = rt.store.accounts.add_user(body.name, body.role)
+    audit(rt, request, p, "user.add", user.name, role=user.role)
     return user_out(user)
 
 
@@ -188,12 +180,12 @@ def update_user(
     name: Annotated[str, Path(pattern=NO_NUL)],
     body: UserPatch,
     p: Principal = Depends(admin),
-    svc: Services = Depends(services),
+    rt: Runtime = Depends(runtime),
 ) -> UserOut:
     """Change a user's role, or disable (their tokens stop working) or enable them."""
-    user = svc.store.accounts.update_user(name, role=body.role, disabled=body.disabled)
-    svc.auth.forget()
-    audit(svc, request, p, "user.update", name, **body.model_dump(exclude_none=True))
+    user = rt.store.accounts.update_user(name, role=body.role, disabled=body.disabled)
+    rt.auth.forget()
+    audit(rt, request, p, "user.update", name, **body.model_dump(exclude_none=True))
     return user_out(user)
 
 
@@ -205,12 +197,12 @@ def list_tokens(
     ),
     all: bool = Query(False, description="Every user's tokens (admins)"),
     p: Principal = Depends(signed_in),
-    svc: Services = Depends(services),
+    rt: Runtime = Depends(runtime),
 ) -> TokensOut:
     if (all or (user is not None and user != p.name)) and not p.is_admin:
         raise Forbidden(f"only admins may list other users' tokens; user {p.name!r} is a {p.role}")
     whose = None if all else (user or p.name)
-    return TokensOut(tokens=[token_out(t) for t in svc.store.accounts.tokens(whose)])
+    return TokensOut(tokens=[token_out(t) for t in rt.store.accounts.tokens(whose)])
 
 
 @router.post("/tokens", response_model=NewTokenOut, status_code=201)
@@ -218,7 +210,7 @@ def create_token(
     request: Request,
     body: TokenIn,
     p: Principal = Depends(signed_in),
-    svc: Services = Depends(services),
+    rt: Runtime = Depends(runtime),
 ) -> NewTokenOut:
     """A new API token, for me or (admins) for another user; its secret is shown only here."""
     whose = body.user or p.name
@@ -227,9 +219,9 @@ def create_token(
     if not p.authenticated and body.user is None:
         raise Unauthorized("auth is off here, so there is no 'me': name the token's user")
     expires_at = time.time() + body.expires_in if body.expires_in else None
-    token, secret = issue(svc.store.accounts, whose, body.name, expires_at=expires_at)
+    token, secret = issue(rt.store.accounts, whose, body.name, expires_at=expires_at)
     audit(
-        svc,
+        rt,
         request,
         p,
         "token.create",
@@ -246,14 +238,14 @@ def revoke_token(
     request: Request,
     token_id: RowId,
     p: Principal = Depends(signed_in),
-    svc: Services = Depends(services),
+    rt: Runtime = Depends(runtime),
 ) -> TokenOut:
-    token = svc.store.accounts.get_token(token_id)
+    token = rt.store.accounts.get_token(token_id)
     if token.user != p.name and not p.is_admin:
         raise Forbidden(f"token {token_id} belongs to another user; {p.name!r} may not revoke it")
-    token = svc.store.accounts.revoke_token(token_id)
-    svc.auth.forget()
-    audit(svc, request, p, "token.revoke", token.user, token_id=token_id)
+    token = rt.store.accounts.revoke_token(token_id)
+    rt.auth.forget()
+    audit(rt, request, p, "token.revoke", token.user, token_id=token_id)
     return token_out(token)
 
 
@@ -266,10 +258,10 @@ def audit_log(
     actor: str | None = Query(None, max_length=128, pattern=NO_NUL),
     since: float | None = Query(None, ge=0, le=1e11, description="Unix time of the first entry"),
     _p: Principal = Depends(admin),
-    svc: Services = Depends(services),
+    rt: Runtime = Depends(runtime),
 ) -> AuditOut:
     """Admin actions, cancellations and failed token uses, newest first."""
-    entries, total = svc.store.accounts.audit_entries(
+    entries, total = rt.store.accounts.audit_entries(
         limit=limit, offset=offset, actions=action, actor=actor, since=since
     )
     return AuditOut(entries=[AuditEntryOut(**asdict(e)) for e in entries], total=total)

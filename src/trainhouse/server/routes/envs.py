@@ -1,14 +1,16 @@
-"""The jobs' environments in this machine's cache (``HOME/envs``, :mod:`trainhouse.envs`): list
-them, and remove those no attempt uses. Admins only."""
+"""The jobs' environments in this machine's cache (``HOME/envs``, :mod:`trainhouse.jobfs.envcache`):
+list them, and remove those no attempt uses. Admins only."""
 
 from __future__ import annotations
 
 from fastapi import APIRouter, Depends, Request
 from pydantic import BaseModel, Field
 
-from trainhouse import envs
-from trainhouse.server.auth import Principal, admin, audit
-from trainhouse.server.deps import Services, services
+from trainhouse.jobfs import envcache
+from trainhouse.server.auth import admin, audit
+from trainhouse.server.deps import runtime
+from trainhouse.usecases.access import Principal
+from trainhouse.usecases.runtime import Runtime
 
 router = APIRouter(tags=["environments"])
 
@@ -48,19 +50,19 @@ class PruneOut(BaseModel):
     kept_in_use: list[str] = Field(description="Digests that were asked for but are in use")
 
 
-def _out(env: envs.Cached) -> EnvOut:
+def _out(env: envcache.Cached) -> EnvOut:
     return EnvOut(**env.to_json())
 
 
 @router.get("/envs", response_model=EnvsOut)
-def list_envs(_p: Principal = Depends(admin), svc: Services = Depends(services)) -> EnvsOut:
+def list_envs(_p: Principal = Depends(admin), rt: Runtime = Depends(runtime)) -> EnvsOut:
     """This machine's environments, least recently used first (a Ray node keeps its own)."""
-    found = envs.cached(svc.settings.env_cache)
+    found = envcache.cached(rt.settings.env_cache)
     return EnvsOut(
         envs=[_out(e) for e in found],
         total_size=sum(e.size for e in found),
-        max_size=svc.settings.env_cache_size,
-        directory=str(svc.settings.env_cache),
+        max_size=rt.settings.env_cache_size,
+        directory=str(rt.settings.env_cache),
     )
 
 
@@ -69,22 +71,22 @@ def prune_envs(
     request: Request,
     body: PruneIn,
     p: Principal = Depends(admin),
-    svc: Services = Depends(services),
+    rt: Runtime = Depends(runtime),
 ) -> PruneOut:
     """Remove environments no attempt uses: the least recently used past the cache's size,
     every one (``all``), or one (``digest``)."""
-    cache = svc.settings.env_cache
+    cache = rt.settings.env_cache
     busy: list[str] = []
     if body.digest is not None:
-        chosen = [e for e in envs.cached(cache) if e.digest.startswith(body.digest)]
+        chosen = [e for e in envcache.cached(cache) if e.digest.startswith(body.digest)]
         removed = []
         for env in chosen:
-            if envs.remove(cache, env.digest):
+            if envcache.remove(cache, env.digest):
                 removed.append(env)
             else:
                 busy.append(env.digest)
     else:
-        removed = envs.prune(cache, 0 if body.all else svc.settings.env_cache_size)
-        busy = [] if not body.all else [e.digest for e in envs.cached(cache) if e.in_use]
-    audit(svc, request, p, "envs.prune", str(len(removed)), **body.model_dump(exclude_none=True))
+        removed = envcache.prune(cache, 0 if body.all else rt.settings.env_cache_size)
+        busy = [] if not body.all else [e.digest for e in envcache.cached(cache) if e.in_use]
+    audit(rt, request, p, "envcache.prune", str(len(removed)), **body.model_dump(exclude_none=True))
     return PruneOut(removed=[_out(e) for e in removed], kept_in_use=busy)

@@ -11,8 +11,8 @@ import orjson
 from fastapi import APIRouter, Depends, File, Form, Query, Request, UploadFile
 from fastapi.responses import Response, StreamingResponse
 
-from trainhouse import envs
-from trainhouse.errors import (
+from trainhouse.core import envspec
+from trainhouse.core.errors import (
     ArchiveError,
     Forbidden,
     InvalidMetrics,
@@ -23,22 +23,17 @@ from trainhouse.errors import (
     StoreError,
     UploadTooLarge,
 )
-from trainhouse.layout import LAUNCHER
-from trainhouse.lifecycle import JobState, StopReason
-from trainhouse.runquery import QueryError, parse_field, parse_fields
-from trainhouse.runquery import parse as parse_query
+from trainhouse.core.lifecycle import JobState, StopReason
+from trainhouse.core.reports import INT64, MAX_NAME, MAX_RANK
+from trainhouse.core.runquery import QueryError, parse_field, parse_fields
+from trainhouse.core.runquery import parse as parse_query
+from trainhouse.core.spec import PRIORITY_TIERS, JobSpec, parse_spec
+from trainhouse.jobfs.layout import LAUNCHER
+from trainhouse.jobfs.workdir import human_size, list_members
 from trainhouse.scheduler.failures import attempt_log
 from trainhouse.scheduler.resources import never_fits
-from trainhouse.server.auth import (
-    Principal,
-    audit,
-    caller,
-    readable_job,
-    signed_in,
-    writable_job,
-    writer,
-)
-from trainhouse.server.deps import Services, services
+from trainhouse.server.auth import audit, caller, readable_job, signed_in, writable_job, writer
+from trainhouse.server.deps import runtime
 from trainhouse.server.schemas import (
     NO_NUL,
     AttemptOut,
@@ -57,17 +52,16 @@ from trainhouse.server.schemas import (
     SeriesInfoOut,
     SeriesListOut,
 )
-from trainhouse.spec import PRIORITY_TIERS, JobSpec, parse_spec
 from trainhouse.store import Job
 from trainhouse.store.jobs import JOB_SORT_KEYS
-from trainhouse.store.reports import INT64, MAX_NAME, MAX_RANK
 from trainhouse.store.series import MIN_DOWNSAMPLED
-from trainhouse.workdir import human_size, list_members
+from trainhouse.usecases.access import Principal
+from trainhouse.usecases.runtime import Runtime
 
 router = APIRouter(tags=["jobs"])
 
 MAX_COLUMNS = 50  # columns of one runs-table page
-MAX_QUERY = 2000  # characters of a ?where= filter (trainhouse.runquery.MAX_QUERY)
+MAX_QUERY = 2000  # characters of a ?where= filter (trainhouse.core.runquery.MAX_QUERY)
 
 
 def state_summary(job: Job) -> str:
@@ -86,7 +80,7 @@ def state_summary(job: Job) -> str:
 
 def job_out(
     job: Job,
-    svc: Services | None = None,
+    rt: Runtime | None = None,
     *,
     summary_only: bool = False,
     tags: list[str] | None = None,
@@ -97,11 +91,11 @@ def job_out(
     (job-controlled text): name, owner, state, times, project, tags, and a reason said by the
     scheduler or the state. ``tags``: read from the store when not given."""
     data = job.public()
-    if tags is None and svc is not None:
-        tags = svc.store.runs.tags(job.id)
+    if tags is None and rt is not None:
+        tags = rt.store.runs.tags(job.id)
     data["tags"] = tags or []
     data["values"] = values or {}
-    live = svc.scheduler.waiting.get(job.id) if svc is not None else None
+    live = rt.scheduler.waiting.get(job.id) if rt is not None else None
     if job.state is JobState.QUEUED and live is not None:
         data["reason"] = live  # the scheduler's words, as of its last tick
     elif summary_only:
@@ -120,15 +114,15 @@ def job_out(
 
 
 def schedulable_spec(
-    text: str, svc: Services, *, overrides: list[str] | None = None, source: str = "spec"
+    text: str, rt: Runtime, *, overrides: list[str] | None = None, source: str = "spec"
 ) -> JobSpec:
     """Parse a submitted spec (with ``--set`` overrides) and refuse a job that could never
     run on this server."""
     job_spec = parse_spec(text, source=source, overrides=overrides)
-    executor = svc.scheduler.executor
+    executor = rt.scheduler.executor
     # the inventory, busy or not (nodes() is what is free right now)
     reason = never_fits(executor.capacity(), job_spec.resources, multi_node=executor.multi_node)
-    if reason is None and job_spec.resources.nodes > 1 and not svc.settings.shared_checkpoints:
+    if reason is None and job_spec.resources.nodes > 1 and not rt.settings.shared_checkpoints:
         reason = (
             f"resources.nodes is {job_spec.resources.nodes}, but checkpoints are stored on the "
             "server's own disk (HOME/jobs/<id>/checkpoints), which the other nodes do not "
@@ -141,7 +135,7 @@ def schedulable_spec(
     return job_spec
 
 
-def store_workdir(svc: Services, workdir: UploadFile, job_spec: JobSpec) -> str:
+def store_workdir(rt: Runtime, workdir: UploadFile, job_spec: JobSpec) -> str:
     """Keep the uploaded workdir archive (bounded, checked to hold the entrypoint's file);
     its digest."""
 
@@ -149,10 +143,10 @@ def store_workdir(svc: Services, workdir: UploadFile, job_spec: JobSpec) -> str:
         check_entrypoint(job_spec, archive)
 
     try:
-        digest, _size = svc.blobs.put(workdir.file, svc.settings.max_upload_bytes, validate)
+        digest, _size = rt.blobs.put(workdir.file, rt.settings.max_upload_bytes, validate)
     except ValueError:
         raise UploadTooLarge(
-            f"workdir archive is larger than {human_size(svc.settings.max_upload_bytes)}"
+            f"workdir archive is larger than {human_size(rt.settings.max_upload_bytes)}"
         ) from None
     return digest
 
@@ -198,24 +192,24 @@ def submit(
         ),
     ] = "anonymous",
     p: Principal = Depends(writer),
-    svc: Services = Depends(services),
+    rt: Runtime = Depends(runtime),
 ) -> JobOut:
-    job_spec = schedulable_spec(spec, svc)
+    job_spec = schedulable_spec(spec, rt)
     if job_spec.search is not None:
         raise SpecError(
             "the spec has a search: block: submit it as a search (POST /api/v1/searches, or "
             "`trainhouse submit`, which does)"
         )
     check_priority(p, job_spec.priority)
-    digest = store_workdir(svc, workdir, job_spec)
-    job = svc.store.jobs.create(
+    digest = store_workdir(rt, workdir, job_spec)
+    job = rt.store.jobs.create(
         name=job_spec.name,
         owner=owner_of(p, owner),
         priority=job_spec.priority,
         spec=job_spec,
         archive_sha256=digest,
     )
-    svc.scheduler.wake()
+    rt.scheduler.wake()
     return job_out(job)
 
 
@@ -247,7 +241,7 @@ def list_jobs(
         max_length=MAX_QUERY,
         pattern=NO_NUL,
         description="A filter such as `metrics.val_loss.min < 0.1 and hparams.lr >= 1e-3 and "
-        "state = COMPLETED` (trainhouse.runquery); with it, ended jobs are listed too",
+        "state = COMPLETED` (trainhouse.core.runquery); with it, ended jobs are listed too",
     ),
     columns: str | None = Query(
         None,
@@ -263,13 +257,13 @@ def list_jobs(
         "them (ended jobs are listed then without all=true)",
     ),
     p: Principal = Depends(signed_in),
-    svc: Services = Depends(services),
+    rt: Runtime = Depends(runtime),
 ) -> JobListOut:
     """A page of jobs (by default the unfinished ones, newest first) and how many match.
     Without the right to see every job (``--job-visibility``), only the caller's own; with the
     right to list them but not read them, filters, sorts and columns on hparams and metrics
     see the caller's own jobs' values only."""
-    visibility = svc.settings.job_visibility
+    visibility = rt.settings.job_visibility
     if not p.sees_every_job(visibility):
         if owner is not None and owner != p.name:
             raise Forbidden(f"{p.name!r} may list only their own jobs, not {owner!r}'s")
@@ -288,7 +282,7 @@ def list_jobs(
     if states is None and not all and tree is None and archived != "only":
         states = [s for s in JobState if not s.terminal]
     private = None if p.is_admin or visibility == "all" or p.is_job else p.name
-    page = svc.store.runs.page(
+    page = rt.store.runs.page(
         where=tree,
         columns=fields,
         sort=sort_field,
@@ -307,7 +301,7 @@ def list_jobs(
         jobs=[
             job_out(
                 j,
-                svc,
+                rt,
                 summary_only=not p.may_read(j, visibility),
                 tags=page.tags.get(j.id, []),
                 values=page.values.get(j.id, {}),
@@ -323,34 +317,34 @@ def list_jobs(
 def show(
     job: Job = Depends(readable_job),
     p: Principal = Depends(caller),
-    svc: Services = Depends(services),
+    rt: Runtime = Depends(runtime),
 ) -> JobDetailOut:
     """The job, its attempts and events. Where its files are on the server is for admins (with
     auth off every caller is one), as ``/health`` keeps ``home`` from others."""
     job_id = job.id
-    files = svc.files(job_id)
+    files = rt.files(job_id)
     return JobDetailOut(
-        **job_out(job, svc).model_dump(),
+        **job_out(job, rt).model_dump(),
         attempt_history=[
             AttemptOut(**{k: v for k, v in a.public().items() if k in AttemptOut.model_fields})
-            for a in svc.store.jobs.attempts(job_id)
+            for a in rt.store.jobs.attempts(job_id)
         ],
-        events=[EventOut(**asdict(e)) for e in svc.store.jobs.events(job_id)],
-        checkpoints=len(svc.store.checkpoints.list(job_id)),
+        events=[EventOut(**asdict(e)) for e in rt.store.jobs.events(job_id)],
+        checkpoints=len(rt.store.checkpoints.list(job_id)),
         clones=[
             CloneOut(id=c.id, name=c.name, state=c.state, cloned_step=c.cloned_step)
-            for c in svc.store.jobs.clones(job_id)
-            if p.may_read(c, svc.settings.job_visibility)
+            for c in rt.store.jobs.clones(job_id)
+            if p.may_read(c, rt.settings.job_visibility)
         ],
         log_ranks=files.ranks(),
         environment=(
-            envs.phase(attempt_log(files, LAUNCHER, job.attempts))
+            envspec.phase(attempt_log(files, LAUNCHER, job.attempts))
             if job.spec.environment is not None and job.attempts
             else None
         ),
         job_dir=str(files.root) if p.is_admin else None,
-        params=svc.store.tracking.values(job_id, "param"),
-        mlflow_tags=svc.store.tracking.values(job_id, "tag"),
+        params=rt.store.tracking.values(job_id, "param"),
+        mlflow_tags=rt.store.tracking.values(job_id, "tag"),
     )
 
 
@@ -359,23 +353,23 @@ def cancel(
     request: Request,
     job: Job = Depends(writable_job),
     p: Principal = Depends(writer),
-    svc: Services = Depends(services),
+    rt: Runtime = Depends(runtime),
 ) -> JobOut:
     job_id = job.id
     if job.state.terminal:
         raise StoreError(f"job {job_id} has already ended ({job.state}); nothing to cancel")
-    svc.store.jobs.request_cancel(job_id)
-    audit(svc, request, p, "job.cancel", f"job:{job_id}", owner=job.owner, name=job.name)
+    rt.store.jobs.request_cancel(job_id)
+    audit(rt, request, p, "job.cancel", f"job:{job_id}", owner=job.owner, name=job.name)
     # a queued job ends here; in any other state the scheduler loop ends it (and if it
     # started meanwhile, the compare-and-set refuses and the loop stops its processes); a
     # tracked run (an MLflow run made outside a job) has no processes: it ends here too
     ends_here = [JobState.QUEUED, JobState.RUNNING] if job.tracked else [JobState.QUEUED]
     with contextlib.suppress(StoreError):
-        svc.store.jobs.transition(
+        rt.store.jobs.transition(
             job_id, JobState.CANCELED, reason=StopReason.CANCEL.text, expect=ends_here
         )
-    svc.scheduler.wake()
-    return job_out(svc.store.jobs.get(job_id))
+    rt.scheduler.wake()
+    return job_out(rt.store.jobs.get(job_id))
 
 
 @router.get("/jobs/{job_id}/metrics", response_model=MetricsOut)
@@ -399,7 +393,7 @@ def metrics(
     after_step: int | None = Query(
         None, ge=-1, le=INT64, description="Only points past this step (live polling)"
     ),
-    svc: Services = Depends(services),
+    rt: Runtime = Depends(runtime),
 ) -> Response:
     """The job's series, ordered by name then rank, each with its points by step."""
     job_id = job.id
@@ -407,12 +401,12 @@ def metrics(
         raise InvalidMetrics(
             f"max_points must be 0 (every point) or at least {MIN_DOWNSAMPLED}, got {max_points}"
         )
-    found = svc.store.metrics.series(
+    found = rt.store.metrics.series(
         job_id, name=name, rank=rank, all_ranks=all_ranks, after_step=after_step
     )
     series = []
     for info in found:
-        got = svc.store.metrics.series_points(job_id, info, max_points=max_points)
+        got = rt.store.metrics.series_points(job_id, info, max_points=max_points)
         series.append(
             {
                 "name": got.name,
@@ -431,14 +425,14 @@ def metrics(
 def metric_names(
     job: Job = Depends(readable_job),
     all_ranks: bool = Query(True, description="Per-rank series too (all_ranks=True)"),
-    svc: Services = Depends(services),
+    rt: Runtime = Depends(runtime),
 ) -> SeriesListOut:
     """The job's series (name, rank) with their point counts and last steps, no points."""
     return SeriesListOut(
         job_id=job.id,
         series=[
             SeriesInfoOut(name=i.name, rank=i.rank, points=i.points, last_step=i.last_step)
-            for i in svc.store.metrics.series(job.id, all_ranks=all_ranks)
+            for i in rt.store.metrics.series(job.id, all_ranks=all_ranks)
         ],
     )
 
@@ -448,31 +442,31 @@ def checkpoints(
     job: Job = Depends(readable_job),
     all: bool = Query(False, description="Include deleted and corrupt ones"),
     p: Principal = Depends(caller),
-    svc: Services = Depends(services),
+    rt: Runtime = Depends(runtime),
 ) -> CheckpointListOut:
     """The job's checkpoints, oldest first; by default only those a restart may load. Their
     directory (a server path or URL) is for admins."""
     job_id = job.id
-    found = svc.store.checkpoints.list(job_id, include_deleted=all)
+    found = rt.store.checkpoints.list(job_id, include_deleted=all)
     return CheckpointListOut(
         job_id=job_id,
-        directory=svc.checkpoints.location(job_id) if p.is_admin else None,
+        directory=rt.checkpoints.location(job_id) if p.is_admin else None,
         checkpoints=[CheckpointOut(**asdict(c)) for c in found if all or c.corrupt is None],
     )
 
 
 @router.get("/jobs/{job_id}/checkpoints/{checkpoint_id}/files", response_model=CheckpointFilesOut)
 def checkpoint_files(
-    checkpoint_id: RowId, job: Job = Depends(readable_job), svc: Services = Depends(services)
+    checkpoint_id: RowId, job: Job = Depends(readable_job), rt: Runtime = Depends(runtime)
 ) -> CheckpointFilesOut:
     """What a download fetches: one file (name "") or a sharded checkpoint's files."""
     job_id = job.id
-    ckpt = svc.store.checkpoints.get(job_id, checkpoint_id)
+    ckpt = rt.store.checkpoints.get(job_id, checkpoint_id)
     if ckpt.deleted:
         raise NotFound(f"checkpoint of step {ckpt.step} was deleted by the retention policy")
     return CheckpointFilesOut(
         checkpoint=CheckpointOut(**asdict(ckpt)),
-        files=[CheckpointFileOut(name=n, size=z) for n, z in svc.checkpoints.files(job_id, ckpt)],
+        files=[CheckpointFileOut(name=n, size=z) for n, z in rt.checkpoints.files(job_id, ckpt)],
     )
 
 
@@ -481,13 +475,13 @@ def checkpoint_content(
     checkpoint_id: RowId,
     job: Job = Depends(readable_job),
     file: str = Query("", max_length=1024, description="A sharded checkpoint's file"),
-    svc: Services = Depends(services),
+    rt: Runtime = Depends(runtime),
 ) -> StreamingResponse:
     """The bytes of a checkpoint file, streamed."""
     job_id = job.id
-    ckpt = svc.store.checkpoints.get(job_id, checkpoint_id)
+    ckpt = rt.store.checkpoints.get(job_id, checkpoint_id)
     if ckpt.deleted:
         raise NotFound(f"checkpoint of step {ckpt.step} was deleted by the retention policy")
     return StreamingResponse(
-        svc.checkpoints.read(job_id, ckpt, file), media_type="application/octet-stream"
+        rt.checkpoints.read(job_id, ckpt, file), media_type="application/octet-stream"
     )

@@ -15,11 +15,11 @@ import logging
 import orjson
 from fastapi import APIRouter, Body, Depends, Request
 
-from trainhouse.errors import InvalidTransition, NotFound, ResourceError, StoreError
-from trainhouse.lifecycle import RESUMABLE, JobState
+from trainhouse.core.errors import InvalidTransition, NotFound, ResourceError, StoreError
+from trainhouse.core.lifecycle import RESUMABLE, JobState
 from trainhouse.scheduler.resources import never_fits
-from trainhouse.server.auth import Principal, audit, readable_job, writable_job, writer
-from trainhouse.server.deps import Services, services
+from trainhouse.server.auth import audit, readable_job, writable_job, writer
+from trainhouse.server.deps import runtime
 from trainhouse.server.routes.jobs import (
     check_entrypoint,
     check_priority,
@@ -28,15 +28,17 @@ from trainhouse.server.routes.jobs import (
 )
 from trainhouse.server.schemas import CloneIn, JobOut
 from trainhouse.store import Checkpoint, Job
+from trainhouse.usecases.access import Principal
+from trainhouse.usecases.runtime import Runtime
 
 log = logging.getLogger(__name__)
 
 router = APIRouter(tags=["jobs"])
 
 
-def _loadable(svc: Services, job_id: int) -> list[Checkpoint]:
+def _loadable(rt: Runtime, job_id: int) -> list[Checkpoint]:
     """The job's checkpoints a restart may load (not deleted, not marked corrupt), by step."""
-    return [c for c in svc.store.checkpoints.list(job_id) if c.corrupt is None]
+    return [c for c in rt.store.checkpoints.list(job_id) if c.corrupt is None]
 
 
 @router.post("/jobs/{job_id}/resume", response_model=JobOut)
@@ -44,7 +46,7 @@ def resume(
     request: Request,
     job: Job = Depends(writable_job),
     p: Principal = Depends(writer),
-    svc: Services = Depends(services),
+    rt: Runtime = Depends(runtime),
 ) -> JobOut:
     """Send a CANCELED or FAILED job back to the queue, to continue from its latest good
     checkpoint: the same job, its attempts and restart counters going on (``resumes`` + 1).
@@ -56,22 +58,22 @@ def resume(
             "--from-checkpoint latest` trains on from its checkpoint in a new job",
         }.get(job.state, "it has not ended; only a canceled or failed job can be resumed")
         raise InvalidTransition(f"job {job_id} is {job.state}: {why}")
-    loadable = _loadable(svc, job_id)
+    loadable = _loadable(rt, job_id)
     if not loadable:
         raise StoreError(
             f"job {job_id} has no checkpoint to resume from (it saved none, or none is left); "
             f"`trainhouse clone {job_id}` runs it again from the start"
         )
-    executor = svc.scheduler.executor
+    executor = rt.scheduler.executor
     spec = job.spec
     reason = never_fits(executor.capacity(), spec.resources, multi_node=executor.multi_node)
     if reason:
         raise ResourceError(f"job {job_id} can no longer run on this server: {reason}")
     latest = max(loadable, key=lambda c: (c.step, c.id))
-    resumed = svc.store.jobs.resume(job_id, by=p.name, checkpoint_step=latest.step)
-    audit(svc, request, p, "job.resume", f"job:{job_id}", owner=job.owner, step=latest.step)
-    svc.scheduler.wake()
-    return job_out(resumed, svc)
+    resumed = rt.store.jobs.resume(job_id, by=p.name, checkpoint_step=latest.step)
+    audit(rt, request, p, "job.resume", f"job:{job_id}", owner=job.owner, step=latest.step)
+    rt.scheduler.wake()
+    return job_out(resumed, rt)
 
 
 @router.post("/jobs/{job_id}/clone", response_model=JobOut, status_code=201)
@@ -80,7 +82,7 @@ def clone(
     body: CloneIn = Body(default_factory=CloneIn),
     job: Job = Depends(readable_job),
     p: Principal = Depends(writer),
-    svc: Services = Depends(services),
+    rt: Runtime = Depends(runtime),
 ) -> JobOut:
     """A new job, owned by the caller, with the same workdir archive and the spec plus the
     overrides (``set``, as ``--set``); with ``from_checkpoint`` ('latest' or a step) it starts
@@ -88,15 +90,15 @@ def clone(
     ``cloned_step``)."""
     source = job
     text = orjson.dumps(source.spec_data).decode()
-    spec = schedulable_spec(text, svc, overrides=body.set, source=f"job {source.id}'s spec")
+    spec = schedulable_spec(text, rt, overrides=body.set, source=f"job {source.id}'s spec")
     check_priority(p, spec.priority)
-    archive = svc.blobs.path(source.archive_sha256)
+    archive = rt.blobs.path(source.archive_sha256)
     if not archive.is_file():
         raise NotFound(f"job {source.id}'s workdir archive is no longer on the server")
     check_entrypoint(spec, archive)
     ckpt: Checkpoint | None = None
     if body.from_checkpoint is not None:
-        loadable = _loadable(svc, source.id)
+        loadable = _loadable(rt, source.id)
         if not loadable:
             raise NotFound(f"job {source.id} has no checkpoint to start from")
         if body.from_checkpoint == "latest":
@@ -111,7 +113,7 @@ def clone(
                 )
             ckpt = max(found, key=lambda c: c.id)
     owner = p.name if p.authenticated else source.owner
-    new = svc.store.jobs.create(
+    new = rt.store.jobs.create(
         name=spec.name,
         owner=owner,
         priority=spec.priority,
@@ -123,14 +125,14 @@ def clone(
     )
     if ckpt is not None:
         try:
-            svc.checkpoints.copy(source, ckpt, new)
+            rt.checkpoints.copy(source, ckpt, new)
         except BaseException:
-            svc.checkpoints.remove_all(new.id)
-            svc.store.jobs.discard(new.id)
+            rt.checkpoints.remove_all(new.id)
+            rt.store.jobs.discard(new.id)
             raise
-        new = svc.store.jobs.release(new.id)
+        new = rt.store.jobs.release(new.id)
     audit(
-        svc,
+        rt,
         request,
         p,
         "job.clone",
@@ -139,5 +141,5 @@ def clone(
         step=ckpt.step if ckpt is not None else None,
         overrides=body.set or None,
     )
-    svc.scheduler.wake()
-    return job_out(new, svc)
+    rt.scheduler.wake()
+    return job_out(new, rt)

@@ -3,7 +3,7 @@ every rank's interleaved in the order written, and a live Server-Sent Events str
 
 ``GET /jobs/{id}/logs`` answers a rank's log from a byte offset (``X-Log-Offset`` says where to
 go on) or its last lines; ``timestamps=true`` starts each line with when it was written (the
-rank wrapper's time index, :mod:`trainhouse.joblogs`), ``grep=PATTERN`` keeps the lines a
+rank wrapper's time index, :mod:`trainhouse.jobfs.joblogs`), ``grep=PATTERN`` keeps the lines a
 regular expression matches, and ``rank=all`` interleaves every rank's lines (with ``tail``, each
 rank's last ones) by time, each with its rank (``[rank 1] ``). With either filter only whole
 lines are answered: a line still being written waits for the next read (but the last one of
@@ -41,11 +41,10 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import PlainTextResponse, StreamingResponse
 from fastapi.security import HTTPAuthorizationCredentials
 
-from trainhouse.errors import Forbidden, NotFound, SpecError, TrainhouseError
-from trainhouse.joblogs import Line, interleave, read_lines, read_log, stamp
-from trainhouse.layout import LAUNCHER, JobLayout
+from trainhouse.core.errors import Forbidden, NotFound, SpecError, TrainhouseError
+from trainhouse.jobfs.joblogs import Line, interleave, read_lines, read_log, stamp
+from trainhouse.jobfs.layout import LAUNCHER, JobLayout
 from trainhouse.server.auth import (
-    Principal,
     bearer,
     caller,
     client_address,
@@ -53,9 +52,11 @@ from trainhouse.server.auth import (
     readable_job,
     request_token,
 )
-from trainhouse.server.deps import Services, services
+from trainhouse.server.deps import runtime
 from trainhouse.server.schemas import NO_NUL, LogRanksOut
 from trainhouse.store import Job
+from trainhouse.usecases.access import Principal
+from trainhouse.usecases.runtime import Runtime
 
 router = APIRouter(tags=["jobs"])
 
@@ -163,8 +164,8 @@ def render_lines(
 
 
 @router.get("/jobs/{job_id}/logs/ranks", response_model=LogRanksOut)
-def log_ranks(job: Job = Depends(readable_job), svc: Services = Depends(services)) -> LogRanksOut:
-    files = svc.files(job.id)
+def log_ranks(job: Job = Depends(readable_job), rt: Runtime = Depends(runtime)) -> LogRanksOut:
+    files = rt.files(job.id)
     return LogRanksOut(job_id=job.id, ranks=files.ranks(), launcher=files.has_log(LAUNCHER))
 
 
@@ -185,7 +186,7 @@ def logs(
         pattern=NO_NUL,
         description="Only the lines this regular expression matches",
     ),
-    svc: Services = Depends(services),
+    rt: Runtime = Depends(runtime),
 ) -> PlainTextResponse:
     """A rank's log as text; the ``X-Log-Offset`` header is where to continue reading (see
     the module docstring for ``timestamps``, ``grep`` and ``rank=all``)."""
@@ -194,7 +195,7 @@ def logs(
     if rank not in ("launcher", ALL) and int(rank) >= world:
         raise NotFound(f"job {job_id} has ranks 0..{world - 1}; there is no rank {rank}")
     pattern = line_filter(grep)
-    files = svc.files(job_id)
+    files = rt.files(job_id)
     headers = {"X-Job-State": str(job.state)}
     if rank == ALL:
         by_rank = {
@@ -243,7 +244,7 @@ async def stream_logs(
     ] = None,
     p: Principal = Depends(caller),
     creds: HTTPAuthorizationCredentials | None = Depends(bearer),
-    svc: Services = Depends(services),
+    rt: Runtime = Depends(runtime),
 ) -> StreamingResponse:
     """Follow a job's logs as Server-Sent Events (see the module docstring)."""
     job_id = job.id
@@ -258,22 +259,22 @@ async def stream_logs(
             raise NotFound(f"job {job_id} has ranks 0..{world - 1}; there is no rank {name}")
         names.append(name)
     offsets = parse_offsets(from_ if from_ is not None else last_event_id)
-    files = svc.files(job_id)
-    token = request_token(request, creds) if svc.auth.enabled else None
+    files = rt.files(job_id)
+    token = request_token(request, creds) if rt.auth.enabled else None
     client = client_address(request)
-    settings = svc.settings
+    settings = rt.settings
 
     def refusal() -> TrainhouseError | None:
         """Why the caller's token no longer reaches the job (None: it still does)."""
         try:
-            now = principal_of(svc, token, client)
-            if not now.may_read(svc.store.jobs.get(job_id), settings.job_visibility):
+            now = principal_of(rt, token, client)
+            if not now.may_read(rt.store.jobs.get(job_id), settings.job_visibility):
                 raise Forbidden(f"{now.name!r} may no longer read job {job_id}")
         except TrainhouseError as exc:
             return exc
         return None
 
-    release = svc.streams.acquire(
+    release = rt.streams.acquire(
         p.name, per_user=settings.log_streams_per_user, total=settings.log_streams
     )
 
@@ -324,7 +325,7 @@ async def stream_logs(
             if ended is not None:
                 yield _event("end", {"state": ended}, ids())
                 return
-            current = await run_in_threadpool(svc.store.jobs.get, job_id)
+            current = await run_in_threadpool(rt.store.jobs.get, job_id)
             if current.state.terminal:
                 ended = str(current.state)  # what the ranks wrote just before: one more pass
                 continue

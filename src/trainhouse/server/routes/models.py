@@ -13,9 +13,9 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Path, Request
 from fastapi.responses import StreamingResponse
 
-from trainhouse.errors import Forbidden, ModelError, StoreError
-from trainhouse.server.auth import Principal, audit, reporting_job, signed_in, writer
-from trainhouse.server.deps import Services, services
+from trainhouse.core.errors import Forbidden, ModelError, StoreError
+from trainhouse.server.auth import audit, reporting_job, signed_in, writer
+from trainhouse.server.deps import runtime
 from trainhouse.server.schemas import (
     AliasIn,
     ModelDetailOut,
@@ -26,6 +26,8 @@ from trainhouse.server.schemas import (
     VersionFromJobIn,
 )
 from trainhouse.store import Job, ModelVersion
+from trainhouse.usecases.access import Principal
+from trainhouse.usecases.runtime import Runtime
 
 router = APIRouter(tags=["models"])
 
@@ -46,26 +48,24 @@ def version_out(v: ModelVersion) -> ModelVersionOut:
 
 @router.post("/jobs/{job_id}/models", response_model=ModelVersionOut, status_code=201)
 def register_saved(
-    body: ModelRegisterIn, job: Job = Depends(reporting_job), svc: Services = Depends(services)
+    body: ModelRegisterIn, job: Job = Depends(reporting_job), rt: Runtime = Depends(runtime)
 ) -> ModelVersionOut:
     """A model the job saved (``run.save_model``): checked and registered as a new version."""
-    return version_out(svc.models.register(job, body.path, name=body.name))
+    return version_out(rt.saved_models.register(job, body.path, name=body.name))
 
 
 @router.get("/models", response_model=ModelListOut)
-def list_models(
-    _p: Principal = Depends(signed_in), svc: Services = Depends(services)
-) -> ModelListOut:
-    return ModelListOut(models=[ModelOut(**asdict(m)) for m in svc.store.models.list()])
+def list_models(_p: Principal = Depends(signed_in), rt: Runtime = Depends(runtime)) -> ModelListOut:
+    return ModelListOut(models=[ModelOut(**asdict(m)) for m in rt.store.models.list()])
 
 
 @router.get("/models/{name}", response_model=ModelDetailOut)
 def show_model(
-    name: ModelName, _p: Principal = Depends(signed_in), svc: Services = Depends(services)
+    name: ModelName, _p: Principal = Depends(signed_in), rt: Runtime = Depends(runtime)
 ) -> ModelDetailOut:
     """A model with its versions (job, step, metrics, files, aliases), oldest first."""
-    model = svc.store.models.get(name)
-    versions = svc.store.models.versions(name)
+    model = rt.store.models.get(name)
+    versions = rt.store.models.versions(name)
     return ModelDetailOut(
         model=ModelOut(**asdict(model)), versions=[version_out(v) for v in versions]
     )
@@ -76,9 +76,9 @@ def show_version(
     name: ModelName,
     ref: Ref,
     _p: Principal = Depends(signed_in),
-    svc: Services = Depends(services),
+    rt: Runtime = Depends(runtime),
 ) -> ModelVersionOut:
-    return version_out(svc.store.models.resolve(name, ref))
+    return version_out(rt.store.models.resolve(name, ref))
 
 
 @router.post("/models/{name}/versions", response_model=ModelVersionOut, status_code=201)
@@ -87,21 +87,21 @@ def register_version(
     body: VersionFromJobIn,
     name: ModelName,
     p: Principal = Depends(writer),
-    svc: Services = Depends(services),
+    rt: Runtime = Depends(runtime),
 ) -> ModelVersionOut:
     """A job's saved model (its newest, or the one of ``step``) as a new version of ``name``;
     with ``loader``, the job's checkpoint (its newest, or the one of ``step``) copied as a
     model that function of the job's code rebuilds."""
-    job = svc.store.jobs.get(body.job)
-    if not p.may_read(job, svc.settings.job_visibility):
+    job = rt.store.jobs.get(body.job)
+    if not p.may_read(job, rt.settings.job_visibility):
         raise Forbidden(f"job {job.id} belongs to another user; {p.name!r} may not read it")
     if body.loader is None:
         if body.inputs is not None:
             raise ModelError("inputs are declared with a loader only (a saved model has its own)")
-        version = svc.models.register_from_job(job, name, body.step)
+        version = rt.saved_models.register_from_job(job, name, body.step)
     else:
-        archive = svc.blobs.path(job.archive_sha256) if job.archive_sha256 else None
-        version = svc.models.register_checkpoint(
+        archive = rt.blobs.path(job.archive_sha256) if job.archive_sha256 else None
+        version = rt.saved_models.register_checkpoint(
             job,
             name,
             step=body.step,
@@ -110,7 +110,7 @@ def register_version(
             inputs=[i.model_dump() for i in body.inputs] if body.inputs is not None else None,
         )
     audit(
-        svc,
+        rt,
         request,
         p,
         "model.register",
@@ -128,11 +128,11 @@ def set_alias(
     name: ModelName,
     alias: AliasName,
     p: Principal = Depends(writer),
-    svc: Services = Depends(services),
+    rt: Runtime = Depends(runtime),
 ) -> ModelVersionOut:
     """Point ``alias`` at a version (made, or moved from the version it named)."""
-    version = svc.store.models.set_alias(name, alias, body.version)
-    audit(svc, request, p, "model.alias", f"{name}@{alias}", version=body.version)
+    version = rt.store.models.set_alias(name, alias, body.version)
+    audit(rt, request, p, "model.alias", f"{name}@{alias}", version=body.version)
     return version_out(version)
 
 
@@ -142,10 +142,10 @@ def remove_alias(
     name: ModelName,
     alias: AliasName,
     p: Principal = Depends(writer),
-    svc: Services = Depends(services),
+    rt: Runtime = Depends(runtime),
 ) -> None:
-    svc.store.models.remove_alias(name, alias)
-    audit(svc, request, p, "model.unalias", f"{name}@{alias}")
+    rt.store.models.remove_alias(name, alias)
+    audit(rt, request, p, "model.unalias", f"{name}@{alias}")
 
 
 @router.delete("/models/{name}/versions/{version}", response_model=ModelVersionOut)
@@ -154,18 +154,18 @@ def delete_version(
     name: ModelName,
     version: VersionNo,
     p: Principal = Depends(writer),
-    svc: Services = Depends(services),
+    rt: Runtime = Depends(runtime),
 ) -> ModelVersionOut:
     """Forget a version and delete its files; refused (409) while an alias names it or a
     service uses it."""
-    users = svc.serving.users_of(name, version)
+    users = rt.replicas.users_of(name, version)
     if users:
         raise StoreError(
             f"{name}@{version} is served by {', '.join(users)}: stop the service first "
             "(trainhouse serve stop NAME) or move it to another version"
         )
-    gone = svc.models.delete(name, version)
-    audit(svc, request, p, "model.delete", f"{name}@{version}")
+    gone = rt.saved_models.delete(name, version)
+    audit(rt, request, p, "model.delete", f"{name}@{version}")
     return version_out(gone)
 
 
@@ -175,8 +175,10 @@ def version_file(
     version: VersionNo,
     file: FileName,
     _p: Principal = Depends(signed_in),
-    svc: Services = Depends(services),
+    rt: Runtime = Depends(runtime),
 ) -> StreamingResponse:
     """One of a version's files, streamed (the client checks its sha256 against the record)."""
-    found = svc.store.models.version(name, version)
-    return StreamingResponse(svc.models.read(found, file), media_type="application/octet-stream")
+    found = rt.store.models.version(name, version)
+    return StreamingResponse(
+        rt.saved_models.read(found, file), media_type="application/octet-stream"
+    )

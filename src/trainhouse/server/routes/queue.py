@@ -8,19 +8,13 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, Form, Path, Request
 from pydantic import BaseModel, Field
 
-from trainhouse.errors import NotFound
-from trainhouse.lifecycle import JobState
+from trainhouse.core.errors import NotFound
+from trainhouse.core.lifecycle import JobState
+from trainhouse.core.spec import Priority
 from trainhouse.scheduler.policy import QueuedJob
 from trainhouse.scheduler.resources import Demand
-from trainhouse.server.auth import (
-    Principal,
-    admin,
-    audit,
-    signed_in,
-    writable_job,
-    writer,
-)
-from trainhouse.server.deps import Services, services
+from trainhouse.server.auth import admin, audit, signed_in, writable_job, writer
+from trainhouse.server.deps import runtime
 from trainhouse.server.routes.jobs import (
     check_priority,
     job_out,
@@ -29,8 +23,9 @@ from trainhouse.server.routes.jobs import (
     state_summary,
 )
 from trainhouse.server.schemas import INT32, NO_NUL, JobOut
-from trainhouse.spec import Priority
 from trainhouse.store import Job, UserLimits
+from trainhouse.usecases.access import Principal
+from trainhouse.usecases.runtime import Runtime
 
 router = APIRouter(tags=["scheduler"])
 
@@ -55,15 +50,15 @@ class QueueOut(BaseModel):
 
 
 @router.get("/queue", response_model=QueueOut)
-def queue(p: Principal = Depends(signed_in), svc: Services = Depends(services)) -> QueueOut:
+def queue(p: Principal = Depends(signed_in), rt: Runtime = Depends(runtime)) -> QueueOut:
     """Waiting jobs in the order the scheduler considers them, each with its reason.
     Without the right to see every job (``--job-visibility``), only the caller's own, at
     their positions in the whole queue."""
-    decisions = svc.scheduler.plan()
-    everyone = p.sees_every_job(svc.settings.job_visibility)
+    decisions = rt.scheduler.plan()
+    everyone = p.sees_every_job(rt.settings.job_visibility)
     jobs = {
         j.id: j
-        for j in svc.store.jobs.list(states=[JobState.QUEUED])
+        for j in rt.store.jobs.list(states=[JobState.QUEUED])
         if everyone or j.owner == p.name
     }
     entries = []
@@ -83,7 +78,7 @@ def queue(p: Principal = Depends(signed_in), svc: Services = Depends(services)) 
                 reason=reason,
             )
         )
-    visibility = svc.settings.job_visibility
+    visibility = rt.settings.job_visibility
     preempting = [
         {
             "id": j.id,
@@ -92,7 +87,7 @@ def queue(p: Principal = Depends(signed_in), svc: Services = Depends(services)) 
             # the stored reason only to those who may read the job (job_out's rule)
             "reason": j.reason if p.may_read(j, visibility) else state_summary(j),
         }
-        for j in svc.store.jobs.list(states=[JobState.RUNNING])
+        for j in rt.store.jobs.list(states=[JobState.RUNNING])
         if j.preempt_requested and (everyone or j.owner == p.name)
     ]
     return QueueOut(jobs=entries, preempting=preempting)
@@ -113,10 +108,10 @@ def dry_run(
         str, Form(max_length=128, description="Ignored when auth is on: the token's user")
     ] = "anonymous",
     p: Principal = Depends(writer),
-    svc: Services = Depends(services),
+    rt: Runtime = Depends(runtime),
 ) -> DryRunOut:
     """Where a job would run right now, or why it would wait; nothing is submitted."""
-    job_spec = schedulable_spec(spec, svc)
+    job_spec = schedulable_spec(spec, rt)
     check_priority(p, job_spec.priority)
     owner = owner_of(p, owner)
     probe = QueuedJob(
@@ -127,7 +122,7 @@ def dry_run(
         owner=owner,
         max_runtime=job_spec.max_runtime,
     )
-    decisions = svc.scheduler.plan(probe)
+    decisions = rt.scheduler.plan(probe)
     position = decisions.order.index(0) + 1
     starts = dict(decisions.starts)
     if 0 in starts:
@@ -164,14 +159,14 @@ def set_priority(
     body: PriorityIn,
     job: Job = Depends(writable_job),
     p: Principal = Depends(writer),
-    svc: Services = Depends(services),
+    rt: Runtime = Depends(runtime),
 ) -> JobOut:
     check_priority(p, body.priority)
     before = job.priority
-    job = svc.store.jobs.set_priority(job.id, body.priority)
-    audit(svc, request, p, "job.priority", f"job:{job.id}", before=before, after=job.priority)
-    svc.scheduler.wake()
-    return job_out(job, svc)
+    job = rt.store.jobs.set_priority(job.id, body.priority)
+    audit(rt, request, p, "job.priority", f"job:{job.id}", before=before, after=job.priority)
+    rt.scheduler.wake()
+    return job_out(job, rt)
 
 
 class LimitsIn(BaseModel):
@@ -198,11 +193,11 @@ class QuotasOut(BaseModel):
 
 
 @router.get("/quotas", response_model=QuotasOut)
-def quotas(_p: Principal = Depends(signed_in), svc: Services = Depends(services)) -> QuotasOut:
-    limits = svc.store.quotas.limits()
-    usage = svc.scheduler.usage.snapshot()
+def quotas(_p: Principal = Depends(signed_in), rt: Runtime = Depends(runtime)) -> QuotasOut:
+    limits = rt.store.quotas.limits()
+    usage = rt.scheduler.usage.snapshot()
     owners = sorted(set(limits) | set(usage))
-    cfg = svc.scheduler.config
+    cfg = rt.scheduler.config
     return QuotasOut(
         default_max_gpus=cfg.default_quota.gpus,
         default_max_cpus=cfg.default_quota.cpus,
@@ -226,9 +221,9 @@ def set_quota(
     owner: Owner,
     body: LimitsIn,
     p: Principal = Depends(admin),
-    svc: Services = Depends(services),
+    rt: Runtime = Depends(runtime),
 ) -> LimitsOut:
-    current = svc.store.quotas.limits().get(owner, UserLimits(owner))
+    current = rt.store.quotas.limits().get(owner, UserLimits(owner))
     fields = body.model_dump(exclude_unset=True)
     limits = UserLimits(
         owner,
@@ -236,10 +231,10 @@ def set_quota(
         max_gpus=fields.get("max_gpus", current.max_gpus),
         max_cpus=fields.get("max_cpus", current.max_cpus),
     )
-    svc.store.quotas.set(limits)
-    audit(svc, request, p, "quota.set", owner, **body.model_dump(exclude_unset=True))
-    svc.scheduler.wake()
-    return LimitsOut(**limits.__dict__, usage=svc.scheduler.usage.snapshot().get(owner, 0.0))
+    rt.store.quotas.set(limits)
+    audit(rt, request, p, "quota.set", owner, **body.model_dump(exclude_unset=True))
+    rt.scheduler.wake()
+    return LimitsOut(**limits.__dict__, usage=rt.scheduler.usage.snapshot().get(owner, 0.0))
 
 
 @router.delete("/quotas/{owner}", status_code=204)
@@ -247,9 +242,9 @@ def clear_quota(
     request: Request,
     owner: Owner,
     p: Principal = Depends(admin),
-    svc: Services = Depends(services),
+    rt: Runtime = Depends(runtime),
 ) -> None:
-    if not svc.store.quotas.delete(owner):
+    if not rt.store.quotas.delete(owner):
         raise NotFound(f"user {owner!r} has no limits set")
-    audit(svc, request, p, "quota.clear", owner)
-    svc.scheduler.wake()
+    audit(rt, request, p, "quota.clear", owner)
+    rt.scheduler.wake()

@@ -13,10 +13,13 @@ from typing import Any
 from fastapi import APIRouter, Depends, Request
 from starlette.concurrency import run_in_threadpool
 
-from trainhouse.errors import InvalidMetrics
+from trainhouse.core.errors import InvalidMetrics
+from trainhouse.core.reports import parse_report
+from trainhouse.core.tokens import hash_token
+from trainhouse.ingest.groupcommit import Refused
 from trainhouse.scheduler.outcome import stop_reason
 from trainhouse.server.auth import AuthHeader, bearer_token, client_address, reporting_job
-from trainhouse.server.deps import Services, services
+from trainhouse.server.deps import runtime
 from trainhouse.server.schemas import (
     CheckpointIn,
     CheckpointOut,
@@ -26,9 +29,7 @@ from trainhouse.server.schemas import (
     RowId,
 )
 from trainhouse.store import Job
-from trainhouse.store.groupcommit import Refused
-from trainhouse.store.reports import parse_report
-from trainhouse.tokens import hash_token
+from trainhouse.usecases.runtime import Runtime
 
 router = APIRouter(tags=["report"])
 
@@ -54,11 +55,11 @@ async def report(
     request: Request,
     authorization: str | None = AuthHeader,
     body: bytes = Depends(raw_body),
-    svc: Services = Depends(services),
+    rt: Runtime = Depends(runtime),
 ) -> ReportOut:
     """One flush of the SDK's metric buffer (a ReportIn, up to 200,000 points) and heartbeat;
     the answer says whether the job should stop. It comes once the points are committed: with
-    many reports at once, in one transaction for many (trainhouse.store.groupcommit), which
+    many reports at once, in one transaction for many (trainhouse.ingest.groupcommit), which
     checks the job's credential too; 503 with Retry-After when the server has too many points
     queued."""
     token = bearer_token(authorization)
@@ -69,15 +70,15 @@ async def report(
             parsed = await run_in_threadpool(parse_report, body)
     except InvalidMetrics:
         # the credential first: a stranger learns no rules
-        await run_in_threadpool(reporting_job, job_id, request, authorization, svc)
+        await run_in_threadpool(reporting_job, job_id, request, authorization, rt)
         raise
-    if token is None or not svc.settings.report_group_commit:
+    if token is None or not rt.settings.report_group_commit:
         # no credential (refused as reporting_job refuses it), or one transaction per report
         # in the request's thread as before group commit (bench/load.py's baseline)
-        job = await run_in_threadpool(reporting_job, job_id, request, authorization, svc)
+        job = await run_in_threadpool(reporting_job, job_id, request, authorization, rt)
         resume = parsed.resume_step
         accepted = await run_in_threadpool(
-            svc.store.metrics.add,
+            rt.store.metrics.add,
             job.id,
             parsed.columns,
             batch_id=parsed.batch_id,
@@ -86,23 +87,21 @@ async def report(
         )
     else:
         try:
-            stored = await asyncio.wrap_future(
-                svc.reports.submit(job_id, parsed, hash_token(token))
-            )
+            stored = await asyncio.wrap_future(rt.reports.submit(job_id, parsed, hash_token(token)))
         except Refused as refused:
             why = f"the credential is not valid for job {refused.job.id}'s current attempt"
             # counted and audited (a write): in a thread, not on the event loop
-            error = await run_in_threadpool(svc.auth.refuse, client_address(request), why, token)
+            error = await run_in_threadpool(rt.auth.refuse, client_address(request), why, token)
             raise error from None
         job, accepted = stored.job, stored.accepted
-    svc.telemetry.points.inc(accepted)
+    rt.telemetry.points.inc(accepted)
     # a trial: its objective values go to the search's pruner, which may stop it now
     trial = job.search_id is not None and not job.prune_requested and len(parsed.columns) > 0
-    if trial and await run_in_threadpool(svc.tune.on_report, job, parsed.columns):
+    if trial and await run_in_threadpool(rt.tune.on_report, job, parsed.columns):
         job = replace(job, prune_requested=True)
     started = None
     if job.spec.max_runtime:
-        attempt = await run_in_threadpool(svc.store.jobs.attempt, job.id, job.attempts)
+        attempt = await run_in_threadpool(rt.store.jobs.attempt, job.id, job.attempts)
         started = attempt.started_at
     stop = stop_reason(job, started, time.time())
     return ReportOut(
@@ -116,10 +115,10 @@ async def report(
 def register_checkpoint(
     body: CheckpointIn,
     job: Job = Depends(reporting_job),
-    svc: Services = Depends(services),
+    rt: Runtime = Depends(runtime),
 ) -> CheckpointOut:
     """A checkpoint the SDK finished writing; retention runs after it in the background."""
-    ckpt = svc.checkpoints.register(
+    ckpt = rt.checkpoints.register(
         job,
         attempt=body.attempt,
         step=body.step,
@@ -138,8 +137,8 @@ def report_corrupt(
     checkpoint_id: RowId,
     body: CorruptIn,
     job: Job = Depends(reporting_job),
-    svc: Services = Depends(services),
+    rt: Runtime = Depends(runtime),
 ) -> CheckpointOut:
     """A load found this checkpoint damaged (checksum mismatch, missing files); it is listed
     no more, and kept out of retention so an older good one survives."""
-    return CheckpointOut(**asdict(svc.checkpoints.mark_corrupt(job, checkpoint_id, body.reason)))
+    return CheckpointOut(**asdict(rt.checkpoints.mark_corrupt(job, checkpoint_id, body.reason)))

@@ -15,18 +15,12 @@ from pathlib import Path
 
 from fastapi import APIRouter, Depends, Request
 
-from trainhouse import jobfiles
-from trainhouse.errors import InvalidQuery, StoreError
-from trainhouse.runquery import suggest
-from trainhouse.server.auth import (
-    Principal,
-    audit,
-    reporting_job,
-    signed_in,
-    writable_job,
-    writer,
-)
-from trainhouse.server.deps import Services, services
+from trainhouse.core.errors import InvalidQuery, StoreError
+from trainhouse.core.runquery import suggest
+from trainhouse.core.spec import MAX_HPARAMS_BYTES, check_tags
+from trainhouse.jobfs import jobfiles
+from trainhouse.server.auth import audit, reporting_job, signed_in, writable_job, writer
+from trainhouse.server.deps import runtime
 from trainhouse.server.routes.jobs import job_out
 from trainhouse.server.schemas import (
     ArchiveIn,
@@ -39,30 +33,29 @@ from trainhouse.server.schemas import (
     TagsIn,
     TagsOut,
 )
-from trainhouse.spec import MAX_HPARAMS_BYTES, check_tags
 from trainhouse.store import Job
+from trainhouse.usecases.access import Principal
+from trainhouse.usecases.runtime import Runtime
 
 router = APIRouter(tags=["runs"])
 log = logging.getLogger(__name__)
 
 
 @router.get("/runs/columns", response_model=RunColumnsOut)
-def run_columns(
-    p: Principal = Depends(signed_in), svc: Services = Depends(services)
-) -> RunColumnsOut:
+def run_columns(p: Principal = Depends(signed_in), rt: Runtime = Depends(runtime)) -> RunColumnsOut:
     """What the runs table can show: hparam keys and metric series jobs have (the most common
     first; with ``--job-visibility list``, from the caller's own jobs unless an admin), the
     projects and the tags."""
-    visibility = svc.settings.job_visibility
+    visibility = rt.settings.job_visibility
     private = None if p.is_admin or visibility == "all" else p.name
-    return RunColumnsOut(**svc.store.runs.names(private=private))
+    return RunColumnsOut(**rt.store.runs.names(private=private))
 
 
 @router.post("/jobs/{job_id}/tags", response_model=TagsOut)
 def change_tags(
     body: TagsIn,
     job: Job = Depends(writable_job),
-    svc: Services = Depends(services),
+    rt: Runtime = Depends(runtime),
 ) -> TagsOut:
     """Add and remove tags (the owner or an admin)."""
     try:
@@ -70,18 +63,18 @@ def change_tags(
         remove = check_tags(body.remove)
     except ValueError as e:
         raise InvalidQuery(str(e)) from None
-    return TagsOut(job_id=job.id, tags=svc.store.runs.change_tags(job.id, add=add, remove=remove))
+    return TagsOut(job_id=job.id, tags=rt.store.runs.change_tags(job.id, add=add, remove=remove))
 
 
 @router.put("/jobs/{job_id}/note", response_model=JobOut)
 def set_note(
     body: NoteIn,
     job: Job = Depends(writable_job),
-    svc: Services = Depends(services),
+    rt: Runtime = Depends(runtime),
 ) -> JobOut:
     """Replace the job's note (markdown; an empty one clears it)."""
-    svc.store.runs.set_note(job.id, body.note)
-    return job_out(svc.store.jobs.get(job.id), svc)
+    rt.store.runs.set_note(job.id, body.note)
+    return job_out(rt.store.jobs.get(job.id), rt)
 
 
 @router.post("/jobs/{job_id}/archive", response_model=JobOut)
@@ -90,15 +83,15 @@ def archive(
     body: ArchiveIn,
     job: Job = Depends(writable_job),
     p: Principal = Depends(writer),
-    svc: Services = Depends(services),
+    rt: Runtime = Depends(runtime),
 ) -> JobOut:
     """Archive an ended job (kept, left out of the default list), or bring it back."""
     if body.archived and not job.state.terminal:
         raise StoreError(f"job {job.id} is {job.state}: only an ended job can be archived")
-    svc.store.runs.set_archived(job.id, body.archived)
+    rt.store.runs.set_archived(job.id, body.archived)
     action = "job.archive" if body.archived else "job.unarchive"
-    audit(svc, request, p, action, f"job:{job.id}", owner=job.owner, name=job.name)
-    return job_out(svc.store.jobs.get(job.id), svc)
+    audit(rt, request, p, action, f"job:{job.id}", owner=job.owner, name=job.name)
+    return job_out(rt.store.jobs.get(job.id), rt)
 
 
 def _tree_size(root: Path) -> int:
@@ -120,7 +113,7 @@ def delete_job(
     request: Request,
     job: Job = Depends(writable_job),
     p: Principal = Depends(writer),
-    svc: Services = Depends(services),
+    rt: Runtime = Depends(runtime),
 ) -> DeletedOut:
     """Delete an ended job for good: its files (logs, checkpoints, also under
     ``--checkpoint-url``) and every row of it (the owner or an admin). A job not ended is
@@ -129,10 +122,10 @@ def delete_job(
         raise StoreError(
             f"job {job.id} is {job.state}: only an ended job can be deleted (cancel it first)"
         )
-    files = svc.files(job.id)
+    files = rt.files(job.id)
     freed = _tree_size(files.root) if files.root.is_dir() else 0
-    if svc.checkpoints.base is not None:  # checkpoints kept apart from the job's directory
-        storage = svc.checkpoints.storage(job.id)
+    if rt.checkpoints.base is not None:  # checkpoints kept apart from the job's directory
+        storage = rt.checkpoints.storage(job.id)
         with contextlib.suppress(OSError, FileNotFoundError):
             freed += storage.size("")
         for name in storage.list(""):
@@ -140,9 +133,9 @@ def delete_job(
                 storage.delete(name)
             except OSError as exc:
                 log.warning("job %s: checkpoint file %s not deleted: %s", job.id, name, exc)
-    rows = svc.store.runs.delete(job.id)
-    jobfiles.remove(svc.settings.home, files.root)
-    audit(svc, request, p, "job.delete", f"job:{job.id}", owner=job.owner, name=job.name)
+    rows = rt.store.runs.delete(job.id)
+    jobfiles.remove(rt.settings.home, files.root)
+    audit(rt, request, p, "job.delete", f"job:{job.id}", owner=job.owner, name=job.name)
     return DeletedOut(job_id=job.id, rows=rows, bytes_freed=freed)
 
 
@@ -150,7 +143,7 @@ def delete_job(
 def report_hparams(
     body: HparamsIn,
     job: Job = Depends(reporting_job),
-    svc: Services = Depends(services),
+    rt: Runtime = Depends(runtime),
 ) -> HparamsOut:
     """What the SDK reports at ``init()`` and on ``run.set_hparams``: the hparams the run uses
     now (the job's credential). A key the spec (or ``--set``) gave that the script does not
@@ -165,7 +158,7 @@ def report_hparams(
         raise InvalidQuery(
             f"hparams must be at most {MAX_HPARAMS_BYTES // 1024} KiB as JSON, got {size} bytes"
         )
-    svc.store.runs.set_hparams(job.id, body.hparams)
+    rt.store.runs.set_hparams(job.id, body.hparams)
     unread: list[str] = []
     warnings: list[str] = []
     if body.script_keys:
@@ -177,8 +170,8 @@ def report_hparams(
                 f"{', '.join(declared[:20])}{', ...' if len(declared) > 20 else ''}"
                 f"{suggest(key, declared)}"
             )
-        seen = {e.reason for e in svc.store.jobs.events(job.id)}
+        seen = {e.reason for e in rt.store.jobs.events(job.id)}
         for text in warnings:
             if text not in seen:  # once, not at every attempt
-                svc.store.jobs.add_event(job.id, text)
+                rt.store.jobs.add_event(job.id, text)
     return HparamsOut(job_id=job.id, unread=unread, warnings=warnings)

@@ -1,10 +1,10 @@
-"""Services: a model version served by a long-running job of replicas.
+"""Runtime: a model version served by a long-running job of replicas.
 
 Everyone signed in lists services and predicts (viewers too); members and admins start them,
 and a service's owner or an admin stops it. A service's replicas (the ranks of its job) call in
 with their job's credential: ``POST /jobs/{id}/replicas`` says where a replica listens and
 answers what it should serve; the files and code of that version come from the routes below it.
-See :mod:`trainhouse.server.serving`.
+See :mod:`trainhouse.usecases.replicahub`.
 """
 
 from __future__ import annotations
@@ -19,14 +19,16 @@ from fastapi import APIRouter, Depends, Path, Request
 from fastapi.responses import FileResponse, Response, StreamingResponse
 from pydantic import BaseModel, Field
 
-from trainhouse.errors import Forbidden, NotFound, ResourceError
-from trainhouse.lifecycle import TERMINAL
-from trainhouse.server.auth import Principal, audit, reporting_job, signed_in, writer
-from trainhouse.server.deps import Services, services
+from trainhouse.core.errors import Forbidden, NotFound, ResourceError
+from trainhouse.core.lifecycle import TERMINAL
+from trainhouse.core.spec import Priority
+from trainhouse.server.auth import audit, reporting_job, signed_in, writer
+from trainhouse.server.deps import runtime
 from trainhouse.server.routes.jobs import check_priority, owner_of, schedulable_spec
 from trainhouse.server.routes.models import FileName, VersionNo
-from trainhouse.spec import Priority
 from trainhouse.store import Job, ServiceRecord
+from trainhouse.usecases.access import Principal
+from trainhouse.usecases.runtime import Runtime
 
 router = APIRouter(tags=["services"])
 
@@ -137,31 +139,31 @@ class ServiceListOut(BaseModel):
     services: list[ServiceOut]
 
 
-def service_out(svc: Services, service: ServiceRecord) -> ServiceOut:
+def service_out(rt: Runtime, service: ServiceRecord) -> ServiceOut:
     job = None
     if service.job_id is not None:
         try:
-            job = svc.store.jobs.get(service.job_id)
+            job = rt.store.jobs.get(service.job_id)
         except NotFound:
             job = None
-    return ServiceOut(**svc.serving.describe(service, job))
+    return ServiceOut(**rt.replicas.describe(service, job))
 
 
-def empty_archive(svc: Services) -> str:
+def empty_archive(rt: Runtime) -> str:
     """The digest of an empty workdir archive (a service's job runs no uploaded code)."""
     raw = io.BytesIO()
     with gzip.GzipFile(fileobj=raw, mode="wb", mtime=0) as gz, tarfile.open(fileobj=gz, mode="w"):
         pass
     raw.seek(0)
-    digest, _ = svc.blobs.put(raw, 1 << 20)
+    digest, _ = rt.blobs.put(raw, 1 << 20)
     return digest
 
 
 @router.get("/services", response_model=ServiceListOut)
 def list_services(
-    _p: Principal = Depends(signed_in), svc: Services = Depends(services)
+    _p: Principal = Depends(signed_in), rt: Runtime = Depends(runtime)
 ) -> ServiceListOut:
-    return ServiceListOut(services=[service_out(svc, s) for s in svc.store.services.list()])
+    return ServiceListOut(services=[service_out(rt, s) for s in rt.store.services.list()])
 
 
 @router.post("/services", response_model=ServiceOut, status_code=201)
@@ -169,12 +171,12 @@ def start_service(
     request: Request,
     body: ServiceIn,
     p: Principal = Depends(writer),
-    svc: Services = Depends(services),
+    rt: Runtime = Depends(runtime),
 ) -> ServiceOut:
     """Start serving ``model@ref``: a long-running job of ``replicas`` ranks that the scheduler
     places like any job (priority, GPUs, quotas; restarted when a replica dies)."""
     name = body.name or body.model
-    version = svc.store.models.resolve(body.model, body.ref)  # 404 naming what is missing
+    version = rt.store.models.resolve(body.model, body.ref)  # 404 naming what is missing
     check_priority(p, body.priority)
     spec_data: dict[str, Any] = {
         "name": f"serve-{name}"[:128],
@@ -191,14 +193,14 @@ def start_service(
         "env": {"OMP_NUM_THREADS": "1"},
     }
     try:
-        spec = schedulable_spec(orjson.dumps(spec_data).decode(), svc, source="the service's job")
+        spec = schedulable_spec(orjson.dumps(spec_data).decode(), rt, source="the service's job")
     except ResourceError as exc:
         raise ResourceError(
             f"service {name} ({body.replicas} replicas, {body.gpus_per_replica} GPU each) "
             f"{str(exc).removeprefix('job ')}"
         ) from None
     owner = owner_of(p, body.owner)
-    service = svc.store.services.create(
+    service = rt.store.services.create(
         name=name,
         owner=owner,
         model=body.model,
@@ -209,12 +211,12 @@ def start_service(
         max_wait_ms=body.max_wait_ms,
         priority=body.priority,
         spec=spec,
-        archive_sha256=empty_archive(svc),
+        archive_sha256=empty_archive(rt),
     )
-    svc.serving.forget(name)
-    svc.scheduler.wake()
+    rt.replicas.forget(name)
+    rt.scheduler.wake()
     audit(
-        svc,
+        rt,
         request,
         p,
         "service.start",
@@ -224,14 +226,14 @@ def start_service(
         version=version.version,
         job=service.job_id,
     )
-    return service_out(svc, service)
+    return service_out(rt, service)
 
 
 @router.get("/services/{name}", response_model=ServiceOut)
 def show_service(
-    name: ServiceName, _p: Principal = Depends(signed_in), svc: Services = Depends(services)
+    name: ServiceName, _p: Principal = Depends(signed_in), rt: Runtime = Depends(runtime)
 ) -> ServiceOut:
-    return service_out(svc, svc.store.services.get(name))
+    return service_out(rt, rt.store.services.get(name))
 
 
 @router.post("/services/{name}/stop", response_model=ServiceOut)
@@ -239,24 +241,24 @@ def stop_service(
     request: Request,
     name: ServiceName,
     p: Principal = Depends(writer),
-    svc: Services = Depends(services),
+    rt: Runtime = Depends(runtime),
 ) -> ServiceOut:
     """Stop a service: its job is canceled (its replicas get SIGTERM, then SIGKILL)."""
-    service = svc.store.services.get(name)
+    service = rt.store.services.get(name)
     if p.authenticated and not p.is_admin and service.owner != p.name:
         raise Forbidden(f"service {name} belongs to {service.owner}; {p.name!r} may not stop it")
     if service.job_id is not None:
         try:
-            job = svc.store.jobs.get(service.job_id)
+            job = rt.store.jobs.get(service.job_id)
         except NotFound:
             job = None
         if job is not None and job.state not in TERMINAL:
-            svc.store.jobs.request_cancel(job.id)
-            svc.scheduler.wake()
-    service = svc.store.services.set_stopped(name)
-    svc.serving.forget(name)
-    audit(svc, request, p, "service.stop", f"service:{name}", job=service.job_id)
-    return service_out(svc, service)
+            rt.store.jobs.request_cancel(job.id)
+            rt.scheduler.wake()
+    service = rt.store.services.set_stopped(name)
+    rt.replicas.forget(name)
+    audit(rt, request, p, "service.stop", f"service:{name}", job=service.job_id)
+    return service_out(rt, service)
 
 
 @router.post(
@@ -267,25 +269,25 @@ async def predict(
     request: Request,
     name: ServiceName,
     _p: Principal = Depends(signed_in),
-    svc: Services = Depends(services),
+    rt: Runtime = Depends(runtime),
 ) -> Response:
     """Predict: ``{"inputs": [...]}`` (one entry per example; or ``{"inputs": {"x": [...],
     ...}}`` for a model of several inputs) answers ``{"outputs": [...], "model": NAME,
     "version": V}``, batched with other clients' requests on one replica."""
     body = await request.body()
-    status, content, headers = await svc.serving.predict(name, body)
+    status, content, headers = await rt.replicas.predict(name, body)
     return Response(content, status_code=status, media_type="application/json", headers=headers)
 
 
 # -- what the replicas call, with their job's credential ---------------------------------------
 @router.post("/jobs/{job_id}/replicas")
 def replica_heartbeat(
-    body: ReplicaIn, job: Job = Depends(reporting_job), svc: Services = Depends(services)
+    body: ReplicaIn, job: Job = Depends(reporting_job), rt: Runtime = Depends(runtime)
 ) -> dict[str, Any]:
     """A replica says where it listens and what it serves; the answer is what its service
     should serve now (``version`` null while its ref names none)."""
     hosts = {p.node for p in job.placement}
-    return svc.serving.heartbeat(
+    return rt.replicas.heartbeat(
         job,
         rank=body.rank,
         url=body.url,
@@ -298,11 +300,11 @@ def replica_heartbeat(
     )
 
 
-def _served_version(svc: Services, job: Job, version: int) -> Any:
-    service = svc.store.services.of_job(job.id)
+def _served_version(rt: Runtime, job: Job, version: int) -> Any:
+    service = rt.store.services.of_job(job.id)
     if service is None:
         raise NotFound(f"job {job.id} runs no service")
-    return svc.store.models.version(service.model, version)
+    return rt.store.models.version(service.model, version)
 
 
 @router.get("/jobs/{job_id}/replicas/versions/{version}/files/{file}")
@@ -310,23 +312,25 @@ def replica_file(
     version: VersionNo,
     file: FileName,
     job: Job = Depends(reporting_job),
-    svc: Services = Depends(services),
+    rt: Runtime = Depends(runtime),
 ) -> StreamingResponse:
     """One file of a version of the service's model (the replica checks its sha256)."""
-    found = _served_version(svc, job, version)
-    return StreamingResponse(svc.models.read(found, file), media_type="application/octet-stream")
+    found = _served_version(rt, job, version)
+    return StreamingResponse(
+        rt.saved_models.read(found, file), media_type="application/octet-stream"
+    )
 
 
 @router.get("/jobs/{job_id}/replicas/versions/{version}/code")
 def replica_code(
-    version: VersionNo, job: Job = Depends(reporting_job), svc: Services = Depends(services)
+    version: VersionNo, job: Job = Depends(reporting_job), rt: Runtime = Depends(runtime)
 ) -> FileResponse:
     """The workdir archive of the job that made a version: the code its loader lives in."""
-    found = _served_version(svc, job, version)
+    found = _served_version(rt, job, version)
     if found.job_id is None:
         raise NotFound(f"{found.model}@{found.version}'s job is deleted, with its code")
-    source = svc.store.jobs.get(found.job_id)
-    archive = svc.blobs.path(source.archive_sha256)
+    source = rt.store.jobs.get(found.job_id)
+    archive = rt.blobs.path(source.archive_sha256)
     if not archive.is_file():
         raise NotFound(f"job {source.id}'s workdir archive is no longer on the server")
     return FileResponse(archive, media_type="application/gzip")

@@ -10,12 +10,13 @@ from fastapi import APIRouter, Depends, Query
 from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from trainhouse._version import __version__
-from trainhouse.errors import NotFound
-from trainhouse.monitoring import names
+from trainhouse import __version__
+from trainhouse.core import metricnames as names
+from trainhouse.core.errors import NotFound
+from trainhouse.core.spec import json_schema
 from trainhouse.scheduler.policy import free_capacity
-from trainhouse.server.auth import Principal, readable_job, signed_in
-from trainhouse.server.deps import Services, services
+from trainhouse.server.auth import readable_job, signed_in
+from trainhouse.server.deps import runtime
 from trainhouse.server.schemas import (
     GpuLiveOut,
     HealthOut,
@@ -25,9 +26,10 @@ from trainhouse.server.schemas import (
     SystemMetricsOut,
     SystemSeriesOut,
 )
-from trainhouse.spec import json_schema
 from trainhouse.store import Job
 from trainhouse.store.system import DEFAULT_MAX_POINTS, Latest, Series
+from trainhouse.usecases.access import Principal
+from trainhouse.usecases.runtime import Runtime
 
 router = APIRouter(tags=["system"])
 exposition = APIRouter(tags=["system"])  # mounted at the root, not under /api/v1
@@ -79,18 +81,18 @@ def _live(latest: Latest | None) -> dict[str, Any]:
 
 
 @router.get("/health", response_model=HealthOut)
-def health(svc: Services = Depends(services)) -> HealthOut:
+def health(rt: Runtime = Depends(runtime)) -> HealthOut:
     """Open to anyone (load balancers); with auth on it does not say where state lives."""
-    home = None if svc.auth.enabled else str(svc.settings.home)
-    return HealthOut(status="ok", version=__version__, home=home, auth=svc.auth.enabled)
+    home = None if rt.auth.enabled else str(rt.settings.home)
+    return HealthOut(status="ok", version=__version__, home=home, auth=rt.auth.enabled)
 
 
 @router.get("/nodes", response_model=NodesOut)
-def nodes(_p: Principal = Depends(signed_in), svc: Services = Depends(services)) -> NodesOut:
-    snap, _ = svc.scheduler.snapshot()
+def nodes(_p: Principal = Depends(signed_in), rt: Runtime = Depends(runtime)) -> NodesOut:
+    snap, _ = rt.scheduler.snapshot()
     free = free_capacity(snap.nodes, snap.running)
     return NodesOut(
-        executor=svc.settings.executor,
+        executor=rt.settings.executor,
         nodes=[
             NodeOut(
                 name=n.name,
@@ -109,7 +111,7 @@ def nodes(_p: Principal = Depends(signed_in), svc: Services = Depends(services))
                 free_cpus=free[n.name].cpus,
                 free_gpus=sorted(free[n.name].gpus),
                 held=list(n.held),
-                **_live(svc.store.system.latest(node=n.name)),
+                **_live(rt.store.system.latest(node=n.name)),
             )
             for n in snap.nodes
         ],
@@ -124,18 +126,18 @@ def node_metrics(
     until: float | None = Until,
     max_points: int = MaxPoints,
     _p: Principal = Depends(signed_in),
-    svc: Services = Depends(services),
+    rt: Runtime = Depends(runtime),
 ) -> SystemMetricsOut:
     """A node's resource series (the last hour by default): cpu_percent, memory_used_bytes,
     memory_total_bytes and, per GPU, DCGM_FI_DEV_GPU_UTIL, _FB_USED, _FB_FREE, _POWER_USAGE,
     _GPU_TEMP."""
-    known = [n.name for n in svc.scheduler.executor.nodes()]
+    known = [n.name for n in rt.scheduler.executor.nodes()]
     if node not in known:
         raise NotFound(f"node {node!r} does not exist; nodes: {', '.join(known)}")
     now = time.time()
     start = _when(since, now)
     return _series_out(
-        svc.store.system.series(
+        rt.store.system.series(
             node=node,
             names=name or None,
             since=now - NODE_DEFAULT_SPAN if start is None else start,
@@ -151,13 +153,13 @@ def job_system(
     since: float | None = Since,
     until: float | None = Until,
     max_points: int = MaxPoints,
-    svc: Services = Depends(services),
+    rt: Runtime = Depends(runtime),
 ) -> SystemMetricsOut:
     """A job's resource series (all of them by default): its processes' cpu_percent (of one
     core), rss_bytes, processes, and gpu_memory_bytes per GPU."""
     now = time.time()
     return _series_out(
-        svc.store.system.series(
+        rt.store.system.series(
             job_id=job.id,
             since=_when(since, now),
             until=_when(until, now),
@@ -172,6 +174,6 @@ def spec_schema() -> dict[str, Any]:
 
 
 @exposition.get("/metrics", include_in_schema=False)
-def prometheus(_p: Principal = Depends(signed_in), svc: Services = Depends(services)) -> Response:
+def prometheus(_p: Principal = Depends(signed_in), rt: Runtime = Depends(runtime)) -> Response:
     """Prometheus' text exposition of the server's metrics (see trainhouse.monitoring.telemetry)."""
-    return Response(svc.telemetry.render(), media_type=CONTENT_TYPE_LATEST)
+    return Response(rt.telemetry.render(), media_type=CONTENT_TYPE_LATEST)

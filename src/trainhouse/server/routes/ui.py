@@ -7,7 +7,7 @@ bundle that the ``fastapi-offline`` wheel ships (a pinned dependency), served th
 under ``/static/vendor/``. Nothing of either is copied into this repository, and no page loads
 anything from elsewhere: they work offline. (FastAPI's ``/redoc`` is off: ReDoc's page loads
 its logo from Redocly's CDN, whatever its code's origin.)
-``/static/lifecycle.js`` is made from :mod:`trainhouse.lifecycle`: the job states and the
+``/static/lifecycle.js`` is made from :mod:`trainhouse.core.lifecycle`: the job states and the
 terminal set, spelled once, in Python.
 Responses carry an ETag (a revisit costs a 304) and the bundles are gzipped once, on their
 first request, for clients that accept it.
@@ -27,8 +27,8 @@ from fastapi import APIRouter, Request
 from fastapi.openapi.docs import get_swagger_ui_html
 from fastapi.responses import HTMLResponse, Response
 
-from trainhouse.errors import NotFound
-from trainhouse.lifecycle import TERMINAL, JobState
+from trainhouse.core.errors import NotFound
+from trainhouse.core.lifecycle import TERMINAL, JobState
 
 router = APIRouter(include_in_schema=False)
 
@@ -91,7 +91,8 @@ def _lifecycle() -> Asset:
     states = json.dumps([str(s) for s in JobState])
     terminal = json.dumps([str(s) for s in JobState if s in TERMINAL])
     body = (
-        "// Made by the server from trainhouse.lifecycle: the job states and the terminal set.\n"
+        "// Made by the server from trainhouse.core.lifecycle: the job states and the terminal "
+        "set.\n"
         f"export const STATES = {states};\n"
         f"export const TERMINAL = new Set({terminal});\n"
     ).encode()

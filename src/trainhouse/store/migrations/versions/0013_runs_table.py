@@ -72,7 +72,7 @@ def upgrade() -> None:
         op.create_index(f"ix_metric_summaries_name_{column}", "metric_summaries", ["name", column])
     bind = op.get_bind()
     # backfill: each job's spec hparams, flattened as the store does it
-    from trainhouse.store.runs import hparam_rows
+    from trainhouse.store.jobrows import hparam_rows
 
     jobs = sa.table("jobs", sa.column("id"), sa.column("spec", sa.JSON))
     rows = []

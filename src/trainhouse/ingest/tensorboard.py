@@ -1,0 +1,282 @@
+"""TensorBoard event files imported as metrics while a job runs.
+
+Every job's processes get ``TRAINHOUSE_TENSORBOARD_DIR`` (``HOME/jobs/<id>/tensorboard``,
+:mod:`trainhouse.jobfs.layout`). This service looks there every ``interval`` seconds for each
+running job on this machine, reads the new records of every event file (``*tfevents*``, in the
+directory or below it) with the tensorboard package's own reader
+(``tensorboard.backend.event_processing.event_file_loader.EventFileLoader``, which also migrates TF1
+summaries), and stores each scalar as a point of the job's series named by its tag (``train/loss``;
+a file in a subdirectory ``sub/`` gives ``sub/train/loss``), at the event's step, through the report
+path (:mod:`trainhouse.ingest.groupcommit`): a step logged again replaces the value. When a job
+stops running, its files are read one last time.
+
+The files are the job's, so hostile: each is opened through :mod:`trainhouse.jobfs.jobfiles` (walked
+from the home without following a link, a regular file with one link) and the reader is given
+``/proc/self/fd/<fd>``, which reopens that very file however the path changes; a file past
+:data:`MAX_EVENT_FILE` bytes, one the reader fails on (a corrupt record, a length field that
+asks for more memory than there is) and one beyond :data:`MAX_FILES` are left (said once in the
+server's log); at most :data:`MAX_POINTS_PER_TICK` points are taken from a job per tick (the
+rest on the next). The reader is an optional extra (``pip install trainhouse[tensorboard]``):
+without it the service does not run.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import math
+import os
+import stat
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, BinaryIO
+
+from trainhouse.core.background import BackgroundLoop
+from trainhouse.core.lifecycle import JobState
+from trainhouse.core.reports import INT64, MAX_NAME, Columns, Report, check_columns
+from trainhouse.ingest.groupcommit import Refused, ReportWriter
+from trainhouse.jobfs import jobfiles
+from trainhouse.jobfs.layout import JobLayout
+from trainhouse.store import Job, Store
+
+__all__ = ["TensorBoardImport", "available"]
+
+log = logging.getLogger(__name__)
+
+#: an event file's bytes at most (a larger one is left where it stopped)
+MAX_EVENT_FILE = 256 << 20
+#: event files of one job read at most
+MAX_FILES = 256
+#: directory levels below the job's TensorBoard directory
+MAX_DEPTH = 8
+#: points taken from one job per tick
+MAX_POINTS_PER_TICK = 100_000
+#: points per report handed to the group commit
+REPORT_POINTS = 10_000
+
+
+def available() -> bool:
+    """Whether the tensorboard package (its event reader) is installed."""
+    return importlib.util.find_spec("tensorboard") is not None
+
+
+@dataclass
+class _File:
+    fh: BinaryIO
+    loader: Any  # EventFileLoader
+    prefix: str  # the subdirectory's path, with a trailing "/" (empty at the top)
+    pending: list[tuple[int, str, float | None, float]] = field(default_factory=list)
+    dead: bool = False
+
+
+@dataclass
+class _JobFiles:
+    files: dict[str, _File] = field(default_factory=dict)
+    warned: set[str] = field(default_factory=set)
+
+
+class TensorBoardImport(BackgroundLoop):
+    name = "trainhouse-tensorboard"
+    final_tick = True
+
+    def __init__(
+        self, store: Store, reports: ReportWriter, home: Path, *, interval: float = 2.0
+    ) -> None:
+        super().__init__(interval)
+        self.store = store
+        self.reports = reports
+        self.home = home
+        self._jobs: dict[int, _JobFiles] = {}
+
+    @property
+    def enabled(self) -> bool:
+        return self.interval is not None and self.interval > 0 and available()
+
+    def on_stop(self) -> None:
+        for job_id in list(self._jobs):
+            self._close(job_id)
+
+    def tick(self) -> int:
+        """Import what every running job wrote since the last tick; returns points stored."""
+        running = {j.id: j for j in self.store.jobs.list(states=[JobState.RUNNING])}
+        stored = 0
+        for job in running.values():
+            stored += self.import_job(job)
+        for job_id in [j for j in self._jobs if j not in running]:
+            try:  # its last points: written just before it ended
+                stored += self.import_job(self.store.jobs.get(job_id))
+            except Exception:
+                log.exception("TensorBoard import: job %s's last events", job_id)
+            self._close(job_id)
+        return stored
+
+    def _close(self, job_id: int) -> None:
+        state = self._jobs.pop(job_id, None)
+        if state is not None:
+            for f in state.files.values():
+                f.fh.close()
+
+    # -- one job ------------------------------------------------------------------------------
+    def import_job(self, job: Job) -> int:
+        directory = JobLayout(self.home, job.id).tensorboard
+        state = self._jobs.setdefault(job.id, _JobFiles())
+        self._discover(job.id, directory, state)
+        points: list[tuple[int, str, float | None, float]] = []
+        for rel, f in sorted(state.files.items()):
+            if f.dead:
+                continue
+            try:
+                self._read(f, MAX_POINTS_PER_TICK - len(points))
+            except Exception as exc:  # a hostile or corrupt file: left where it stopped
+                f.dead = True
+                log.warning("TensorBoard import: job %s's %s left: %s", job.id, rel, exc)
+            take = f.pending[: MAX_POINTS_PER_TICK - len(points)]
+            del f.pending[: len(take)]
+            points.extend(take)
+            if len(points) >= MAX_POINTS_PER_TICK:
+                break
+        return self._store(job, points)
+
+    def _discover(self, job_id: int, directory: Path, state: _JobFiles) -> None:
+        if len(state.files) >= MAX_FILES:
+            return
+        try:
+            with jobfiles.open_dir(self.home, directory) as top:
+                found = _event_files(top, "", MAX_DEPTH, [4 * MAX_FILES])
+        except (FileNotFoundError, NotADirectoryError):
+            return
+        except OSError as exc:  # the directory itself a link: said once
+            if "walk" not in state.warned:
+                state.warned.add("walk")
+                log.warning("TensorBoard import: job %s's directory refused: %s", job_id, exc)
+            return
+        for rel in found:
+            if rel in state.files:
+                continue
+            if len(state.files) >= MAX_FILES:
+                log.warning("TensorBoard import: job %s has over %s event files", job_id, MAX_FILES)
+                return
+            try:
+                fh = jobfiles.open_file(self.home, directory / rel)
+            except OSError:
+                continue
+            try:
+                loader = _loader(fh)
+            except Exception as exc:
+                fh.close()
+                state.files[rel] = _File(fh, None, "", dead=True)
+                log.warning("TensorBoard import: job %s's %s refused: %s", job_id, rel, exc)
+                continue
+            prefix = rel.rsplit("/", 1)[0] + "/" if "/" in rel else ""
+            state.files[rel] = _File(fh, loader, prefix)
+
+    def _read(self, f: _File, room: int) -> None:
+        """Move the file's new scalars to ``f.pending`` (up to about ``room`` more)."""
+        if len(f.pending) >= room:
+            return
+        size = os.fstat(f.fh.fileno()).st_size
+        if size > MAX_EVENT_FILE:
+            raise ValueError(f"the file is over {MAX_EVENT_FILE} bytes")
+        for event in f.loader.Load():
+            if not event.HasField("summary"):
+                continue
+            step = int(event.step)
+            if not 0 <= step <= INT64:
+                continue
+            wall = float(event.wall_time) or time.time()
+            if not math.isfinite(wall):
+                wall = time.time()
+            for value in event.summary.value:
+                scalar = _scalar(value)
+                if scalar is _NOT_SCALAR:
+                    continue
+                name = (f.prefix + value.tag)[:MAX_NAME]
+                if not name or "\x00" in name:
+                    continue
+                f.pending.append((step, name, scalar, wall))  # type: ignore[arg-type]
+            if len(f.pending) >= room:
+                break
+
+    def _store(self, job: Job, points: list[tuple[int, str, float | None, float]]) -> int:
+        """Through the group commit while the attempt's credential lives; once it has ended
+        (the last events, read after the end), by the same ingest in a transaction of its
+        own."""
+        if not points:
+            return 0
+        stored = 0
+        attempt = max(1, job.attempts)
+        for start in range(0, len(points), REPORT_POINTS):
+            part = points[start : start + REPORT_POINTS]
+            columns = check_columns(
+                Columns(
+                    [p[0] for p in part],
+                    [p[1] for p in part],
+                    [p[2] for p in part],
+                    [None] * len(part),
+                    [p[3] for p in part],
+                    attempt,
+                ),
+                "events",
+            )
+            report = Report(uuid.uuid4().hex, attempt, columns)
+            try:
+                if job.token_hash is None:
+                    raise Refused(job)
+                stored += self.reports.submit(job.id, report, job.token_hash).result().accepted
+            except Refused:  # the attempt ended: its credential is gone
+                stored += self.store.metrics.add(job.id, columns, batch_id=report.batch_id)
+            except Exception as exc:  # the queue is full: the rest next tick
+                log.info("TensorBoard import: job %s's points not stored: %s", job.id, exc)
+                break
+        return stored
+
+
+_NOT_SCALAR = object()
+
+
+def _event_files(d: jobfiles.Dir, prefix: str, depth: int, budget: list[int]) -> list[str]:
+    """The event files below ``d`` (paths relative to the top), regular files with one link;
+    links, FIFOs and the rest are passed over, as are entries past ``budget`` and levels past
+    ``depth``."""
+    out: list[str] = []
+    for name, st in d.entries(limit=max(1, budget[0])):
+        budget[0] -= 1
+        if budget[0] <= 0:
+            break
+        if stat.S_ISDIR(st.st_mode) and depth > 0:
+            try:
+                with d.sub(name) as child:
+                    out += _event_files(child, f"{prefix}{name}/", depth - 1, budget)
+            except OSError:
+                continue
+        elif stat.S_ISREG(st.st_mode) and st.st_nlink == 1 and "tfevents" in name:
+            out.append(prefix + name)
+    return out
+
+
+def _scalar(value: Any) -> object:
+    """A summary value's scalar (None: not finite), or ``_NOT_SCALAR``."""
+    from tensorboard.util import tensor_util
+
+    if value.HasField("simple_value"):
+        number = float(value.simple_value)
+    elif value.metadata.plugin_data.plugin_name == "scalars" and value.HasField("tensor"):
+        array = tensor_util.make_ndarray(value.tensor)
+        if array.size != 1:
+            return _NOT_SCALAR
+        try:
+            number = float(array.reshape(()).item())
+        except (TypeError, ValueError):
+            return _NOT_SCALAR
+    else:
+        return _NOT_SCALAR
+    return number if math.isfinite(number) else None
+
+
+def _loader(fh: BinaryIO) -> Any:
+    """TensorBoard's own event reader over the already opened (and checked) file."""
+    from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
+
+    return EventFileLoader(f"/proc/self/fd/{fh.fileno()}")

@@ -1,0 +1,393 @@
+"""The server's side of services: where each service's replicas are, what they should serve,
+and the predictions it forwards to them.
+
+A service is a long-running job whose ranks are replicas (``trainhouse.serving.follow``). Each
+replica calls in about once a second with its job's credential (``POST
+/api/v1/jobs/{id}/replicas``): where it listens, the key it wants on every prediction, the
+version it serves and its state. :meth:`ReplicaHub.heartbeat` keeps that in memory and answers
+what the service should serve now (its ``ref`` resolved: moving an alias moves every replica
+to the new version, which it loads beside the old one and swaps in between two batches). After a
+restart of the server the replicas' next calls fill the table again: nothing of it is stored.
+
+``POST /api/v1/services/{name}/predict`` goes to a ready replica, round robin, through one
+pooled HTTP client. A replica that cannot be reached is skipped for the next (the request never
+got to it); one that fails while answering gives 502. Each forwarded prediction is counted in the
+server's Prometheus registry per service (requests by outcome, latency, the size of the batch
+it ran in) and in a window of the last minute that the Runtime page reads.
+
+What a job reports is hostile: a replica's address must be a loopback address or one of the
+addresses of the nodes its job runs on, with a port above 1023; the server sends it nothing but
+``POST /predict``.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import itertools
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+
+from trainhouse.core.errors import (
+    BadReplica,
+    NotFound,
+    ReplicaFailed,
+    ServiceUnavailable,
+    TrainhouseError,
+)
+from trainhouse.core.lifecycle import TERMINAL, JobState
+from trainhouse.core.modelfiles import BATCH_HEADER, REPLICA_KEY_HEADER
+
+if TYPE_CHECKING:
+    import aiohttp
+
+    from trainhouse.store import Job, ModelVersion, ServiceRecord, Store
+
+__all__ = ["Replica", "ReplicaHub", "check_replica_url"]
+
+INTERVAL = 1.0  # seconds between a replica's calls
+STALE_AFTER = 5.0  # a replica not heard from this long is not sent predictions
+WINDOW = 60.0  # seconds of predictions the Runtime page summarises
+RATE_WINDOW = 10.0  # requests/s over this many seconds
+LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+
+
+def check_replica_url(url: str, allowed_hosts: set[str]) -> str:
+    """``url`` if it is ``http://HOST:PORT`` with HOST a loopback address or one of
+    ``allowed_hosts`` and PORT above 1023; else a :class:`TrainhouseError` (422)."""
+    parts = urlsplit(url)
+    try:
+        port = parts.port
+    except ValueError:
+        port = None
+    host = parts.hostname or ""
+    if parts.scheme != "http" or port is None or port < 1024 or parts.path not in ("", "/"):
+        raise BadReplica(
+            f"a replica's url must be http://HOST:PORT with a port above 1023: {url!r}"
+        )
+    if parts.username or parts.password or parts.query or parts.fragment:
+        raise BadReplica(f"a replica's url has nothing but a host and a port: {url!r}")
+    try:
+        loopback = ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        loopback = False
+    if not loopback and host not in allowed_hosts:
+        nodes = ", ".join(sorted(allowed_hosts)) or "none"
+        raise BadReplica(
+            f"a replica listens on a loopback address or its node's ({nodes}), not {host!r}"
+        )
+    return f"http://{host}:{port}"
+
+
+@dataclass
+class Replica:
+    """One replica as its last call described it."""
+
+    job_id: int
+    attempt: int
+    rank: int
+    url: str
+    key: str
+    version: int | None  # the version it serves; None while the first one loads
+    state: str  # loading | ready | failed
+    error: str | None
+    seen: float
+    started: float
+    stats: dict[str, int] = field(default_factory=dict)
+
+    def fresh(self, now: float) -> bool:
+        return now - self.seen <= STALE_AFTER
+
+    def public(self, now: float) -> dict[str, Any]:
+        return {
+            "rank": self.rank,
+            "attempt": self.attempt,
+            "url": self.url,
+            "version": self.version,
+            "state": self.state if self.fresh(now) else "lost",
+            "error": self.error,
+            "last_seen": self.seen,
+            "started_at": self.started,
+            **{k: self.stats.get(k, 0) for k in ("requests", "batches", "examples")},
+        }
+
+
+class _Window:
+    """The last :data:`WINDOW` seconds of one service's forwarded predictions."""
+
+    def __init__(self) -> None:
+        self.items: deque[tuple[float, float, int, bool]] = deque()  # (at, seconds, batch, ok)
+        self.total = 0
+        self.errors = 0
+
+    def add(self, at: float, seconds: float, batch: int, ok: bool) -> None:
+        self.items.append((at, seconds, batch, ok))
+        self.total += 1
+        self.errors += not ok
+        self._trim(at)
+
+    def _trim(self, now: float) -> None:
+        while self.items and now - self.items[0][0] > WINDOW:
+            self.items.popleft()
+
+    def summary(self, now: float) -> dict[str, Any]:
+        self._trim(now)
+        recent = [i for i in self.items if now - i[0] <= RATE_WINDOW]
+        latencies = sorted(i[1] for i in self.items)
+        batches = [i[2] for i in self.items if i[2] > 0]
+
+        def pick(q: float) -> float | None:
+            if not latencies:
+                return None
+            return latencies[min(len(latencies) - 1, int(q * len(latencies)))] * 1000
+
+        return {
+            "requests_total": self.total,
+            "errors_total": self.errors,
+            "requests_per_s": len(recent) / RATE_WINDOW,
+            "errors_per_s": sum(not i[3] for i in recent) / RATE_WINDOW,
+            "latency_ms": {"p50": pick(0.5), "p95": pick(0.95), "p99": pick(0.99)},
+            "mean_batch": sum(batches) / len(batches) if batches else None,
+            "window_s": WINDOW,
+        }
+
+
+class ReplicaHub:
+    """Every service's replicas, their targets, and the predictions forwarded to them."""
+
+    def __init__(self, store: Store, registry: CollectorRegistry) -> None:
+        self.store = store
+        self._replicas: dict[str, dict[int, Replica]] = {}  # service name -> rank -> replica
+        self._windows: dict[str, _Window] = {}
+        self._turn: dict[str, itertools.count[int]] = {}
+        self._lock = threading.Lock()
+        self._http: aiohttp.ClientSession | None = None
+        self.requests = Counter(
+            "trainhouse_service_requests",
+            "Predictions a service answered, by outcome (ok, bad_input, error, unavailable).",
+            ["service", "outcome"],
+            registry=registry,
+        )
+        self.latency = Histogram(
+            "trainhouse_service_latency_seconds",
+            "Seconds from a prediction's arrival at the server to its answer, per service.",
+            ["service"],
+            buckets=LATENCY_BUCKETS,
+            registry=registry,
+        )
+        self.batch_size = Histogram(
+            "trainhouse_service_batch_size",
+            "Examples in the batch each prediction ran in, per service.",
+            ["service"],
+            buckets=BATCH_BUCKETS,
+            registry=registry,
+        )
+
+    # -- what a service serves ---------------------------------------------------------------
+    def target(self, service: ServiceRecord) -> ModelVersion:
+        """The version ``service`` should serve now (its ref resolved)."""
+        return self.store.models.resolve(service.model, service.ref)
+
+    def heartbeat(
+        self,
+        job: Job,
+        *,
+        rank: int,
+        url: str,
+        key: str,
+        version: int | None,
+        state: str,
+        error: str | None,
+        stats: dict[str, int],
+        allowed_hosts: set[str],
+    ) -> dict[str, Any]:
+        """Record a replica's call; what its service should serve now."""
+        service = self.store.services.of_job(job.id)
+        if service is None:
+            raise NotFound(f"job {job.id} runs no service")
+        url = check_replica_url(url, allowed_hosts)
+        now = time.time()
+        with self._lock:
+            table = self._replicas.setdefault(service.name, {})
+            for r, old in list(table.items()):  # an earlier attempt's or job's replicas
+                if (old.job_id, old.attempt) != (job.id, job.attempts):
+                    del table[r]
+            known = table.get(rank)
+            started = known.started if known is not None and known.url == url else now
+            table[rank] = Replica(
+                job.id, job.attempts, rank, url, key, version, state, error, now, started, stats
+            )
+        answer: dict[str, Any] = {
+            "service": service.name,
+            "model": service.model,
+            "ref": service.ref,
+            "max_batch": service.max_batch,
+            "max_wait_ms": service.max_wait_ms,
+            "interval": INTERVAL,
+            "stopped": service.stopped,
+        }
+        try:
+            found = self.target(service)
+        except TrainhouseError as exc:  # the alias was removed, the version deleted: keep on
+            return answer | {"version": None, "problem": str(exc)}
+        return answer | {
+            "version": found.version,
+            "kind": found.kind,
+            "files": found.files,
+            "loader": found.record.get("loader"),
+            "job_id": found.job_id,
+        }
+
+    def replicas(self, name: str) -> list[Replica]:
+        with self._lock:
+            return sorted(self._replicas.get(name, {}).values(), key=lambda r: r.rank)
+
+    def forget(self, name: str) -> None:
+        with self._lock:
+            self._replicas.pop(name, None)
+
+    def users_of(self, model: str, version: int) -> list[str]:
+        """The services not stopped that serve ``version`` of ``model`` now, or name it by its
+        number (a version they use is not deleted)."""
+        running = {s.name: s for s in self.store.services.list() if not s.stopped}
+        found = {s.name for s in running.values() if s.model == model and s.ref == str(version)}
+        now = time.time()
+        with self._lock:
+            for name, table in self._replicas.items():
+                serves = any(r.version == version and r.fresh(now) for r in table.values())
+                if serves and name in running and running[name].model == model:
+                    found.add(name)
+        return sorted(found)
+
+    def describe(self, service: ServiceRecord, job: Job | None) -> dict[str, Any]:
+        """A service as ``serve show`` and the Runtime page show it."""
+        now = time.time()
+        # an ended job has no replica: the calls its replicas made before they stopped (one
+        # may come after the stop forgot them) are not shown, nor counted ready
+        mine = job.id if job is not None and job.state not in TERMINAL else None
+        replicas = [r for r in self.replicas(service.name) if r.job_id == mine]
+        ready = [r for r in replicas if r.state == "ready" and r.fresh(now)]
+        versions = sorted({r.version for r in ready if r.version is not None})
+        try:
+            target: int | None = self.target(service).version
+            problem = None
+        except TrainhouseError as exc:
+            target, problem = None, str(exc)
+        with self._lock:
+            window = self._windows.get(service.name)
+            stats = (window or _Window()).summary(now)
+        return {
+            "name": service.name,
+            "owner": service.owner,
+            "model": service.model,
+            "ref": service.ref,
+            "target_version": target,
+            "problem": problem,
+            "versions": versions,
+            "version": versions[0] if len(versions) == 1 else None,
+            "state": self._state(service, job, len(ready)),
+            "replicas": service.replicas,
+            "ready_replicas": len(ready),
+            "replica_list": [r.public(now) for r in replicas],
+            "gpus_per_replica": service.gpus_per_replica,
+            "max_batch": service.max_batch,
+            "max_wait_ms": service.max_wait_ms,
+            "priority": service.priority,
+            "job_id": service.job_id,
+            "job_state": None if job is None else str(job.state),
+            "created_at": service.created_at,
+            "updated_at": service.updated_at,
+            "stats": stats,
+        }
+
+    @staticmethod
+    def _state(service: ServiceRecord, job: Job | None, ready: int) -> str:
+        if job is None:
+            return "stopped" if service.stopped else "lost"
+        if job.state in TERMINAL:
+            return "stopped" if service.stopped or job.state == JobState.CANCELED else "failed"
+        if service.stopped:
+            return "stopping"
+        if job.state == JobState.QUEUED:
+            return "queued"
+        if ready == 0:
+            return "starting"
+        return "ready" if ready >= service.replicas else "degraded"
+
+    # -- predictions -------------------------------------------------------------------------
+    async def predict(self, name: str, body: bytes) -> tuple[int, bytes, dict[str, str]]:
+        """Forward one prediction to a ready replica of ``name``: status, body, headers."""
+        import aiohttp
+
+        arrived = time.perf_counter()
+        now = time.time()
+        candidates = [r for r in self.replicas(name) if r.state == "ready" and r.fresh(now)]
+        if not candidates:
+            self._unavailable(name)  # raises
+        with self._lock:
+            turn = next(self._turn.setdefault(name, itertools.count()))
+        order = candidates[turn % len(candidates) :] + candidates[: turn % len(candidates)]
+        http = self._client()
+        for replica in order:
+            headers = {"Content-Type": "application/json", REPLICA_KEY_HEADER: replica.key}
+            try:
+                async with http.post(f"{replica.url}/predict", data=body, headers=headers) as resp:
+                    content = await resp.read()
+                    code, batch = resp.status, resp.headers.get(BATCH_HEADER, "")
+            except aiohttp.ClientConnectorError:  # it never got the request: the next one may
+                replica.state = "unreachable"
+                continue
+            except (aiohttp.ClientError, TimeoutError) as exc:
+                self._count(name, "error", arrived, 0)
+                raise ReplicaFailed(
+                    f"replica {replica.rank} of service {name} failed while answering: "
+                    f"{type(exc).__name__}"
+                ) from None
+            outcome = "ok" if code == 200 else "bad_input" if code < 500 else "error"
+            self._count(name, outcome, arrived, int(batch) if batch.isdigit() else 0)
+            return code, content, {"x-trainhouse-replica": str(replica.rank)}
+        self._unavailable(name)
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _unavailable(self, name: str) -> None:
+        service = self.store.services.get(name)  # NotFound for a service that never was
+        self.requests.labels(name, "unavailable").inc()
+        if service.stopped:
+            raise ServiceUnavailable(f"service {name} is stopped")
+        job = self.store.jobs.get(service.job_id) if service.job_id is not None else None
+        where = f"its job {job.id} is {job.state}" if job is not None else "it has no job"
+        raise ServiceUnavailable(f"service {name} has no ready replica ({where}); try again soon")
+
+    def _count(self, name: str, outcome: str, arrived: float, batch: int) -> None:
+        seconds = time.perf_counter() - arrived
+        self.requests.labels(name, outcome).inc()
+        self.latency.labels(name).observe(seconds)
+        if batch:
+            self.batch_size.labels(name).observe(batch)
+        with self._lock:
+            window = self._windows.setdefault(name, _Window())
+            window.add(time.time(), seconds, batch, outcome != "error")
+
+    def _client(self) -> aiohttp.ClientSession:
+        """One pooled client for every forwarded prediction (aiohttp: its C parser costs a
+        fraction of httpx's per request, which capped a service at ~120 requests/s)."""
+        import aiohttp
+
+        if self._http is None:
+            self._http = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=256, limit_per_host=64),
+                timeout=aiohttp.ClientTimeout(total=60, sock_connect=2),
+                auto_decompress=False,
+            )
+        return self._http
+
+    async def aclose(self) -> None:
+        if self._http is not None:
+            await self._http.close()
+            self._http = None
