@@ -29,10 +29,10 @@ from trainhouse.jobfs.layout import JobLayout
 from trainhouse.lifecycle import JobState
 from trainhouse.scheduler.failures import analyse
 from trainhouse.scheduler.loop import SchedulerLoop
-from trainhouse.server.routes.jobs import schedulable_spec
 from trainhouse.spec import NoRestart
 from trainhouse.store import BlobStore, Store
 from trainhouse.usecases.settings import Settings
+from trainhouse.usecases.submission import schedulable_spec
 
 RAW = {
     "NodeID": "ab12cd34" + "0" * 48,
@@ -217,12 +217,12 @@ def services(tmp_path: Path, **settings: Any) -> Any:
 
 def test_a_multi_node_job_needs_checkpoints_every_node_reaches(tmp_path: Path) -> None:
     with pytest.raises(ResourceError, match="--checkpoint-url") as err:
-        schedulable_spec(SPEC, services(tmp_path))
+        schedulable_spec(services(tmp_path), SPEC)
     assert "resources.nodes is 2" in str(err.value)
     # a shared directory, a URL, or a HOME every node mounts will do; busy nodes do not matter
-    assert schedulable_spec(SPEC, services(tmp_path, checkpoint_url="s3://b/p"))
-    assert schedulable_spec(SPEC, services(tmp_path, shared_home=True))
-    one = schedulable_spec(SPEC.replace("nodes: 2", "nodes: 1"), services(tmp_path))
+    assert schedulable_spec(services(tmp_path, checkpoint_url="s3://b/p"), SPEC)
+    assert schedulable_spec(services(tmp_path, shared_home=True), SPEC)
+    one = schedulable_spec(services(tmp_path), SPEC.replace("nodes: 2", "nodes: 1"))
     assert one.resources.nodes == 1
 
 

@@ -12,7 +12,7 @@ import getpass
 import sys
 import time
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.table import Table
@@ -20,6 +20,9 @@ from rich.table import Table
 from trainhouse.cli import options
 from trainhouse.cli.options import DbFile, Json, Url, db_option, home_option, json_option
 from trainhouse.cli.render import ago, console, err_console, errors, fail, print_json
+
+if TYPE_CHECKING:
+    from trainhouse.client.records import Quotas
 
 app = typer.Typer(
     help="Administration: the first admin (init), users, API tokens, the audit log, and "
@@ -303,7 +306,7 @@ def audit_cmd(
 
 
 # -- quotas ----------------------------------------------------------------------------------
-def _limits_table(data: dict[str, Any]) -> Table:
+def _limits_table(data: Quotas) -> Table:
     table = Table(box=None, header_style="bold")
     for col in ("USER", "SHARE", "MAX GPUS", "MAX CPUS", "USAGE (cluster-hours, decayed)"):
         table.add_column(col)

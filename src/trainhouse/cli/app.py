@@ -10,8 +10,8 @@ the spec, the server and the store load inside the commands that use them, so
 - :mod:`~trainhouse.cli.queue`: ``queue``, ``set-priority``
 - :mod:`~trainhouse.cli.session`: ``login``, ``logout``, ``whoami``
 - :mod:`~trainhouse.cli.spec`: ``spec``
-- :mod:`~trainhouse.cli.jobs`: ``submit``, ``ps``, ``show``, ``cancel``, ``logs``, ``metrics``,
-  ``checkpoints``
+- :mod:`~trainhouse.cli.jobs`: ``submit``, ``ps``, ``show``, ``cancel``
+- :mod:`~trainhouse.cli.outputs`: ``logs``, ``metrics``, ``checkpoints``
 - :mod:`~trainhouse.cli.lineage`: ``resume``, ``clone``
 - :mod:`~trainhouse.cli.runs`: ``tag``, ``note``, ``archive``, ``delete``
 - :mod:`~trainhouse.cli.top`: ``top``
@@ -32,6 +32,7 @@ from trainhouse.cli import (
     jobs,
     lineage,
     models,
+    outputs,
     queue,
     runs,
     search,
@@ -50,7 +51,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 
-for noun in (server, queue, session, spec, jobs, runs, lineage, top):
+for noun in (server, queue, session, spec, jobs, outputs, runs, lineage, top):
     app.add_typer(noun.app)
 app.add_typer(models.app, name="models")
 app.add_typer(admin.app, name="admin")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.table import Table
@@ -10,6 +10,9 @@ from rich.table import Table
 from trainhouse.cli import options
 from trainhouse.cli.options import Json, Url
 from trainhouse.cli.render import ago, console, errors, print_json
+
+if TYPE_CHECKING:
+    from trainhouse.client.records import Env
 
 app = typer.Typer(
     help="The jobs' environments cached on the server's machine (admins).",
@@ -25,7 +28,7 @@ def _size(n: int) -> str:
     return str(n)  # pragma: no cover
 
 
-def _table(rows: list[dict[str, Any]]) -> Table:
+def _table(rows: list[Env]) -> Table:
     table = Table(box=None, header_style="bold")
     for col in ("DIGEST", "SIZE", "LAST USED", "IN USE", "JOBS"):
         table.add_column(col, overflow="fold")

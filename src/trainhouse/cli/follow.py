@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 from rich.progress import (
@@ -19,6 +19,9 @@ from trainhouse.cli.render import console, fmt_value, state
 from trainhouse.client import Client
 from trainhouse.core.lifecycle import TERMINAL
 
+if TYPE_CHECKING:
+    from trainhouse.client.records import Job, JobDetail
+
 
 def _headline_metric(latest: dict[str, float | None]) -> str:
     if not latest:
@@ -30,11 +33,12 @@ def _headline_metric(latest: dict[str, float | None]) -> str:
     return f"{key} {fmt_value(latest[key])}"
 
 
-def _waiting(job: dict[str, Any]) -> str:
+def _waiting(job: Job) -> str:
     """Why a queued job waits, shortened for the progress line."""
-    if job["state"] != "QUEUED" or not job.get("reason"):
+    why = job.get("reason")
+    if job["state"] != "QUEUED" or not why:
         return ""
-    reason = job["reason"].splitlines()[0]
+    reason = why.splitlines()[0]
     return f" ({reason[:90]}...)" if len(reason) > 90 else f" ({reason})"
 
 
@@ -64,7 +68,7 @@ class Follower:
             self._last = (now, step)
         return self._rate
 
-    def _print_events(self, progress: Progress, job: dict[str, Any]) -> None:
+    def _print_events(self, progress: Progress, job: JobDetail) -> None:
         events = job.get("events", [])
         for ev in events[self._seen_events :]:
             reason = (ev.get("reason") or "").splitlines()
@@ -82,7 +86,7 @@ class Follower:
                     progress.console.print(f"    {line}", highlight=False, markup=False)
         self._seen_events = len(events)
 
-    def run(self) -> dict[str, Any]:
+    def run(self) -> JobDetail:
         columns = [
             SpinnerColumn(),
             TextColumn("[bold]{task.description}"),

@@ -1,5 +1,6 @@
-"""The commands about jobs: ``submit`` (and ``submit --dry-run``), ``ps``, ``show``,
-``cancel``, ``logs``, ``metrics`` and ``checkpoints``.
+"""The commands about jobs: ``submit`` (and ``submit --dry-run``), ``ps``, ``show`` and
+``cancel``; what a job leaves behind (``logs``, ``metrics``, ``checkpoints``) is
+:mod:`trainhouse.cli.outputs`.
 
 All of them talk to the server through the client (:func:`trainhouse.cli.options.client`); the
 spec and workdir code (pydantic, YAML), rich's progress bars and the follower load only in the
@@ -9,16 +10,14 @@ commands that use them.
 from __future__ import annotations
 
 import json
-import re
-import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.table import Table
 
-from trainhouse.cli import options, render
+from trainhouse.cli import options
 from trainhouse.cli.options import Json, Url
 from trainhouse.cli.render import (
     EXIT_CANCELED,
@@ -37,11 +36,12 @@ from trainhouse.core.lifecycle import TERMINAL
 
 if TYPE_CHECKING:
     from trainhouse.client import Client
+    from trainhouse.client.records import Job, JobDetail
 
 app = typer.Typer()  # merged into the root: its commands are top-level
 
 
-def result_code(job: dict[str, Any]) -> int:
+def result_code(job: Job) -> int:
     """The exit code ``submit`` returns for a finished job."""
     if job["state"] == "COMPLETED":
         return 0
@@ -94,7 +94,7 @@ def submit(
         )
 
 
-def follow_job(c: Client, job: dict[str, Any], said: str, *, as_json: bool, detach: bool) -> None:
+def follow_job(c: Client, job: Job, said: str, *, as_json: bool, detach: bool) -> None:
     """What ``submit`` (and ``resume``, ``clone``) do with the job they queued: say ``said``,
     then follow it until it ends (exit code = its result), or return at once (``detach``)."""
     from trainhouse.cli.follow import Follower
@@ -139,16 +139,17 @@ def _dry_run(file: Path, overrides: list[str], as_json: bool, url: str | None) -
         console.print(f"it would preempt job(s) {jobs}", highlight=False)
 
 
-def summary(job: dict[str, Any]) -> None:
+def summary(job: JobDetail) -> None:
     """What ``submit`` (and ``demo``) print when the job has ended."""
     latest = job.get("latest_metrics") or {}
     shown = "  ".join(f"{k}={fmt_value(v)}" for k, v in sorted(latest.items()))
     console.print(f"job {job['id']} {state(job['state'])} after {job['attempts']} attempt(s)")
     if shown:
         console.print(f"  final metrics (step {job.get('last_step')}): {shown}", highlight=False)
-    if job["state"] == "FAILED" and job.get("reason"):
+    reason = job.get("reason")
+    if job["state"] == "FAILED" and reason:
         # its first line: the rest (the failing rank's last lines) was printed as it failed
-        first = job["reason"].splitlines()[0]
+        first = reason.splitlines()[0]
         console.print(f"  reason: {first}", highlight=False, markup=False)
     where = job.get("job_dir")  # null unless the caller is an admin
     logs = f"   ({where}/logs)" if where else ""
@@ -246,7 +247,7 @@ def ps(
     console.print(table)
 
 
-def cell(job: dict[str, Any], field: str) -> str:
+def cell(job: Job, field: str) -> str:
     """A chosen column's value in ``ps``'s table ("-": none)."""
     if field == "tag" or field == "tags":
         return ",".join(job.get("tags") or []) or "-"
@@ -403,218 +404,3 @@ def cancel(
 
 
 # -- logs ------------------------------------------------------------------------------------
-@app.command()
-def logs(
-    job_id: Annotated[int, typer.Argument(metavar="JOB")],
-    follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep printing new lines")] = False,
-    rank: Annotated[
-        str | None, typer.Option("--rank", help="Only this rank (or 'launcher')")
-    ] = None,
-    tail: Annotated[
-        int | None, typer.Option("--tail", help="Only the last N lines (of each rank)")
-    ] = None,
-    timestamps: Annotated[
-        bool, typer.Option("--timestamps", "-t", help="Start each line with when it was written")
-    ] = False,
-    grep: Annotated[
-        str | None,
-        typer.Option(
-            "--grep", metavar="PATTERN", help="Only lines this regular expression matches"
-        ),
-    ] = None,
-    url: Url = None,
-) -> None:
-    """Print a job's logs: every rank's, interleaved in the order they were written and
-    prefixed with their rank, unless --rank is given; -f follows them live."""
-    with errors(), options.client(url) as c:
-        if follow:
-            if timestamps:
-                raise typer.BadParameter("--timestamps prints logs as written; not with -f")
-            _follow_logs(c, job_id, rank, tail, grep)
-            return
-        if rank is None:
-            ranks = c.log_ranks(job_id)["ranks"]
-            rank = "all" if len(ranks) > 1 else "0"
-        text, _, _ = c.logs(job_id, rank=rank, tail=tail, timestamps=timestamps, grep=grep)
-        sys.stdout.write(text)
-        sys.stdout.flush()
-
-
-def _follow_logs(
-    c: Client, job_id: int, rank: str | None, tail: int | None, grep: str | None = None
-) -> None:
-    """Stream the logs (Server-Sent Events) until the job ends; survives a server restart."""
-
-    def reconnecting(exc: Exception) -> None:
-        render.err_console.print(
-            f"[yellow]lost the server ({exc}); reconnecting, nothing will be missed[/]",
-            highlight=False,
-        )
-
-    res = c.job(job_id)["spec"]["resources"]
-    prefix = rank is None and int(res["nodes"]) * int(res["procs_per_node"] or 1) > 1
-    partial: dict[str, bool] = {}  # a rank's last text did not end its line
-    pattern = re.compile(grep) if grep else None
-    for event in c.stream_logs(
-        job_id, ranks=[rank] if rank else None, tail=tail, on_reconnect=reconnecting
-    ):
-        if "end" in event:
-            break
-        text: str = event["text"]
-        if prefix or pattern is not None:  # each line says whose it is; or only some lines
-            lines = text.splitlines(keepends=True)
-            out = []
-            for ln in lines:
-                cont = partial.get(event["rank"])
-                if pattern is None or pattern.search(ln):
-                    out.append(ln if cont or not prefix else f"[rank {event['rank']}] {ln}")
-                partial[event["rank"]] = not ln.endswith("\n")
-            text = "".join(out)
-        sys.stdout.write(text)
-        sys.stdout.flush()
-
-
-# -- metrics / checkpoints -------------------------------------------------------------------
-SUMMARY_POINTS = 1000  # points per series the metrics table reads (downsampled past that)
-
-
-@app.command()
-def metrics(
-    job_id: Annotated[int, typer.Argument(metavar="JOB")],
-    name: Annotated[str | None, typer.Option("--name", help="Only this metric")] = None,
-    all_ranks: Annotated[bool, typer.Option("--all-ranks", help="Per-rank values too")] = False,
-    max_points: Annotated[
-        int | None,
-        typer.Option(
-            "--max-points",
-            min=0,
-            help="At most N points per series, downsampled by the server keeping the first, "
-            "last, smallest and largest values (0: all; the summary table uses 1000, --json all)",
-        ),
-    ] = None,
-    as_json: Json = False,
-    url: Url = None,
-) -> None:
-    """The metrics a job reported: a summary per series (--json for every point)."""
-    if max_points is None:
-        # the summary's first, last, min and max survive downsampling; the count is the total
-        max_points = 0 if as_json else SUMMARY_POINTS
-    with errors(), options.client(url) as c:
-        data = c.metrics(job_id, name=name, all_ranks=all_ranks, max_points=max_points)
-    if as_json:
-        print_json(data)
-        return
-    if not data["series"]:
-        console.print(f"job {job_id} has reported no metrics yet")
-        return
-    table = Table(box=None, header_style="bold")
-    for col in ("METRIC", "RANK", "POINTS", "STEPS", "FIRST", "LAST", "MIN", "MAX"):
-        table.add_column(col)
-    for s in data["series"]:
-        pts = s["points"]
-        vals = [p[1] for p in pts if p[1] is not None]
-        table.add_row(
-            s["name"],
-            "job" if s["rank"] is None else str(s["rank"]),
-            str(s.get("total_points", len(pts))),
-            f"{pts[0][0]}..{pts[-1][0]}",
-            fmt_value(pts[0][1]),
-            fmt_value(pts[-1][1]),
-            fmt_value(min(vals)) if vals else "nan",
-            fmt_value(max(vals)) if vals else "nan",
-        )
-    console.print(table)
-
-
-@app.command()
-def checkpoints(
-    job_id: Annotated[int, typer.Argument(metavar="JOB")],
-    download: Annotated[
-        tuple[str, Path] | None,
-        typer.Option(
-            "--download",
-            metavar="STEP DIR",
-            help="Fetch the checkpoint of STEP ('latest' for the newest) into DIR, checking "
-            "its digest (sha256 or blake3)",
-        ),
-    ] = None,
-    all_: Annotated[
-        bool, typer.Option("--all", help="Include deleted and corrupt checkpoints")
-    ] = False,
-    as_json: Json = False,
-    url: Url = None,
-) -> None:
-    """A job's checkpoints with step, size and digest; --download STEP DIR fetches one."""
-    from trainhouse.jobfs.workdir import human_size
-
-    if download is not None:
-        _download(job_id, download[0], download[1], url, as_json)
-        return
-    with errors(), options.client(url) as c:
-        data = c.checkpoints(job_id, all=all_)
-    if as_json:
-        print_json(data)
-        return
-    if not data["checkpoints"]:
-        console.print(f"job {job_id} has no checkpoints yet")
-        return
-    # where they are (null unless the caller is an admin)
-    table = Table(box=None, header_style="bold", title=data.get("directory"), title_justify="left")
-    for col in ("STEP", "ATTEMPT", "SIZE", "DIGEST", "METRICS", "PATH", "SAVED"):
-        table.add_column(col, overflow="fold")
-    if all_:
-        table.add_column("STATUS", overflow="fold")
-    for ck in data["checkpoints"]:
-        row = [
-            str(ck["step"]),
-            str(ck["attempt"]),
-            human_size(ck["size"]),
-            f"{ck.get('algorithm', 'sha256')}:{ck['sha256'][:16]}",
-            " ".join(f"{k}={fmt_value(v)}" for k, v in sorted(ck["metrics"].items())),
-            ck["path"] + ("/ (sharded)" if ck.get("kind") == "sharded" else ""),
-            ago(ck["created_at"]),
-        ]
-        if all_:
-            status = "deleted" if ck["deleted"] else "ok"
-            row.append(f"corrupt: {ck['corrupt']}" if ck.get("corrupt") else status)
-        table.add_row(*row)
-    console.print(table, highlight=False)
-
-
-def _download(job_id: int, step_text: str, dest: Path, url: str | None, as_json: bool) -> None:
-    from rich.progress import BarColumn, DownloadColumn, Progress, TransferSpeedColumn
-
-    if step_text == "latest":
-        step = None
-    else:
-        try:
-            step = int(step_text)
-        except ValueError:
-            render.fail(
-                f"--download takes a step number or 'latest', got {step_text!r}",
-                render.EXIT_BAD_INPUT,
-            )
-    with (
-        errors(),
-        options.client(url) as c,
-        Progress(
-            "[progress.description]{task.description}",
-            BarColumn(),
-            DownloadColumn(),
-            TransferSpeedColumn(),
-            console=render.err_console,
-            transient=True,
-            disable=as_json,
-        ) as bar,
-    ):
-        task = bar.add_task(f"job {job_id} checkpoint", total=None)
-        path = c.download_checkpoint(
-            job_id,
-            step,
-            dest,
-            progress=lambda done, total: bar.update(task, completed=done, total=total),
-        )
-    if as_json:
-        print_json({"job_id": job_id, "path": str(path)})
-    else:
-        console.print(f"downloaded to {path} (digest verified)", highlight=False)

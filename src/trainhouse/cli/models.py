@@ -8,7 +8,7 @@ imported here).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.table import Table
@@ -16,6 +16,9 @@ from rich.table import Table
 from trainhouse.cli import options
 from trainhouse.cli.options import Json, Url
 from trainhouse.cli.render import ago, console, errors, fmt_value, print_json
+
+if TYPE_CHECKING:
+    from trainhouse.client.records import ModelVersion
 
 app = typer.Typer(help="The model registry: versions a job saved, aliases, downloads.")
 
@@ -36,7 +39,7 @@ def _signature(sig: dict[str, Any]) -> str:
     return f"{ins} -> {outs}" if ins or outs else "-"
 
 
-def _kind(version: dict[str, Any]) -> str:
+def _kind(version: ModelVersion) -> str:
     loader = (version.get("record") or {}).get("loader")
     return f"{version['kind']} ({loader})" if loader else str(version["kind"])
 

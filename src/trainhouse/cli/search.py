@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.table import Table
@@ -26,18 +26,21 @@ from trainhouse.cli.render import (
     print_json,
 )
 
+if TYPE_CHECKING:
+    from trainhouse.client.records import Search, SearchDetail
+
 app = typer.Typer(help="Hyperparameter searches (submit a spec with a search: block)")
 
 FOLLOW_SECONDS = 1.0  # between two looks at a followed search
 _COUNTED = ("RUNNING", "QUEUED", "COMPLETED", "PRUNED", "FAILED")
 
 
-def _counts(search: dict[str, Any]) -> str:
+def _counts(search: Search) -> str:
     counts = search.get("trial_counts") or {}
     return ", ".join(f"{counts.get(k, 0)} {k.lower()}" for k in _COUNTED)
 
 
-def _best(search: dict[str, Any]) -> str:
+def _best(search: SearchDetail) -> str:
     best = search.get("best")
     if not best:
         return "no trial completed yet"
@@ -48,7 +51,7 @@ def _best(search: dict[str, Any]) -> str:
     )
 
 
-def result_code(search: dict[str, Any]) -> int:
+def result_code(search: Search) -> int:
     if search["state"] == "CANCELED":
         return EXIT_CANCELED
     return 0 if search.get("best") else 1
@@ -82,9 +85,10 @@ def submit_search(
                 if line != last:
                     out.print(f"[{time.strftime('%H:%M:%S')}] {line}", highlight=False)
                     last = line
-                if view.get("warning") and view["warning"] not in last:
-                    out.print(f"warning: {view['warning']}", highlight=False, markup=False)
-                    last += view["warning"]
+                warning = view.get("warning")
+                if warning and warning not in last:
+                    out.print(f"warning: {warning}", highlight=False, markup=False)
+                    last += warning
                 if view["state"] != "RUNNING" and not (view.get("trial_counts") or {}).get(
                     "RUNNING"
                 ):

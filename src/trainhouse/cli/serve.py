@@ -7,7 +7,7 @@ other words are its subcommands. Every read has ``--json``.
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.table import Table
@@ -16,6 +16,9 @@ from typer.core import TyperGroup
 from trainhouse.cli import options
 from trainhouse.cli.options import Json, Url
 from trainhouse.cli.render import ago, console, err_console, errors, print_json
+
+if TYPE_CHECKING:
+    from trainhouse.client.records import Service
 
 
 class _StartByDefault(TyperGroup):
@@ -35,7 +38,7 @@ app = typer.Typer(
 )
 
 
-def _version(s: dict[str, Any]) -> str:
+def _version(s: Service) -> str:
     if s["version"] is not None:
         return str(s["version"])
     if s["versions"]:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import getpass
 import sys
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -16,10 +16,13 @@ from trainhouse.cli import options
 from trainhouse.cli.options import Json, Url
 from trainhouse.cli.render import console, err_console, errors, fail, print_json
 
+if TYPE_CHECKING:
+    from trainhouse.client.records import WhoAmI
+
 app = typer.Typer()  # merged into the root: its commands are top-level
 
 
-def whoami_line(me: dict[str, Any]) -> str:
+def whoami_line(me: WhoAmI) -> str:
     if not me["auth"]:
         return "this server has auth off: everyone acts as an admin"
     if me["role"] == "job":

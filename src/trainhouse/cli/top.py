@@ -16,6 +16,7 @@ from trainhouse.cli.render import ago, console, errors, print_json, state
 
 if TYPE_CHECKING:
     from trainhouse.client import Client
+    from trainhouse.client.records import SystemSeries
 
 JOB_WINDOW = 60.0  # seconds of a job's samples to take its latest from
 
@@ -36,7 +37,7 @@ def _pct(v: float | None) -> str:
     return "-" if v is None else f"{v:.0f}%"
 
 
-def job_usage(series: list[dict[str, Any]]) -> dict[str, Any]:
+def job_usage(series: list[SystemSeries]) -> dict[str, Any]:
     """A job's latest sample from its series: CPU, RSS, processes, GPU memory per GPU."""
     out: dict[str, Any] = {
         "cpu_percent": None,

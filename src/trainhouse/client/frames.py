@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from trainhouse.client.records import Job
+
 if TYPE_CHECKING:
     import pandas
 
@@ -48,12 +50,13 @@ def _pandas() -> Any:
     return pandas
 
 
-class JobList(list[dict[str, Any]]):
-    """Jobs as the server listed them (dicts), with the page's ``total`` and ``columns``."""
+class JobList(list[Job]):
+    """Jobs as the server listed them (:class:`~trainhouse.client.records.Job` dicts), with
+    the page's ``total`` and ``columns``."""
 
     def __init__(
         self,
-        jobs: list[dict[str, Any]],
+        jobs: list[Job],
         *,
         total: int | None = None,
         columns: list[str] = (),  # type: ignore[assignment]

@@ -9,16 +9,23 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-import httpx
-
+from trainhouse.client.base import ClientBase
 from trainhouse.client.credentials import current_user
-from trainhouse.core.errors import ClientError, ServerUnreachable
+from trainhouse.client.downloads import Part, fetch_verified
+from trainhouse.client.records import (
+    Model,
+    ModelDetail,
+    ModelList,
+    ModelVersion,
+    Service,
+    ServiceList,
+)
+from trainhouse.core.errors import ClientError
 from trainhouse.core.wire import error_from
 
 __all__ = ["ModelsAndServices"]
@@ -31,47 +38,22 @@ def _seg(value: str | int) -> str:
     return quote(str(value), safe="")
 
 
-def _discard(path: Path) -> None:
-    if path.is_dir():
-        shutil.rmtree(path, ignore_errors=True)
-    else:
-        path.unlink(missing_ok=True)
-
-
-class ModelsAndServices:
+class ModelsAndServices(ClientBase):
     """The calls about models and services; :class:`~trainhouse.client.Client` has them."""
 
-    if TYPE_CHECKING:  # what Client provides
-        url: str
-
-        def _json(self, method: str, path: str, **kwargs: Any) -> Any: ...
-
-        def _stream_to(
-            self,
-            url: str,
-            target: Path,
-            digest: Any,
-            done: int,
-            total: int,
-            progress: Callable[[int, int], None] | None,
-            refused: Callable[[httpx.Response], Exception],
-            *,
-            params: dict[str, str] | None = None,
-        ) -> int: ...
-
     # -- models ----------------------------------------------------------------------------
-    def models(self) -> list[dict[str, Any]]:
-        result: list[dict[str, Any]] = self._json("GET", "/models")["models"]
-        return result
+    def models(self) -> list[Model]:
+        page: ModelList = self._json("GET", "/models")
+        return page["models"]
 
-    def model(self, name: str) -> dict[str, Any]:
+    def model(self, name: str) -> ModelDetail:
         """A model and its versions (``{"model": ..., "versions": [...]}``)."""
-        result: dict[str, Any] = self._json("GET", f"/models/{_seg(name)}")
+        result: ModelDetail = self._json("GET", f"/models/{_seg(name)}")
         return result
 
-    def model_version(self, name: str, ref: str | int = "latest") -> dict[str, Any]:
+    def model_version(self, name: str, ref: str | int = "latest") -> ModelVersion:
         """The version ``ref`` names: a number, an alias or ``latest``."""
-        result: dict[str, Any] = self._json("GET", f"/models/{_seg(name)}/versions/{_seg(ref)}")
+        result: ModelVersion = self._json("GET", f"/models/{_seg(name)}/versions/{_seg(ref)}")
         return result
 
     def register_model(
@@ -82,7 +64,7 @@ class ModelsAndServices:
         *,
         loader: str | None = None,
         inputs: list[str] | list[dict[str, Any]] | None = None,
-    ) -> dict[str, Any]:
+    ) -> ModelVersion:
         """The model job ``job_id`` saved (``run.save_model``; its newest, or the one of
         ``step``) as a new version of ``name``. With ``loader`` (``"serve.py:load"``, a
         function of the job's code), the job's checkpoint (its newest, or the one of ``step``)
@@ -99,17 +81,17 @@ class ModelsAndServices:
             body["inputs"] = check_inputs(
                 [parse_input(i) if isinstance(i, str) else dict(i) for i in inputs]
             )
-        result: dict[str, Any] = self._json("POST", f"/models/{_seg(name)}/versions", json=body)
+        result: ModelVersion = self._json("POST", f"/models/{_seg(name)}/versions", json=body)
         return result
 
-    def set_alias(self, name: str, alias: str, version: int) -> dict[str, Any]:
-        result: dict[str, Any] = self._json(
+    def set_alias(self, name: str, alias: str, version: int) -> ModelVersion:
+        result: ModelVersion = self._json(
             "PUT", f"/models/{_seg(name)}/aliases/{_seg(alias)}", json={"version": version}
         )
         return result
 
-    def delete_model_version(self, name: str, version: int) -> dict[str, Any]:
-        result: dict[str, Any] = self._json("DELETE", f"/models/{_seg(name)}/versions/{version}")
+    def delete_model_version(self, name: str, version: int) -> ModelVersion:
+        result: ModelVersion = self._json("DELETE", f"/models/{_seg(name)}/versions/{version}")
         return result
 
     def download_model(
@@ -122,50 +104,40 @@ class ModelsAndServices:
         """Fetch the files of ``NAME@VERSION`` or ``NAME@ALIAS`` into ``dest/NAME-vVERSION``,
         each checked against its registered size and sha256; a partial or corrupt download
         never stays under the final name. ``progress(done, total)`` in bytes."""
-        import hashlib
-
         from trainhouse.core.errors import ModelError
         from trainhouse.core.modelfiles import parse_ref
 
         name, which = parse_ref(ref)
         version = self.model_version(name, which)
-        total = sum(int(f["size"]) for f in version["files"])
+        number = version["version"]
+        parts = [
+            Part(
+                name=str(entry["name"]),
+                target=Path(entry["name"]).name,
+                url=f"{self.url}/api/v1/models/{name}/versions/{number}/files/{entry['name']}",
+                expected=entry["sha256"],
+            )
+            for entry in version["files"]
+        ]
+
+        def corrupt(part: Part, actual: str) -> Exception:
+            return ModelError(
+                f"the downloaded {part.name} of {name}@{number} has sha256 {actual[:16]}..., "
+                f"not the registered {str(part.expected)[:16]}...: it is corrupt"
+            )
+
         base = Path(dest)
         base.mkdir(parents=True, exist_ok=True)
-        final = base / f"{name}-v{version['version']}"
-        tmp = base / f".{final.name}.download-{os.getpid()}"
-        done = 0
-        try:
-            tmp.mkdir()
-            for entry in version["files"]:
-                file = str(entry["name"])
-                digest = hashlib.sha256()
-                url = f"{self.url}/api/v1/models/{name}/versions/{version['version']}/files/{file}"
-                done = self._stream_to(
-                    url,
-                    tmp / Path(file).name,
-                    digest,
-                    done,
-                    total,
-                    progress,
-                    lambda resp: error_from(resp, self.url),
-                )
-                if digest.hexdigest() != entry["sha256"]:
-                    raise ModelError(
-                        f"the downloaded {file} of {name}@{version['version']} has sha256 "
-                        f"{digest.hexdigest()[:16]}..., not the registered "
-                        f"{str(entry['sha256'])[:16]}...: it is corrupt"
-                    )
-            if final.is_dir():
-                shutil.rmtree(final)
-            os.replace(tmp, final)
-        except httpx.HTTPError as exc:
-            _discard(tmp)
-            raise ServerUnreachable(self.url, str(exc)) from None
-        except BaseException:
-            _discard(tmp)
-            raise
-        return final
+        return fetch_verified(
+            self._http,
+            self.url,
+            base / f"{name}-v{number}",
+            parts,
+            total=sum(int(f["size"]) for f in version["files"]),
+            progress=progress,
+            refused=lambda resp, _part: error_from(resp, self.url),
+            corrupt=corrupt,
+        )
 
     def export_model(
         self,
@@ -267,7 +239,7 @@ class ModelsAndServices:
         max_batch: int = 32,
         max_wait_ms: float = 5.0,
         priority: str = "normal",
-    ) -> dict[str, Any]:
+    ) -> Service:
         """Start serving ``NAME@ALIAS`` (or ``NAME@VERSION``, ``NAME@latest``): a service whose
         replicas a long-running job runs; it follows the alias when it moves."""
         from trainhouse.core.modelfiles import parse_ref
@@ -284,19 +256,19 @@ class ModelsAndServices:
             "priority": priority,
             "owner": current_user(),
         }
-        result: dict[str, Any] = self._json("POST", "/services", json=body)
+        result: Service = self._json("POST", "/services", json=body)
         return result
 
-    def services(self) -> list[dict[str, Any]]:
-        result: list[dict[str, Any]] = self._json("GET", "/services")["services"]
+    def services(self) -> list[Service]:
+        page: ServiceList = self._json("GET", "/services")
+        return page["services"]
+
+    def service(self, name: str) -> Service:
+        result: Service = self._json("GET", f"/services/{_seg(name)}")
         return result
 
-    def service(self, name: str) -> dict[str, Any]:
-        result: dict[str, Any] = self._json("GET", f"/services/{_seg(name)}")
-        return result
-
-    def stop_service(self, name: str) -> dict[str, Any]:
-        result: dict[str, Any] = self._json("POST", f"/services/{_seg(name)}/stop")
+    def stop_service(self, name: str) -> Service:
+        result: Service = self._json("POST", f"/services/{_seg(name)}/stop")
         return result
 
     def predict(self, service: str, inputs: Any) -> dict[str, Any]:
@@ -307,9 +279,7 @@ class ModelsAndServices:
         )
         return result
 
-    def wait_service(
-        self, name: str, *, timeout: float = 300.0, poll: float = 0.5
-    ) -> dict[str, Any]:
+    def wait_service(self, name: str, *, timeout: float = 300.0, poll: float = 0.5) -> Service:
         """The service once every replica is ready; raises :class:`ClientError` when it fails
         or stops first, or on ``timeout``."""
         deadline = time.monotonic() + timeout

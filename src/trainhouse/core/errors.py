@@ -34,6 +34,8 @@
     ├── BadInput                    a prediction request the model cannot take (4xx)
     ├── EnvBuildError               a job's environment cannot be built (on the node)
     ├── MlflowError                 an answer of the MLflow API, in MLflow's error shape
+    ├── InvalidTracking             a tracking request (the MLflow API) breaks a rule (400)
+    │   └── ArtifactTooLarge        an artifact past its own or its run's limit (413)
     ├── ResourceError               a job can never fit the inventory it was sent to
     └── ExecutorUnavailable         the executor the server was told to use cannot run
         └── RayUnavailable          Ray is not installed, or no cluster answers
@@ -49,6 +51,7 @@ from typing import Any
 __all__ = [
     "AlreadyExists",
     "ArchiveError",
+    "ArtifactTooLarge",
     "BadInput",
     "BadReplica",
     "BodyTooLarge",
@@ -60,6 +63,7 @@ __all__ = [
     "Forbidden",
     "InvalidMetrics",
     "InvalidQuery",
+    "InvalidTracking",
     "InvalidTransition",
     "MlflowError",
     "ModelError",
@@ -313,6 +317,22 @@ class EnvBuildError(TrainhouseError):
 
     code = "env_build_failed"
     status = 422
+
+
+class InvalidTracking(TrainhouseError):
+    """A tracking request breaks a rule (a path, a metric, a run's count of artifacts); the
+    message names the rule and the value (MLflow's ``INVALID_PARAMETER_VALUE``, 400)."""
+
+    code = "invalid_request"
+    status = 400
+
+
+class ArtifactTooLarge(InvalidTracking):
+    """An artifact over ``Settings.mlflow_artifact_bytes``, or one that would take a run's
+    artifacts past ``mlflow_run_artifact_bytes`` (413)."""
+
+    code = "too_large"
+    status = 413
 
 
 class ResourceError(TrainhouseError):

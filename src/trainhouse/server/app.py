@@ -10,16 +10,15 @@ import logging
 import math
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from sqlalchemy.exc import DataError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from trainhouse import __version__
 from trainhouse.core.errors import ServerBusy, TrainhouseError
-from trainhouse.executors.base import Executor
 from trainhouse.server import limits, origin
 from trainhouse.server.mlflow import create_app as create_mlflow_app
 from trainhouse.server.mlflow import set_runtime as set_mlflow_runtime
@@ -39,8 +38,12 @@ from trainhouse.server.routes import (
     ui,
 )
 from trainhouse.server.schemas import NO_NUL
+from trainhouse.usecases.errors import Unstorable
 from trainhouse.usecases.runtime import build_runtime
 from trainhouse.usecases.settings import Settings
+
+if TYPE_CHECKING:
+    from trainhouse.executors.base import Executor
 
 log = logging.getLogger(__name__)
 
@@ -74,20 +77,12 @@ def create_app(settings: Settings, *, executor: Executor | None = None) -> FastA
         rt = build_runtime(settings, executor)
         app.state.runtime = rt
         set_mlflow_runtime(mlflow_app, rt)
-        started = []
         try:
-            rt.reports.start()  # first and last: reports answered before the end are stored
-            for service in rt.background:
-                service.start()
-                started.append(service)
+            rt.start()
             log.info("trainhouse %s serving %s (home %s)", __version__, settings.url, settings.home)
             yield
         finally:
-            for service in reversed(started):
-                service.stop()
-            rt.reports.stop()  # stores what is queued
-            await rt.replicas.aclose()
-            rt.store.close()
+            await rt.close()
 
     app = FastAPI(
         title="trainhouse",
@@ -114,8 +109,8 @@ def create_app(settings: Settings, *, executor: Executor | None = None) -> FastA
         code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
         return error(exc.status_code, code, str(exc.detail))
 
-    @app.exception_handler(DataError)
-    async def _unstorable(_request: Request, exc: DataError) -> JSONResponse:
+    @app.exception_handler(Unstorable)
+    async def _unstorable(_request: Request, exc: Unstorable) -> JSONResponse:
         # the database refused a value the request carried (too long, out of range, a NUL
         # character) that validation let through: the caller's, but the SQL stays in the log
         log.error("the database refused a value from a request: %s", exc)

@@ -1,30 +1,25 @@
 """The HTTP side of who is asking: the token of a request (a bearer header, or the dashboard's
 cookie with the CSRF header on writes) turned into a principal, and the FastAPI dependencies
 that need one (a person, a writer, an admin, a job the caller may read or act on, the job a
-report comes from). Who may do what is :mod:`trainhouse.usecases.access`."""
+report comes from). Who a token names is :mod:`trainhouse.usecases.callers`; who may do what,
+:mod:`trainhouse.usecases.access`."""
 
 from __future__ import annotations
-
-import logging
 
 from fastapi import Depends, Header, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
-from trainhouse.core.errors import Forbidden, TrainhouseError, Unauthorized
-from trainhouse.core.tokens import job_of_token
+from trainhouse.core.errors import Forbidden
+from trainhouse.core.records import Job
 from trainhouse.core.wire import CSRF_HEADER
 from trainhouse.server.deps import runtime
 from trainhouse.server.schemas import RowId
-from trainhouse.store import Job
-from trainhouse.usecases.access import OPEN, Principal, job_credential
+from trainhouse.usecases import callers
+from trainhouse.usecases.access import OPEN, WRITE_ROLES, Principal
 from trainhouse.usecases.runtime import Runtime
 
-log = logging.getLogger(__name__)
-
 COOKIE = "trainhouse_token"
-CACHE_SECONDS = 5.0  # a verified user token is trusted this long without a query
 SAFE_METHODS = ("GET", "HEAD", "OPTIONS")
-WRITE_ROLES = ("admin", "member")
 
 
 bearer = HTTPBearer(
@@ -53,30 +48,12 @@ def caller(
     creds: HTTPAuthorizationCredentials | None = Depends(bearer),
     rt: Runtime = Depends(runtime),
 ) -> Principal:
-    """The principal of a request: OPEN with auth off, else whoever the token names."""
+    """The principal of a request: OPEN with auth off, else whoever the token names; either
+    calling from the request's address (what the audit log records)."""
+    client = client_address(request)
     if not rt.auth.enabled:
-        return OPEN
-    return principal_of(rt, request_token(request, creds), client_address(request))
-
-
-def principal_of(rt: Runtime, token: str | None, client: str) -> Principal:
-    """Whoever ``token`` names now (auth on), as :func:`caller` finds it; also what an open
-    log stream re-checks. Raises 401 (429 past the failure limit) for a token refused."""
-    if not token:
-        raise Unauthorized(
-            "this server needs a token: `trainhouse login`, TRAINHOUSE_TOKEN, or the header "
-            "Authorization: Bearer <token>"
-        )
-    job_id = job_of_token(token)
-    if job_id is not None:
-        try:
-            job = rt.store.jobs.get(job_id)
-        except TrainhouseError:
-            job = None
-        if job is None or not job_credential(job, token):
-            raise rt.auth.refuse(client, "not the credential of a running attempt", token)
-        return Principal(f"job:{job_id}", "job", job_id=job_id)
-    return rt.auth.user(token, client)
+        return OPEN.at(client)
+    return callers.principal_of(rt, request_token(request, creds), client)
 
 
 def signed_in(p: Principal = Depends(caller)) -> Principal:
@@ -102,12 +79,14 @@ def readable_job(
     job_id: RowId, p: Principal = Depends(caller), rt: Runtime = Depends(runtime)
 ) -> Job:
     """The job, if the caller may read it."""
-    job = rt.store.jobs.get(job_id)
-    if not p.may_read(job, rt.settings.job_visibility):
-        if p.is_job:
-            raise Forbidden(f"a job's credential reaches only its own job (job {p.job_id})")
-        raise Forbidden(f"job {job_id} belongs to another user; {p.name!r} may not read it")
-    return job
+    return callers.readable_job(rt, p, job_id)
+
+
+def writable_job(
+    job_id: RowId, p: Principal = Depends(writer), rt: Runtime = Depends(runtime)
+) -> Job:
+    """The job, if the caller may act on it (its owner or an admin)."""
+    return callers.writable_job(rt, p, job_id)
 
 
 AuthHeader = Header(None, alias="Authorization", include_in_schema=False)
@@ -127,40 +106,5 @@ def reporting_job(
     rt: Runtime = Depends(runtime),
 ) -> Job:
     """The job a request reports for (metrics, checkpoints), once its per-attempt credential
-    checks out, with auth on or off. A wrong one is refused as any token is: counted against
-    the client's address (429 past the limit) and audited."""
-    job = rt.store.jobs.get(job_id)
-    token = bearer_token(authorization)
-    if token is None:
-        raise Unauthorized("this endpoint needs the job's credential (Authorization: Bearer ...)")
-    if not job_credential(job, token):
-        why = f"the credential is not valid for job {job.id}'s current attempt"
-        raise rt.auth.refuse(client_address(request), why, token)
-    return job
-
-
-def writable_job(
-    job_id: RowId, p: Principal = Depends(writer), rt: Runtime = Depends(runtime)
-) -> Job:
-    """The job, if the caller may act on it (its owner or an admin)."""
-    job = rt.store.jobs.get(job_id)
-    if not p.may_write(job):
-        raise Forbidden(f"job {job_id} belongs to another user; {p.name!r} may not change it")
-    return job
-
-
-def audit(
-    rt: Runtime,
-    request: Request,
-    p: Principal,
-    action: str,
-    target: str | None = None,
-    **detail: object,
-) -> None:
-    """Record an action in the audit log (a failure to write it is logged, not raised)."""
-    try:
-        rt.store.accounts.audit(
-            p.name, action, target, detail=dict(detail) or None, client=client_address(request)
-        )
-    except Exception:
-        log.exception("could not write the audit log (%s %s)", action, target)
+    checks out, with auth on or off (:func:`trainhouse.usecases.callers.reporting_job`)."""
+    return callers.reporting_job(rt, job_id, bearer_token(authorization), client_address(request))

@@ -10,6 +10,7 @@ import re
 import shlex
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
+from contextvars import ContextVar
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -56,6 +57,9 @@ def _private_file(database: str | None) -> None:
     with suppress(OSError):
         os.close(os.open(database, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600))
 
+
+#: the transaction open in this thread or task, and its database (:meth:`Database.transaction`)
+_open: ContextVar[tuple[Database, Connection] | None] = ContextVar("trainhouse_tx", default=None)
 
 MigrateMode = Literal["always", "auto", "never"]
 MIGRATE_MODES: tuple[str, ...] = get_args(MigrateMode)
@@ -224,12 +228,29 @@ class Database:
     @contextmanager
     def transaction(self) -> Iterator[Connection]:
         """A connection in a transaction: committed when the block ends, rolled back if it
-        raises. Every write of the repositories happens in one."""
+        raises. Every write of the repositories happens in one.
+
+        Inside an open transaction of this database (in this thread or task), a nested one
+        joins it: a use case wraps the repository calls of one action (the change and its
+        audit entry) in one transaction, and they commit or roll back together."""
+        joined = _open.get()
+        if joined is not None and joined[0] is self:
+            yield joined[1]
+            return
         with self.engine.begin() as conn:
-            yield conn
+            token = _open.set((self, conn))
+            try:
+                yield conn
+            finally:
+                _open.reset(token)
 
     @contextmanager
     def connect(self) -> Iterator[Connection]:
-        """A connection for reads (no transaction is committed)."""
+        """A connection for reads (no transaction is committed); inside an open transaction,
+        that transaction's, so a use case reads what it has written."""
+        joined = _open.get()
+        if joined is not None and joined[0] is self:
+            yield joined[1]
+            return
         with self.engine.connect() as conn:
             yield conn

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Mapping
+from contextlib import suppress
 from typing import TYPE_CHECKING, Any, Literal, get_args
 
 from sqlalchemy import case, delete, func, insert, select, update
@@ -20,6 +21,7 @@ from trainhouse.core.errors import InvalidTransition, NotFound, StoreError
 from trainhouse.core.lifecycle import (
     RESUMABLE,
     JobState,
+    StopReason,
     check_transition,
 )
 from trainhouse.core.records import Attempt, Event, Job
@@ -282,6 +284,24 @@ class JobRepo:
     def request_cancel(self, job_id: int) -> Job:
         self.update(job_id, cancel_requested=True)
         return self.get(job_id)
+
+    def cancel(self, job_id: int) -> Job:
+        """The one cancel (of a job, a search's trial, a service's job): asked for, and a
+        queued job ends CANCELED here at once; in any other state the scheduler loop ends it
+        (if it started meanwhile, the compare-and-set refuses and the loop stops its
+        processes). A tracked run (an MLflow run made outside a job) has no processes: it
+        ends here too. Returns the job as it is now."""
+        with self.db.transaction():
+            job = self.request_cancel(job_id)
+            ends_here = [JobState.QUEUED, JobState.RUNNING] if job.tracked else [JobState.QUEUED]
+            if job.state in ends_here:
+                # a lost compare-and-set (it started meanwhile) is no SQL error: the request
+                # to cancel stands, and the loop ends it
+                with suppress(StoreError):
+                    job = self.transition(
+                        job_id, JobState.CANCELED, reason=StopReason.CANCEL.text, expect=ends_here
+                    )
+        return job
 
     # -- events ----------------------------------------------------------------------------
     def events(self, job_id: int) -> EventList:

@@ -201,7 +201,7 @@ class SearchRunner(BackgroundLoop):
                 for trial in still:
                     job = jobs[trial.job_id]
                     if not job.cancel_requested:
-                        self.store.jobs.request_cancel(job.id)
+                        self.store.jobs.cancel(job.id)  # a queued trial ends now
                         self.wake_scheduler()
                 if not still:
                     with self._lock:

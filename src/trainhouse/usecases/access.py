@@ -34,7 +34,7 @@ import hmac
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from trainhouse.core.errors import RateLimited, TrainhouseError, Unauthorized
 from trainhouse.core.records import Job
@@ -53,6 +53,12 @@ class Principal:
     role: str  # admin | member | viewer | job | open (auth off)
     job_id: int | None = None
     token_id: int | None = None
+    #: the address the request came from (what the audit log records); "" outside a request
+    client: str = ""
+
+    def at(self, client: str) -> Principal:
+        """This principal, calling from ``client``."""
+        return replace(self, client=client)
 
     @property
     def is_admin(self) -> bool:

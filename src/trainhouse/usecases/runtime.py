@@ -100,6 +100,7 @@ class Runtime:
     replicas: ReplicaHub  # services' replicas and the predictions forwarded to them
     streams: StreamSlots = field(default_factory=StreamSlots)  # open log streams
     tensorboard: TensorBoardImport | None = None  # event files imported as metrics
+    _started: list[BackgroundLoop] = field(default_factory=list, init=False, repr=False)
 
     @property
     def background(self) -> list[BackgroundLoop]:
@@ -111,6 +112,26 @@ class Runtime:
 
     def files(self, job_id: int) -> JobLayout:
         return JobLayout(self.settings.home, job_id)
+
+    def start(self) -> None:
+        """Start the report writer and the background loops, in order (if one fails to start,
+        :meth:`close` stops those that started)."""
+        self.reports.start()  # first and last: reports answered before the end are stored
+        for loop in self.background:
+            loop.start()
+            self._started.append(loop)
+
+    async def close(self) -> None:
+        """Stop what :meth:`start` started, in reverse; store what is queued; close the
+        replicas' connections and the store."""
+        try:
+            for loop in reversed(self._started):
+                loop.stop()
+            self._started.clear()
+            self.reports.stop()  # stores what is queued
+            await self.replicas.aclose()
+        finally:
+            self.store.close()
 
 
 def build_runtime(settings: Settings, executor: Executor | None = None) -> Runtime:

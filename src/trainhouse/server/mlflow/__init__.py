@@ -1,7 +1,8 @@
 """An MLflow-compatible tracking API under ``/mlflow``: the part of MLflow's REST API that the
 mlflow client's fluent API, ``MlflowClient``, transformers' ``MLflowCallback`` and Lightning's
-``MLFlowLogger`` use, mapped onto jobs (:mod:`.tracking`, :mod:`.artifacts`; who may do what:
-:mod:`.access`; the wire format: :mod:`.protocol`).
+``MLFlowLogger`` use, mapped onto jobs (the routes: :mod:`.tracking`, :mod:`.artifacts`; the
+caller: :mod:`.access`; the wire format: :mod:`.protocol`; the work, and who may do what:
+:mod:`trainhouse.usecases.tracking`).
 
 It is an app of its own, mounted at ``/mlflow`` and at ``/mlflow/jobs/<id>`` (a job's scope),
 so that every error it answers is in MLflow's shape (``{"error_code", "message"}``): an unknown
@@ -15,12 +16,12 @@ import logging
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from sqlalchemy.exc import DataError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from trainhouse.core.errors import MlflowError, ServerBusy, TrainhouseError
 from trainhouse.server.mlflow import artifacts, tracking
 from trainhouse.server.mlflow.protocol import from_trainhouse
+from trainhouse.usecases.errors import Unstorable
 from trainhouse.usecases.runtime import Runtime
 
 __all__ = ["create_app"]
@@ -68,8 +69,8 @@ def create_app() -> FastAPI:
             )
         return _answer(MlflowError(exc.status_code, "BAD_REQUEST", str(exc.detail)))
 
-    @app.exception_handler(DataError)
-    async def _unstorable(_request: Request, exc: DataError) -> JSONResponse:
+    @app.exception_handler(Unstorable)
+    async def _unstorable(_request: Request, exc: Exception) -> JSONResponse:
         log.error("the database refused a value from an MLflow request: %s", exc)
         return _answer(
             MlflowError(400, "INVALID_PARAMETER_VALUE", "a value in the request cannot be stored")

@@ -26,8 +26,13 @@ from trainhouse.core.errors import (
     Unauthorized,
 )
 from trainhouse.core.records import Job
-from trainhouse.store.series import SeriesPoints
-from trainhouse.store.tracking import Experiment, MlflowRun
+from trainhouse.usecases.tracking import (
+    ArtifactTooLarge,
+    Experiment,
+    MlflowRun,
+    RunView,
+    SeriesPoints,
+)
 
 # MLflow's own limits (mlflow/utils/validation.py, 3.x)
 MAX_PARAMS_TAGS_PER_BATCH = 100
@@ -65,7 +70,7 @@ def from_trainhouse(exc: TrainhouseError) -> MlflowError:
         return MlflowError(429, "REQUEST_LIMIT_EXCEEDED", message)
     if isinstance(exc, ServerBusy):
         return MlflowError(503, "TEMPORARILY_UNAVAILABLE", message)
-    if isinstance(exc, BodyTooLarge):
+    if isinstance(exc, BodyTooLarge | ArtifactTooLarge):
         return MlflowError(413, "INVALID_PARAMETER_VALUE", message)
     return MlflowError(400, "INVALID_PARAMETER_VALUE", message)  # MLflow's status for it
 
@@ -240,6 +245,26 @@ def run_info(job: Job, run: MlflowRun) -> dict[str, Any]:
 
 def value_out(value: float | None) -> float | str:
     return "NaN" if value is None else value
+
+
+def run_json(view: RunView) -> dict[str, Any]:
+    """A run as ``runs/get`` answers it: its info, its latest metrics (each at the job's last
+    step and update time), params and tags."""
+    job = view.job
+    metrics = [
+        {
+            "key": name,
+            "value": value_out(value),
+            "timestamp": int(job.updated_at * 1000),
+            "step": job.last_step or 0,
+        }
+        for name, value in sorted(job.latest_metrics.items())
+    ]
+    return {
+        "info": run_info(job, view.run),
+        "data": {"metrics": metrics, "params": pairs(view.params), "tags": pairs(view.tags)},
+        "inputs": {},
+    }
 
 
 def history_json(key: str, points: SeriesPoints) -> list[dict[str, Any]]:

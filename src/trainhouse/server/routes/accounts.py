@@ -1,21 +1,20 @@
-"""Accounts: who am I, dashboard sessions, users and roles, API tokens, the audit log."""
+"""Accounts: who am I, dashboard sessions, users and roles, API tokens, the audit log. The
+work is :mod:`trainhouse.usecases.accounts`'s; these routes parse, call and render."""
 
 from __future__ import annotations
 
-import time
 from dataclasses import asdict
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Path, Query, Request, Response
 from pydantic import BaseModel, Field
 
-from trainhouse.core.errors import Forbidden, Unauthorized
-from trainhouse.core.tokens import issue
-from trainhouse.server.auth import COOKIE, admin, audit, caller, client_address, signed_in
+from trainhouse.server.auth import COOKIE, admin, caller, client_address, signed_in
 from trainhouse.server.deps import runtime
 from trainhouse.server.schemas import NO_NUL, NulFree, RowId
-from trainhouse.store.accounts import Role, Token, User
+from trainhouse.usecases import accounts
 from trainhouse.usecases.access import Principal
+from trainhouse.usecases.accounts import Role, Token, User
 from trainhouse.usecases.runtime import Runtime
 
 router = APIRouter(tags=["accounts"])
@@ -137,9 +136,7 @@ def open_session(
         return WhoAmIOut(
             name="anonymous", role="open", auth=False, job_visibility=rt.settings.job_visibility
         )
-    if body.token.startswith("thj_"):
-        raise Forbidden("a job's credential cannot open a dashboard session")
-    p = rt.auth.user(body.token.strip(), client_address(request))
+    p = accounts.sign_in(rt, body.token, client_address(request))
     response.set_cookie(
         COOKIE,
         body.token.strip(),
@@ -158,35 +155,28 @@ def close_session(response: Response) -> None:
 
 # -- users ----------------------------------------------------------------------------------
 @router.get("/users", response_model=UsersOut)
-def list_users(_p: Principal = Depends(admin), rt: Runtime = Depends(runtime)) -> UsersOut:
-    return UsersOut(users=[user_out(u) for u in rt.store.accounts.users()])
+def list_users(p: Principal = Depends(admin), rt: Runtime = Depends(runtime)) -> UsersOut:
+    return UsersOut(users=[user_out(u) for u in accounts.users(rt, p)])
 
 
 @router.post("/users", response_model=UserOut, status_code=201)
 def add_user(
-    request: Request,
     body: UserIn,
     p: Principal = Depends(admin),
     rt: Runtime = Depends(runtime),
 ) -> UserOut:
-    user = rt.store.accounts.add_user(body.name, body.role)
-    audit(rt, request, p, "user.add", user.name, role=user.role)
-    return user_out(user)
+    return user_out(accounts.add_user(rt, p, body.name, body.role))
 
 
 @router.patch("/users/{name}", response_model=UserOut)
 def update_user(
-    request: Request,
     name: Annotated[str, Path(pattern=NO_NUL)],
     body: UserPatch,
     p: Principal = Depends(admin),
     rt: Runtime = Depends(runtime),
 ) -> UserOut:
     """Change a user's role, or disable (their tokens stop working) or enable them."""
-    user = rt.store.accounts.update_user(name, role=body.role, disabled=body.disabled)
-    rt.auth.forget()
-    audit(rt, request, p, "user.update", name, **body.model_dump(exclude_none=True))
-    return user_out(user)
+    return user_out(accounts.update_user(rt, p, name, role=body.role, disabled=body.disabled))
 
 
 # -- tokens ---------------------------------------------------------------------------------
@@ -199,54 +189,29 @@ def list_tokens(
     p: Principal = Depends(signed_in),
     rt: Runtime = Depends(runtime),
 ) -> TokensOut:
-    if (all or (user is not None and user != p.name)) and not p.is_admin:
-        raise Forbidden(f"only admins may list other users' tokens; user {p.name!r} is a {p.role}")
-    whose = None if all else (user or p.name)
-    return TokensOut(tokens=[token_out(t) for t in rt.store.accounts.tokens(whose)])
+    return TokensOut(tokens=[token_out(t) for t in accounts.tokens(rt, p, user=user, all=all)])
 
 
 @router.post("/tokens", response_model=NewTokenOut, status_code=201)
 def create_token(
-    request: Request,
     body: TokenIn,
     p: Principal = Depends(signed_in),
     rt: Runtime = Depends(runtime),
 ) -> NewTokenOut:
     """A new API token, for me or (admins) for another user; its secret is shown only here."""
-    whose = body.user or p.name
-    if whose != p.name and not p.is_admin:
-        raise Forbidden(f"only admins may make tokens for other users; {p.name!r} is a {p.role}")
-    if not p.authenticated and body.user is None:
-        raise Unauthorized("auth is off here, so there is no 'me': name the token's user")
-    expires_at = time.time() + body.expires_in if body.expires_in else None
-    token, secret = issue(rt.store.accounts, whose, body.name, expires_at=expires_at)
-    audit(
-        rt,
-        request,
-        p,
-        "token.create",
-        whose,
-        token_id=token.id,
-        name=token.name,
-        expires_at=expires_at,
+    token, secret = accounts.create_token(
+        rt, p, body.name, user=body.user, expires_in=body.expires_in
     )
     return NewTokenOut(token=token_out(token), secret=secret)
 
 
 @router.delete("/tokens/{token_id}", response_model=TokenOut)
 def revoke_token(
-    request: Request,
     token_id: RowId,
     p: Principal = Depends(signed_in),
     rt: Runtime = Depends(runtime),
 ) -> TokenOut:
-    token = rt.store.accounts.get_token(token_id)
-    if token.user != p.name and not p.is_admin:
-        raise Forbidden(f"token {token_id} belongs to another user; {p.name!r} may not revoke it")
-    token = rt.store.accounts.revoke_token(token_id)
-    rt.auth.forget()
-    audit(rt, request, p, "token.revoke", token.user, token_id=token_id)
-    return token_out(token)
+    return token_out(accounts.revoke_token(rt, p, token_id))
 
 
 # -- audit ----------------------------------------------------------------------------------
@@ -257,11 +222,11 @@ def audit_log(
     action: list[NulFree] | None = Query(None, description="Only these actions (repeatable)"),
     actor: str | None = Query(None, max_length=128, pattern=NO_NUL),
     since: float | None = Query(None, ge=0, le=1e11, description="Unix time of the first entry"),
-    _p: Principal = Depends(admin),
+    p: Principal = Depends(admin),
     rt: Runtime = Depends(runtime),
 ) -> AuditOut:
     """Admin actions, cancellations and failed token uses, newest first."""
-    entries, total = rt.store.accounts.audit_entries(
-        limit=limit, offset=offset, actions=action, actor=actor, since=since
+    entries, total = accounts.audit_log(
+        rt, p, limit=limit, offset=offset, actions=action, actor=actor, since=since
     )
     return AuditOut(entries=[AuditEntryOut(**asdict(e)) for e in entries], total=total)

@@ -1,14 +1,16 @@
 """The jobs' environments in this machine's cache (``HOME/envs``, :mod:`trainhouse.jobfs.envcache`):
-list them, and remove those no attempt uses. Admins only."""
+list them, and remove those no attempt uses. Admins only. The work is
+:mod:`trainhouse.usecases.envs`'s; these routes parse, call and render."""
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Depends
 from pydantic import BaseModel, Field
 
-from trainhouse.jobfs import envcache
-from trainhouse.server.auth import admin, audit
+from trainhouse.jobfs.envcache import Cached
+from trainhouse.server.auth import admin
 from trainhouse.server.deps import runtime
+from trainhouse.usecases import envs
 from trainhouse.usecases.access import Principal
 from trainhouse.usecases.runtime import Runtime
 
@@ -50,43 +52,27 @@ class PruneOut(BaseModel):
     kept_in_use: list[str] = Field(description="Digests that were asked for but are in use")
 
 
-def _out(env: envcache.Cached) -> EnvOut:
+def _out(env: Cached) -> EnvOut:
     return EnvOut(**env.to_json())
 
 
 @router.get("/envs", response_model=EnvsOut)
 def list_envs(_p: Principal = Depends(admin), rt: Runtime = Depends(runtime)) -> EnvsOut:
     """This machine's environments, least recently used first (a Ray node keeps its own)."""
-    found = envcache.cached(rt.settings.env_cache)
+    found = envs.listing(rt)
     return EnvsOut(
-        envs=[_out(e) for e in found],
-        total_size=sum(e.size for e in found),
-        max_size=rt.settings.env_cache_size,
-        directory=str(rt.settings.env_cache),
+        envs=[_out(e) for e in found.envs],
+        total_size=found.total_size,
+        max_size=found.max_size,
+        directory=found.directory,
     )
 
 
 @router.post("/envs/prune", response_model=PruneOut)
 def prune_envs(
-    request: Request,
-    body: PruneIn,
-    p: Principal = Depends(admin),
-    rt: Runtime = Depends(runtime),
+    body: PruneIn, p: Principal = Depends(admin), rt: Runtime = Depends(runtime)
 ) -> PruneOut:
     """Remove environments no attempt uses: the least recently used past the cache's size,
     every one (``all``), or one (``digest``)."""
-    cache = rt.settings.env_cache
-    busy: list[str] = []
-    if body.digest is not None:
-        chosen = [e for e in envcache.cached(cache) if e.digest.startswith(body.digest)]
-        removed = []
-        for env in chosen:
-            if envcache.remove(cache, env.digest):
-                removed.append(env)
-            else:
-                busy.append(env.digest)
-    else:
-        removed = envcache.prune(cache, 0 if body.all else rt.settings.env_cache_size)
-        busy = [] if not body.all else [e.digest for e in envcache.cached(cache) if e.in_use]
-    audit(rt, request, p, "envcache.prune", str(len(removed)), **body.model_dump(exclude_none=True))
-    return PruneOut(removed=[_out(e) for e in removed], kept_in_use=busy)
+    done = envs.prune(rt, p, all=body.all, digest=body.digest)
+    return PruneOut(removed=[_out(e) for e in done.removed], kept_in_use=done.kept_in_use)

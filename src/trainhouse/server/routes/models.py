@@ -1,4 +1,5 @@
-"""The model registry: models, versions, aliases, and their files.
+"""The model registry: models, versions, aliases, and their files. The work is
+:mod:`trainhouse.usecases.models`'s; these routes parse, call and render.
 
 Everyone signed in reads (viewers too); members and admins register, move aliases and delete.
 A job registers what it saved with its own credential (``POST /jobs/{id}/models``, what
@@ -10,11 +11,11 @@ from __future__ import annotations
 from dataclasses import asdict
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, Path, Request
+from fastapi import APIRouter, Depends, Path
 from fastapi.responses import StreamingResponse
 
-from trainhouse.core.errors import Forbidden, ModelError, StoreError
-from trainhouse.server.auth import audit, reporting_job, signed_in, writer
+from trainhouse.core.records import Job, ModelVersion
+from trainhouse.server.auth import reporting_job, signed_in, writer
 from trainhouse.server.deps import runtime
 from trainhouse.server.schemas import (
     AliasIn,
@@ -25,7 +26,7 @@ from trainhouse.server.schemas import (
     ModelVersionOut,
     VersionFromJobIn,
 )
-from trainhouse.store import Job, ModelVersion
+from trainhouse.usecases import models
 from trainhouse.usecases.access import Principal
 from trainhouse.usecases.runtime import Runtime
 
@@ -51,12 +52,12 @@ def register_saved(
     body: ModelRegisterIn, job: Job = Depends(reporting_job), rt: Runtime = Depends(runtime)
 ) -> ModelVersionOut:
     """A model the job saved (``run.save_model``): checked and registered as a new version."""
-    return version_out(rt.saved_models.register(job, body.path, name=body.name))
+    return version_out(models.register_saved(rt, job, body.path, name=body.name))
 
 
 @router.get("/models", response_model=ModelListOut)
 def list_models(_p: Principal = Depends(signed_in), rt: Runtime = Depends(runtime)) -> ModelListOut:
-    return ModelListOut(models=[ModelOut(**asdict(m)) for m in rt.store.models.list()])
+    return ModelListOut(models=[ModelOut(**asdict(m)) for m in models.models(rt)])
 
 
 @router.get("/models/{name}", response_model=ModelDetailOut)
@@ -64,8 +65,7 @@ def show_model(
     name: ModelName, _p: Principal = Depends(signed_in), rt: Runtime = Depends(runtime)
 ) -> ModelDetailOut:
     """A model with its versions (job, step, metrics, files, aliases), oldest first."""
-    model = rt.store.models.get(name)
-    versions = rt.store.models.versions(name)
+    model, versions = models.detail(rt, name)
     return ModelDetailOut(
         model=ModelOut(**asdict(model)), versions=[version_out(v) for v in versions]
     )
@@ -78,12 +78,11 @@ def show_version(
     _p: Principal = Depends(signed_in),
     rt: Runtime = Depends(runtime),
 ) -> ModelVersionOut:
-    return version_out(rt.store.models.resolve(name, ref))
+    return version_out(models.version(rt, name, ref))
 
 
 @router.post("/models/{name}/versions", response_model=ModelVersionOut, status_code=201)
 def register_version(
-    request: Request,
     body: VersionFromJobIn,
     name: ModelName,
     p: Principal = Depends(writer),
@@ -92,38 +91,14 @@ def register_version(
     """A job's saved model (its newest, or the one of ``step``) as a new version of ``name``;
     with ``loader``, the job's checkpoint (its newest, or the one of ``step``) copied as a
     model that function of the job's code rebuilds."""
-    job = rt.store.jobs.get(body.job)
-    if not p.may_read(job, rt.settings.job_visibility):
-        raise Forbidden(f"job {job.id} belongs to another user; {p.name!r} may not read it")
-    if body.loader is None:
-        if body.inputs is not None:
-            raise ModelError("inputs are declared with a loader only (a saved model has its own)")
-        version = rt.saved_models.register_from_job(job, name, body.step)
-    else:
-        archive = rt.blobs.path(job.archive_sha256) if job.archive_sha256 else None
-        version = rt.saved_models.register_checkpoint(
-            job,
-            name,
-            step=body.step,
-            loader=body.loader,
-            archive=archive,
-            inputs=[i.model_dump() for i in body.inputs] if body.inputs is not None else None,
-        )
-    audit(
-        rt,
-        request,
-        p,
-        "model.register",
-        f"{name}@{version.version}",
-        job=job.id,
-        **({"loader": body.loader, "step": version.step} if body.loader else {}),
+    inputs = [i.model_dump() for i in body.inputs] if body.inputs is not None else None
+    return version_out(
+        models.register(rt, p, name, body.job, step=body.step, loader=body.loader, inputs=inputs)
     )
-    return version_out(version)
 
 
 @router.put("/models/{name}/aliases/{alias}", response_model=ModelVersionOut)
 def set_alias(
-    request: Request,
     body: AliasIn,
     name: ModelName,
     alias: AliasName,
@@ -131,26 +106,21 @@ def set_alias(
     rt: Runtime = Depends(runtime),
 ) -> ModelVersionOut:
     """Point ``alias`` at a version (made, or moved from the version it named)."""
-    version = rt.store.models.set_alias(name, alias, body.version)
-    audit(rt, request, p, "model.alias", f"{name}@{alias}", version=body.version)
-    return version_out(version)
+    return version_out(models.set_alias(rt, p, name, alias, body.version))
 
 
 @router.delete("/models/{name}/aliases/{alias}", status_code=204)
 def remove_alias(
-    request: Request,
     name: ModelName,
     alias: AliasName,
     p: Principal = Depends(writer),
     rt: Runtime = Depends(runtime),
 ) -> None:
-    rt.store.models.remove_alias(name, alias)
-    audit(rt, request, p, "model.unalias", f"{name}@{alias}")
+    models.remove_alias(rt, p, name, alias)
 
 
 @router.delete("/models/{name}/versions/{version}", response_model=ModelVersionOut)
 def delete_version(
-    request: Request,
     name: ModelName,
     version: VersionNo,
     p: Principal = Depends(writer),
@@ -158,15 +128,7 @@ def delete_version(
 ) -> ModelVersionOut:
     """Forget a version and delete its files; refused (409) while an alias names it or a
     service uses it."""
-    users = rt.replicas.users_of(name, version)
-    if users:
-        raise StoreError(
-            f"{name}@{version} is served by {', '.join(users)}: stop the service first "
-            "(trainhouse serve stop NAME) or move it to another version"
-        )
-    gone = rt.saved_models.delete(name, version)
-    audit(rt, request, p, "model.delete", f"{name}@{version}")
-    return version_out(gone)
+    return version_out(models.delete_version(rt, p, name, version))
 
 
 @router.get("/models/{name}/versions/{version}/files/{file}")
@@ -178,7 +140,6 @@ def version_file(
     rt: Runtime = Depends(runtime),
 ) -> StreamingResponse:
     """One of a version's files, streamed (the client checks its sha256 against the record)."""
-    found = rt.store.models.version(name, version)
     return StreamingResponse(
-        rt.saved_models.read(found, file), media_type="application/octet-stream"
+        models.version_bytes(rt, name, version, file), media_type="application/octet-stream"
     )

@@ -1,0 +1,137 @@
+"""Continuing and cloning jobs.
+
+A resume sends an ended job (CANCELED or FAILED) back to the queue through the lifecycle table
+(``store.jobs.resume``): the same job, its next attempt loading its latest good checkpoint as a
+restart does. A clone is a new job with the same workdir archive (no upload) and the spec with
+overrides; with ``from_checkpoint`` it starts from a verified copy of one of the old job's
+checkpoints (:meth:`trainhouse.ingest.checkpoints.Checkpoints.copy`), held out of the
+scheduler's reach (``held``) until the copy is registered. Each change is one transaction with
+its audit entry; the scheduler is woken after it.
+"""
+
+from __future__ import annotations
+
+import orjson
+
+from trainhouse.core.errors import InvalidTransition, NotFound, ResourceError, StoreError
+from trainhouse.core.lifecycle import RESUMABLE, JobState
+from trainhouse.core.records import Checkpoint, Job
+from trainhouse.scheduler.resources import never_fits
+from trainhouse.usecases import audit
+from trainhouse.usecases.access import Principal
+from trainhouse.usecases.runtime import Runtime
+from trainhouse.usecases.submission import accepted_spec, check_entrypoint
+
+__all__ = ["clone", "resume"]
+
+
+def _loadable(rt: Runtime, job_id: int) -> list[Checkpoint]:
+    """The job's checkpoints a restart may load (not deleted, not marked corrupt), by step."""
+    return [c for c in rt.store.checkpoints.list(job_id) if c.corrupt is None]
+
+
+def resume(rt: Runtime, p: Principal, job: Job) -> Job:
+    """Send ``job`` (one the caller may write), CANCELED or FAILED, back to the queue, to
+    continue from its latest good checkpoint: the same job, its attempts and restart counters
+    going on (``resumes`` + 1). Refused (409) for a job in any other state or without a
+    checkpoint, and for one that could no longer run on this server."""
+    job_id = job.id
+    if job.state not in RESUMABLE:
+        why = {
+            JobState.COMPLETED: f"it completed; `trainhouse clone {job_id} "
+            "--from-checkpoint latest` trains on from its checkpoint in a new job",
+        }.get(job.state, "it has not ended; only a canceled or failed job can be resumed")
+        raise InvalidTransition(f"job {job_id} is {job.state}: {why}")
+    loadable = _loadable(rt, job_id)
+    if not loadable:
+        raise StoreError(
+            f"job {job_id} has no checkpoint to resume from (it saved none, or none is left); "
+            f"`trainhouse clone {job_id}` runs it again from the start"
+        )
+    executor = rt.scheduler.executor
+    spec = job.spec
+    reason = never_fits(executor.capacity(), spec.resources, multi_node=executor.multi_node)
+    if reason:
+        raise ResourceError(f"job {job_id} can no longer run on this server: {reason}")
+    latest = max(loadable, key=lambda c: (c.step, c.id))
+    with rt.store.transaction():
+        resumed = rt.store.jobs.resume(job_id, by=p.name, checkpoint_step=latest.step)
+        audit.record(rt, p, "job.resume", f"job:{job_id}", owner=job.owner, step=latest.step)
+    rt.scheduler.wake()
+    return resumed
+
+
+def _checkpoint(rt: Runtime, source: Job, wanted: str) -> Checkpoint:
+    """The checkpoint of ``source`` a clone starts from: its newest loadable one (``latest``)
+    or the newest of step ``wanted``."""
+    loadable = _loadable(rt, source.id)
+    if not loadable:
+        raise NotFound(f"job {source.id} has no checkpoint to start from")
+    if wanted == "latest":
+        return max(loadable, key=lambda c: (c.step, c.id))
+    step = int(wanted)
+    found = [c for c in loadable if c.step == step]
+    if not found:
+        steps = ", ".join(str(c.step) for c in loadable[-20:])
+        raise NotFound(f"job {source.id} has no checkpoint of step {step}; its steps: {steps}")
+    return max(found, key=lambda c: c.id)
+
+
+def clone(
+    rt: Runtime,
+    p: Principal,
+    source: Job,
+    *,
+    overrides: list[str] | None = None,
+    from_checkpoint: str | None = None,
+) -> Job:
+    """A new job, owned by the caller, with the same workdir archive as ``source`` (a job the
+    caller may read) and its spec plus ``overrides`` (as ``--set``); with ``from_checkpoint``
+    ('latest' or a step) it starts from a verified copy of that checkpoint. It records where
+    it came from (``cloned_from``, ``cloned_step``). A copy that fails leaves no job behind."""
+    text = orjson.dumps(source.spec_data).decode()
+    spec = accepted_spec(rt, p, text, overrides=overrides, source=f"job {source.id}'s spec")
+    archive = rt.blobs.path(source.archive_sha256)
+    if not archive.is_file():
+        raise NotFound(f"job {source.id}'s workdir archive is no longer on the server")
+    check_entrypoint(spec, archive)
+    ckpt = _checkpoint(rt, source, from_checkpoint) if from_checkpoint is not None else None
+    owner = p.name if p.authenticated else source.owner
+    step = ckpt.step if ckpt is not None else None
+
+    def audited(new: Job) -> None:  # in the transaction that makes the clone schedulable
+        audit.record(
+            rt,
+            p,
+            "job.clone",
+            f"job:{new.id}",
+            source=source.id,
+            step=step,
+            overrides=overrides or None,
+        )
+
+    with rt.store.transaction():
+        new = rt.store.jobs.create(
+            name=spec.name,
+            owner=owner,
+            priority=spec.priority,
+            spec=spec,
+            archive_sha256=source.archive_sha256,
+            cloned_from=source.id,
+            cloned_step=step,
+            hold=ckpt is not None,
+        )
+        if ckpt is None:
+            audited(new)
+    if ckpt is not None:  # the copy (maybe large) outside any transaction; the job held
+        try:
+            rt.checkpoints.copy(source, ckpt, new)
+        except BaseException:
+            rt.checkpoints.remove_all(new.id)
+            rt.store.jobs.discard(new.id)
+            raise
+        with rt.store.transaction():
+            new = rt.store.jobs.release(new.id)
+            audited(new)
+    rt.scheduler.wake()
+    return new

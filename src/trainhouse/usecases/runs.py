@@ -1,0 +1,169 @@
+"""The runs table's writes and helpers: tags, notes, archiving, deleting a job, the columns a
+table can show, and the hparams a run reports it used (with the spec's keys it never reads).
+
+The list itself is :func:`trainhouse.usecases.jobs.page` (``where``, ``columns``, ``sort``,
+``project``, ``tags``, ``archived``). Archiving and deleting are audited, each in the
+transaction of its change; tags, notes and reported hparams are not.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import stat
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from trainhouse.core.errors import InvalidQuery, StoreError
+from trainhouse.core.records import Job
+from trainhouse.core.runquery import suggest
+from trainhouse.core.spec import MAX_HPARAMS_BYTES, check_tags
+from trainhouse.jobfs import jobfiles
+from trainhouse.usecases import audit
+from trainhouse.usecases.access import Principal
+from trainhouse.usecases.runtime import Runtime
+
+log = logging.getLogger(__name__)
+
+__all__ = [
+    "Deleted",
+    "Hparams",
+    "archive",
+    "change_tags",
+    "columns",
+    "delete",
+    "report_hparams",
+    "set_note",
+]
+
+
+def columns(rt: Runtime, p: Principal) -> dict[str, list[str]]:
+    """What the runs table can show: hparam keys and metric series jobs have (the most common
+    first; with ``--job-visibility list``, from the caller's own jobs unless an admin), the
+    projects and the tags."""
+    visibility = rt.settings.job_visibility
+    private = None if p.is_admin or visibility == "all" else p.name
+    return rt.store.runs.names(private=private)
+
+
+def change_tags(rt: Runtime, job: Job, *, add: list[str], remove: list[str]) -> list[str]:
+    """Add and remove tags of ``job`` (one the caller may write); its tags after."""
+    try:
+        added = check_tags(add)
+        removed = check_tags(remove)
+    except ValueError as e:
+        raise InvalidQuery(str(e)) from None
+    return rt.store.runs.change_tags(job.id, add=added, remove=removed)
+
+
+def set_note(rt: Runtime, job: Job, note: str) -> Job:
+    """Replace the note of ``job`` (one the caller may write; markdown, an empty one clears
+    it); the job after."""
+    rt.store.runs.set_note(job.id, note)
+    return rt.store.jobs.get(job.id)
+
+
+def archive(rt: Runtime, p: Principal, job: Job, archived: bool) -> Job:
+    """Archive an ended ``job`` (kept, left out of the default list), or bring it back."""
+    if archived and not job.state.terminal:
+        raise StoreError(f"job {job.id} is {job.state}: only an ended job can be archived")
+    with rt.store.transaction():
+        rt.store.runs.set_archived(job.id, archived)
+        action = "job.archive" if archived else "job.unarchive"
+        audit.record(rt, p, action, f"job:{job.id}", owner=job.owner, name=job.name)
+    return rt.store.jobs.get(job.id)
+
+
+def _tree_size(root: Path) -> int:
+    """Bytes of the regular files under ``root`` (no link followed)."""
+    total = 0
+    for top, _dirs, files in os.walk(root, followlinks=False):
+        for name in files:
+            try:
+                st = os.lstat(os.path.join(top, name))
+            except OSError:
+                continue
+            if stat.S_ISREG(st.st_mode):
+                total += st.st_size
+    return total
+
+
+@dataclass(frozen=True)
+class Deleted:
+    """A job deleted: the rows it took with it, by table, and the bytes of its files."""
+
+    job_id: int
+    rows: dict[str, int]
+    bytes_freed: int
+
+
+def delete(rt: Runtime, p: Principal, job: Job) -> Deleted:
+    """Delete an ended ``job`` (one the caller may write) for good: its checkpoints kept
+    apart (``--checkpoint-url``) first, then every row of it with the audit entry in one
+    transaction, then its directory (logs, checkpoints). A job not ended is refused: cancel it
+    first."""
+    if not job.state.terminal:
+        raise StoreError(
+            f"job {job.id} is {job.state}: only an ended job can be deleted (cancel it first)"
+        )
+    files = rt.files(job.id)
+    freed = _tree_size(files.root) if files.root.is_dir() else 0
+    if rt.checkpoints.base is not None:  # checkpoints kept apart from the job's directory
+        storage = rt.checkpoints.storage(job.id)
+        with contextlib.suppress(OSError, FileNotFoundError):
+            freed += storage.size("")
+        for name in storage.list(""):
+            try:
+                storage.delete(name)
+            except OSError as exc:
+                log.warning("job %s: checkpoint file %s not deleted: %s", job.id, name, exc)
+    with rt.store.transaction():
+        rows = rt.store.runs.delete(job.id)
+        audit.record(rt, p, "job.delete", f"job:{job.id}", owner=job.owner, name=job.name)
+    jobfiles.remove(rt.settings.home, files.root)
+    return Deleted(job_id=job.id, rows=rows, bytes_freed=freed)
+
+
+@dataclass(frozen=True)
+class Hparams:
+    """The spec's hparams keys the script does not declare, and the warning said of each."""
+
+    unread: list[str]
+    warnings: list[str]
+
+
+def report_hparams(
+    rt: Runtime, job: Job, hparams: dict[str, Any], script_keys: list[str] | None
+) -> Hparams:
+    """What the SDK reports at ``init()`` and on ``run.set_hparams`` (with the job's
+    credential): the hparams the run uses now. A key the spec (or ``--set``) gave that the
+    script does not declare among its defaults (``script_keys``) is noted once as an event,
+    with the closest declared key."""
+    try:
+        size = len(json.dumps(hparams, allow_nan=False, default=str))
+    except (ValueError, RecursionError) as e:
+        raise InvalidQuery(f"hparams must be plain JSON values ({e})") from None
+    if size > MAX_HPARAMS_BYTES:
+        raise InvalidQuery(
+            f"hparams must be at most {MAX_HPARAMS_BYTES // 1024} KiB as JSON, got {size} bytes"
+        )
+    rt.store.runs.set_hparams(job.id, hparams)
+    unread: list[str] = []
+    warnings: list[str] = []
+    if script_keys:
+        declared = sorted(set(script_keys))
+        unread = [k for k in job.spec.hparams if k not in declared]
+        for key in unread:
+            warnings.append(
+                f"warning: hparams.{key} was set but the script's hparams are: "
+                f"{', '.join(declared[:20])}{', ...' if len(declared) > 20 else ''}"
+                f"{suggest(key, declared)}"
+            )
+        seen = {e.reason for e in rt.store.jobs.events(job.id)}
+        for text in warnings:
+            if text not in seen:  # once, not at every attempt
+                rt.store.jobs.add_event(job.id, text)
+    return Hparams(unread=unread, warnings=warnings)

@@ -1,0 +1,95 @@
+"""What every submit path checks before a job exists (a job, a search, a service's job, a
+dry run, a clone): the spec parses and could ever run here, its priority is the caller's to
+set, its workdir archive holds its entrypoint, and who owns what it makes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import BinaryIO
+
+from trainhouse.core.errors import ArchiveError, Forbidden, ResourceError, UploadTooLarge
+from trainhouse.core.spec import PRIORITY_TIERS, JobSpec, parse_spec
+from trainhouse.jobfs.workdir import human_size, list_members
+from trainhouse.scheduler.resources import never_fits
+from trainhouse.usecases.access import Principal
+from trainhouse.usecases.runtime import Runtime
+
+
+def schedulable_spec(
+    rt: Runtime, text: str, *, overrides: list[str] | None = None, source: str = "spec"
+) -> JobSpec:
+    """Parse a submitted spec (with ``--set`` overrides) and refuse a job that could never
+    run on this server."""
+    job_spec = parse_spec(text, source=source, overrides=overrides)
+    executor = rt.scheduler.executor
+    # the inventory, busy or not (nodes() is what is free right now)
+    reason = never_fits(executor.capacity(), job_spec.resources, multi_node=executor.multi_node)
+    if reason is None and job_spec.resources.nodes > 1 and not rt.settings.shared_checkpoints:
+        reason = (
+            f"resources.nodes is {job_spec.resources.nodes}, but checkpoints are stored on the "
+            "server's own disk (HOME/jobs/<id>/checkpoints), which the other nodes do not "
+            "reach; start the server with --checkpoint-url (a directory every node mounts, or "
+            "an fsspec URL such as s3://bucket/prefix), or with --shared-home if every node "
+            "mounts HOME at the same path"
+        )
+    if reason:
+        raise ResourceError(f"job can never run on this server: {reason}")
+    return job_spec
+
+
+def accepted_spec(
+    rt: Runtime,
+    p: Principal,
+    text: str,
+    *,
+    overrides: list[str] | None = None,
+    source: str = "spec",
+) -> JobSpec:
+    """A spec that could run here, at a priority ``p`` may set."""
+    job_spec = schedulable_spec(rt, text, overrides=overrides, source=source)
+    check_priority(p, job_spec.priority)
+    return job_spec
+
+
+def check_priority(p: Principal, priority: str) -> None:
+    """Only admins raise a job above ``normal`` (with auth off, everyone is an admin)."""
+    if not p.is_admin and PRIORITY_TIERS.index(priority) > PRIORITY_TIERS.index("normal"):
+        raise Forbidden(
+            f"priority {priority!r} is above 'normal': only admins may set it "
+            f"(user {p.name!r} is a {p.role})"
+        )
+
+
+def check_entrypoint(job_spec: JobSpec, archive: Path) -> None:
+    """Refuse a workdir archive that lacks the spec's entrypoint script."""
+    names = list_members(archive)
+    script = job_spec.script_path()
+    if script is not None:
+        wanted = script.removeprefix("./")
+        if wanted not in names:
+            shown = ", ".join(sorted(names)[:10]) or "no files"
+            raise ArchiveError(
+                f"entrypoint file {wanted!r} is not in the uploaded workdir "
+                f"(it holds {len(names)} files: {shown})"
+            )
+
+
+def store_workdir(rt: Runtime, workdir: BinaryIO, job_spec: JobSpec) -> str:
+    """Keep the uploaded workdir archive (bounded, checked to hold the entrypoint's file);
+    its digest."""
+
+    def validate(archive: Path) -> None:
+        check_entrypoint(job_spec, archive)
+
+    try:
+        digest, _size = rt.blobs.put(workdir, rt.settings.max_upload_bytes, validate)
+    except ValueError:
+        raise UploadTooLarge(
+            f"workdir archive is larger than {human_size(rt.settings.max_upload_bytes)}"
+        ) from None
+    return digest
+
+
+def owner_of(p: Principal, claimed: str) -> str:
+    """Who owns what ``p`` submits: the token's user; with auth off, the name sent."""
+    return p.name if p.authenticated else (claimed or "anonymous")
