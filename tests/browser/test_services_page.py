@@ -1,4 +1,4 @@
-"""The Runtime pages in real Chromium, on a server with auth on: a job saves a tiny model, the
+"""The Services pages in real Chromium, on a server with auth on: a job saves a tiny model, the
 admin aliases it ``prod`` and serves ``tiny@prod`` through the client; the list shows the
 service ready with its version, replicas and requests; its page shows the replica and its
 traffic growing without a reload; a viewer sees it (and which version it serves on the Models
@@ -100,7 +100,7 @@ def sign_in(page: Page, srv: Server, token: str, who: str) -> None:
 def test_the_services_pages_show_a_service_and_its_traffic_live(served: Served, page: Page) -> None:
     total = served.predict(3)
     sign_in(page, served.srv, served.admin, "admin (admin)")
-    page.get_by_role("link", name="Runtime").click()
+    page.get_by_role("link", name="Services").click()
     expect(page).to_have_url(f"{served.srv.url}/#/services")
     row = page.get_by_test_id("service-row")
     expect(row).to_have_count(1)
@@ -197,7 +197,7 @@ def test_the_admin_stops_the_service_from_its_page(served: Served, page: Page) -
         with pytest.raises(ClientError, match="stopped"):
             c.predict("tiny", INPUTS)
         assert c.service("tiny")["job_state"] == "CANCELED"
-    page.get_by_role("link", name="Runtime", exact=True).first.click()
+    page.get_by_role("link", name="Services", exact=True).first.click()
     row = page.get_by_test_id("service-row")
     expect(row.get_by_test_id("service-state")).to_have_text("stopped")
     expect(row.get_by_test_id("service-version")).to_have_text("—")

@@ -1,4 +1,4 @@
-"""Runtime through the real app in process: the services table on both backends; starting,
+"""Services through the real app in process: the services table on both backends; starting,
 showing and stopping a service (its job placed like any job, refused when it could never
 run); a replica's calls with its job's credential (what it may claim as its address, what it
 is told to serve); predictions forwarded to a real replica (the app of

@@ -13,7 +13,7 @@ restart of the server the replicas' next calls fill the table again: nothing of 
 pooled HTTP client. A replica that cannot be reached is skipped for the next (the request never
 got to it); one that fails while answering gives 502. Each forwarded prediction is counted in the
 server's Prometheus registry per service (requests by outcome, latency, the size of the batch
-it ran in) and in a window of the last minute that the Runtime page reads.
+it ran in) and in a window of the last minute that the Services page reads.
 
 What a job reports is hostile: a replica's address must be a loopback address or one of the
 addresses of the nodes its job runs on, with a port above 1023; the server sends it nothing but
@@ -52,7 +52,7 @@ __all__ = ["Replica", "ReplicaHub", "check_replica_url"]
 
 INTERVAL = 1.0  # seconds between a replica's calls
 STALE_AFTER = 5.0  # a replica not heard from this long is not sent predictions
-WINDOW = 60.0  # seconds of predictions the Runtime page summarises
+WINDOW = 60.0  # seconds of predictions the Services page summarises
 RATE_WINDOW = 10.0  # requests/s over this many seconds
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
@@ -266,7 +266,7 @@ class ReplicaHub:
         return sorted(found)
 
     def describe(self, service: ServiceRecord, job: Job | None) -> dict[str, Any]:
-        """A service as ``serve show`` and the Runtime page show it."""
+        """A service as ``serve show`` and the Services page show it."""
         now = time.time()
         # an ended job has no replica: the calls its replicas made before they stopped (one
         # may come after the stop forgot them) are not shown, nor counted ready

@@ -1,4 +1,4 @@
-"""Runtime: a model version served by a long-running job of replicas.
+"""Services: a model version served by a long-running job of replicas.
 
 Everyone signed in lists services and predicts (viewers too); members and admins start them,
 and a service's owner or an admin stops it. A service's replicas (the ranks of its job) call in
