@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import struct
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -33,6 +34,13 @@ def running_job(api: TestClient, tmp_path: Path) -> tuple[int, Path, TensorBoard
     directory = rt.files(job_id).tensorboard
     directory.mkdir(parents=True)
     return job_id, directory, TensorBoardImport(rt.store, rt.reports, rt.settings.home)
+
+
+def wait_ended(api: TestClient, job_id: int) -> None:
+    deadline = time.monotonic() + 10
+    while api.get(f"/api/v1/jobs/{job_id}").json()["state"] == "RUNNING":
+        assert time.monotonic() < deadline, "the job still runs"
+        time.sleep(0.1)
 
 
 def series(api: TestClient, job_id: int) -> dict[str, list[tuple[int, float | None]]]:
@@ -72,12 +80,7 @@ def test_scalars_are_imported_by_tag_while_the_job_runs(api: TestClient, tmp_pat
     fake = services(api).scheduler.executor
     assert isinstance(fake, FakeExecutor)
     fake.end(job_id, 0)
-    deadline = 100
-    while api.get(f"/api/v1/jobs/{job_id}").json()["state"] == "RUNNING" and deadline:
-        import time
-
-        time.sleep(0.1)
-        deadline -= 1
+    wait_ended(api, job_id)
     importer.tick()
     assert [s for s, _ in series(api, job_id)["train/loss"]] == list(range(9))
     assert importer._jobs == {}
@@ -112,3 +115,23 @@ def test_hostile_event_files_are_passed_over(api: TestClient, tmp_path: Path) ->
     path.write_bytes(data)
     assert importer.tick() == 1
     good.close()
+
+
+def test_a_job_that_runs_and_ends_between_two_ticks_is_imported(
+    api: TestClient, tmp_path: Path
+) -> None:
+    """A short attempt (or a busy server) can start and end between two ticks: its events are
+    read all the same, once, after it ended."""
+    job_id, directory, importer = running_job(api, tmp_path)
+    writer = SummaryWriter(str(directory))
+    for step in range(4):
+        writer.add_scalar("train/loss", 1.0 / (step + 1), step)
+    writer.close()
+    fake = services(api).scheduler.executor
+    assert isinstance(fake, FakeExecutor)
+    fake.end(job_id, 0)  # no tick saw it running
+    wait_ended(api, job_id)
+    assert importer.tick() == 4
+    assert [s for s, _ in series(api, job_id)["train/loss"]] == [0, 1, 2, 3]
+    assert importer._jobs == {}
+    assert importer.tick() == 0  # read once

@@ -89,6 +89,10 @@ class TensorBoardImport(BackgroundLoop):
         self.reports = reports
         self.home = home
         self._jobs: dict[int, _JobFiles] = {}
+        #: jobs that ended since this time may have events no tick has read yet
+        self._since = time.time()
+        #: jobs whose last events were read, with when they ended (not read twice)
+        self._finished: dict[int, float] = {}
 
     @property
     def enabled(self) -> bool:
@@ -100,16 +104,31 @@ class TensorBoardImport(BackgroundLoop):
 
     def tick(self) -> int:
         """Import what every running job wrote since the last tick; returns points stored."""
+        # a second of slack: a job's end stamped before this tick may commit after its query
+        since, self._since = self._since, time.time() - 1.0
         running = {j.id: j for j in self.store.jobs.list(states=[JobState.RUNNING])}
         stored = 0
         for job in running.values():
+            self._finished.pop(job.id, None)
             stored += self.import_job(job)
-        for job_id in [j for j in self._jobs if j not in running]:
-            try:  # its last points: written just before it ended
-                stored += self.import_job(self.store.jobs.get(job_id))
+        # jobs this loop was reading, and those that ran and ended between two ticks (a short
+        # attempt, a busy server): their last points, written just before they ended
+        ended = {
+            j.id: j
+            for j in self.store.jobs.list(ended_since=since)
+            if j.id not in running and j.id not in self._jobs and j.id not in self._finished
+        }
+        for job_id in [j for j in self._jobs if j not in running] + list(ended):
+            last = ended.get(job_id)
+            try:
+                last = last or self.store.jobs.get(job_id)
+                stored += self.import_job(last)
             except Exception:
                 log.exception("TensorBoard import: job %s's last events", job_id)
             self._close(job_id)
+            if last is not None and last.ended_at is not None:
+                self._finished[job_id] = last.ended_at
+        self._finished = {j: at for j, at in self._finished.items() if at >= since}
         return stored
 
     def _close(self, job_id: int) -> None:

@@ -157,6 +157,7 @@ class JobRepo:
         sort: JobSort = "id",
         order: Literal["asc", "desc"] = "desc",
         tracked: bool | None = False,
+        ended_since: float | None = None,
     ) -> JobList:
         """A page of jobs, newest first by default.
 
@@ -164,7 +165,8 @@ class JobRepo:
         a column (``priority`` by tier, low to urgent), ties broken by id in the same direction,
         so that pages taken with ``offset`` never repeat or skip a job. ``tracked``: False
         (the default: what the scheduler and the services see) the launched jobs only, True
-        the tracked runs only (MLflow runs made outside a job), None both.
+        the tracked runs only (MLflow runs made outside a job), None both. ``ended_since``: only
+        the jobs that ended at that time (``time.time()``) or later.
         """
         if sort not in JOB_SORT_KEYS:
             raise StoreError(f"jobs sort by one of {', '.join(JOB_SORT_KEYS)}, not {sort!r}")
@@ -178,9 +180,12 @@ class JobRepo:
             else t.jobs.c[sort]
         )
         keys = [key, t.jobs.c.id] if sort != "id" else [key]
+        where = job_filters(states, owner, name, tracked)
+        if ended_since is not None:
+            where.append(t.jobs.c.ended_at >= ended_since)
         query = (
             select(t.jobs)
-            .where(*job_filters(states, owner, name, tracked))
+            .where(*where)
             .order_by(*(k.desc() if order == "desc" else k.asc() for k in keys))
         )
         if offset:
