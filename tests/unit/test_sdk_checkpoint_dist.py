@@ -313,7 +313,7 @@ def test_checkpoints_coordinate_on_gloo_with_a_long_timeout(
 ) -> None:
     """Issue 20, item 2: the ranks wait for a checkpoint's writer (or hasher) on gloo groups of
     the checkpoints' own, with hours of timeout, never on the job's NCCL group (10 minutes)."""
-    from trainhouse.sdk.checkpoint._checkpointer import WAIT_TIMEOUT
+    from trainhouse.sdk.checkpoint._support import WAIT_TIMEOUT
 
     for out in two_ranks:
         # one for the checkpoints' collectives, one for background saves

@@ -6,7 +6,7 @@ directory, every rank its shard. Nothing is published under its final name, give
 record or registered with the server before every byte of it is written and fsynced.
 
 The ranks coordinate a checkpoint over a gloo group of their own with a long timeout
-(:data:`WAIT_TIMEOUT`), never over the job's NCCL group: while the main rank writes or hashes a
+(``_support.WAIT_TIMEOUT``), never over the job's NCCL group: while the main rank writes or hashes a
 checkpoint of hundreds of GB the others wait there, and NCCL's 10-minute timeout would tear the
 job down. A sharded checkpoint's files are hashed by every rank in parallel, each its share,
 when it is saved and when it is verified before a load.
@@ -20,7 +20,6 @@ import json
 import logging
 import math
 import os
-from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Literal, overload
 
 from trainhouse.core.errors import CheckpointError, ClientError, ServerUnreachable
@@ -46,6 +45,7 @@ from trainhouse.sdk.checkpoint._support import (
     Stager,
     disk_full_error,
     estimate_bytes,
+    gloo_group,
     is_disk_full,
 )
 
@@ -58,9 +58,6 @@ log = logging.getLogger("trainhouse")
 RESERVED = "_trainhouse"
 # seconds a save waits for an unreachable server before it defers the registration
 REGISTER_WAIT = 5.0
-#: how long a rank waits for the others in a checkpoint's collectives (the main rank may be
-#: writing or hashing a very large checkpoint meanwhile)
-WAIT_TIMEOUT = timedelta(hours=6)
 
 
 class Checkpointer(Finder):
@@ -96,7 +93,7 @@ class Checkpointer(Finder):
         """The collectives of a checkpoint operation: over the checkpoints' own gloo group
         (made by the first operation, which every rank calls), no-ops alone."""
         if self._dist.active and self._wait_group is None:
-            self._wait_group = _gloo_group()
+            self._wait_group = gloo_group()
         return Comm(self._dist, self._wait_group)
 
     # -- save ------------------------------------------------------------------------------
@@ -394,7 +391,7 @@ class Checkpointer(Finder):
     def _background_group(self) -> Any:
         """A gloo group of all ranks for the collectives of background saves (collective)."""
         if self._bg_group is None:
-            self._bg_group = _gloo_group()
+            self._bg_group = gloo_group()
         return self._bg_group
 
     def _write_sharded(
@@ -593,11 +590,3 @@ class Checkpointer(Finder):
         except BaseException as exc:
             raise CheckpointError(f"cannot load sharded checkpoint {where}: {exc}") from exc
         return state
-
-
-def _gloo_group() -> Any:
-    """A new gloo group of every rank with :data:`WAIT_TIMEOUT` (collective: every rank calls
-    it at the same point)."""
-    import torch.distributed as dist
-
-    return dist.new_group(backend="gloo", timeout=WAIT_TIMEOUT)

@@ -12,6 +12,7 @@ import sys
 import weakref
 from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from datetime import timedelta
 from typing import IO, Any
 
 from trainhouse.core.errors import CheckpointError
@@ -19,6 +20,17 @@ from trainhouse.jobfs.storage import new_hash
 from trainhouse.sdk._distributed import DistributedContext
 
 DISK_FULL = "the disk is full (No space left on device)"
+#: how long a rank waits for the others in a checkpoint's collectives (the main rank may be
+#: writing or hashing a very large checkpoint meanwhile)
+WAIT_TIMEOUT = timedelta(hours=6)
+
+
+def gloo_group() -> Any:
+    """A new gloo group of every rank with :data:`WAIT_TIMEOUT` (collective: every rank calls
+    it at the same point)."""
+    import torch.distributed as dist
+
+    return dist.new_group(backend="gloo", timeout=WAIT_TIMEOUT)
 
 
 class Comm:
