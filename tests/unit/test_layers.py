@@ -1,9 +1,9 @@
-"""The use-case layer is the only way from a route to the store (docs/architecture.md): the
-import contracts keep ``trainhouse.server`` from importing the store, the scheduler and the
-rest (``make check`` runs them and this test); what they cannot see is a route reaching the
-store through the runtime it is handed. This test reads the server's source: a route may use
-the runtime's settings, its authenticator and its stream slots, and hands the runtime itself
-to a use case; everything else goes through :mod:`trainhouse.usecases`."""
+"""The use-case layer is the only way from a route to the store (docs/architecture.md): the import
+contracts keep ``trainhouse.server`` from importing the store, the scheduler and the rest (``make
+check`` runs them; ``make test`` runs this test); what they cannot see is a route reaching the
+store through the runtime it is handed. This test reads the server's source: a route may use the
+runtime's settings, its authenticator and its stream slots, and hands the runtime itself to a use
+case; everything else goes through :mod:`trainhouse.usecases`."""
 
 from __future__ import annotations
 

@@ -1,18 +1,18 @@
 """Group commit of metric reports: many requests' reports stored in one transaction.
 
-The report route checks a request's body and hands the parsed
-:class:`~trainhouse.core.reports.Report`, with the hash of the credential the request
+The report use case (:mod:`trainhouse.usecases.reports`) checks a request's body and hands the
+parsed :class:`~trainhouse.core.reports.Report`, with the hash of the credential the request
 presented, to :meth:`ReportWriter.submit`, which queues it and returns a future. A writer thread
-takes everything queued (up to :attr:`ReportWriter.batch_points` points), reads the batch's jobs
-in one query and refuses each report whose job does not exist (:class:`NotFound`) or whose
-credential is not its job's current one (:class:`Refused`: the route answers it as any refused
-token, a 401 counted against the client's address), then stores the others, each with
+takes everything queued (up to :attr:`ReportWriter.batch_points` points), reads the batch's jobs in
+one query and refuses each report whose job does not exist (:class:`NotFound`) or whose credential
+is not its job's current one (:class:`Refused`: the route answers it as any refused token, a 401
+counted against the client's address), then stores the others, each with
 :func:`trainhouse.store.metrics.add`, in ONE transaction, commits, and only then resolves the
-futures with what was written and the job as read (for the route's answer: should the job
-stop?). An answered request is durable (SQLite's ``synchronous=FULL``, PostgreSQL's commit),
-and a batch costs one commit (one fsync) and one credential query however many requests it
-holds. Nothing waits to fill a batch: a writer that is idle takes the first report at once, and
-the reports that arrive while it commits make the next batch.
+futures with what was written and the job as read (for the route's answer: should the job stop?).
+An answered request is durable (SQLite's ``synchronous=FULL``, PostgreSQL's commit), and a batch
+costs one commit (one fsync) and one credential query however many requests it holds. Nothing waits
+to fill a batch: a writer that is idle takes the first report at once, and the reports that arrive
+while it commits make the next batch.
 
 Semantics are those of one transaction per report:
 

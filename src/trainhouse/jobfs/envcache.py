@@ -1,5 +1,5 @@
-"""The cache of job environments on one node (:mod:`trainhouse.core.envspec` builds them): what is
-in it, what is in use, and the least recently used removal past its size.
+"""The cache of job environments on one node (:mod:`trainhouse.executors.node.envbuild` builds
+them): what is in it, what is in use, and the least recently used removal past its size.
 
 An environment is ready once its directory holds ``READY``; ``USED`` is touched whenever an
 attempt starts with it. Every attempt using one holds ``.locks/<digest>.use`` shared; removal

@@ -1,8 +1,9 @@
 """Persistent state: one Store over SQLAlchemy for SQLite and PostgreSQL, and the archive blobs.
 
 ``Store(url)`` opens the database (migrating the embedded SQLite) and offers one repository per
-concern (``store.jobs``, ``.checkpoints``, ``.metrics``, ``.quotas``, ``.accounts``, ``.system``)
-over a public transaction; see :mod:`trainhouse.store.store`.
+concern (``store.jobs``, ``.checkpoints``, ``.metrics``, ``.quotas``, ``.accounts``, ``.system``,
+``.tracking``, ``.searches``, ``.models``, ``.runs``, ``.services``) over a public transaction; see
+:mod:`trainhouse.store.store`.
 """
 
 from trainhouse.core.records import (

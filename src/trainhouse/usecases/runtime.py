@@ -1,7 +1,7 @@
 """What the server runs, built once: the store, the background loops and what requests need.
 
-:class:`Runtime` is the container the use cases and the routes are handed; :func:`build` makes it
-from the settings (the composition root: every part is made here and nowhere else).
+:class:`Runtime` is the container the use cases and the routes are handed; :func:`build_runtime`
+makes it from the settings (the composition root: every part is made here and nowhere else).
 """
 
 from __future__ import annotations

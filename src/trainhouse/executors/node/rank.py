@@ -1,4 +1,4 @@
-"""Runs one rank of a job: ``python -I -S .../trainhouse/executors/rank.py ARGV...`` (started by
+"""Runs one rank of a job: ``python -I -S .../executors/node/rank.py ARGV...`` (started by
 torchrun with ``--no-python``, :func:`trainhouse.executors.node.torchrun.command`).
 
 Sends the rank's stdout and stderr to ``$TRAINHOUSE_LOG_DIR/rank-$RANK.log`` (appending across

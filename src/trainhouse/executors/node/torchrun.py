@@ -4,7 +4,7 @@
 
     python -m trainhouse.executors.node.supervise [--cgroup DIR] EXIT_FILE   torchrun's exit code
       python -m trainhouse.executors.node.launch torch.distributed.run ...   torchrun for this node
-        python -I -S .../executors/rank.py ARGV...              one per rank: log file, exit code
+        python -I -S .../executors/node/rank.py ARGV...         one per rank: log file, exit code
           ARGV (the job's entrypoint)
 
 :func:`command` builds that command line (a standalone rendezvous for one node, a static one at
