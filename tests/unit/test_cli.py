@@ -105,7 +105,7 @@ def test_the_commands_and_their_order() -> None:
     ]
     models = root.commands["models"]  # type: ignore[attr-defined]
     assert list(models.commands) == [
-        *("list", "show", "register", "alias", "download", "export", "delete")
+        *("list", "show", "register", "alias", "transfer", "download", "export", "delete")
     ]
     admin = root.commands["admin"]  # type: ignore[attr-defined]
     assert list(admin.commands) == ["init", "audit", "quota", "user", "token"]

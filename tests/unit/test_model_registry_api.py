@@ -5,6 +5,7 @@ records and files are refused with a 4xx that names the problem."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -253,3 +254,75 @@ def test_a_standalone_run_saves_a_model_next_to_its_checkpoints(
     x = torch.randn(5, 64)
     with torch.no_grad():
         assert torch.equal(load_model(saved)(x), model(x))
+
+
+def test_a_job_adds_no_version_to_another_users_model(api: TestClient, job: dict[str, Any]) -> None:
+    """run.save_model of a job of 'tester' onto alice's model: refused, nothing registered."""
+    store = api.app.state.runtime.store  # type: ignore[attr-defined]
+    store.models.add_version(
+        "digits",
+        owner="alice",
+        job_id=None,
+        attempt=1,
+        step=1,
+        path="models/digits/step-000000001",
+        kind="export",
+        files=[{"name": "model.json", "size": 1, "sha256": "0" * 64}],
+    )
+    resp = register(api, job, save(job, Net(), 3))
+    assert resp.status_code == 403, resp.json()
+    assert "belongs to alice" in resp.json()["error"]["message"]
+    assert [v.version for v in store.models.versions("digits")] == [1]
+    assert register(api, job, save(job, Net(), 4, name="mine")).status_code == 201
+
+
+def test_a_job_with_registered_versions_is_deleted_only_with_them(
+    api: TestClient, job: dict[str, Any]
+) -> None:
+    """Its versions' files are in its storage: deleting it alone would leave versions that
+    neither download nor load, so it is refused, naming them, unless --with-models."""
+    for step in (3, 4):
+        resp = register(api, job, save(job, Net(), step))
+        assert resp.status_code == 201, resp.json()
+    client = client_for(api)  # the api's paths are relative to /api/v1 from here on
+    with pytest.raises(ClientError, match=r"digits@1, digits@2.*--with-models") as refused:
+        client.delete(job["id"])
+    assert refused.value.status == 409
+    client.set_alias("digits", "prod", 2)
+    with pytest.raises(ClientError, match="named by the alias") as refused:
+        client.delete(job["id"], with_models=True)
+    assert refused.value.status == 409
+    # nothing went: not the job, not a version, not a file
+    assert client.job(job["id"])["id"] == job["id"]
+    assert [v["version"] for v in client.model("digits")["versions"]] == [1, 2]
+    assert (job["dir"] / "models/digits/step-000000003").is_dir()
+
+    assert api.delete("/models/digits/aliases/prod").status_code == 204
+    deleted = client.delete(job["id"], with_models=True)
+    assert deleted["job_id"] == job["id"]
+    assert client.model("digits")["versions"] == []
+    assert client.models()[0]["latest"] is None
+
+
+def test_weights_that_do_not_fit_the_program_are_refused_by_name(
+    api: TestClient, job: dict[str, Any]
+) -> None:
+    """A record and files that check out, but weights missing a tensor (a hostile or broken
+    save): loading says which keys differ instead of a model half loaded."""
+    from safetensors.torch import load_file, save_file
+
+    record = save(job, Net(), 3)
+    where = job["dir"] / record["path"]
+    weights = load_file(str(where / "weights.safetensors"))
+    weights["extra.weight"] = weights.pop("body.2.bias")
+    save_file(weights, str(where / "weights.safetensors"))
+
+    def fix(data: dict[str, Any], _where: Path) -> None:
+        raw = (where / "weights.safetensors").read_bytes()
+        for f in data["files"]:
+            if f["name"] == "weights.safetensors":
+                f.update(size=len(raw), sha256=hashlib.sha256(raw).hexdigest())
+
+    rewrite(job, record, fix)
+    with pytest.raises(ModelError, match=r"missing body\.2\.bias; unexpected extra\.weight"):
+        load_model(where)

@@ -69,3 +69,8 @@ def test_versions_aliases_and_deletion(store: Store) -> None:
         add(store, job, 1, name="../x")
     store.models.remove_alias("digits", "prod")
     assert store.models.delete_version("digits", 2).version == 2
+    # nor is the newest's, deleted: NAME@3 never comes to mean another model
+    assert store.models.delete_version("digits", 3).version == 3
+    assert store.models.versions("digits") == []
+    assert add(store, job, 13).version == 4
+    assert store.models.get("digits").latest == 4

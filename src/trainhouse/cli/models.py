@@ -160,6 +160,23 @@ def alias(
     console.print(f"{name}@{alias_name} -> version {found['version']}")
 
 
+@app.command("transfer")
+def transfer(
+    name: Annotated[str, typer.Argument(metavar="NAME")],
+    owner: Annotated[str, typer.Argument(metavar="USER")],
+    as_json: Json = False,
+    url: Url = None,
+) -> None:
+    """Give the model NAME to USER (admins only): from then on USER (and the admins) add its
+    versions, move its aliases and delete its versions."""
+    with errors(), options.client(url) as c:
+        model = c.transfer_model(name, owner)
+    if as_json:
+        print_json(model)
+        return
+    console.print(f"{name} now belongs to {model['owner']}")
+
+
 @app.command("download")
 def download(
     ref: Ref,

@@ -104,6 +104,14 @@ def archive(
 def delete(
     job_ids: Annotated[list[int], typer.Argument(metavar="JOB...")],
     yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask")] = False,
+    with_models: Annotated[
+        bool,
+        typer.Option(
+            "--with-models",
+            help="Also delete the model versions the jobs registered (their files are the "
+            "jobs'); without it such a job is refused",
+        ),
+    ] = False,
     as_json: Json = False,
     url: Url = None,
 ) -> None:
@@ -121,7 +129,7 @@ def delete(
     results = []
     with errors(), options.client(url) as c:
         for job_id in job_ids:
-            result = c.delete(job_id)
+            result = c.delete(job_id, with_models=with_models)
             results.append(result)
             if not as_json:
                 console.print(

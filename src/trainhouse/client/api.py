@@ -275,10 +275,12 @@ class Client(LogCalls, CheckpointCalls, SearchCalls, AdminCalls, ModelsAndServic
         result: Job = self._json("POST", f"/jobs/{job_id}/archive", json={"archived": archived})
         return result
 
-    def delete(self, job_id: int) -> Deleted:
+    def delete(self, job_id: int, *, with_models: bool = False) -> Deleted:
         """Delete an ended job, its files and its rows, for good:
-        ``{"job_id", "rows": {table: count}, "bytes_freed"}``."""
-        result: Deleted = self._json("DELETE", f"/jobs/{job_id}")
+        ``{"job_id", "rows": {table: count}, "bytes_freed"}``. A job that registered model
+        versions is refused unless ``with_models`` deletes them too."""
+        params = {"with_models": "true"} if with_models else None
+        result: Deleted = self._json("DELETE", f"/jobs/{job_id}", params=params)
         return result
 
     def run_columns(self) -> RunColumns:

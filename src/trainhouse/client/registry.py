@@ -90,6 +90,11 @@ class ModelsAndServices(ClientBase):
         )
         return result
 
+    def transfer_model(self, name: str, owner: str) -> Model:
+        """Give the model ``name`` to the user ``owner`` (admins only)."""
+        result: Model = self._json("PUT", f"/models/{_seg(name)}/owner", json={"owner": owner})
+        return result
+
     def delete_model_version(self, name: str, version: int) -> ModelVersion:
         result: ModelVersion = self._json("DELETE", f"/models/{_seg(name)}/versions/{version}")
         return result

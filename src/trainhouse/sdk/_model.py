@@ -248,5 +248,21 @@ def load_model(directory: Path, *, loader: Callable[..., Any] | None = None) -> 
         return loader(weights)
     program = torch.export.load(str(directory / PROGRAM))
     module = program.module()
-    module.load_state_dict(weights, strict=False)
+    try:
+        result = module.load_state_dict(weights, strict=False)
+    except RuntimeError as exc:  # a tensor of another shape
+        reason = " ".join(str(exc).split())[:600]
+        raise ModelError(f"{directory}'s weights do not fit its program: {reason}") from exc
+    if result.missing_keys or result.unexpected_keys:  # never a model half loaded
+        raise ModelError(
+            f"{directory}'s weights do not fit its program: "
+            + "; ".join(
+                f"{what} {', '.join(keys[:8])}{' ...' if len(keys) > 8 else ''}"
+                for what, keys in (
+                    ("missing", result.missing_keys),
+                    ("unexpected", result.unexpected_keys),
+                )
+                if keys
+            )
+        )
     return module

@@ -224,14 +224,16 @@ class ModelRepo:
                 else None
             )
             if same is None:
+                # never a number it had before, even one whose version was deleted since
                 number = (
                     conn.execute(
-                        select(func.max(t.model_versions.c.version)).where(
-                            t.model_versions.c.model_id == model_id
-                        )
-                    ).scalar()
-                    or 0
-                ) + 1
+                        select(t.models.c.last_version).where(t.models.c.id == model_id)
+                    ).scalar_one()
+                    + 1
+                )
+                conn.execute(
+                    update(t.models).where(t.models.c.id == model_id).values(last_version=number)
+                )
                 files = values["files"]
                 conn.execute(
                     insert(t.model_versions).values(
@@ -289,6 +291,13 @@ class ModelRepo:
             ).rowcount
         if not gone:
             raise NotFound(f"model {name!r} has no alias {alias[:64]!r}")
+
+    def transfer(self, name: str, owner: str) -> Model:
+        """Give the model ``name`` to ``owner``."""
+        with self.db.transaction() as conn:
+            model_id = self._model_id(conn, name)
+            conn.execute(update(t.models).where(t.models.c.id == model_id).values(owner=owner))
+        return self.get(name)
 
     def delete_version(self, name: str, version: int) -> ModelVersion:
         """Forget a version; refused (409) while an alias names it. Returns what was deleted

@@ -443,6 +443,8 @@ models = Table(
     Column("name", String(64), nullable=False, unique=True),
     Column("owner", String(128), nullable=False),
     Column("created_at", Float, nullable=False),
+    # the highest version number it ever had (0015): a deleted version's number is never reused
+    Column("last_version", Integer, nullable=False, server_default="0"),
 )
 
 model_versions = Table(

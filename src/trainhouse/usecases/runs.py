@@ -22,7 +22,7 @@ from trainhouse.core.records import Job
 from trainhouse.core.runquery import suggest
 from trainhouse.core.spec import MAX_HPARAMS_BYTES, check_tags
 from trainhouse.jobfs import jobfiles
-from trainhouse.usecases import audit
+from trainhouse.usecases import audit, models
 from trainhouse.usecases.access import Principal
 from trainhouse.usecases.runtime import Runtime
 
@@ -100,15 +100,30 @@ class Deleted:
     bytes_freed: int
 
 
-def delete(rt: Runtime, p: Principal, job: Job) -> Deleted:
+def delete(rt: Runtime, p: Principal, job: Job, *, with_models: bool = False) -> Deleted:
     """Delete an ended ``job`` (one the caller may write) for good: its checkpoints kept
     apart (``--checkpoint-url``) first, then every row of it with the audit entry in one
     transaction, then its directory (logs, checkpoints). A job not ended is refused: cancel it
-    first."""
+    first. The files of the model versions it registered lie in its storage: a job with
+    versions is refused (409, naming them) unless ``with_models`` deletes them first, each as
+    ``models delete`` would (refused, and nothing deleted, while an alias names one, a service
+    uses one or one is another user's model)."""
     if not job.state.terminal:
         raise StoreError(
             f"job {job.id} is {job.state}: only an ended job can be deleted (cancel it first)"
         )
+    versions = rt.store.models.for_job(job.id)
+    if versions:
+        named = ", ".join(f"{v.model}@{v.version}" for v in versions)
+        if not with_models:
+            raise StoreError(
+                f"job {job.id} registered the model version(s) {named}, whose files are in its "
+                f"storage: `trainhouse delete {job.id} --with-models` deletes them with it"
+            )
+        for v in versions:  # every one checked before any is deleted
+            models.check_deletable(rt, p, v.model, v.version)
+        for v in versions:
+            models.delete_version(rt, p, v.model, v.version)
     files = rt.files(job.id)
     freed = _tree_size(files.root) if files.root.is_dir() else 0
     if rt.checkpoints.base is not None:  # checkpoints kept apart from the job's directory

@@ -1,7 +1,8 @@
 """The model registry: models, versions, aliases, and their files. The work is
 :mod:`trainhouse.usecases.models`'s; these routes parse, call and render.
 
-Everyone signed in reads (viewers too); members and admins register, move aliases and delete.
+Everyone signed in reads (viewers too); members and admins register, move aliases and delete
+(members of their own models only); admins give a model to another user.
 A job registers what it saved with its own credential (``POST /jobs/{id}/models``, what
 ``run.save_model`` calls).
 """
@@ -24,6 +25,7 @@ from trainhouse.server.schemas import (
     ModelOut,
     ModelRegisterIn,
     ModelVersionOut,
+    OwnerIn,
     VersionFromJobIn,
 )
 from trainhouse.usecases import models
@@ -107,6 +109,17 @@ def set_alias(
 ) -> ModelVersionOut:
     """Point ``alias`` at a version (made, or moved from the version it named)."""
     return version_out(models.set_alias(rt, p, name, alias, body.version))
+
+
+@router.put("/models/{name}/owner", response_model=ModelOut)
+def transfer(
+    body: OwnerIn,
+    name: ModelName,
+    p: Principal = Depends(writer),
+    rt: Runtime = Depends(runtime),
+) -> ModelOut:
+    """Give the model to another user (admins only)."""
+    return ModelOut(**asdict(models.transfer(rt, p, name, body.owner)))
 
 
 @router.delete("/models/{name}/aliases/{alias}", status_code=204)

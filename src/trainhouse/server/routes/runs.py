@@ -8,7 +8,7 @@ The list itself is ``GET /jobs`` (:mod:`trainhouse.server.routes.jobs`) with ``w
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Depends
+from fastapi import APIRouter, Depends, Query
 
 from trainhouse.core.records import Job
 from trainhouse.server.auth import reporting_job, signed_in, writable_job, writer
@@ -76,11 +76,15 @@ def delete_job(
     job: Job = Depends(writable_job),
     p: Principal = Depends(writer),
     rt: Runtime = Depends(runtime),
+    with_models: bool = Query(
+        False, description="Also delete the model versions it registered (refused without)"
+    ),
 ) -> DeletedOut:
     """Delete an ended job for good: its files (logs, checkpoints, also under
     ``--checkpoint-url``) and every row of it (the owner or an admin). A job not ended is
-    refused: cancel it first."""
-    deleted = runs.delete(rt, p, job)
+    refused: cancel it first. A job that registered model versions is refused (409, naming
+    them) unless ``with_models`` deletes them too."""
+    deleted = runs.delete(rt, p, job, with_models=with_models)
     return DeletedOut(job_id=deleted.job_id, rows=deleted.rows, bytes_freed=deleted.bytes_freed)
 
 

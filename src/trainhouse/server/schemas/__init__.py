@@ -66,6 +66,7 @@ from trainhouse.server.schemas.models import (
     ModelOut,
     ModelRegisterIn,
     ModelVersionOut,
+    OwnerIn,
     VersionFromJobIn,
 )
 from trainhouse.server.schemas.runs import (
@@ -142,6 +143,7 @@ __all__ = [
     "NodesOut",
     "NoteIn",
     "NulFree",
+    "OwnerIn",
     "Rank",
     "ReportIn",
     "ReportOut",

@@ -42,6 +42,10 @@ class AliasIn(BaseModel):
     version: int = Field(ge=1, le=INT32)
 
 
+class OwnerIn(BaseModel):
+    owner: str = Field(min_length=1, max_length=128, pattern=r"^[^\x00-\x1f]+$")
+
+
 class ModelVersionOut(BaseModel):
     model: str
     version: int
