@@ -73,7 +73,10 @@ def test_an_admin_gives_a_model_to_another_user(team: Team) -> None:
     assert "only admins" in refused(put(team, "alice", "/models/tiny/owner", json={"owner": "bob"}))
     assert "only admins" in refused(put(team, "bob", "/models/tiny/owner", json={"owner": "bob"}))
     refused(put(team, "root", "/models/tiny/owner", json={"owner": "nobody"}), 404)
-    refused(put(team, "root", "/models/tiny/owner", json={"owner": ""}), 422)
+    for bad in ('""', '"Bob"', '"bob\\u0000"', '"b\\ud800b"', f'"{"x" * 65}"', "7"):
+        body = f'{{"owner": {bad}}}'.encode()
+        headers = {**team.h("root"), "Content-Type": "application/json"}
+        refused(team.api.put("/api/v1/models/tiny/owner", content=body, headers=headers), 422)
     refused(put(team, "root", "/models/nothing/owner", json={"owner": "bob"}), 404)
     # a cross-site page, even with the admin's cookie or token, changes nothing
     sneaky = page_request(

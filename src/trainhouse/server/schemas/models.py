@@ -43,7 +43,8 @@ class AliasIn(BaseModel):
 
 
 class OwnerIn(BaseModel):
-    owner: str = Field(min_length=1, max_length=128, pattern=r"^[^\x00-\x1f]+$")
+    # a user's name, as ``admin user add`` takes it
+    owner: str = Field(min_length=1, max_length=64, pattern=r"^[a-z_][a-z0-9_.-]{0,63}$")
 
 
 class ModelVersionOut(BaseModel):
