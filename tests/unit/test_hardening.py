@@ -4,6 +4,7 @@ private file, a supervisor that leaves nothing behind, state private to its user
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import signal
 import stat
@@ -19,6 +20,7 @@ import psutil
 import pytest
 from typer.testing import CliRunner
 
+from tests.support.api import app_client
 from tests.support.processes import unprivileged
 from trainhouse.cli.app import app
 from trainhouse.executors.node import cgroups, torchrun
@@ -298,3 +300,22 @@ def test_unpacked_code_gets_no_bit_the_umask_takes_away(tmp_path: Path) -> None:
         for p in (tmp_path / "out").rglob("*")
     }
     assert modes == {"run.sh": 0o700, "pkg": 0o700, "pkg/model.py": 0o600}
+
+
+@pytest.mark.parametrize("uid", [0, 1000])
+def test_a_server_run_as_root_says_so_at_start(
+    tmp_path: Path, uid: int, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """As root, every job is root too and non-dumpable processes keep nothing from it: the
+    server says so (and runs all the same); as its own user it says nothing of the kind."""
+    monkeypatch.setattr(os, "geteuid", lambda: uid)
+    with (
+        caplog.at_level(logging.WARNING, logger="trainhouse.usecases.runtime"),
+        app_client(tmp_path),
+    ):
+        pass
+    said = [r.getMessage() for r in caplog.records if "runs as root" in r.getMessage()]
+    if uid == 0:
+        assert len(said) == 1 and "docs/production.md" in said[0], said
+    else:
+        assert said == []

@@ -7,6 +7,7 @@ makes it from the settings (the composition root: every part is made here and no
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -187,6 +188,13 @@ def build_runtime(settings: Settings, executor: Executor | None = None) -> Runti
         limit=settings.auth_failures,
         window=settings.auth_window,
     )
+    if _as_root():
+        log.warning(
+            "the server runs as root, and so does every job it starts: a training script can "
+            "do anything on this machine, and keeping the server's processes non-dumpable does "
+            "not keep the database's password from it. Run the server as a user of its own "
+            "(docs/production.md, section 1)"
+        )
     if auth.enabled and not store.accounts.has_admin():
         log.warning(
             "auth is on and there is no admin yet: run `trainhouse admin init` on this machine"
@@ -218,3 +226,8 @@ def build_runtime(settings: Settings, executor: Executor | None = None) -> Runti
         ReplicaHub(store, telemetry.registry),
         tensorboard=tensorboard,
     )
+
+
+def _as_root() -> bool:
+    """Whether this process runs as root (the jobs it starts do too)."""
+    return hasattr(os, "geteuid") and os.geteuid() == 0
