@@ -174,6 +174,21 @@ def test_a_stale_credential_or_a_missing_job_fails_alone(
     assert store.metrics.count(ended) == 0
 
 
+def test_an_attempt_that_ends_while_its_report_waits_to_be_stored_has_it_refused(
+    store: Store, writer: gc.ReportWriter
+) -> None:
+    """The credential is checked in the transaction that stores the points, not before it: a
+    report taken into a batch, then its attempt ended (the credential revoked) before the
+    batch's transaction, is refused and nothing of it is stored."""
+    job = running(store)
+    gate, late = held(writer, job)  # the batch is taken; its transaction not begun
+    store.jobs.update(job, token_hash=None)  # the attempt ends meanwhile
+    gate.opened.set()
+    with pytest.raises(gc.Refused, match="not valid for job"):
+        late.result(30)
+    assert store.metrics.count(job) == 0
+
+
 def test_an_unexpected_error_stays_with_its_report(
     store: Store, writer: gc.ReportWriter, monkeypatch: pytest.MonkeyPatch
 ) -> None:

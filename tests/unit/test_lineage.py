@@ -165,6 +165,34 @@ def test_a_held_job_is_not_scheduled(api: TestClient, tmp_path: Path) -> None:
         rt.store.jobs.discard(1)
 
 
+def test_a_clone_interrupted_during_its_copy_is_discarded_by_the_next_server(
+    tmp_path: Path,
+) -> None:
+    """The server stops while a clone's checkpoint is copied (the clone held, a partial copy
+    on disk): the next server deletes both, and the clone never waits forever."""
+    with app_client(tmp_path) as api:
+        rt = services(api)
+        source = run_and_end(api, SPEC, tmp_path, 0)
+        clone = rt.store.jobs.create(
+            name="lin",
+            owner="x",
+            priority="normal",
+            spec={"entrypoint": "python train.py"},
+            archive_sha256=source["archive_sha256"],
+            cloned_from=source["id"],
+            cloned_step=10,
+            hold=True,
+        )
+        partial = Path(rt.checkpoints.location(clone.id)) / "step-000000010.pt.tmp-1"
+        partial.parent.mkdir(parents=True, exist_ok=True)
+        partial.write_bytes(b"te")
+    with app_client(tmp_path) as api:
+        rt = services(api)
+        assert [j.id for j in rt.store.jobs.list()] == [source["id"]]
+        assert not partial.exists()
+        assert api.get(f"/api/v1/jobs/{source['id']}").json()["clones"] == []
+
+
 def test_the_store_resumes_through_the_lifecycle(store: Store) -> None:
     job = store.jobs.create(
         name="j", owner="o", priority="normal", spec={"entrypoint": "x"}, archive_sha256="a"

@@ -147,9 +147,7 @@ class _Lane:
             if batch:
                 batch.sort(key=lambda p: p.job_id)  # stable: a job's reports keep their order
                 try:
-                    batch = self.writer.admit(batch)
-                    if batch:
-                        self.writer.store(batch)
+                    self.writer.store(batch)
                 except BaseException as exc:  # never leave a request waiting
                     log.exception("the report writer failed")
                     for p in batch:
@@ -215,11 +213,12 @@ class ReportWriter:
         return item.future
 
     # -- storing ---------------------------------------------------------------------------
-    def admit(self, batch: list[_Pending]) -> list[_Pending]:
-        """The reports of ``batch`` whose job exists and whose credential is its job's current
-        one (read in one query); the others' futures get :class:`NotFound` or
-        :class:`Refused`."""
-        jobs = self.db.jobs.get_many(p.job_id for p in batch)
+    def _admit(self, batch: Sequence[_Pending]) -> list[bool]:
+        """Whether each report of ``batch`` may be stored: its job exists and its credential is
+        the job's current one (read in one query, in the storing transaction, the rows locked
+        until it ends: an attempt that ends meanwhile cannot have a report of its stored after
+        its end). The others' futures get :class:`NotFound` or :class:`Refused`."""
+        jobs = self.db.jobs.get_many((p.job_id for p in batch), lock=True)
         admitted = []
         for p in batch:
             job = jobs.get(p.job_id)
@@ -229,11 +228,14 @@ class ReportWriter:
                 p.future.set_exception(Refused(job))
             else:
                 p.job = job
-                admitted.append(p)
+            admitted.append(p.job is not None and not p.future.done())
         return admitted
 
     def store(self, batch: Sequence[_Pending]) -> None:
         """Store ``batch`` in one transaction, else in parts (errors stay per report)."""
+        batch = [p for p in batch if not p.future.done()]  # a part's refused ones: answered
+        if not batch:
+            return
         if self.before_batch is not None:
             self.before_batch(len(batch))
         try:
@@ -253,16 +255,21 @@ class ReportWriter:
                     self.store(batch[i + 1 :])
             return
         for p, accepted in zip(batch, results, strict=True):
-            assert p.job is not None
-            p.future.set_result(Stored(accepted, p.job))
+            if accepted is not None:  # None: refused, answered already
+                assert p.job is not None
+                p.future.set_result(Stored(accepted, p.job))
 
-    def _transaction(self, batch: Sequence[_Pending]) -> list[int]:
-        results: list[int] = []
+    def _transaction(self, batch: Sequence[_Pending]) -> list[int | None]:
+        results: list[int | None] = []
         dialect = self.db.dialect
         index: int | None = None
         try:
             with self.db.transaction() as conn:
-                for index, p in enumerate(batch):  # noqa: B007 - read in the except
+                admitted = self._admit(batch)
+                for index, p in enumerate(batch):
+                    if not admitted[index]:
+                        results.append(None)
+                        continue
                     r = p.report
                     resume = (r.attempt, r.resume_step) if r.resume_step is not None else None
                     results.append(

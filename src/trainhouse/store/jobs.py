@@ -140,10 +140,15 @@ class JobRepo:
             raise NotFound(f"job {job_id} does not exist")
         return job_from_row(row)
 
-    def get_many(self, job_ids: Iterable[int]) -> dict[int, Job]:
-        """The jobs of ``job_ids`` that exist, by id (one query)."""
+    def get_many(self, job_ids: Iterable[int], *, lock: bool = False) -> dict[int, Job]:
+        """The jobs of ``job_ids`` that exist, by id (one query). ``lock`` (inside a
+        transaction): no other transaction changes their rows before this one ends (PostgreSQL's
+        ``FOR SHARE``, taken in id order; SQLite has one writer at a time anyway)."""
+        query = select(t.jobs).where(t.jobs.c.id.in_(set(job_ids)))
+        if lock:
+            query = query.order_by(t.jobs.c.id).with_for_update(read=True)
         with self.db.connect() as conn:
-            rows = conn.execute(select(t.jobs).where(t.jobs.c.id.in_(set(job_ids)))).mappings()
+            rows = conn.execute(query).mappings()
             return {row["id"]: job_from_row(row) for row in rows}
 
     def list(

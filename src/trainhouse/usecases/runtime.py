@@ -118,9 +118,25 @@ class Runtime:
         """Start the report writer and the background loops, in order (if one fails to start,
         :meth:`close` stops those that started)."""
         self.reports.start()  # first and last: reports answered before the end are stored
+        self._discard_interrupted_clones()
         for loop in self.background:
             loop.start()
             self._started.append(loop)
+
+    def _discard_interrupted_clones(self) -> None:
+        """A clone is held until its checkpoint is copied, by the request that made it; one
+        held at start-up lost that request with the previous server: its copy is deleted and
+        the job with it, as when a copy fails (the request never answered with its id)."""
+        for job in self.store.jobs.list(states=[JobState.QUEUED]):
+            if job.held and job.attempts == 0:
+                self.checkpoints.remove_all(job.id)
+                self.store.jobs.discard(job.id)
+                log.warning(
+                    "job %s (a clone of job %s) was discarded: the server stopped while its "
+                    "checkpoint was being copied; clone it again",
+                    job.id,
+                    job.cloned_from,
+                )
 
     async def close(self) -> None:
         """Stop what :meth:`start` started, in reverse; store what is queued; close the
