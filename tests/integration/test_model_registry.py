@@ -175,8 +175,18 @@ def test_the_jobs_checkpoint_registers_with_its_loader_loads_and_exports(
 
     no_code = server.cli("models", "export", "digits-ckpt@1", str(tmp_path / "onnx"))
     assert no_code.returncode == 2 and "give that code with --workdir DIR" in no_code.stderr
-    result = server.cli_json(
+    untrusted = server.cli(  # the loader is the job's code: run here only when asked to
         "models", "export", "digits-ckpt@1", str(tmp_path / "onnx"), "--workdir", str(code)
+    )
+    assert untrusted.returncode == 2 and "--trust-code" in untrusted.stderr
+    result = server.cli_json(
+        "models",
+        "export",
+        "digits-ckpt@1",
+        str(tmp_path / "onnx"),
+        "--workdir",
+        str(code),
+        "--trust-code",
     )
     assert result["source"]["kind"] == "checkpoint"
     with torch.no_grad():

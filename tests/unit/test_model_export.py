@@ -257,5 +257,9 @@ def test_the_client_downloads_and_exports_in_a_child_process(
         client.export_model("digits@1", tmp_path / "out")
     with pytest.raises(ModelError, match=r"needs-code@1 is rebuilt by the loader serve\.py:load"):
         client.export_model("needs-code@1", tmp_path / "out")
+    # its code given, the loader still runs in this process only when trusted
+    with pytest.raises(ModelError, match=r"would run in this process.*--trust-code"):
+        client.export_model("needs-code@1", tmp_path / "out", workdir=DIGITS)
+    assert not (tmp_path / "out" / "needs-code-v1.onnx").exists()
     with pytest.raises(ModelError, match="format must be 'onnx'"):
         client.export_model("digits@1", tmp_path / "out", format="tflite")

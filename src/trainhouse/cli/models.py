@@ -216,6 +216,13 @@ def export(
         Path | None,
         typer.Option("--workdir", help="The job's code, for a model a loader of its code rebuilds"),
     ] = None,
+    trust_code: Annotated[
+        bool,
+        typer.Option(
+            "--trust-code",
+            help="Run the loader of a model a loader rebuilds (the job's code) in this process",
+        ),
+    ] = False,
     force: Annotated[bool, typer.Option("--force", help="Replace existing outputs")] = False,
     as_json: Json = False,
     url: Url = None,
@@ -224,10 +231,14 @@ def export(
     (inputs, outputs, signature, source, sha256). Needs: pip install 'trainhouse\\[onnx]'."""
     with errors(), options.client(url) as c:
         if as_json:
-            result = c.export_model(ref, dest, format=fmt, workdir=workdir, force=force)
+            result = c.export_model(
+                ref, dest, format=fmt, workdir=workdir, trust_code=trust_code, force=force
+            )
         else:
             with console.status(f"exporting {ref} to {fmt}"):
-                result = c.export_model(ref, dest, format=fmt, workdir=workdir, force=force)
+                result = c.export_model(
+                    ref, dest, format=fmt, workdir=workdir, trust_code=trust_code, force=force
+                )
     if as_json:
         print_json(result)
         return

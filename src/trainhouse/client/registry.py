@@ -151,6 +151,7 @@ class ModelsAndServices(ClientBase):
         *,
         format: str = "onnx",
         workdir: str | os.PathLike[str] | None = None,
+        trust_code: bool = False,
         force: bool = False,
         progress: Callable[[int, int], None] | None = None,
     ) -> dict[str, Any]:
@@ -159,7 +160,8 @@ class ModelsAndServices(ClientBase):
         (input and output names, the signature, the source, the file's sha256); returns that
         JSON with ``path`` and ``metadata``. The version is downloaded (sha256 checked) and
         exported by ``python -m trainhouse.serving.export`` in a child process (torch is
-        never imported here). A model rebuilt by a loader needs ``workdir``, its job's code.
+        never imported here). A model rebuilt by a loader needs ``workdir``, its job's code,
+        and ``trust_code``: the loader is that job's code and runs in the exporting process.
         Existing outputs are replaced only with ``force``."""
         import subprocess
         import sys
@@ -177,10 +179,11 @@ class ModelsAndServices(ClientBase):
         version = self.model_version(name, which)
         number = int(version["version"])
         loader = version.get("record", {}).get("loader")
-        if version["kind"] in LOADER_KINDS and workdir is None:
+        if version["kind"] in LOADER_KINDS and (workdir is None or not trust_code):
             raise ModelError(
                 f"{name}@{number} is rebuilt by the loader {loader}, a function of its job's "
-                f"code (job {version['job_id']}): give that code with --workdir DIR"
+                f"code (job {version['job_id']}), which would run in this process: give that "
+                "code with --workdir DIR and --trust-code, if you trust whoever wrote it"
             )
         if workdir is not None and not Path(workdir).is_dir():
             raise ModelError(f"the workdir {workdir} is not a directory")

@@ -37,6 +37,7 @@ from trainhouse.core.modelfiles import (
     version_dir,
 )
 from trainhouse.jobfs.storage import Storage
+from trainhouse.sdk._program import check_program
 
 if TYPE_CHECKING:
     import torch
@@ -246,6 +247,7 @@ def load_model(directory: Path, *, loader: Callable[..., Any] | None = None) -> 
     if kind == "loader":
         assert loader is not None
         return loader(weights)
+    check_program(directory / PROGRAM)  # data, never code: no pickle, no compiled library
     program = torch.export.load(str(directory / PROGRAM))
     module = program.module()
     try:
