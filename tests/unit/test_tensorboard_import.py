@@ -135,3 +135,43 @@ def test_a_job_that_runs_and_ends_between_two_ticks_is_imported(
     assert [s for s, _ in series(api, job_id)["train/loss"]] == [0, 1, 2, 3]
     assert importer._jobs == {}
     assert importer.tick() == 0  # read once
+
+
+def test_a_scalar_tensor_of_a_huge_shape_allocates_nothing(api: TestClient, tmp_path: Path) -> None:
+    """A ~100-byte record names a tensor of shape [25 * 10**6] with one value: TensorBoard's
+    reader would repeat it to fill that shape (200 MB here; terabytes for a larger one) before
+    anyone saw it is no scalar. The shape is looked at first: nothing is allocated (the reader's
+    own read buffer, 16 MiB, aside), the value skipped."""
+    import tracemalloc
+
+    from tensorboard.compat.proto import event_pb2, summary_pb2, tensor_pb2, tensor_shape_pb2
+    from tensorboard.summary.writer.event_file_writer import EventFileWriter
+
+    job_id, directory, importer = running_job(api, tmp_path)
+    writer = SummaryWriter(str(directory))
+    writer.add_scalar("ok", 0.5, 1)
+    writer.flush()
+    assert importer.tick() == 1  # the reader's modules imported: not counted below
+
+    dim = tensor_shape_pb2.TensorShapeProto.Dim(size=25 * 10**6)
+    tensor = tensor_pb2.TensorProto(
+        dtype=2,  # DT_DOUBLE
+        tensor_shape=tensor_shape_pb2.TensorShapeProto(dim=[dim]),
+        double_val=[1.0],
+    )
+    value = summary_pb2.Summary.Value(tag="huge", tensor=tensor)
+    value.metadata.plugin_data.plugin_name = "scalars"
+    hostile = EventFileWriter(str(directory / "sub"))
+    hostile.add_event(
+        event_pb2.Event(step=2, wall_time=1.0, summary=summary_pb2.Summary(value=[value]))
+    )
+    hostile.close()
+    tracemalloc.start()
+    try:
+        assert importer.tick() == 0
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+        writer.close()
+    assert peak < 64 << 20, f"the import allocated {peak / 2**20:.0f} MiB"
+    assert series(api, job_id) == {"ok": [(1, 0.5)]}

@@ -282,6 +282,10 @@ def _scalar(value: Any) -> object:
     if value.HasField("simple_value"):
         number = float(value.simple_value)
     elif value.metadata.plugin_data.plugin_name == "scalars" and value.HasField("tensor"):
+        # the shape first: make_ndarray repeats a single value to fill any shape it names,
+        # so a 100-byte record of shape [2**40] would ask for terabytes
+        if any(dim.size != 1 for dim in value.tensor.tensor_shape.dim):
+            return _NOT_SCALAR
         array = tensor_util.make_ndarray(value.tensor)
         if array.size != 1:
             return _NOT_SCALAR
