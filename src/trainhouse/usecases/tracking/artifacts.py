@@ -99,11 +99,23 @@ def _used(d: jobfiles.Dir, budget: list[int] | None = None, depth: int = MAX_DEP
     return total
 
 
-def _unsafe(exc: OSError) -> NotFound | InvalidTracking:
-    """What a refused file operation answers: a missing artifact, or one refused."""
+#: why an artifact is refused, by errno: the words only, never the file's path on the server
+_REFUSED = {
+    errno.ELOOP: "it is a symbolic link (links are not followed)",
+    errno.EMLINK: "it has several hard links",
+    errno.EFBIG: "it is over the size limit",
+    errno.E2BIG: "the run holds too many artifact entries",
+    errno.EISDIR: "it is a directory",
+}
+
+
+def _unsafe(exc: OSError, parts: list[str]) -> NotFound | InvalidTracking:
+    """What a refused file operation answers: a missing artifact, or one refused, named by its
+    path among the run's artifacts (the server's own paths are no caller's business)."""
     if isinstance(exc, FileNotFoundError | NotADirectoryError):
         return NotFound("no such artifact")
-    return InvalidTracking(f"artifact refused: {exc.strerror or exc}")
+    why = _REFUSED.get(exc.errno or 0, "it is not a regular file")
+    return InvalidTracking(f"artifact {'/'.join(parts)[:300] or '.'} refused: {why}")
 
 
 class Upload:
@@ -176,7 +188,7 @@ def upload(rt: Runtime, c: Caller, run: int, parts: list[str], declared: int | N
             root.close()
             raise
     except OSError as exc:
-        raise _unsafe(exc) from None
+        raise _unsafe(exc, parts) from None
     return Upload(root, d, tmp, fh, parts, limit=limit)
 
 
@@ -196,7 +208,7 @@ def download(rt: Runtime, c: Caller, run: int, parts: list[str]) -> Iterator[byt
         finally:
             root.close()
     except OSError as exc:
-        raise _unsafe(exc) from None
+        raise _unsafe(exc, parts) from None
 
     def chunks() -> Iterator[bytes]:
         with fh:
@@ -251,6 +263,4 @@ def listing(rt: Runtime, c: Caller, run: int, parts: list[str]) -> list[Artifact
     try:
         return _entries(rt, job, parts)
     except OSError as exc:
-        if exc.errno == errno.E2BIG:
-            raise InvalidTracking(str(exc)) from None
-        raise _unsafe(exc) from None
+        raise _unsafe(exc, parts) from None
