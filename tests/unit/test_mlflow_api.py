@@ -247,6 +247,27 @@ def test_log_batch_keeps_mlflows_limits(mlflow_api: TestClient) -> None:
     }
 
 
+def test_params_merged_into_hparams_keep_the_reports_cap(mlflow_api: TestClient) -> None:
+    """MLflow params become the run's reported hparams; the SDK's reports cap those at 64 KiB
+    of JSON, and the params that would pass it are refused whole (nothing of them stored)."""
+    api = mlflow_api
+    run = new_run(api)
+    batch = [{"key": f"a{i}", "value": "x" * 5000} for i in range(10)]  # 50 KB
+    assert (
+        api.post(f"{API}/runs/log-batch", json={"run_id": run, "params": batch}).status_code == 200
+    )
+    more = [{"key": f"b{i}", "value": "y" * 5000} for i in range(4)]  # 70 KB in all
+    said = mlflow_error(
+        api.post(f"{API}/runs/log-batch", json={"run_id": run, "params": more}),
+        400,
+        "INVALID_PARAMETER_VALUE",
+    )
+    assert "at most 64 KiB as JSON" in said and "params" in said
+    store = services(api).store
+    assert sorted(store.tracking.values(int(run), "param")) == [f"a{i}" for i in range(10)]
+    assert sorted(store.jobs.get(int(run)).hparams or {}) == [f"a{i}" for i in range(10)]
+
+
 def test_a_jobs_own_scope_makes_every_run_the_job(mlflow_api: TestClient, tmp_path: Path) -> None:
     """Inside a job, MLflow's variables point at the job's scope with its credential: runs/create
     returns the job itself (clients that ignore MLFLOW_RUN_ID land there), params become the

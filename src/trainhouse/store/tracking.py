@@ -20,10 +20,10 @@ from typing import TYPE_CHECKING, Literal
 from sqlalchemy import delete, insert, select, update
 from sqlalchemy.exc import IntegrityError
 
-from trainhouse.core.errors import AlreadyExists, NotFound, ValueChanged
+from trainhouse.core.errors import AlreadyExists, InvalidTracking, NotFound, ValueChanged
 from trainhouse.core.lifecycle import JobState, check_transition
 from trainhouse.core.records import TRACKED, Job
-from trainhouse.core.spec import JobSpec
+from trainhouse.core.spec import JobSpec, check_reported_hparams
 from trainhouse.store import tables as t
 
 if TYPE_CHECKING:
@@ -321,10 +321,13 @@ def _report_hparams(conn: Connection, job_id: int, params: Mapping[str, str]) ->
 
     reported = conn.execute(select(t.jobs.c.hparams).where(t.jobs.c.id == job_id)).scalar()
     added = {key: _param_value(value) for key, value in params.items()}
+    merged = {**(reported or {}), **added}
+    try:  # the cap the SDK's reports have (the params refused, nothing stored)
+        check_reported_hparams(merged)
+    except ValueError as e:
+        raise InvalidTracking(f"{e}: the run's params would pass it") from None
     conn.execute(
-        update(t.jobs)
-        .where(t.jobs.c.id == job_id)
-        .values(hparams={**(reported or {}), **added}, updated_at=time.time())
+        update(t.jobs).where(t.jobs.c.id == job_id).values(hparams=merged, updated_at=time.time())
     )
     rows = hparam_rows(job_id, added)
     if rows:

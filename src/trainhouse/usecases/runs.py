@@ -9,7 +9,6 @@ transaction of its change; tags, notes and reported hparams are not.
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
 import stat
@@ -20,7 +19,7 @@ from typing import Any
 from trainhouse.core.errors import InvalidQuery, StoreError
 from trainhouse.core.records import Job
 from trainhouse.core.runquery import suggest
-from trainhouse.core.spec import MAX_HPARAMS_BYTES, check_tags
+from trainhouse.core.spec import check_reported_hparams, check_tags
 from trainhouse.jobfs import jobfiles
 from trainhouse.usecases import audit, models
 from trainhouse.usecases.access import Principal
@@ -158,13 +157,9 @@ def report_hparams(
     script does not declare among its defaults (``script_keys``) is noted once as an event,
     with the closest declared key."""
     try:
-        size = len(json.dumps(hparams, allow_nan=False, default=str))
-    except (ValueError, RecursionError) as e:
-        raise InvalidQuery(f"hparams must be plain JSON values ({e})") from None
-    if size > MAX_HPARAMS_BYTES:
-        raise InvalidQuery(
-            f"hparams must be at most {MAX_HPARAMS_BYTES // 1024} KiB as JSON, got {size} bytes"
-        )
+        check_reported_hparams(hparams)
+    except ValueError as e:
+        raise InvalidQuery(str(e)) from None
     rt.store.runs.set_hparams(job.id, hparams)
     unread: list[str] = []
     warnings: list[str] = []

@@ -444,6 +444,20 @@ class JobSpec(_Strict):
         return None
 
 
+def check_reported_hparams(hparams: Any) -> None:
+    """The hparams a run reports using (``run.set_hparams``, MLflow params merged in): plain
+    JSON values, at most :data:`MAX_HPARAMS_BYTES` as JSON, one cap whichever way they came;
+    ValueError naming the rule and the size."""
+    try:
+        size = len(json.dumps(hparams, allow_nan=False, default=str))
+    except (ValueError, RecursionError) as e:
+        raise ValueError(f"hparams must be plain JSON values ({e})") from None
+    if size > MAX_HPARAMS_BYTES:
+        raise ValueError(
+            f"hparams must be at most {MAX_HPARAMS_BYTES // 1024} KiB as JSON, got {size} bytes"
+        )
+
+
 def check_tags(tags: list[str]) -> list[str]:
     """``tags`` checked (each matches ``TAG``), without repeats, in order."""
     out: list[str] = []
