@@ -78,3 +78,21 @@ def test_the_logs_route_interleaves_stamps_and_greps(api: TestClient, tmp_path: 
     broken = api.get(url, params={"grep": "(unclosed"})
     assert broken.status_code == 422 and "not a regular expression" in error_of(broken)["message"]
     assert api.get(url, params={"rank": "every"}).status_code == 422
+
+
+def test_all_ranks_are_the_jobs_own_and_share_one_reads_bytes(
+    api: TestClient, tmp_path: Path
+) -> None:
+    """A job of 2 ranks leaves 300 rank logs of 1 MiB each: ``rank=all`` reads ranks 0 and 1
+    only, and at most one read's bytes (4 MiB) among them, not every file whole."""
+    job = submit(api, SPEC, workdir(tmp_path)).json()
+    wait_state(api, job["id"], {"COMPLETED"})
+    files = services(api).files(job["id"])
+    big = b"x" * 1023 + b"\n"
+    for rank in range(300):
+        write_log(files.log(rank), [(f"rank {rank} says hi\n".encode() + big * 1024, 100.0 + rank)])
+    every = api.get(f"/api/v1/jobs/{job['id']}/logs", params={"rank": "all"}).text
+    shown = {line.split("]")[0] for line in every.splitlines()}
+    assert shown == {"[rank 0", "[rank 1"}
+    assert len(every) <= joblogs.MAX_READ + 2 * 4096  # the rank prefixes on top
+    assert "rank 0 says hi" in every and "rank 1 says hi" in every

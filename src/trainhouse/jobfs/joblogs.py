@@ -85,9 +85,9 @@ class Line:
     cont: bool = False
 
 
-def read_times(path: Path, *, within: Path) -> list[tuple[int, float]]:
-    """A log's time index (its last :data:`MAX_TIMES` bytes) as (offset, time) by offset;
-    empty when there is none or it is not a regular file reached without a link."""
+def read_times(path: Path, *, within: Path, limit: int = MAX_TIMES) -> list[tuple[int, float]]:
+    """A log's time index (its last ``limit`` bytes) as (offset, time) by offset; empty when
+    there is none or it is not a regular file reached without a link."""
     try:
         fh = jobfiles.open_file(within, path)
     except OSError:
@@ -95,7 +95,7 @@ def read_times(path: Path, *, within: Path) -> list[tuple[int, float]]:
     with fh:
         size = os.fstat(fh.fileno()).st_size
         size -= size % TIME_RECORD.size  # a record being written is left for the next read
-        start = max(0, size - MAX_TIMES)
+        start = max(0, size - limit + limit % TIME_RECORD.size)
         fh.seek(start)
         data = fh.read(size - start)
     return [TIME_RECORD.unpack_from(data, i) for i in range(0, len(data), TIME_RECORD.size)]
@@ -115,11 +115,13 @@ def read_lines(
     offset: int = 0,
     tail: int | None = None,
     limit: int = MAX_READ,
+    times_limit: int = MAX_TIMES,
     complete: bool = False,
 ) -> tuple[list[Line], int]:
     """The lines of a log from ``offset`` (or its last ``tail``) with the time each was
-    written (from the time index ``times``); returns (lines, next offset). ``complete``: a
-    last line without its newline is left for the next read (``next`` stops before it)."""
+    written (from the time index ``times``, its last ``times_limit`` bytes); returns (lines,
+    next offset). ``complete``: a last line without its newline is left for the next read
+    (``next`` stops before it)."""
     data, nxt = read_log(path, within=within, offset=offset, tail=tail, limit=limit)
     start = nxt - len(data)
     cont = False
@@ -129,7 +131,7 @@ def read_lines(
     chunks = data.splitlines(keepends=True)
     if complete and chunks and not chunks[-1].endswith(b"\n"):
         nxt -= len(chunks.pop())
-    index = read_times(times, within=within) if chunks else []
+    index = read_times(times, within=within, limit=times_limit) if chunks else []
     lines = []
     at = start
     for i, chunk in enumerate(chunks):

@@ -15,7 +15,15 @@ from dataclasses import dataclass
 
 from trainhouse.core.errors import Forbidden, NotFound, SpecError, TrainhouseError
 from trainhouse.core.records import Job
-from trainhouse.jobfs.joblogs import Line, interleave, read_lines, read_log, stamp
+from trainhouse.jobfs.joblogs import (
+    MAX_READ,
+    MAX_TIMES,
+    Line,
+    interleave,
+    read_lines,
+    read_log,
+    stamp,
+)
 from trainhouse.jobfs.layout import LAUNCHER, JobLayout
 from trainhouse.usecases import callers
 from trainhouse.usecases.runtime import Runtime
@@ -47,6 +55,8 @@ OFFSET = re.compile(r"-?[0-9]{1,19}")
 NESTED_REPEAT = re.compile(r"\((?:[^()\\]|\\.)*[*+}](?:[^()\\]|\\.)*\)\s*[*+{]")
 MAX_PATTERN = 200
 ALL = "all"
+#: bytes of a rank's log (and of its time index) that ``rank=all`` reads at the least
+MIN_SHARE = 64 << 10
 
 
 def rank_of(text: str) -> str | None:
@@ -151,9 +161,21 @@ def text(
     pattern = line_filter(grep)
     files = rt.files(job_id)
     if rank == ALL:
+        # the job's own ranks only (it may leave any number of rank-N.log files), and the
+        # bytes of one read shared among them, the time indexes' likewise
+        real = [r for r in files.ranks() if int(r) < world]
+        share = max(MIN_SHARE, MAX_READ // max(1, len(real)))
+        times_share = max(MIN_SHARE, MAX_TIMES // max(1, len(real)))
         by_rank = {
-            str(r): read_lines(files.log(r), files.log_times(r), within=files.home, tail=tail)[0]
-            for r in files.ranks()
+            str(r): read_lines(
+                files.log(r),
+                files.log_times(r),
+                within=files.home,
+                tail=tail,
+                limit=share,
+                times_limit=times_share,
+            )[0]
+            for r in real
         }
         merged: list[tuple[str | None, Line]] = list(interleave(by_rank))
         return LogText(render_lines(merged, timestamps=timestamps, grep=pattern), 0)
