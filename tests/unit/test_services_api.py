@@ -10,6 +10,7 @@ import socket
 import threading
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,7 @@ from fastapi.testclient import TestClient
 from tests.support.api import app_client, error_of, services, submit, wait_state, workdir
 from tests.support.records import new_job
 from tests.support.team import make_team, refused
+from trainhouse.core.modelfiles import REPLICA_KEY_HEADER
 from trainhouse.core.tokens import hash_token
 from trainhouse.errors import NotFound, StoreError
 from trainhouse.jobfs.storage import open_storage
@@ -30,6 +32,7 @@ from trainhouse.sdk._model import write_model
 from trainhouse.serving.replica import build_app, load
 from trainhouse.spec import JobSpec
 from trainhouse.store import Store
+from trainhouse.usecases.replicahub import MAX_ANSWER
 
 JOB_TOKEN = "replica-credential"
 
@@ -295,6 +298,75 @@ def test_predictions_go_to_a_replica_with_its_key(
     metrics = api.get("/metrics").text
     assert 'trainhouse_service_requests_total{outcome="bad_input",service="tiny"} 1.0' in metrics
     assert 'trainhouse_service_batch_size_sum{service="tiny"} 3.0' in metrics
+
+
+@contextmanager
+def serving(app: Any) -> Iterator[str]:
+    """``app`` on a real loopback socket: its url."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    try:
+        while not server.started:
+            time.sleep(0.02)
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+    finally:
+        server.should_exit = True
+        thread.join(30)
+        sock.close()
+
+
+def test_a_hostile_replica_neither_redirects_the_server_nor_floods_it(
+    served: tuple[TestClient, Path],
+) -> None:
+    """A replica runs its model owner's loader, so its answers are hostile: a redirect is not
+    followed (it would send the prediction, and the replica's key, to any address), an answer
+    past the cap is not read into memory, and a replica claims only its service's ranks."""
+    from starlette.applications import Starlette
+    from starlette.requests import Request
+    from starlette.responses import JSONResponse, RedirectResponse, Response, StreamingResponse
+    from starlette.routing import Route
+
+    api, _ = served
+    mode = {"answer": "redirect"}
+    reached: list[str] = []
+
+    async def predict(request: Request) -> Response:
+        if mode["answer"] == "redirect":
+            return RedirectResponse(f"{request.base_url}elsewhere", status_code=307)
+        if mode["answer"] == "huge":
+            chunk = b" " * (1 << 20)
+            return StreamingResponse(iter([chunk] * (MAX_ANSWER // len(chunk) + 8)))
+        return JSONResponse({"model": "tiny", "version": 1, "outputs": [[0.0]]})
+
+    async def elsewhere(request: Request) -> Response:
+        reached.append(request.headers.get(REPLICA_KEY_HEADER, ""))
+        return JSONResponse({"outputs": "from elsewhere"})
+
+    hostile = Starlette(
+        routes=[
+            Route("/predict", predict, methods=["POST"]),
+            Route("/elsewhere", elsewhere, methods=["POST"]),
+        ]
+    )
+    rt = start(api).json()
+    with serving(hostile) as url:
+        assert call(api, rt, url=url, version=1).status_code == 200
+        redirected = api.post("/api/v1/services/tiny/predict", json={"inputs": [[1, 2, 3, 4]]})
+        assert redirected.status_code == 502
+        assert "redirect, which is not followed" in error_of(redirected)["message"]
+        assert reached == []
+        mode["answer"] = "huge"
+        flooded = api.post("/api/v1/services/tiny/predict", json={"inputs": [[1, 2, 3, 4]]})
+        assert flooded.status_code == 502
+        assert f"over {MAX_ANSWER} bytes" in error_of(flooded)["message"]
+        mode["answer"] = "ok"
+        fine = api.post("/api/v1/services/tiny/predict", json={"inputs": [[1, 2, 3, 4]]})
+        assert fine.status_code == 200 and fine.json()["outputs"] == [[0.0]]
+    beyond = call(api, rt, rank=1, url=url)  # the service has 1 replica: rank 0 only
+    assert beyond.status_code == 422 and "there is no replica 1" in error_of(beyond)["message"]
 
 
 def test_services_follow_the_api_roles(tmp_path: Path) -> None:

@@ -56,6 +56,13 @@ WINDOW = 60.0  # seconds of predictions the Services page summarises
 RATE_WINDOW = 10.0  # requests/s over this many seconds
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+#: a replica's answer is read up to this many bytes (its loader is its owner's code: an answer
+#: of any size would be read into the server's memory)
+MAX_ANSWER = 64 << 20
+#: connections one service's replicas get at most (each service has a pool of its own, so
+#: one service's hung replicas leave the others' alone), and how long an answer may take
+SERVICE_CONNECTIONS = 64
+ANSWER_TIMEOUT = 60.0
 
 
 def check_replica_url(url: str, allowed_hosts: set[str]) -> str:
@@ -167,7 +174,7 @@ class ReplicaHub:
         self._windows: dict[str, _Window] = {}
         self._turn: dict[str, itertools.count[int]] = {}
         self._lock = threading.Lock()
-        self._http: aiohttp.ClientSession | None = None
+        self._http: dict[str, aiohttp.ClientSession] = {}  # a pool per service
         self.requests = Counter(
             "trainhouse_service_requests",
             "Predictions a service answered, by outcome (ok, bad_input, error, unavailable).",
@@ -211,6 +218,11 @@ class ReplicaHub:
         service = self.store.services.of_job(job.id)
         if service is None:
             raise NotFound(f"job {job.id} runs no service")
+        if not 0 <= rank < service.replicas:
+            raise BadReplica(
+                f"service {service.name} has replicas 0..{service.replicas - 1}; "
+                f"there is no replica {rank}"
+            )
         url = check_replica_url(url, allowed_hosts)
         now = time.time()
         with self._lock:
@@ -333,21 +345,25 @@ class ReplicaHub:
         with self._lock:
             turn = next(self._turn.setdefault(name, itertools.count()))
         order = candidates[turn % len(candidates) :] + candidates[: turn % len(candidates)]
-        http = self._client()
+        http = self._client(name)
         for replica in order:
             headers = {"Content-Type": "application/json", REPLICA_KEY_HEADER: replica.key}
             try:
-                async with http.post(f"{replica.url}/predict", data=body, headers=headers) as resp:
-                    content = await resp.read()
+                async with http.post(
+                    f"{replica.url}/predict", data=body, headers=headers, allow_redirects=False
+                ) as resp:
                     code, batch = resp.status, resp.headers.get(BATCH_HEADER, "")
+                    if 300 <= code < 400:  # followed, it would send the request anywhere
+                        raise _Refused("answered with a redirect, which is not followed")
+                    content = await _read_capped(resp)
             except aiohttp.ClientConnectorError:  # it never got the request: the next one may
                 replica.state = "unreachable"
                 continue
-            except (aiohttp.ClientError, TimeoutError) as exc:
+            except (aiohttp.ClientError, TimeoutError, _Refused) as exc:
                 self._count(name, "error", arrived, 0)
+                why = str(exc) if isinstance(exc, _Refused) else type(exc).__name__
                 raise ReplicaFailed(
-                    f"replica {replica.rank} of service {name} failed while answering: "
-                    f"{type(exc).__name__}"
+                    f"replica {replica.rank} of service {name} failed while answering: {why}"
                 ) from None
             outcome = "ok" if code == 200 else "bad_input" if code < 500 else "error"
             self._count(name, outcome, arrived, int(batch) if batch.isdigit() else 0)
@@ -374,20 +390,40 @@ class ReplicaHub:
             window = self._windows.setdefault(name, _Window())
             window.add(time.time(), seconds, batch, outcome != "error")
 
-    def _client(self) -> aiohttp.ClientSession:
-        """One pooled client for every forwarded prediction (aiohttp: its C parser costs a
-        fraction of httpx's per request, which capped a service at ~120 requests/s)."""
+    def _client(self, name: str) -> aiohttp.ClientSession:
+        """The pooled client of service ``name``'s forwarded predictions (aiohttp: its C
+        parser costs a fraction of httpx's per request, which capped a service at ~120
+        requests/s): a pool of its own, bounded, so that no service takes another's."""
         import aiohttp
 
-        if self._http is None:
-            self._http = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(limit=256, limit_per_host=64),
-                timeout=aiohttp.ClientTimeout(total=60, sock_connect=2),
+        http = self._http.get(name)
+        if http is None:
+            http = self._http[name] = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=SERVICE_CONNECTIONS),
+                timeout=aiohttp.ClientTimeout(total=ANSWER_TIMEOUT, sock_connect=2),
                 auto_decompress=False,
             )
-        return self._http
+        return http
 
     async def aclose(self) -> None:
-        if self._http is not None:
-            await self._http.close()
-            self._http = None
+        pools, self._http = list(self._http.values()), {}
+        for http in pools:
+            await http.close()
+
+
+async def _read_capped(resp: aiohttp.ClientResponse) -> bytes:
+    """A replica's answer, refused past :data:`MAX_ANSWER` bytes (said or sent)."""
+    if (resp.content_length or 0) > MAX_ANSWER:
+        raise _Refused(f"answered with over {MAX_ANSWER} bytes")
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in resp.content.iter_chunked(1 << 16):
+        size += len(chunk)
+        if size > MAX_ANSWER:
+            raise _Refused(f"answered with over {MAX_ANSWER} bytes")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+class _Refused(Exception):
+    """A replica's answer the server does not take (a redirect, one too large)."""
