@@ -20,7 +20,15 @@ import torch
 import uvicorn
 from fastapi.testclient import TestClient
 
-from tests.support.api import app_client, error_of, services, submit, wait_state, workdir
+from tests.support.api import (
+    app_client,
+    error_of,
+    page_request,
+    services,
+    submit,
+    wait_state,
+    workdir,
+)
 from tests.support.records import new_job
 from tests.support.team import make_team, refused
 from trainhouse.core.modelfiles import REPLICA_KEY_HEADER
@@ -34,6 +42,7 @@ from trainhouse.spec import JobSpec
 from trainhouse.store import Store
 from trainhouse.usecases.replicahub import MAX_ANSWER
 
+CROSS_SITE = {"Origin": "http://evil.example", "Sec-Fetch-Site": "cross-site"}
 JOB_TOKEN = "replica-credential"
 
 
@@ -369,6 +378,90 @@ def test_a_hostile_replica_neither_redirects_the_server_nor_floods_it(
     assert beyond.status_code == 422 and "there is no replica 1" in error_of(beyond)["message"]
 
 
+def test_a_replica_downloads_only_the_version_it_is_told_to_serve(
+    served: tuple[TestClient, Path],
+) -> None:
+    """Files and code go to a replica for the version its service's ref names now, never for
+    another version of the model (an older one's code, say)."""
+    api, directory = served
+    maker = services(api).store.models.version("tiny", 1).job_id
+    ckpt = directory.parent.parent.parent
+    record = write_model(
+        open_storage(ckpt),
+        "tiny",
+        Net(),
+        example_inputs=(torch.randn(2, 4),),
+        metrics=None,
+        loader=None,
+        step=2,
+        attempt=1,
+        job_id=maker,
+    )
+    two = api.post(
+        f"/api/v1/jobs/{maker}/models",
+        json={"name": "tiny", "path": record["path"]},
+        headers={"Authorization": "Bearer maker"},
+    )
+    assert two.status_code == 201 and two.json()["version"] == 2, two.text
+    rt = start(api).json()
+    url = f"/api/v1/jobs/{rt['job_id']}/replicas/versions"
+    for path in ("2/files/model.json", "2/code"):
+        other = api.get(f"{url}/{path}", headers=credential(api, rt))
+        assert other.status_code == 403, other.text
+        assert "downloads that version only, not 2" in error_of(other)["message"]
+    assert api.get(f"{url}/1/files/model.json", headers=credential(api, rt)).status_code == 200
+    assert api.put("/api/v1/models/tiny/aliases/prod", json={"version": 2}).is_success
+    assert api.get(f"{url}/2/files/model.json", headers=credential(api, rt)).status_code == 200
+    assert api.get(f"{url}/1/files/model.json", headers=credential(api, rt)).status_code == 403
+
+
+def test_a_replica_gets_no_code_its_services_owner_may_not_read(tmp_path: Path) -> None:
+    """An admin registers a model from bob's job and gives it to alice, who serves it: her
+    replicas are not handed bob's code (his workdir may hold anything), as alice could not
+    read it herself; the admin's own service could."""
+    for team in make_team(tmp_path):
+        store = team.rt.store
+        bobs = new_job(store, owner="bob")
+        store.models.add_version(
+            "tiny",
+            owner="alice",
+            job_id=bobs,
+            attempt=1,
+            step=1,
+            path="models/tiny/step-000000001",
+            kind="loader",
+            files=[{"name": "model.json", "size": 1, "sha256": "0" * 64}],
+            record={"loader": "serve.py:load"},
+        )
+        for user in ("alice", "root"):
+            resp = team.api.put(
+                f"/api/v1/quotas/{user}", json={"max_cpus": 4}, headers=team.h("root")
+            )
+            assert resp.status_code == 200
+        made = team.post("alice", "/services", json={"model": "tiny", "ref": "1"})
+        assert made.status_code == 201, made.text
+        store.jobs.update(made.json()["job_id"], token_hash=hash_token(JOB_TOKEN))
+        job = {"Authorization": f"Bearer {JOB_TOKEN}"}
+        code = team.api.get(
+            f"/api/v1/jobs/{made.json()['job_id']}/replicas/versions/1/code", headers=job
+        )
+        assert code.status_code == 403
+        assert f"code of job {bobs}, which the service's owner alice" in error_of(code)["message"]
+        assert team.post("root", "/services/tiny/stop").status_code == 200
+        deadline = time.monotonic() + 30
+        while store.jobs.get(made.json()["job_id"]).state != JobState.CANCELED:
+            assert time.monotonic() < deadline, "the stopped service's job never ended"
+            time.sleep(0.05)
+        mine = team.post("root", "/services", json={"model": "tiny", "ref": "1"})
+        assert mine.status_code == 201, mine.text
+        store.jobs.update(mine.json()["job_id"], token_hash=hash_token(JOB_TOKEN))
+        allowed = team.api.get(
+            f"/api/v1/jobs/{mine.json()['job_id']}/replicas/versions/1/code", headers=job
+        )
+        assert allowed.status_code == 404  # read on: the archive of this made-up job is gone
+        assert "workdir archive is no longer" in error_of(allowed)["message"]
+
+
 def test_services_follow_the_api_roles(tmp_path: Path) -> None:
     """A viewer lists services but starts and stops none; a member stops only their own."""
     for team in make_team(tmp_path):
@@ -401,4 +494,24 @@ def test_services_follow_the_api_roles(tmp_path: Path) -> None:
         assert "viewer" in refused(team.post("vera", "/services/tiny/stop"))
         gone = team.post("vera", "/services/tiny/predict", json={"inputs": [[1]]})
         assert gone.status_code == 503  # a viewer may predict; no replica is there yet
+        # a cross-site page, with the admin's credentials, neither stops nor starts one
+        for path in ("/services/tiny/stop", "/services"):
+            sneaky = page_request(
+                team.api,
+                "POST",
+                f"/api/v1{path}",
+                json=body,
+                headers={**team.h("root"), **CROSS_SITE},
+            )
+            assert sneaky.status_code == 403 and error_of(sneaky)["code"] == "cross_origin"
         assert team.post("root", "/services/tiny/stop").status_code == 200
+        deadline = time.monotonic() + 30
+        while not store.jobs.get(made.json()["job_id"]).state.terminal:
+            assert time.monotonic() < deadline, "the stopped service's job never ended"
+            time.sleep(0.05)
+        # stopped, the name stays alice's: bob's service would answer her clients
+        taken = refused(team.post("bob", "/services", json=body))
+        assert "belongs to alice" in taken and "choose another --name" in taken
+        assert team.post("bob", "/services", json={**body, "name": "bobs"}).status_code == 201
+        again = team.post("alice", "/services", json=body)
+        assert again.status_code == 201 and again.json()["owner"] == "alice"

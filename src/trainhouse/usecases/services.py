@@ -123,6 +123,7 @@ def start(
     who = owner_of(p, owner)
     archive = empty_archive(rt)
     with rt.store.transaction():
+        _check_name(rt, p, name, who)
         service = rt.store.services.create(
             name=name,
             owner=who,
@@ -211,29 +212,69 @@ def heartbeat(
     )
 
 
-def _served_version(rt: Runtime, job: Job, version: int) -> ModelVersion:
-    """Version ``version`` of the model ``job``'s service serves (404 if it runs none)."""
+def _served_version(rt: Runtime, job: Job, version: int) -> tuple[ServiceRecord, ModelVersion]:
+    """``job``'s service and the version its ref names now, which must be ``version``: a
+    replica downloads the version it is told to serve, never another (404 if the job runs
+    no service, 403 for another version)."""
     service = rt.store.services.of_job(job.id)
     if service is None:
         raise NotFound(f"job {job.id} runs no service")
-    return rt.store.models.version(service.model, version)
+    target = rt.store.models.resolve(service.model, service.ref)
+    if target.version != version:
+        raise Forbidden(
+            f"service {service.name} serves {service.model}@{target.version} now: a replica "
+            f"downloads that version only, not {version}"
+        )
+    return service, target
 
 
 def replica_file(rt: Runtime, job: Job, version: int, file: str) -> Iterator[bytes]:
     """The bytes of one file of a version of the service's model, in chunks (the replica
     checks its sha256)."""
-    found = _served_version(rt, job, version)
+    _, found = _served_version(rt, job, version)
     return rt.saved_models.read(found, file)
 
 
 def replica_code(rt: Runtime, job: Job, version: int) -> Path:
     """Where the workdir archive of the job that made a version is: the code its loader lives
     in (404 once that job or its archive is gone)."""
-    found = _served_version(rt, job, version)
+    service, found = _served_version(rt, job, version)
     if found.job_id is None:
         raise NotFound(f"{found.model}@{found.version}'s job is deleted, with its code")
     source = rt.store.jobs.get(found.job_id)
+    if not _owner_may_read(rt, service, source):  # the code is that job's owner's
+        raise Forbidden(
+            f"{found.model}@{found.version}'s loader is code of job {source.id}, which the "
+            f"service's owner {service.owner} may not read"
+        )
     archive = rt.blobs.path(source.archive_sha256)
     if not archive.is_file():
         raise NotFound(f"job {source.id}'s workdir archive is no longer on the server")
     return archive
+
+
+def _owner_may_read(rt: Runtime, service: ServiceRecord, job: Job) -> bool:
+    """Whether the owner of ``service`` may read ``job`` (anyone may with auth off)."""
+    if not rt.settings.auth_enabled:
+        return True
+    try:
+        user = rt.store.accounts.get_user(service.owner)
+    except NotFound:
+        return False
+    if not user.active:
+        return False
+    return Principal(user.name, user.role).may_read(job, rt.settings.job_visibility)
+
+
+def _check_name(rt: Runtime, p: Principal, name: str, who: str) -> None:
+    """A service's name stays its owner's once it stopped: their clients call it by that name,
+    and another member's service under it would answer them (403; an admin may)."""
+    try:
+        old = rt.store.services.get(name)
+    except NotFound:
+        return
+    if old.owner != who and p.authenticated and not p.is_admin:
+        raise Forbidden(
+            f"service {name} belongs to {old.owner}: the name stays theirs (its clients call "
+            "it by it); choose another --name"
+        )
