@@ -197,3 +197,54 @@ def test_a_model_registered_without_its_inputs_takes_float_lists_of_any_shape() 
         parse_inputs({"inputs": [[True]]}, {"inputs": []}, 10)
     with pytest.raises(BadInput, match="non-empty list"):
         parse_inputs({"inputs": 3}, {"inputs": []}, 10)
+
+
+class Picky(torch.nn.Module):
+    """Three features per example; an example holding 13 it refuses."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = torch.nn.Linear(3, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if bool((x == 13).any()):
+            raise ValueError("13 is unlucky")
+        return self.linear(x)
+
+
+def test_one_odd_request_does_not_fail_its_batch() -> None:
+    """Requests that arrive together share a batch; one the others cannot be stacked with (a
+    model registered without its inputs takes any shape), or one the model fails on, gets its
+    own answer, and its neighbours theirs, never its error."""
+    import asyncio
+
+    from trainhouse.serving.replica import Batcher, Loaded
+
+    torch.manual_seed(0)
+    module = Picky().eval()
+    good = [torch.randn(2, 3), torch.randn(1, 3), torch.randn(3, 3)]
+    odd = torch.randn(1, 4)  # another shape: cannot be put with the others
+    unlucky = torch.tensor([[13.0, 1.0, 2.0]])  # the model's own refusal
+
+    async def together() -> list[Any]:
+        batcher = Batcher(Loaded(module, {"inputs": []}, "picky", 1), max_wait=0.2)
+        batcher.start()
+        try:
+            return await asyncio.gather(
+                batcher.predict([good[0]]),
+                batcher.predict([odd]),
+                batcher.predict([good[1]]),
+                batcher.predict([unlucky]),
+                batcher.predict([good[2]]),
+                return_exceptions=True,
+            )
+        finally:
+            await batcher.stop()
+
+    answers = asyncio.run(together())
+    assert isinstance(answers[1], RuntimeError)  # the model's own error, for that one only
+    assert isinstance(answers[3], ValueError) and "unlucky" in str(answers[3])
+    with torch.no_grad():
+        for answer, x in zip((answers[0], answers[2], answers[4]), good, strict=True):
+            assert not isinstance(answer, BaseException), answer
+            assert torch.allclose(torch.tensor(answer[0]), module(x), atol=1e-6)

@@ -257,25 +257,46 @@ class Batcher:
         return batch
 
     async def _run(self) -> None:
-        loop = asyncio.get_running_loop()
         while True:
             batch = await self._next_batch()
             model = self.model  # one model object for the whole batch
-            try:
-                outputs = await loop.run_in_executor(self._pool, _forward, model, batch)
-            except Exception as exc:  # the model failed on this batch: each request says so
-                for item in batch:
-                    if not item.future.done():
-                        item.future.set_exception(exc)
-                continue
-            rows = sum(item.rows for item in batch)
-            self.stats.batches += 1
-            self.stats.examples += rows
-            self.stats.largest_batch = max(self.stats.largest_batch, rows)
-            self.metrics._batch.observe(rows)
-            for item, out in zip(batch, outputs, strict=True):
-                if not item.future.done():
-                    item.future.set_result((out, model, rows))
+            for group in _stackable(batch):
+                await self._serve(model, group)
+
+    async def _serve(self, model: Loaded, group: list[_Pending]) -> None:
+        """Run ``model`` on ``group`` at once. One request's failure is its own: when the
+        model fails on several, each is run again alone, so only the one it cannot take gets
+        the error (never its neighbours)."""
+        loop = asyncio.get_running_loop()
+        try:
+            outputs = await loop.run_in_executor(self._pool, _forward, model, group)
+        except Exception as exc:
+            if len(group) > 1:
+                for item in group:
+                    await self._serve(model, [item])
+                return
+            if not group[0].future.done():
+                group[0].future.set_exception(exc)
+            return
+        rows = sum(item.rows for item in group)
+        self.stats.batches += 1
+        self.stats.examples += rows
+        self.stats.largest_batch = max(self.stats.largest_batch, rows)
+        self.metrics._batch.observe(rows)
+        for item, out in zip(group, outputs, strict=True):
+            if not item.future.done():
+                item.future.set_result((out, model, rows))
+
+
+def _stackable(batch: list[_Pending]) -> list[list[_Pending]]:
+    """``batch`` in groups whose inputs can be put together along the batch dimension: the
+    same count of inputs, each of the same shape past it and the same dtype (a model
+    registered without its inputs takes float lists of any shape), in order of arrival."""
+    groups: dict[tuple[Any, ...], list[_Pending]] = {}
+    for item in batch:
+        key = tuple((tuple(t.shape[1:]), t.dtype) for t in item.inputs)
+        groups.setdefault(key, []).append(item)
+    return list(groups.values())
 
 
 def _forward(model: Loaded, batch: list[_Pending]) -> list[Any]:
