@@ -268,6 +268,45 @@ def test_params_merged_into_hparams_keep_the_reports_cap(mlflow_api: TestClient)
     assert sorted(store.jobs.get(int(run)).hparams or {}) == [f"a{i}" for i in range(10)]
 
 
+def test_history_comes_in_pages_and_each_metric_at_its_own_step(mlflow_api: TestClient) -> None:
+    """get-history pages (max_results, next_page_token, as the mlflow client asks): every
+    point once, never downsampled; runs/get gives each metric its own latest step, not the
+    job's."""
+    api = mlflow_api
+    run = new_run(api)
+    for first in range(0, 2500, 1000):
+        metrics = [
+            {"key": "loss", "value": 1.0 / (s + 1), "timestamp": 1000 + s, "step": s}
+            for s in range(first, min(first + 1000, 2500))
+        ]
+        resp = api.post(f"{API}/runs/log-batch", json={"run_id": run, "metrics": metrics})
+        assert resp.status_code == 200, resp.text
+    acc = [{"key": "acc", "value": 0.5, "timestamp": 1, "step": s} for s in range(10)]
+    assert api.post(f"{API}/runs/log-batch", json={"run_id": run, "metrics": acc}).is_success
+
+    shown = api.get(f"{API}/runs/get", params={"run_id": run}).json()["run"]["data"]["metrics"]
+    assert {m["key"]: m["step"] for m in shown} == {"acc": 9, "loss": 2499}
+
+    url = f"{API}/metrics/get-history"
+    steps: list[int] = []
+    token: str | None = None
+    pages = 0
+    while True:
+        params = {"run_id": run, "metric_key": "loss", "max_results": 1000}
+        got = api.get(url, params={**params, **({"page_token": token} if token else {})}).json()
+        steps += [m["step"] for m in got["metrics"]]
+        pages += 1
+        token = got.get("next_page_token")
+        if token is None:
+            break
+    assert pages == 3 and steps == list(range(2500))
+    whole = api.get(url, params={"run_id": run, "metric_key": "loss"}).json()
+    assert len(whole["metrics"]) == 2500 and "next_page_token" not in whole
+    for bad in ({"max_results": 0}, {"max_results": 100_001}, {"page_token": "../1"}):
+        resp = api.get(url, params={"run_id": run, "metric_key": "loss", **bad})
+        mlflow_error(resp, 400, "INVALID_PARAMETER_VALUE")
+
+
 def test_a_jobs_own_scope_makes_every_run_the_job(mlflow_api: TestClient, tmp_path: Path) -> None:
     """Inside a job, MLflow's variables point at the job's scope with its credential: runs/create
     returns the job itself (clients that ignore MLFLOW_RUN_ID land there), params become the

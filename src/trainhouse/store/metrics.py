@@ -552,5 +552,12 @@ class MetricRepo:
         downsampled in SQL keeping each step bucket's extremes and the first and last points."""
         return reads.points(self.db.engine, job_id, info, max_points=max_points)
 
+    def page(
+        self, job_id: int, info: SeriesInfo, *, after_step: int, limit: int
+    ) -> list[tuple[int, float | None, float]]:
+        """The first ``limit`` points of one series past ``after_step`` (step, value, wall
+        time), in step order: every point, a page at a time."""
+        return reads.page(self.db.engine, job_id, info, after_step=after_step, limit=limit)
+
     def count(self, job_id: int) -> int:
         return reads.count(self.db.engine, job_id)

@@ -119,6 +119,26 @@ _ALL_POINTS = (
 )
 
 
+_PAGE = (
+    f"SELECT step, value, wall_time FROM metrics WHERE {_SERIES} AND step > :after "
+    "ORDER BY step LIMIT :limit"
+)
+
+
+def page(
+    engine: Engine, job_id: int, info: SeriesInfo, *, after_step: int, limit: int
+) -> list[tuple[int, float | None, float]]:
+    """The first ``limit`` points of one series past ``after_step``, in step order."""
+    params = {
+        "job": job_id,
+        "name": info.name,
+        "rank": -1 if info.rank is None else info.rank,
+        "after": after_step,
+        "limit": limit,
+    }
+    return [tuple(row) for row in _fetch(engine, _PAGE, params)]
+
+
 def points(
     engine: Engine,
     job_id: int,

@@ -31,7 +31,6 @@ from trainhouse.usecases.tracking import (
     Experiment,
     MlflowRun,
     RunView,
-    SeriesPoints,
 )
 
 # MLflow's own limits (mlflow/utils/validation.py, 3.x)
@@ -248,15 +247,15 @@ def value_out(value: float | None) -> float | str:
 
 
 def run_json(view: RunView) -> dict[str, Any]:
-    """A run as ``runs/get`` answers it: its info, its latest metrics (each at the job's last
-    step and update time), params and tags."""
+    """A run as ``runs/get`` answers it: its info, its latest metrics (each at its own
+    latest step, stamped with the job's update time), params and tags."""
     job = view.job
     metrics = [
         {
             "key": name,
             "value": value_out(value),
             "timestamp": int(job.updated_at * 1000),
-            "step": job.last_step or 0,
+            "step": view.steps.get(name, job.last_step or 0),
         }
         for name, value in sorted(job.latest_metrics.items())
     ]
@@ -267,10 +266,10 @@ def run_json(view: RunView) -> dict[str, Any]:
     }
 
 
-def history_json(key: str, points: SeriesPoints) -> list[dict[str, Any]]:
+def history_json(key: str, points: list[tuple[int, float | None, float]]) -> list[dict[str, Any]]:
     return [
         {"key": key, "value": value_out(v), "timestamp": int(w * 1000), "step": s}
-        for s, v, w in points.points
+        for s, v, w in points
     ]
 
 

@@ -215,8 +215,16 @@ async def get_metric_history(request: Request) -> JSONResponse:
     rt, c, data = await _request(request)
     number = run_id(data)
     key = key_of(data, "metric_key")
-    points = await run_in_threadpool(runs.metric_history, rt, c, number, key)
-    return _ok({"metrics": history_json(key, points) if points is not None else []})
+    wanted = data.get("max_results")
+    limit = None if wanted in (None, "") else int64(data, "max_results", low=1)
+    token = text(data, "page_token", limit=40, required=False) or None
+    found = await run_in_threadpool(
+        lambda: runs.metric_history(rt, c, number, key, max_results=limit, page_token=token)
+    )
+    body: dict[str, Any] = {"metrics": history_json(key, found.points)}
+    if found.next_token is not None:
+        body["next_page_token"] = found.next_token
+    return _ok(body)
 
 
 @router.post("/api/2.0/mlflow/logged-models/search")

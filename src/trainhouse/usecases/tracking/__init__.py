@@ -18,10 +18,10 @@ from trainhouse.usecases.tracking.callers import Caller, caller, may_create, run
 from trainhouse.usecases.tracking.runs import (
     RUN_STATUSES,
     Experiment,
+    HistoryPage,
     LoggedPoint,
     MlflowRun,
     RunView,
-    SeriesPoints,
 )
 
 __all__ = [
@@ -29,11 +29,11 @@ __all__ = [
     "ArtifactTooLarge",
     "Caller",
     "Experiment",
+    "HistoryPage",
     "InvalidTracking",
     "LoggedPoint",
     "MlflowRun",
     "RunView",
-    "SeriesPoints",
     "artifacts",
     "caller",
     "may_create",

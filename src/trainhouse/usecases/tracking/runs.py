@@ -14,13 +14,12 @@ import asyncio
 import secrets
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from trainhouse.core.errors import InvalidMetrics, InvalidTracking, Refused
 from trainhouse.core.records import Job
 from trainhouse.core.reports import Columns, Report, check_columns
 from trainhouse.core.tokens import hash_token
-from trainhouse.store.series import SeriesPoints
 from trainhouse.store.tracking import RUN_STATUSES, Experiment, MlflowRun
 from trainhouse.usecases import audit
 from trainhouse.usecases.runtime import Runtime
@@ -30,10 +29,10 @@ __all__ = [
     "MAX_HISTORY",
     "RUN_STATUSES",
     "Experiment",
+    "HistoryPage",
     "LoggedPoint",
     "MlflowRun",
     "RunView",
-    "SeriesPoints",
     "create_experiment",
     "create_run",
     "experiment",
@@ -47,8 +46,8 @@ __all__ = [
     "update_run",
 ]
 
-#: points of one series answered by metrics/get-history (all of a longer one, downsampled
-#: keeping each step bucket's extremes)
+#: points of one series answered by one metrics/get-history page at most (the default page;
+#: the client asks for the next with the page token it was given)
 MAX_HISTORY = 100_000
 
 #: one logged metric point: name, value (None: not finite), step, wall time in seconds
@@ -64,6 +63,8 @@ class RunView:
     run: MlflowRun
     params: dict[str, str]
     tags: dict[str, str]
+    #: the step of each of the job's own series' latest value
+    steps: dict[str, int] = field(default_factory=dict)
 
 
 # -- experiments -----------------------------------------------------------------------------
@@ -102,6 +103,7 @@ def _view(rt: Runtime, job: Job) -> RunView:
         run=run,
         params=rt.store.tracking.values(job.id, "param"),
         tags=rt.store.tracking.values(job.id, "tag"),
+        steps={s.name: s.last_step for s in rt.store.metrics.series(job.id) if s.rank is None},
     )
 
 
@@ -236,11 +238,40 @@ async def log_batch(
     await log_metrics(rt, c, job, metrics)
 
 
-def metric_history(rt: Runtime, c: Caller, number: int, key: str) -> SeriesPoints | None:
-    """Every point of run ``number``'s own series ``key`` (one per step, in step order; at
-    most :data:`MAX_HISTORY`, downsampled past it); None when it has no such series."""
+@dataclass(frozen=True)
+class HistoryPage:
+    """A page of a series' points (step, value or None, wall time), in step order, and the
+    token of the next page (None: the last)."""
+
+    points: list[tuple[int, float | None, float]]
+    next_token: str | None
+
+
+def metric_history(
+    rt: Runtime,
+    c: Caller,
+    number: int,
+    key: str,
+    *,
+    max_results: int | None = None,
+    page_token: str | None = None,
+) -> HistoryPage:
+    """A page of run ``number``'s own series ``key``: every point (one per step), at most
+    ``max_results`` (:data:`MAX_HISTORY` at most, and by default), past the step the
+    ``page_token`` of the page before names. Empty when it has no such series."""
+    limit = MAX_HISTORY if max_results is None else max_results
+    if not 1 <= limit <= MAX_HISTORY:
+        raise InvalidTracking(f"max_results must be from 1 to {MAX_HISTORY}, got {limit}")
+    after = -1
+    if page_token:
+        if not (page_token.isascii() and page_token.isdigit() and len(page_token) <= 19):
+            raise InvalidTracking(f"page_token {page_token[:40]!r} is no token this server gave")
+        after = int(page_token)
     job = run_job(rt, c, number, write=False)
     found = rt.store.metrics.series(job.id, name=key)
     if not found:
-        return None
-    return rt.store.metrics.series_points(job.id, found[0], max_points=MAX_HISTORY)
+        return HistoryPage([], None)
+    rows = rt.store.metrics.page(job.id, found[0], after_step=after, limit=limit + 1)
+    more = len(rows) > limit
+    rows = rows[:limit]
+    return HistoryPage(rows, str(rows[-1][0]) if more else None)
