@@ -78,3 +78,40 @@ def test_a_dead_servers_half_written_trials_are_mended(store: Store, tmp_path: P
     assert [t.value for t in frozen] == [0.5, 2.0, 3.0]
     assert frozen[1].intermediate_values == {0: 3.0, 1: 2.0, 2: 1.0}
     assert "best: trial 0" in (store.searches.get(search.id).reason or "")
+
+
+def test_a_trials_end_optuna_lost_is_told_again_from_its_row(store: Store, tmp_path: Path) -> None:
+    """Optuna's file is synced NORMAL: a power loss can take back its record of how a trial
+    ended, while the row (synced FULL) kept it. The next server tells Optuna again from the
+    row, so the trial does not stay RUNNING in the study for good."""
+    from sqlalchemy import text
+
+    from trainhouse.tune import study as studies
+
+    search = store.searches.create(owner="o", spec=parse_spec(SPEC), archive_sha256="0" * 64)
+    old = service(store, tmp_path)
+    old.advance(search)
+    first = store.searches.trials(search.id)[0]
+    store.metrics.add(first.job_id, [MetricPoint(s, "val_loss", 2.0 - s) for s in range(2)])
+    complete(store, first.job_id, 0.25)
+    old.advance(search)
+    assert store.searches.trials(search.id)[0].state == "COMPLETED"
+    # the power loss: Optuna's tables lose the trial's end (its state, value, history)
+    url, options = studies.storage_location(store.url, tmp_path)
+    rdb = optuna.storages.RDBStorage(url, engine_kwargs=options)
+    with rdb.engine.begin() as conn:
+        conn.execute(
+            text(
+                "UPDATE trials SET state = 'RUNNING', datetime_complete = NULL WHERE trial_id = :t"
+            ),
+            {"t": first.trial_id},
+        )
+        for table in ("trial_values", "trial_intermediate_values"):
+            conn.execute(text(f"DELETE FROM {table} WHERE trial_id = :t"), {"t": first.trial_id})
+    rdb.engine.dispose()
+
+    new = service(store, tmp_path)
+    new.advance(search)
+    frozen = new.opened(search).study.get_trials()[0]
+    assert frozen.state is optuna.trial.TrialState.COMPLETE and frozen.value == 0.25
+    assert frozen.intermediate_values == {0: 2.0, 1: 1.0}

@@ -15,6 +15,8 @@ Optuna was told how a trial ended, before   the job has ended and the row is ACT
 the row said so                             again (skipped, Optuna has it) and ends the row
 a trial's steps were reported               the same steps again overwrite the same values
                                             (Optuna keeps one value per step)
+a power loss took back Optuna's last        the row ended and Optuna's trial RUNNING: told
+writes (its file is synced NORMAL)          again from the row (:meth:`SearchRunner._mend`)
 ==========================================  ==================================================
 
 A preempted (or restarted) trial is the same job, so it stays the same Optuna trial; the
@@ -24,6 +26,7 @@ history holds each step once.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 from collections.abc import Callable
@@ -211,15 +214,16 @@ class SearchRunner(BackgroundLoop):
                 with self._lock:
                     self._open.pop(search.id, None)
                 return
-            added = self._fill(entry, {t.number for t in trials}, len(still))
+            added = self._fill(entry, {t.number: t for t in trials}, len(still))
             if added:
                 self.wake_scheduler()
             if not still and not added and len(trials) >= self.limit(entry):
                 self.store.searches.end(search.id, "COMPLETED", self._summary(entry))
 
-    def _fill(self, entry: _Open, known: set[int], running: int) -> int:
-        """Adopt Optuna's trials that have no job, then ask for new ones while the search has
-        room; how many jobs were added."""
+    def _fill(self, entry: _Open, known: dict[int, Trial], running: int) -> int:
+        """Adopt Optuna's trials that have no job, tell Optuna again how the ended ones ended
+        where it lost that (:meth:`_mend`), then ask for new trials while the search has room;
+        how many jobs were added."""
         import optuna
 
         study = entry.study
@@ -227,6 +231,9 @@ class SearchRunner(BackgroundLoop):
         existing = study.get_trials(deepcopy=False)
         for frozen in existing:
             if frozen.number in known:
+                row = known[frozen.number]
+                if frozen.state is optuna.trial.TrialState.RUNNING and row.state != TRIAL_ACTIVE:
+                    self._mend(entry, row)
                 continue
             if frozen.state is optuna.trial.TrialState.RUNNING:  # asked, then the server died
                 trial = optuna.trial.Trial(study, frozen._trial_id)
@@ -268,6 +275,34 @@ class SearchRunner(BackgroundLoop):
                 " (adopted after a restart)" if adopted else "",
             )
         return row is not None
+
+    def _mend(self, entry: _Open, row: Trial) -> None:
+        """Optuna's file is synced NORMAL (a write survives the server's crash, not a power
+        loss) and trainhouse's FULL: a power loss can take back Optuna's record of how a trial
+        ended while its row kept it. Told again from the row (its pruner history from the
+        job's stored metrics), the trial never stays RUNNING in the study."""
+        from optuna.trial import TrialState
+
+        told = {"COMPLETED": TrialState.COMPLETE, "PRUNED": TrialState.PRUNED}.get(
+            row.state, TrialState.FAIL
+        )
+        with contextlib.suppress(NotFound):  # its job deleted: the history is Optuna's
+            self._sync_history(
+                entry, row, self.store.jobs.get(row.job_id), pruned=told is TrialState.PRUNED
+            )
+        entry.study.sampler = studies.neutral_sampler()
+        entry.study.tell(
+            row.number,
+            row.value if told is TrialState.COMPLETE else None,
+            state=told,
+            skip_if_finished=True,
+        )
+        log.warning(
+            "search %s: Optuna had lost how trial %s ended (%s); told again from its row",
+            entry.search.id,
+            row.number,
+            row.state,
+        )
 
     def _finish(self, entry: _Open, trial: Trial, job: Job) -> None:
         """Tell Optuna how ``trial`` ended (unless it knows) and end its row."""

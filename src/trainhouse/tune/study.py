@@ -95,9 +95,9 @@ def _prepare(url: str) -> None:
 
 def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
     """Optuna's file: WAL, and NORMAL synchronisation (a commit survives the server's crash,
-    not a power loss; what a lost write leaves, the service's reconciliation mends from the
-    jobs, which trainhouse's own database keeps with FULL). A pruning decision writes a few
-    times: an fsync each would cost more than the decision."""
+    not a power loss; a trial's end that a lost write takes back, the runner tells again from
+    its row, which trainhouse's own database keeps with FULL: ``SearchRunner._mend``). A
+    pruning decision writes a few times: an fsync each would cost more than the decision."""
     cur = dbapi_conn.cursor()
     cur.execute("PRAGMA journal_mode=WAL")
     cur.execute("PRAGMA synchronous=NORMAL")
