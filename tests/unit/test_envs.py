@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -338,3 +339,39 @@ def test_a_supervisor_stopped_while_building_ends_and_leaves_nothing(tmp_path: P
     assert recorded is not None and recorded[0] == -signal.SIGTERM
     assert list((tmp_path / "cache" / ".tmp").iterdir()) == []
     assert envcache.cached(tmp_path / "cache") == []
+
+
+def test_the_digest_covers_what_local_paths_hold(tmp_path: Path) -> None:
+    """Two jobs name ./mypkg-1.0-py3-none-any.whl (or -e ./lib, or a find-links wheel of the
+    same name and size) with other contents: two environments, never one job running the
+    other's code."""
+    digests = []
+    for who, code in (("ann", b"print('ann')"), ("bob", b"print('bob')")):
+        wd = tmp_path / who
+        (wd / "lib" / "pkg").mkdir(parents=True)
+        (wd / "lib" / "pkg" / "__init__.py").write_bytes(code)
+        (wd / "mypkg-1.0-py3-none-any.whl").write_bytes(code)
+        (wd / "wheels").mkdir()
+        (wd / "wheels" / "x-1.0-py3-none-any.whl").write_bytes(code)
+        (wd / "r.txt").write_text("./mypkg-1.0-py3-none-any.whl\n")
+        (wd / "e.txt").write_text("-e ./lib\n")
+        digests.append(
+            (
+                digest_of(wd, requirements="r.txt"),
+                digest_of(wd, requirements="e.txt"),
+                digest_of(wd, packages=["x"], find_links=["wheels"]),
+                digest_of(wd, packages=[f"mypkg @ file://{wd / 'mypkg-1.0-py3-none-any.whl'}"]),
+            )
+        )
+    ann, bob = digests
+    for mine, theirs in zip(ann, bob, strict=True):
+        assert mine != theirs
+    # the same contents in another place: the same environment
+    again = tmp_path / "ann2"
+    shutil.copytree(tmp_path / "ann", again)
+    assert digest_of(again, requirements="r.txt") == ann[0]
+    assert digest_of(again, requirements="e.txt") == ann[1]
+    # a FIFO where a wheel should be is named, never read (nothing waits on it)
+    (again / "mypkg-1.0-py3-none-any.whl").unlink()
+    os.mkfifo(again / "mypkg-1.0-py3-none-any.whl")
+    assert digest_of(again, requirements="r.txt") != ann[0]

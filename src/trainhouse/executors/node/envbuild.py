@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import hashlib
 import importlib.metadata
 import json
 import os
@@ -44,6 +45,7 @@ import platform
 import re
 import shutil
 import site
+import stat
 import subprocess
 import sys
 import time
@@ -144,6 +146,65 @@ def _local_dir(entry: str, workdir: Path) -> Path | None:
     return path if path.is_dir() else None
 
 
+#: bytes of the local paths one environment's digest reads at most (a wheel, a package tree)
+MAX_LOCAL_BYTES = 4 << 30
+MAX_LOCAL_FILES = 20_000
+_PATHISH = re.compile(r"^(?:\.{1,2}/|/|file:)")
+
+
+def _local_paths(line: str, workdir: Path) -> list[Path]:
+    """The local files and directories a requirement line names, relative to the workdir
+    (where uv runs) or absolute; those that do not exist are uv's to refuse."""
+    found: list[Path] = []
+    for token in line.replace(" @ ", " ").split():
+        if not _PATHISH.match(token):
+            continue
+        if token.startswith("file:"):
+            token = token.removeprefix("file://").removeprefix("file:")
+        path = Path(token) if os.path.isabs(token) else workdir / token
+        if path.exists():
+            found.append(path)
+    return found
+
+
+def _file_digest(path: Path) -> str:
+    """A regular file's sha256 (a link, a FIFO: its kind says it, no content is read; opened
+    without following a link and without waiting on a FIFO)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return "not-a-file"
+    with os.fdopen(fd, "rb") as fh:
+        st = os.fstat(fh.fileno())
+        if not stat.S_ISREG(st.st_mode):
+            return "not-a-file"
+        if st.st_size > MAX_LOCAL_BYTES:
+            raise EnvBuildError(f"{path.name} is over {MAX_LOCAL_BYTES} bytes")
+        h = hashlib.sha256()
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _tree_digest(path: Path) -> str:
+    """What a local path holds: a file's sha256, or every file of a directory (relative names
+    and contents; links are not followed), bounded."""
+    if not path.is_dir() or path.is_symlink():
+        return _file_digest(path)
+    h = hashlib.sha256()
+    count = 0
+    for root, dirs, names in os.walk(path):
+        dirs.sort()
+        dirs[:] = [d for d in dirs if d not in ("__pycache__", ".git")]
+        for name in sorted(names):
+            count += 1
+            if count > MAX_LOCAL_FILES:
+                raise EnvBuildError(f"{path.name} holds more than {MAX_LOCAL_FILES} files")
+            full = Path(root) / name
+            h.update(f"{full.relative_to(path)}\0{_file_digest(full)}\0".encode())
+    return h.hexdigest()
+
+
 def base_torch() -> str:
     """The server's torch version (its metadata: torch is not imported)."""
     try:
@@ -171,8 +232,15 @@ def inputs(request: Request, workdir: Path) -> Inputs:
         if local is not None:
             with contextlib.suppress(OSError):
                 files.extend(
-                    f"{entry}/{e.name}:{e.stat().st_size}" for e in os.scandir(local) if e.is_file()
+                    f"{entry}/{e.name}:{_file_digest(Path(e.path))}"
+                    for e in os.scandir(local)
+                    if e.is_file(follow_symlinks=False)
                 )
+    # what a local path a requirement names holds (./pkg.whl, -e ./lib, pkg @ file:///...):
+    # two jobs naming the same path with other contents are two environments
+    for line in requirements + constraints:
+        for path in _local_paths(line, workdir):
+            files.append(f"{line} -> {path.name}:{_tree_digest(path)}")
     return Inputs(
         python=f"{platform.python_implementation()} {platform.python_version()} "
         f"{platform.machine()} {sys.base_prefix}",
