@@ -375,3 +375,44 @@ def test_the_digest_covers_what_local_paths_hold(tmp_path: Path) -> None:
     (again / "mypkg-1.0-py3-none-any.whl").unlink()
     os.mkfifo(again / "mypkg-1.0-py3-none-any.whl")
     assert digest_of(again, requirements="r.txt") != ann[0]
+
+
+def test_a_package_built_for_another_torch_is_refused_by_name(tmp_path: Path) -> None:
+    """torch is the server's, kept out of every environment (--excludes): a dependency built
+    for another torch (a torchvision pinning torch==1.0.0, reached through another package)
+    would install quietly and fail at import; the resolved set is checked and it is named. A
+    pyproject asking for another torch fails before any build."""
+    wheels, empty, wd = tmp_path / "wheels", tmp_path / "empty", tmp_path / "wd"
+    empty.mkdir()
+    wd.mkdir()
+    write_wheel(wheels, "thenv-vision", "1.0", requires=["torch==1.0.0"])
+    write_wheel(wheels, "thenv-app", "1.0", requires=["thenv-vision"])
+    write_wheel(wheels, "thenv-fine", "1.0", requires=["torch>=1", "torch<1; extra == 'old'"])
+    request = envspec.Request(
+        cache=str(tmp_path / "cache"),
+        packages=["thenv-app"],
+        index_url=f"file://{empty}",
+        find_links=[str(wheels)],
+    )
+    lines: list[str] = []
+    with pytest.raises(EnvBuildError, match=r"thenv-vision 1\.0 requires 'torch==1\.0\.0'"):
+        envbuild.ensure(request, wd, lines.append)
+    assert not any((tmp_path / "cache").glob("[0-9a-f]*")), "nothing is left ready"
+    fine = envbuild.ensure(
+        envspec.Request(
+            cache=str(tmp_path / "cache"),
+            packages=["thenv-fine"],
+            index_url=f"file://{empty}",
+            find_links=[str(wheels)],
+        ),
+        wd,
+        lines.append,
+    )
+    fine.release()
+    assert fine.built
+    (wd / "pyproject.toml").write_text(
+        '[project]\nname = "job"\nversion = "0.1"\ndependencies = ["torch==1.0.0"]\n'
+    )
+    pyproject = envspec.Request(cache=str(tmp_path / "cache"), pyproject="pyproject.toml")
+    with pytest.raises(EnvBuildError, match="another torch than the server's"):
+        envbuild.ensure(pyproject, wd, lines.append)

@@ -297,6 +297,20 @@ def _uv() -> str:
     return str(uv.find_uv_bin())
 
 
+def _pyproject_lines(request: Request, workdir: Path) -> list[str]:
+    """The dependencies of the environment's pyproject (none without one)."""
+    if request.pyproject is None:
+        return []
+    import tomllib
+
+    try:
+        data = tomllib.loads(_read(workdir / request.pyproject, workdir, "the pyproject"))
+    except tomllib.TOMLDecodeError as exc:
+        raise EnvBuildError(f"{request.pyproject} is not TOML: {exc}") from None
+    found = data.get("project", {}).get("dependencies", [])
+    return [str(d) for d in found] if isinstance(found, list) else []
+
+
 def _check_torch(lines: list[str], torch: str) -> None:
     """Fail on a requirement of torch the server's torch does not satisfy."""
     for line in lines:
@@ -414,7 +428,39 @@ def _build(
             (spec_dir / "constraints.txt").write_text("\n".join(spec.constraints) + "\n")
             args += ["-c", str(spec_dir / "constraints.txt")]
     _run(args, env, workdir, out)
+    _check_resolved(Path(purelib), spec.torch)
     (spec_dir / "inputs.json").write_text(json.dumps(asdict(spec), indent=1))
+
+
+def _check_resolved(purelib: Path, torch: str) -> None:
+    """Every package the environment resolved to, direct or not, takes the server's torch:
+    ``--excludes`` keeps torch out, and with it the constraint a torchvision built for another
+    torch puts on it; such a package is refused by name, before any job imports it."""
+    if not torch:
+        return
+    from packaging.requirements import InvalidRequirement, Requirement
+
+    release = torch.split("+", 1)[0]
+    for dist in importlib.metadata.distributions(path=[str(purelib)]):
+        for text in dist.requires or []:
+            try:
+                req = Requirement(text)
+            except InvalidRequirement:
+                continue
+            if req.name.lower() != "torch" or not req.specifier:
+                continue
+            if req.marker is not None and not req.marker.evaluate({"extra": ""}):
+                continue
+            if req.specifier.contains(torch, prereleases=True) or req.specifier.contains(
+                release, prereleases=True
+            ):
+                continue
+            name = dist.metadata["Name"]
+            raise EnvBuildError(
+                f"{name} {dist.version} requires {text!r}, another torch than the server's "
+                f"({torch}); an environment always uses the server's torch: pin a {name} "
+                "built for it"
+            )
 
 
 def ensure(request: Request, workdir: Path, out: Callable[[str], None]) -> Ready:
@@ -422,7 +468,9 @@ def ensure(request: Request, workdir: Path, out: Callable[[str], None]) -> Ready
     digest's lock), marked in use until :meth:`Ready.release`. Raises EnvBuildError."""
     started = time.monotonic()
     spec = inputs(request, workdir)
-    _check_torch(spec.requirements + spec.constraints, spec.torch)
+    _check_torch(
+        spec.requirements + spec.constraints + _pyproject_lines(request, workdir), spec.torch
+    )
     key = spec.digest
     cache = Path(request.cache)
     path = cache / key
