@@ -45,7 +45,8 @@ def write_wheel(
 class Index:
     """An HTTP server on 127.0.0.1: ``/links/`` lists the wheels of a directory (a find-links
     page), ``/simple/...`` is an index that has nothing (404). ``hold()`` makes the next
-    request for ``/links/`` wait until ``release()``: a build stuck halfway."""
+    request for ``/links/`` wait until ``release()``: a build stuck halfway. ``outage(n)``
+    answers the next ``n`` requests for ``/links/`` with 503: an index briefly down."""
 
     def __init__(self, wheels: Path) -> None:
         self.wheels = wheels
@@ -53,6 +54,7 @@ class Index:
         self._release = threading.Event()
         self._release.set()
         self.requests: list[str] = []
+        self.failing = 0  # requests for /links/ still answered 503
         index = self
 
         class Handler(http.server.SimpleHTTPRequestHandler):
@@ -63,6 +65,10 @@ class Index:
                 index.requests.append(self.path)
                 if not self.path.startswith("/links/"):
                     self.send_error(404)
+                    return
+                if index.failing > 0:
+                    index.failing -= 1
+                    self.send_error(503)
                     return
                 if not index._release.is_set():
                     index.held.set()
@@ -88,6 +94,9 @@ class Index:
 
     def release(self) -> None:
         self._release.set()
+
+    def outage(self, requests: int) -> None:
+        self.failing = requests
 
 
 @contextmanager

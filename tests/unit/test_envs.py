@@ -416,3 +416,39 @@ def test_a_package_built_for_another_torch_is_refused_by_name(tmp_path: Path) ->
     pyproject = envspec.Request(cache=str(tmp_path / "cache"), pyproject="pyproject.toml")
     with pytest.raises(EnvBuildError, match="another torch than the server's"):
         envbuild.ensure(pyproject, wd, lines.append)
+
+
+def test_an_index_briefly_down_is_waited_for_and_a_missing_package_is_not(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The package index answers 503 a few times (past uv's own retries): the build is tried
+    again after a pause and the environment is made; a package the index does not have fails
+    at once, never tried again."""
+    monkeypatch.setattr(envbuild, "RETRY_DELAYS", (0.2, 0.2, 0.2))
+    wheels, empty, wd = tmp_path / "wheels", tmp_path / "empty", tmp_path / "wd"
+    empty.mkdir()
+    wd.mkdir()
+    write_wheel(wheels, "thenv-flaky", "1.0")
+    with serving(wheels) as index:
+        request = envspec.Request(
+            cache=str(tmp_path / "cache"),
+            packages=["thenv-flaky"],
+            index_url=f"file://{empty}",
+            find_links=[index.links],
+        )
+        index.outage(6)
+        lines: list[str] = []
+        ready = envbuild.ensure(request, wd, lines.append)
+        ready.release()
+        assert ready.built and index.failing == 0
+        assert any("failed on the network; trying again" in line for line in lines), lines
+        missing = envspec.Request(
+            cache=str(tmp_path / "cache"),
+            packages=["thenv-nowhere"],
+            index_url=f"file://{empty}",
+            find_links=[index.links],
+        )
+        lines.clear()
+        with pytest.raises(EnvBuildError, match="thenv-nowhere"):
+            envbuild.ensure(missing, wd, lines.append)
+        assert not any("trying again" in line for line in lines), lines

@@ -521,7 +521,7 @@ def _build_once(request: Request, spec: Inputs, workdir: Path, out: Callable[[st
             shutil.rmtree(path, ignore_errors=True)
         tmp = tmp_root / f"{key}.{os.getpid()}"
         try:
-            _build(request, spec, workdir, tmp, out)
+            _build_retrying(request, spec, workdir, tmp, out)
             (tmp / READY).write_text(json.dumps({"digest": key, "built": time.time()}))
             _fsync_dir(tmp)
             os.rename(tmp, path)
@@ -530,6 +530,38 @@ def _build_once(request: Request, spec: Inputs, workdir: Path, out: Callable[[st
             shutil.rmtree(tmp, ignore_errors=True)
             raise
         return True
+
+
+#: seconds between the tries of a build that failed on the network (an index briefly down)
+RETRY_DELAYS = (2.0, 8.0, 30.0)
+#: what uv says when the index, not the request, failed
+_TRANSIENT = re.compile(
+    r"HTTP status server error|error sending request|connection (?:refused|reset|closed)|"
+    r"timed out|dns error|failed to lookup address|temporary failure in name resolution|"
+    r"tcp connect error|network is unreachable|request failed after \d+ retries",
+    re.IGNORECASE,
+)
+
+
+def _build_retrying(
+    request: Request, spec: Inputs, workdir: Path, tmp: Path, out: Callable[[str], None]
+) -> None:
+    """:func:`_build`, tried again after :data:`RETRY_DELAYS` when it failed on the network
+    (a package index briefly down is no reason to fail the job for good); a failure that
+    trying again cannot mend (a package that does not exist, a conflict) fails at once."""
+    for delay in (*RETRY_DELAYS, None):
+        try:
+            _build(request, spec, workdir, tmp, out)
+            return
+        except EnvBuildError as exc:
+            if delay is None or not _TRANSIENT.search(str(exc)):
+                raise
+            shutil.rmtree(tmp, ignore_errors=True)
+            out(
+                f"trainhouse: the environment's build failed on the network; trying again in "
+                f"{delay:g} s"
+            )
+            time.sleep(delay)
 
 
 def _fsync_dir(path: Path) -> None:
