@@ -237,3 +237,61 @@ def test_searches_follow_the_api_roles(tmp_path: Path) -> None:
         assert cross_site.status_code == 403, cross_site.text
         assert len(team.get("root", "/searches", params={"all": "true"}).json()["searches"]) == 1
         assert team.post("root", f"/searches/{search['id']}/cancel").status_code == 200
+
+
+def test_trials_that_log_through_mlflow_or_tensorboard_are_pruned_too(tmp_path: Path) -> None:
+    """A trial's objective reaches the pruner whichever way it is logged: the SDK's reports,
+    MLflow's API (an MLflow-only script) or TensorBoard event files (imported); a trial the
+    pruner stops is stopped by the scheduler, as any pruned trial is."""
+    from torch.utils.tensorboard import SummaryWriter
+
+    spec = (
+        SPEC.replace("max_trials: 4", "max_trials: 3")
+        .replace("max_concurrent: 2", "max_concurrent: 3")
+        .replace(
+            "seed: 3}",
+            "seed: 3, early_stopping: {method: asha, min_steps: 1, reduction_factor: 2}}",
+        )
+    )
+    with app_client(tmp_path, exit_code=None, tensorboard_interval=0, cpus=4) as api:
+        rt = services(api)
+        fake = rt.scheduler.executor
+        assert isinstance(fake, FakeExecutor)
+        search_id = post_search(api, spec, workdir(tmp_path)).json()["id"]
+        view = wait_for(api, search_id, lambda v: v["trial_counts"].get("RUNNING") == 3)
+        first, by_mlflow, by_tensorboard = (t["job_id"] for t in view["trials"])
+        deadline = time.monotonic() + 30
+        while {first, by_mlflow, by_tensorboard} - {launch.job_id for launch in fake.launches}:
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        tokens = {launch.job_id: launch.env.token for launch in fake.launches}
+        assert report(api, first, tokens[first], [0, 1, 2, 3], 0.1)["stop"] is False
+        fake.end(first, 0)
+        wait_for(api, search_id, lambda v: v["trials"][0]["state"] == "COMPLETED")
+
+        scope = f"/mlflow/jobs/{by_mlflow}/api/2.0/mlflow"
+        metrics = [
+            {"key": "val_loss", "value": 5.0, "timestamp": 1, "step": step} for step in range(4)
+        ]
+        logged = TestClient(api.app, base_url="http://127.0.0.1").post(
+            f"{scope}/runs/log-batch",
+            json={"run_id": str(by_mlflow), "metrics": metrics},
+            headers={"Authorization": f"Bearer {tokens[by_mlflow]}"},
+        )
+        assert logged.status_code == 200, logged.text
+
+        directory = rt.files(by_tensorboard).tensorboard
+        writer = SummaryWriter(str(directory))
+        for step in range(4):
+            writer.add_scalar("val_loss", 5.0, step)
+        writer.close()
+        assert rt.tensorboard is not None
+        rt.tensorboard.tick()
+
+        for job_id in (by_mlflow, by_tensorboard):
+            deadline = time.monotonic() + 30
+            while (job_id, StopReason.PRUNE) not in fake.stops:
+                assert time.monotonic() < deadline, (job_id, fake.stops)
+                time.sleep(0.02)
+            shown = api.get(f"/api/v1/jobs/{job_id}").json()
+            assert shown["prune_requested"] and shown["reason"].startswith("pruned at step")

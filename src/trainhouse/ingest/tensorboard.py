@@ -29,6 +29,7 @@ import os
 import stat
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -82,12 +83,20 @@ class TensorBoardImport(BackgroundLoop):
     final_tick = True
 
     def __init__(
-        self, store: Store, reports: ReportWriter, home: Path, *, interval: float = 2.0
+        self,
+        store: Store,
+        reports: ReportWriter,
+        home: Path,
+        *,
+        interval: float = 2.0,
+        on_stored: Callable[[Job, Columns], object] | None = None,
     ) -> None:
         super().__init__(interval)
         self.store = store
         self.reports = reports
         self.home = home
+        #: called with a search trial's job and the points stored for it (the pruner's feed)
+        self.on_stored = on_stored
         self._jobs: dict[int, _JobFiles] = {}
         #: jobs that ended since this time may have events no tick has read yet
         self._since = time.time()
@@ -249,6 +258,11 @@ class TensorBoardImport(BackgroundLoop):
             except Exception as exc:  # the queue is full: the rest next tick
                 log.info("TensorBoard import: job %s's points not stored: %s", job.id, exc)
                 break
+            if self.on_stored is not None and job.search_id is not None:
+                try:
+                    self.on_stored(job, columns)
+                except Exception:
+                    log.exception("TensorBoard import: job %s's values to its search", job.id)
         return stored
 
 

@@ -217,8 +217,19 @@ def build_runtime(settings: Settings, executor: Executor | None = None) -> Runti
         )
     writers = settings.report_writers or (1 if store.dialect == "sqlite" else 4)
     reports = ReportWriter(store, writers=writers, queue_points=settings.report_queue_points)
+    tune = SearchRunner(
+        store,
+        db_url=settings.database_url,
+        home=settings.home,
+        wake_scheduler=loop.wake,
+        interval=max(settings.tick, 0.1),
+    )
     tensorboard = TensorBoardImport(
-        store, reports, settings.home, interval=settings.tensorboard_interval
+        store,
+        reports,
+        settings.home,
+        interval=settings.tensorboard_interval,
+        on_stored=tune.on_report,  # a trial's scalars feed its search's pruner too
     )
     return Runtime(
         settings,
@@ -231,13 +242,7 @@ def build_runtime(settings: Settings, executor: Executor | None = None) -> Runti
         telemetry,
         auth,
         reports,
-        SearchRunner(
-            store,
-            db_url=settings.database_url,
-            home=settings.home,
-            wake_scheduler=loop.wake,
-            interval=max(settings.tick, 0.1),
-        ),
+        tune,
         SavedModels(store, checkpoints),
         ReplicaHub(store, telemetry.registry),
         tensorboard=tensorboard,

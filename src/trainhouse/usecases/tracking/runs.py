@@ -215,6 +215,10 @@ async def log_metrics(rt: Runtime, c: Caller, job: Job, points: Sequence[LoggedP
         token = c.token or ""
         raise await asyncio.to_thread(rt.auth.refuse, c.principal.client, why, token) from None
     rt.telemetry.points.inc(stored.accepted)
+    # a search's trial: its objective goes to the pruner as the SDK's reports do (a trial it
+    # prunes is stopped by the scheduler, an MLflow-only script as any other)
+    if stored.job.search_id is not None and not stored.job.prune_requested:
+        await asyncio.to_thread(rt.tune.on_report, stored.job, columns)
 
 
 async def log_batch(
