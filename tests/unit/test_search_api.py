@@ -10,6 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import inspect
 
@@ -295,3 +296,79 @@ def test_trials_that_log_through_mlflow_or_tensorboard_are_pruned_too(tmp_path: 
                 time.sleep(0.02)
             shown = api.get(f"/api/v1/jobs/{job_id}").json()
             assert shown["prune_requested"] and shown["reason"].startswith("pruned at step")
+
+
+def run_in_turn(
+    api: TestClient, fake: FakeExecutor, search_id: int, curves: list[list[float]]
+) -> list[bool]:
+    """Trials one after another (max_concurrent 1): trial i reports ``curves[i]`` (its
+    objective at steps 0, 1, ...) and ends; whether each was told to stop."""
+    stopped = []
+    for i, curve in enumerate(curves):
+        view = wait_for(api, search_id, lambda v, i=i: len(v["trials"]) > i)
+        job_id = view["trials"][i]["job_id"]
+        deadline = time.monotonic() + 30
+        while job_id not in {launch.job_id for launch in fake.launches}:
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        token = next(launch.env.token for launch in fake.launches if launch.job_id == job_id)
+        stop = False
+        for step, value in enumerate(curve):
+            stop = report(api, job_id, token, [step], value)["stop"]
+            if stop:
+                break
+        stopped.append(stop)
+        fake.end(job_id, 0)
+        wait_for(api, search_id, lambda v, i=i: v["trials"][i]["state"] != "RUNNING")
+    return stopped
+
+
+@pytest.mark.parametrize("method", ["cmaes", "qmc"])
+def test_cmaes_and_qmc_searches_run_to_their_end(tmp_path: Path, method: str) -> None:
+    """Each sampler a spec may name runs a real search through the server: its trials get
+    values from the space, the search ends with its best trial."""
+    spec = SPEC.replace("method: random", f"method: {method}").replace(
+        "max_concurrent: 2", "max_concurrent: 1"
+    )
+    with app_client(tmp_path, exit_code=None) as api:
+        fake = services(api).scheduler.executor
+        assert isinstance(fake, FakeExecutor)
+        search_id = post_search(api, spec, workdir(tmp_path)).json()["id"]
+        assert run_in_turn(api, fake, search_id, [[3.0], [1.0], [2.0], [0.5]]) == [False] * 4
+        view = wait_for(api, search_id, ended)
+        assert (
+            view["state"] == "COMPLETED"
+            and [t["state"] for t in view["trials"]] == ["COMPLETED"] * 4
+        )
+        for trial in view["trials"]:
+            assert 1.0e-4 <= trial["params"]["lr"] <= 1.0e-1 and trial["params"]["width"] in (1, 2)
+        assert view["best"]["value"] == 0.5
+
+
+@pytest.mark.parametrize(
+    "early_stopping",
+    [
+        # one bracket (max_steps = min_steps): which trials share a bracket is otherwise
+        # drawn from the study's (random) name
+        "{method: hyperband, min_steps: 1, max_steps: 1, reduction_factor: 2}",
+        "{method: median, min_steps: 1}",
+    ],
+)
+def test_hyperband_and_median_prune_a_trial_behind_the_others(
+    tmp_path: Path, early_stopping: str
+) -> None:
+    """Each pruner a spec may name stops a trial whose curve lags the ones before it."""
+    spec = (
+        SPEC.replace("max_trials: 4", "max_trials: 3")
+        .replace("max_concurrent: 2", "max_concurrent: 1")
+        .replace("seed: 3}", f"seed: 3, early_stopping: {early_stopping}}}")
+    )
+    good = [1.0, 0.5, 0.25, 0.125]
+    with app_client(tmp_path, exit_code=None) as api:
+        fake = services(api).scheduler.executor
+        assert isinstance(fake, FakeExecutor)
+        search_id = post_search(api, spec, workdir(tmp_path)).json()["id"]
+        stopped = run_in_turn(api, fake, search_id, [good, good, [9.0, 9.0, 9.0, 9.0]])
+        assert stopped[-1] is True, stopped
+        view = wait_for(api, search_id, ended)
+        assert [t["state"] for t in view["trials"]][-1] == "PRUNED", view["trials"]

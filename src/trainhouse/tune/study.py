@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import importlib.util
 import threading
+import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -161,7 +162,9 @@ def sampler(
     if method == "random":
         return optuna.samplers.RandomSampler(seed=_derived(search.seed, number))
     if method == "qmc":  # one sequence for the whole study: the search's own seed
-        return optuna.samplers.QMCSampler(seed=search.seed, warn_independent_sampling=False)
+        with warnings.catch_warnings():  # "experimental" since Optuna 3.0: known, chosen
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            return optuna.samplers.QMCSampler(seed=search.seed, warn_independent_sampling=False)
     if method == "cmaes":
         return optuna.samplers.CmaEsSampler(
             seed=_derived(search.seed, number), warn_independent_sampling=False
