@@ -260,12 +260,9 @@ def test_a_replica_learns_what_to_serve_and_a_version_it_serves_is_kept(
     assert lost.status_code == 503 and "no ready replica" in error_of(lost)["message"]
 
 
-@pytest.fixture
-def replica(served: tuple[TestClient, Path]) -> Iterator[tuple[str, str]]:
-    """The real replica app on a real socket, wanting a key: (its url, the key)."""
-    _, directory = served
-    key = "a-replica-key-of-24-chars"
-    app, _ = build_app(load(directory), max_batch=8, max_wait_ms=2, key=key)
+@contextmanager
+def serving(app: Any) -> Iterator[str]:
+    """``app`` on a real loopback socket: its url."""
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False))
@@ -274,11 +271,21 @@ def replica(served: tuple[TestClient, Path]) -> Iterator[tuple[str, str]]:
     try:
         while not server.started:
             time.sleep(0.02)
-        yield f"http://127.0.0.1:{sock.getsockname()[1]}", key
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
     finally:
         server.should_exit = True
         thread.join(30)
         sock.close()
+
+
+@pytest.fixture
+def replica(served: tuple[TestClient, Path]) -> Iterator[tuple[str, str]]:
+    """The real replica app on a real socket, wanting a key: (its url, the key)."""
+    _, directory = served
+    key = "a-replica-key-of-24-chars"
+    app, _ = build_app(load(directory), max_batch=8, max_wait_ms=2, key=key)
+    with serving(app) as url:
+        yield url, key
 
 
 def test_predictions_go_to_a_replica_with_its_key(
@@ -307,24 +314,6 @@ def test_predictions_go_to_a_replica_with_its_key(
     metrics = api.get("/metrics").text
     assert 'trainhouse_service_requests_total{outcome="bad_input",service="tiny"} 1.0' in metrics
     assert 'trainhouse_service_batch_size_sum{service="tiny"} 3.0' in metrics
-
-
-@contextmanager
-def serving(app: Any) -> Iterator[str]:
-    """``app`` on a real loopback socket: its url."""
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    try:
-        while not server.started:
-            time.sleep(0.02)
-        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
-    finally:
-        server.should_exit = True
-        thread.join(30)
-        sock.close()
 
 
 def test_a_hostile_replica_neither_redirects_the_server_nor_floods_it(
