@@ -23,7 +23,8 @@ from sqlalchemy.exc import IntegrityError
 from trainhouse.core.errors import AlreadyExists, InvalidTracking, NotFound, ValueChanged
 from trainhouse.core.lifecycle import JobState, check_transition
 from trainhouse.core.records import TRACKED, Job
-from trainhouse.core.spec import JobSpec, check_reported_hparams
+from trainhouse.core.spec import JobSpec
+from trainhouse.core.spec.model import check_reported_hparams
 from trainhouse.store import tables as t
 
 if TYPE_CHECKING:

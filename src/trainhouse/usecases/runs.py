@@ -19,7 +19,8 @@ from typing import Any
 from trainhouse.core.errors import InvalidQuery, StoreError
 from trainhouse.core.records import Job
 from trainhouse.core.runquery import suggest
-from trainhouse.core.spec import check_reported_hparams, check_tags
+from trainhouse.core.spec import check_tags
+from trainhouse.core.spec.model import check_reported_hparams
 from trainhouse.jobfs import jobfiles
 from trainhouse.usecases import audit, models
 from trainhouse.usecases.access import Principal
