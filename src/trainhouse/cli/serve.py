@@ -65,9 +65,14 @@ def start(
         float,
         typer.Option("--max-wait-ms", min=0, max=1000, help="A batch waits this long for more"),
     ] = 5.0,
-    priority: Annotated[str, typer.Option("--priority", help="low, normal, high, urgent")] = (
-        "normal"
-    ),
+    priority: Annotated[
+        str,
+        typer.Option(
+            "--priority",
+            help="low, normal, high, urgent: a service, like any job, is preempted only by a job "
+            "of a higher tier",
+        ),
+    ] = "normal",
     wait: Annotated[bool, typer.Option("--wait", help="Return once every replica answers")] = False,
     timeout: Annotated[float, typer.Option("--timeout", help="Seconds --wait waits")] = 600.0,
     as_json: Json = False,
