@@ -9,6 +9,7 @@ import struct
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
@@ -175,3 +176,73 @@ def test_a_scalar_tensor_of_a_huge_shape_allocates_nothing(api: TestClient, tmp_
         writer.close()
     assert peak < 64 << 20, f"the import allocated {peak / 2**20:.0f} MiB"
     assert series(api, job_id) == {"ok": [(1, 0.5)]}
+
+
+def test_points_a_busy_writer_refused_are_stored_at_the_next_tick(
+    api: TestClient, tmp_path: Path
+) -> None:
+    """The report writer refuses a batch (its queue full under load, a storing error): the
+    points stay with the importer and go at the next tick, also the last ones of a job that
+    has ended meanwhile, never dropped."""
+    from trainhouse.core.errors import ServerBusy
+
+    job_id, directory, importer = running_job(api, tmp_path)
+    writer = SummaryWriter(str(directory))
+    for step in range(3):
+        writer.add_scalar("loss", float(step), step)
+    writer.flush()
+    real = importer.reports.submit
+    busy = {"left": 1}
+
+    def submit(*args: Any, **kwargs: Any) -> Any:
+        if busy["left"]:
+            busy["left"] -= 1
+            raise ServerBusy("the server has too many metric points queued; retry", retry_after=1)
+        return real(*args, **kwargs)
+
+    importer.reports.submit = submit  # type: ignore[method-assign]
+    assert importer.tick() == 0
+    assert importer.tick() == 3  # not lost: stored now
+    for step in range(3, 6):
+        writer.add_scalar("loss", float(step), step)
+    writer.close()
+    fake = services(api).scheduler.executor
+    assert isinstance(fake, FakeExecutor)
+    fake.end(job_id, 0)
+    wait_ended(api, job_id)
+    busy["left"] = 1
+    original_add = importer.store.metrics.add
+    failing = {"left": 1}
+
+    def add(*args: Any, **kwargs: Any) -> Any:  # the ended job's last points fail once too
+        if failing["left"]:
+            failing["left"] -= 1
+            raise OSError("disk I/O error")
+        return original_add(*args, **kwargs)
+
+    importer.store.metrics.add = add  # type: ignore[method-assign]
+    importer.tick()
+    importer.tick()
+    assert [s for s, _ in series(api, job_id)["loss"]] == list(range(6))
+    assert importer._jobs == {}
+
+
+def test_a_jobs_last_scalars_are_stored_before_it_is_seen_ended(tmp_path: Path) -> None:
+    """The scheduler reads an attempt's last events as it ends, before it records the end: a
+    client that sees the job COMPLETED reads every step, not the steps of a tick ago."""
+    # the import's own thread ticks once at start, then not for an hour
+    with app_client(tmp_path, exit_code=None, tensorboard_interval=3600) as api:
+        job_id = submit(api, "name: tb\nentrypoint: python train.py\n", workdir(tmp_path)).json()[
+            "id"
+        ]
+        wait_launched(api, job_id)
+        directory = services(api).files(job_id).tensorboard
+        writer = SummaryWriter(str(directory))
+        for step in range(7):
+            writer.add_scalar("loss", 1.0 / (step + 1), step)
+        writer.close()
+        fake = services(api).scheduler.executor
+        assert isinstance(fake, FakeExecutor)
+        fake.end(job_id, 0)
+        wait_ended(api, job_id)
+        assert [s for s, _ in series(api, job_id)["loss"]] == list(range(7))

@@ -27,6 +27,7 @@ import logging
 import math
 import os
 import stat
+import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -76,6 +77,8 @@ class _File:
 class _JobFiles:
     files: dict[str, _File] = field(default_factory=dict)
     warned: set[str] = field(default_factory=set)
+    #: points read but not stored yet (the writer refused them): the first of the next tick
+    unstored: list[tuple[int, str, float | None, float]] = field(default_factory=list)
 
 
 class TensorBoardImport(BackgroundLoop):
@@ -97,6 +100,7 @@ class TensorBoardImport(BackgroundLoop):
         self.home = home
         #: called with a search trial's job and the points stored for it (the pruner's feed)
         self.on_stored = on_stored
+        self._lock = threading.Lock()  # the ticks, and attempt_ended from the scheduler
         self._jobs: dict[int, _JobFiles] = {}
         #: jobs that ended since this time may have events no tick has read yet
         self._since = time.time()
@@ -111,8 +115,23 @@ class TensorBoardImport(BackgroundLoop):
         for job_id in list(self._jobs):
             self._close(job_id)
 
+    def attempt_ended(self, job_id: int) -> int:
+        """What an attempt's processes wrote until they ended, read now (the scheduler calls
+        this before it records the end): a job's metrics are complete once it has ended, not
+        a tick later. Returns the points stored."""
+        with self._lock:
+            try:
+                return self.import_job(self.store.jobs.get(job_id))
+            except Exception:
+                log.exception("TensorBoard import: job %s's events at its attempt's end", job_id)
+                return 0
+
     def tick(self) -> int:
         """Import what every running job wrote since the last tick; returns points stored."""
+        with self._lock:
+            return self._tick()
+
+    def _tick(self) -> int:
         # a second of slack: a job's end stamped before this tick may commit after its query
         since, self._since = self._since, time.time() - 1.0
         running = {j.id: j for j in self.store.jobs.list(states=[JobState.RUNNING])}
@@ -134,6 +153,9 @@ class TensorBoardImport(BackgroundLoop):
                 stored += self.import_job(last)
             except Exception:
                 log.exception("TensorBoard import: job %s's last events", job_id)
+            state = self._jobs.get(job_id)
+            if state is not None and state.unstored:
+                continue  # its last points go at the next tick (it is still in _jobs)
             self._close(job_id)
             if last is not None and last.ended_at is not None:
                 self._finished[job_id] = last.ended_at
@@ -151,7 +173,7 @@ class TensorBoardImport(BackgroundLoop):
         directory = JobLayout(self.home, job.id).tensorboard
         state = self._jobs.setdefault(job.id, _JobFiles())
         self._discover(job.id, directory, state)
-        points: list[tuple[int, str, float | None, float]] = []
+        points, state.unstored = state.unstored, []
         for rel, f in sorted(state.files.items()):
             if f.dead:
                 continue
@@ -165,7 +187,8 @@ class TensorBoardImport(BackgroundLoop):
             points.extend(take)
             if len(points) >= MAX_POINTS_PER_TICK:
                 break
-        return self._store(job, points)
+        stored, state.unstored = self._store(job, points)
+        return stored
 
     def _discover(self, job_id: int, directory: Path, state: _JobFiles) -> None:
         if len(state.files) >= MAX_FILES:
@@ -227,12 +250,15 @@ class TensorBoardImport(BackgroundLoop):
             if len(f.pending) >= room:
                 break
 
-    def _store(self, job: Job, points: list[tuple[int, str, float | None, float]]) -> int:
+    def _store(
+        self, job: Job, points: list[tuple[int, str, float | None, float]]
+    ) -> tuple[int, list[tuple[int, str, float | None, float]]]:
         """Through the group commit while the attempt's credential lives; once it has ended
         (the last events, read after the end), by the same ingest in a transaction of its
-        own."""
+        own. Returns the points stored and those not stored (the writer refused them: its
+        queue full, an error), which the next tick tries again."""
         if not points:
-            return 0
+            return 0, []
         stored = 0
         attempt = max(1, job.attempts)
         for start in range(0, len(points), REPORT_POINTS):
@@ -250,20 +276,22 @@ class TensorBoardImport(BackgroundLoop):
             )
             report = Report(uuid.uuid4().hex, attempt, columns)
             try:
-                if job.token_hash is None:
-                    raise Refused(job)
-                stored += self.reports.submit(job.id, report, job.token_hash).result().accepted
-            except Refused:  # the attempt ended: its credential is gone
-                stored += self.store.metrics.add(job.id, columns, batch_id=report.batch_id)
-            except Exception as exc:  # the queue is full: the rest next tick
-                log.info("TensorBoard import: job %s's points not stored: %s", job.id, exc)
-                break
+                try:
+                    if job.token_hash is None:
+                        raise Refused(job)
+                    done = self.reports.submit(job.id, report, job.token_hash).result()
+                    stored += done.accepted
+                except Refused:  # the attempt ended: its credential is gone
+                    stored += self.store.metrics.add(job.id, columns, batch_id=report.batch_id)
+            except Exception as exc:  # the queue full, an error: these and the rest next tick
+                log.info("TensorBoard import: job %s's points not stored yet: %s", job.id, exc)
+                return stored, points[start:]
             if self.on_stored is not None and job.search_id is not None:
                 try:
                     self.on_stored(job, columns)
                 except Exception:
                     log.exception("TensorBoard import: job %s's values to its search", job.id)
-        return stored
+        return stored, []
 
 
 _NOT_SCALAR = object()

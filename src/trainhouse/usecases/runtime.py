@@ -171,7 +171,6 @@ def build_runtime(settings: Settings, executor: Executor | None = None) -> Runti
         cancel_grace=settings.cancel_grace,
         shutdown_grace=settings.shutdown_grace,
         checkpoint_location=checkpoints.location,
-        on_attempt_end=checkpoints.register_unlisted,
         config=SchedulerConfig(
             half_life=settings.fairshare_half_life,
             max_infra_restarts=settings.max_infra_restarts,
@@ -231,6 +230,13 @@ def build_runtime(settings: Settings, executor: Executor | None = None) -> Runti
         interval=settings.tensorboard_interval,
         on_stored=tune.on_report,  # a trial's scalars feed its search's pruner too
     )
+
+    def attempt_ended(job_id: int, attempt: int) -> None:  # before the scheduler records it
+        checkpoints.register_unlisted(job_id, attempt)
+        if tensorboard.enabled:  # its last scalars: the job's metrics complete as it ends
+            tensorboard.attempt_ended(job_id)
+
+    loop.on_attempt_end = attempt_ended
     return Runtime(
         settings,
         store,
