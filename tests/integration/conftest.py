@@ -63,6 +63,9 @@ SINGLE_BACKEND = {
     "test_services.py": "a served model's replicas (real torch processes) and the server's "
     "forwarding are under test, one server for the module; the services table's store side "
     "runs on both backends in tests/unit/test_services_api.py",
+    "test_datasets.py": "staging (the supervisor, the node's cache, S3 over moto) is under test, "
+    "one server for the module; the datasets' store side (numbers, pins, removal while pinned) "
+    "runs on both backends in tests/unit/test_datasets_store.py",
     "test_isolation.py": "the processes and files of a server are under test, not its store: "
     "the secret's test picks its own PostgreSQL database, and the SQLite file is among the "
     "files whose modes are checked",

@@ -101,7 +101,7 @@ def test_the_commands_and_their_order() -> None:
         *("submit", "ps", "show", "cancel", "logs", "metrics", "checkpoints"),
         *("tag", "note", "archive", "delete"),
         *("resume", "clone", "top"),
-        *("models", "admin", "db", "envs", "search", "serve"),
+        *("models", "datasets", "admin", "db", "envs", "search", "serve"),
     ]
     models = root.commands["models"]  # type: ignore[attr-defined]
     assert list(models.commands) == [
@@ -172,12 +172,12 @@ def test_server_help_shows_the_defaults_of_settings(tmp_path: Path) -> None:
         *("host", "port", "executor", "ray_placement_timeout", "shared_home", "cancel_grace"),
         *("fairshare_half_life", "max_infra_restarts", "monitor_interval", "monitor_retention"),
         "job_visibility",
-        "env_cache_size",
+        *("env_cache_size", "dataset_cache_bytes", "dataset_upload_bytes"),
     }
     for name, default in shown.items():
         expected = getattr(defaults, name)
         value = parse_duration(default.shown) if name in durations else default.shown
-        if name == "env_cache_size":
+        if name in ("env_cache_size", "dataset_cache_bytes", "dataset_upload_bytes"):
             value = parse_size(default.shown)
         assert value == expected, (
             f"--{name.replace('_', '-')} shows {default}, Settings has {expected!r}"

@@ -16,6 +16,7 @@ the spec, the server and the store load inside the commands that use them, so
 - :mod:`~trainhouse.cli.runs`: ``tag``, ``note``, ``archive``, ``delete``
 - :mod:`~trainhouse.cli.top`: ``top``
 - :mod:`~trainhouse.cli.models`: ``models list/show/register/alias/download/delete``
+- :mod:`~trainhouse.cli.datasets`: ``datasets add/list/show/rm``
 - :mod:`~trainhouse.cli.serve`: ``serve NAME@ALIAS``, ``serve list/show/stop``
 - :mod:`~trainhouse.cli.admin`: ``admin init/user/token/quota/audit``
 - :mod:`~trainhouse.cli.db`: ``db upgrade/current``
@@ -27,6 +28,7 @@ import typer
 
 from trainhouse.cli import (
     admin,
+    datasets,
     db,
     envs,
     jobs,
@@ -54,6 +56,7 @@ app = typer.Typer(
 for noun in (server, queue, session, spec, jobs, outputs, runs, lineage, top):
     app.add_typer(noun.app)
 app.add_typer(models.app, name="models")
+app.add_typer(datasets.app, name="datasets")
 app.add_typer(admin.app, name="admin")
 app.add_typer(db.app, name="db")
 app.add_typer(envs.app, name="envs")

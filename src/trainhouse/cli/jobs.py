@@ -303,6 +303,12 @@ def show(
             + (f" of {job['total_steps']}" if job["total_steps"] else ""),
         ),
         *([("environment", job["environment"])] if job.get("environment") else []),
+        *(
+            [("datasets", "  ".join(f"{p['key']}={p['ref']} ({p['digest'][:12]})" for p in pins))]
+            if (pins := job.get("datasets"))
+            else []
+        ),
+        *([("staging", job["staging"])] if job.get("staging") else []),
         ("placement", placement_words(job["placement"])),
         ("checkpoints", str(job["checkpoints"])),
         ("directory", job.get("job_dir") or "-"),  # null unless the caller is an admin

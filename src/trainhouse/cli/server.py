@@ -253,6 +253,37 @@ def server(
             "used ones not in use are removed (e.g. 20G)"
         ),
     ] = settings_default("20G"),
+    dataset_storage: Annotated[
+        Path | None,
+        typer.Option(
+            help="Where the server keeps uploaded datasets and --copy copies (a directory)",
+            show_default="HOME/datasets",
+        ),
+    ] = None,
+    dataset_cache_bytes: Annotated[
+        str | None,
+        typer.Option(
+            help="Size of each node's cache of staged dataset versions; past it, the least "
+            "recently used versions no running job pins are removed (0: no limit)"
+        ),
+    ] = settings_default("100G"),
+    dataset_upload_bytes: Annotated[
+        str | None, typer.Option(help="The largest dataset directory a client may upload")
+    ] = settings_default("8G"),
+    dataset_root: Annotated[
+        list[Path] | None,
+        typer.Option(
+            help="A directory file:// dataset sources may lie in (repeatable; none: file:// "
+            "sources are refused)"
+        ),
+    ] = None,
+    dataset_allow_private: Annotated[
+        bool,
+        typer.Option(
+            help="Let http(s) dataset sources name loopback or private addresses (a store on "
+            "the cluster's own network)"
+        ),
+    ] = False,
     log_level: Annotated[str, typer.Option(help="debug, info, warning")] = "info",
 ) -> None:
     """Run the trainhouse server in the foreground."""
@@ -291,6 +322,13 @@ def server(
         "env_extra_index_urls": tuple(env_extra_index_url) if env_extra_index_url else None,
         "env_find_links": tuple(env_find_links) if env_find_links else None,
         "env_cache_size": _bytes("--env-cache-size", env_cache_size),
+        "dataset_storage": dataset_storage.expanduser().resolve() if dataset_storage else None,
+        "dataset_cache_bytes": _bytes("--dataset-cache-bytes", dataset_cache_bytes),
+        "dataset_upload_bytes": _bytes("--dataset-upload-bytes", dataset_upload_bytes),
+        "dataset_file_roots": (
+            tuple(p.expanduser().resolve() for p in dataset_root) if dataset_root else None
+        ),
+        "dataset_allow_private": dataset_allow_private or None,
     }
     settings = Settings(
         home=(home or default_home()).expanduser().resolve(),

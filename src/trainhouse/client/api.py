@@ -14,8 +14,9 @@ This module holds :class:`Client` and its calls about the server, jobs, the runs
 queue, metrics and resource series; the other nouns' calls are the classes it is made of
 (:mod:`~trainhouse.client.logs`, :mod:`~trainhouse.client.checkpoints`,
 :mod:`~trainhouse.client.searches`, :mod:`~trainhouse.client.admin`,
-:mod:`~trainhouse.client.registry`), each on :class:`~trainhouse.client.base.ClientBase`. What
-the calls return is typed in :mod:`trainhouse.client.records`.
+:mod:`~trainhouse.client.registry`, :mod:`~trainhouse.client.datasets`), each on
+:class:`~trainhouse.client.base.ClientBase`. What the calls return is typed in
+:mod:`trainhouse.client.records`.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from trainhouse.client.admin import AdminCalls
 from trainhouse.client.base import DEFAULT_URL, default_url, load_and_pack
 from trainhouse.client.checkpoints import CheckpointCalls
 from trainhouse.client.credentials import current_user
+from trainhouse.client.datasets import DatasetCalls
 from trainhouse.client.frames import JobList, Metrics
 from trainhouse.client.logs import LogCalls
 from trainhouse.client.logs import _sse as _sse  # tests read streams with it from here
@@ -64,7 +66,7 @@ if TYPE_CHECKING:
     from trainhouse.jobfs.workdir import PackedWorkdir
 
 
-class Client(LogCalls, CheckpointCalls, SearchCalls, AdminCalls, ModelsAndServices):
+class Client(LogCalls, CheckpointCalls, SearchCalls, AdminCalls, ModelsAndServices, DatasetCalls):
     """A trainhouse server's REST API (``Client(url, token=..., timeout=...)``; a context
     manager that closes its connection)."""
 

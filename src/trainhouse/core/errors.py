@@ -33,6 +33,8 @@
     ├── BadReplica                  what a replica reported of itself is refused (422)
     ├── BadInput                    a prediction request the model cannot take (4xx)
     ├── EnvBuildError               a job's environment cannot be built (on the node)
+    ├── DatasetError                a dataset cannot be registered, found or read (422)
+    │   └── StagingError            a pinned version cannot be staged on a node (a file changed)
     ├── MlflowError                 an answer of the MLflow API, in MLflow's error shape
     ├── InvalidTracking             a tracking request (the MLflow API) breaks a rule (400)
     │   └── ArtifactTooLarge        an artifact past its own or its run's limit (413)
@@ -57,6 +59,7 @@ __all__ = [
     "BodyTooLarge",
     "CheckpointError",
     "ClientError",
+    "DatasetError",
     "EnvBuildError",
     "ExecutorUnavailable",
     "ExportFailed",
@@ -80,6 +83,7 @@ __all__ = [
     "ServerUnreachable",
     "ServiceUnavailable",
     "SpecError",
+    "StagingError",
     "StoreError",
     "TrainhouseError",
     "Unauthorized",
@@ -317,6 +321,28 @@ class EnvBuildError(TrainhouseError):
 
     code = "env_build_failed"
     status = 422
+
+
+class DatasetError(TrainhouseError):
+    """A dataset cannot be registered, found or read: a source that cannot be listed, a path
+    or name that breaks a rule, a manifest over its limits; the message names the rule and
+    the value."""
+
+    code = "dataset_error"
+    status = 422
+
+
+class StagingError(DatasetError):
+    """A pinned version cannot be staged on a node: a file that changed since it was
+    registered (its size or digest), a missing object, a permission refused, a full disk.
+    ``transient`` is true for what may pass (a timeout, a 5xx): the attempt is tried again as
+    an infrastructure failure; otherwise it fails with this message."""
+
+    code = "staging_failed"
+
+    def __init__(self, message: str, *, transient: bool = False) -> None:
+        super().__init__(message)
+        self.transient = transient
 
 
 class InvalidTracking(TrainhouseError):

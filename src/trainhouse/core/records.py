@@ -18,6 +18,8 @@ from trainhouse.core.spec import JobSpec
 __all__ = [
     "Attempt",
     "Checkpoint",
+    "Dataset",
+    "DatasetVersion",
     "Event",
     "Job",
     "MetricPoint",
@@ -244,3 +246,35 @@ class ServiceRecord:
     job_id: int | None
     created_at: float
     updated_at: float
+
+
+@dataclass(frozen=True)
+class DatasetVersion:
+    """One version of a dataset: its manifest's digest, where its files are read from, what
+    it holds. ``source`` None: the server's dataset storage (an uploaded directory)."""
+
+    dataset: str
+    version: int
+    digest: str
+    source: str | None
+    storage_options: dict[str, str]
+    files: int
+    size: int  # bytes
+    checksums: str  # "sha256", "md5" or "sha256+md5": how its files' digests were had
+    description: str | None
+    created_by: str
+    created_at: float
+
+    @property
+    def ref(self) -> str:
+        return f"{self.dataset}@{self.version}"
+
+
+@dataclass(frozen=True)
+class Dataset:
+    name: str
+    owner: str
+    created_at: float
+    versions: int  # how many versions it has now
+    latest: int | None  # the newest version's number
+    size: int | None  # the newest version's bytes

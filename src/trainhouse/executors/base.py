@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import ClassVar, Protocol
 
 from trainhouse.core.cluster import Node, Placements
+from trainhouse.core.datasets import StageRequest
 from trainhouse.core.envspec import Request
 from trainhouse.core.lifecycle import StopReason
 from trainhouse.core.spec import JobSpec
@@ -33,6 +34,9 @@ class Launch:
     # the job's environment to set up on each node before torchrun starts (None: the server's
     # Python as it is); its cache is the executor's to fill in
     environment: Request | None = None
+    # the dataset versions it pins, staged on each node before torchrun starts (None: none);
+    # the node's cache is the executor's to fill in
+    datasets: StageRequest | None = None
 
     @property
     def job_id(self) -> int:

@@ -257,6 +257,13 @@ class LocalExecutor:
                 if launch.environment is not None
                 else None
             ),
+            datasets=(
+                launch.datasets.with_cache(
+                    str(self.home / "datacache"), launch.datasets.cache_bytes
+                )
+                if launch.datasets is not None
+                else None
+            ),
         )
 
     def launch(self, launch: Launch) -> ProcessInfo:

@@ -15,6 +15,7 @@ import re
 import signal
 from dataclasses import dataclass
 
+from trainhouse.core.datasets import STAGING_FAILED_CODE, STAGING_FAILED_LINE, STAGING_RETRY_CODE
 from trainhouse.core.envspec import BUILD_FAILED_CODE
 from trainhouse.core.lifecycle import FailureKind
 from trainhouse.core.spec import NoRestart
@@ -64,6 +65,31 @@ def attempt_log(files: JobLayout, rank: int | str, attempt: int) -> str:
     return text
 
 
+def _staging(ended: Exit, files: JobLayout) -> Failure | None:
+    """A supervisor that could not stage a pinned dataset version: no rank started there. For
+    good (a file changed, is missing, refused; a full disk): the job fails with the reason, which
+    names the file; when it may pass (a timeout, a 5xx): an infrastructure failure, tried again."""
+    if ended.exit_code not in (STAGING_FAILED_CODE, STAGING_RETRY_CODE) or not all(
+        c < 0 for c in ended.rank_exit_codes.values()
+    ):
+        return None
+    lines = attempt_log(files, "launcher", ended.attempt).rstrip().splitlines()
+    why = next((ln for ln in reversed(lines) if STAGING_FAILED_LINE in ln), "")
+    why = why.split(STAGING_FAILED_LINE, 1)[-1].lstrip(": ").strip()
+    summary = "a dataset could not be staged" + (f": {why[:500]}" if why else "")
+    tail = "\n".join(lines[-TAIL_LINES:])
+    if ended.exit_code == STAGING_RETRY_CODE:
+        return Failure(FailureKind.INFRA, None, ended.exit_code, summary, tail)
+    return Failure(
+        FailureKind.USER,
+        None,
+        ended.exit_code,
+        summary,
+        tail,
+        permanent="the pinned version cannot be read as it was registered",
+    )
+
+
 def analyse(ended: Exit, files: JobLayout, ranks: int, policy: NoRestart) -> Failure:
     """Classify a failed attempt of ``ranks`` ranks (per node, for the local executor)."""
     rank = ended.failed_rank
@@ -82,6 +108,9 @@ def analyse(ended: Exit, files: JobLayout, ranks: int, policy: NoRestart) -> Fai
             tail,
             permanent="its requirements cannot be installed (fix them and submit again)",
         )
+    staging = _staging(ended, files)
+    if staging is not None:
+        return staging
     if rank is not None:
         code = ended.rank_exit_codes[str(rank)]
         summary = f"rank {rank} {describe(code)}"

@@ -113,6 +113,8 @@ class SchedulerLoop(BackgroundLoop):
         self.shutdown_grace = shutdown_grace  # what running attempts get when the server stops
         # called with (job id, attempt) before an ended attempt is recorded
         self.on_attempt_end = on_attempt_end
+        #: each node's cache of staged dataset versions, in bytes (0: no limit)
+        self.dataset_cache_bytes = 0
         # a job's checkpoint directory or URL (default: HOME/jobs/<id>/checkpoints)
         self.checkpoint_location = checkpoint_location or (
             lambda job_id: str(JobLayout(home, job_id).checkpoints)
@@ -446,7 +448,10 @@ class SchedulerLoop(BackgroundLoop):
             request = envspec.request_for(
                 spec.environment, self.env_defaults, f"{job.id}.{attempt.number}"
             )
-            info = self.executor.launch(Launch(spec, placements, files, env, request))
+            staging = self.store.datasets.stage_request(job.id)
+            if staging is not None:
+                staging = staging.with_cache("", self.dataset_cache_bytes)
+            info = self.executor.launch(Launch(spec, placements, files, env, request, staging))
         except Exception as exc:  # whatever it was, the job must not stay RUNNING
             reason = f"could not start attempt {attempt.number}: {exc}"
             log.error("job %s: %s", job.id, reason)

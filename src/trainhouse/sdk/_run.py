@@ -30,6 +30,7 @@ import types
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+from trainhouse.core.datasets import ENV_PREFIX as DATASET_ENV_PREFIX
 from trainhouse.core.defaults import DEFAULT_KEEP_LAST
 from trainhouse.jobfs.layout import CHECKPOINT_URL_ENV, JobEnv
 from trainhouse.sdk._distributed import DistributedContext, connect
@@ -240,6 +241,18 @@ class Run:
     def device(self) -> torch.device:
         """This rank's device: its GPU where CUDA is usable, else the CPU."""
         return self._dist.device
+
+    @property
+    def datasets(self) -> dict[str, Path]:
+        """The dataset versions the job pins, by key: each the path of a verified, read-only
+        copy on this node (``TRAINHOUSE_DATASET_<KEY>``; ``datasets: {train: digits@2}`` gives
+        ``run.datasets["train"]``). Outside trainhouse (bare torchrun) set those variables
+        yourself, and the script runs unchanged."""
+        return {
+            name.removeprefix(DATASET_ENV_PREFIX).lower(): Path(value)
+            for name, value in sorted(os.environ.items())
+            if name.startswith(DATASET_ENV_PREFIX) and value
+        }
 
     # -- hparams ---------------------------------------------------------------------------
     def set_hparams(self, values: dict[str, Any] | None = None, /, **more: Any) -> None:

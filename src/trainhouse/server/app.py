@@ -24,6 +24,7 @@ from trainhouse.server.mlflow import create_app as create_mlflow_app
 from trainhouse.server.mlflow import set_runtime as set_mlflow_runtime
 from trainhouse.server.routes import (
     accounts,
+    datasets,
     envs,
     jobs,
     lineage,
@@ -137,12 +138,18 @@ def create_app(settings: Settings, *, executor: Executor | None = None) -> FastA
     app.include_router(report.router, prefix="/api/v1")
     app.include_router(searches.router, prefix="/api/v1")
     app.include_router(models.router, prefix="/api/v1")
+    app.include_router(datasets.router, prefix="/api/v1")
     app.include_router(services.router, prefix="/api/v1")
     app.include_router(system.exposition)  # GET /metrics (Prometheus)
     app.include_router(ui.router)  # the dashboard: / and /static/...
     mlflow_app = create_mlflow_app()
     app.mount("/mlflow", mlflow_app)  # MLflow's tracking API (trainhouse.server.mlflow)
     # request bodies past a route's limit: 413
-    limits.install(app, settings.max_upload_bytes, settings.mlflow_artifact_bytes)
+    limits.install(
+        app,
+        settings.max_upload_bytes,
+        settings.mlflow_artifact_bytes,
+        settings.dataset_upload_bytes,
+    )
     origin.install(app, settings)  # outermost: unknown hosts 400, cross-origin writes 403
     return app

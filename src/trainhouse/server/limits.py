@@ -142,7 +142,9 @@ def _content_length(scope: Scope) -> int | None:
     return None
 
 
-def route_limits(max_upload_bytes: int, artifact_bytes: int = MiB) -> list[tuple[str, str, int]]:
+def route_limits(
+    max_upload_bytes: int, artifact_bytes: int = MiB, dataset_bytes: int = MiB
+) -> list[tuple[str, str, int]]:
     """The per-route limits of the trainhouse API (MLflow's log-batch and the rest of its
     JSON routes keep the default, 1 MiB, MLflow's own limit of a batch)."""
     upload = max_upload_bytes + MiB  # the archive plus the spec and the form's framing
@@ -151,6 +153,7 @@ def route_limits(max_upload_bytes: int, artifact_bytes: int = MiB) -> list[tuple
         ("POST", r"/api/v1/jobs/dry-run/?", upload),
         ("POST", r"/api/v1/jobs/[^/]+/report/?", REPORT_LIMIT),
         ("POST", r"/api/v1/services/[^/]+/predict/?", PREDICT_LIMIT),
+        ("POST", r"/api/v1/datasets/[^/]+/upload/?", dataset_bytes + MiB),
         ("PUT", r"/mlflow(/jobs/[^/]+)?/api/2\.0/mlflow-artifacts/artifacts/.*", artifact_bytes),
     ]
 
@@ -159,11 +162,13 @@ def _is_body_limit(cls: object) -> bool:
     return isinstance(cls, type) and issubclass(cls, BodyLimit)
 
 
-def install(app: FastAPI, max_upload_bytes: int, artifact_bytes: int = MiB) -> None:
+def install(
+    app: FastAPI, max_upload_bytes: int, artifact_bytes: int = MiB, dataset_bytes: int = MiB
+) -> None:
     """Add the body limits to ``app`` (once: installing again replaces the earlier limits)."""
     app.user_middleware[:] = [m for m in app.user_middleware if not _is_body_limit(m.cls)]
     app.add_middleware(
         BodyLimit,
         default=DEFAULT_LIMIT,
-        per_route=route_limits(max_upload_bytes, artifact_bytes),
+        per_route=route_limits(max_upload_bytes, artifact_bytes, dataset_bytes),
     )

@@ -20,6 +20,7 @@ from trainhouse.core.lifecycle import AttemptResult, FailureKind, JobState
 from trainhouse.core.records import TRACKED, Attempt, Job
 from trainhouse.core.spec import JobSpec
 from trainhouse.store import tables as t
+from trainhouse.store.datasets import insert_pins, resolve_pins
 
 __all__ = [
     "attempt_from_row",
@@ -173,6 +174,12 @@ def insert_job(
     stored = parsed.model_dump(mode="json")
     if stored.get("search") is None:
         stored.pop("search", None)  # a plain job's spec reads as before searches existed
+    # the versions it reads, pinned now: a restart or a resume reads the same ones
+    pins = resolve_pins(conn, parsed.datasets)
+    if pins:
+        stored["datasets"] = {p.key: p.ref for p in pins}
+    else:
+        stored.pop("datasets", None)
     now = time.time()
     job_id: int = conn.execute(
         insert(t.jobs)
@@ -200,6 +207,7 @@ def insert_job(
         )
         .returning(t.jobs.c.id)
     ).scalar_one()
+    insert_pins(conn, job_id, pins)
     rows = hparam_rows(job_id, parsed.hparams)
     if rows:
         conn.execute(insert(t.job_hparams), rows)

@@ -7,6 +7,7 @@ concern, each owning its tables:
 ========================  ======================================================================
 ``store.jobs``            jobs, attempts, events; every state change (:mod:`.jobs`)
 ``store.checkpoints``     checkpoint records (:mod:`.checkpoints`)
+``store.datasets``        datasets, their versions, the versions each job pins (:mod:`.datasets`)
 ``store.metrics``         metric series: ingest and downsampled reads (:mod:`.metrics`)
 ``store.quotas``          per-user limits and fair-share usage (:mod:`.quotas`)
 ``store.accounts``        users, API tokens (hashes), the audit log (:mod:`.accounts`)
@@ -26,6 +27,7 @@ from __future__ import annotations
 from trainhouse.store.accounts import Accounts
 from trainhouse.store.checkpoints import CheckpointRepo
 from trainhouse.store.database import Database, MigrateMode
+from trainhouse.store.datasets import DatasetRepo
 from trainhouse.store.jobs import JobRepo
 from trainhouse.store.metrics import MetricRepo
 from trainhouse.store.models import ModelRepo
@@ -55,3 +57,4 @@ class Store(Database):
         self.models = ModelRepo(self)
         self.runs = RunsRepo(self)
         self.services = ServiceRepo(self)
+        self.datasets = DatasetRepo(self)

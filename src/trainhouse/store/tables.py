@@ -501,3 +501,52 @@ services = Table(
     Column("created_at", Float, nullable=False),
     Column("updated_at", Float, nullable=False),
 )
+
+# datasets (0016): a name and its numbered versions; a version is a manifest (each file's path,
+# size and digest, kept as a file named by its digest under the server's dataset storage) read
+# from ``source`` (a URL fsspec reads, with ``storage_options``) or, source NULL, from the
+# server's own dataset storage (an uploaded directory)
+datasets = Table(
+    "datasets",
+    metadata,
+    Column("id", _Id, primary_key=True, autoincrement=True),
+    Column("name", String(64), nullable=False, unique=True),
+    Column("owner", String(128), nullable=False),
+    Column("created_at", Float, nullable=False),
+    # the highest version number it ever had: a removed version's number is never reused
+    Column("last_version", Integer, nullable=False, server_default="0"),
+)
+
+dataset_versions = Table(
+    "dataset_versions",
+    metadata,
+    Column("id", _Id, primary_key=True, autoincrement=True),
+    Column("dataset_id", _Id, ForeignKey("datasets.id", ondelete="CASCADE"), nullable=False),
+    Column("version", Integer, nullable=False),
+    Column("digest", String(64), nullable=False),  # the manifest's sha256
+    Column("source", Text),  # NULL: the server's dataset storage
+    Column("storage_options", JSON, nullable=False),
+    Column("files", Integer, nullable=False),
+    Column("size", BigInteger, nullable=False),
+    # "sha256" (hashed at registration), "md5" (the store's checksums) or "sha256+md5"
+    Column("checksums", String(16), nullable=False),
+    Column("description", JobText),
+    Column("created_by", String(128), nullable=False),
+    Column("created_at", Float, nullable=False),
+    UniqueConstraint("dataset_id", "version"),
+    Index("ix_dataset_versions_digest", "digest"),
+)
+
+# the dataset versions a job reads, resolved at submit: kept after the version is removed (a
+# model stays traced to the bytes it was trained on)
+job_datasets = Table(
+    "job_datasets",
+    metadata,
+    Column("job_id", _Id, ForeignKey("jobs.id", ondelete="CASCADE"), nullable=False),
+    Column("key", String(32), nullable=False),
+    Column("name", String(64), nullable=False),
+    Column("version", Integer, nullable=False),
+    Column("digest", String(64), nullable=False),
+    PrimaryKeyConstraint("job_id", "key"),
+    Index("ix_job_datasets_name_version", "name", "version"),
+)

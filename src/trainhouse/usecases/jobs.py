@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any, BinaryIO, Literal
 
 from trainhouse.core import envspec
+from trainhouse.core.datasets import Pin, staging_phase
 from trainhouse.core.errors import (
     Forbidden,
     InvalidMetrics,
@@ -222,12 +223,15 @@ class JobDetail:
     job_dir: str | None
     params: dict[str, str]
     mlflow_tags: dict[str, str]
+    datasets: list[Pin]
+    staging: str | None
 
 
 def detail(rt: Runtime, p: Principal, job: Job) -> JobDetail:
     """The job, its attempts and events. Where its files are on the server is for admins (with
     auth off every caller is one), as ``/health`` keeps ``home`` from others."""
     files = rt.files(job.id)
+    pins = rt.store.datasets.pins(job.id)
     return JobDetail(
         job=view(rt, job),
         attempts=rt.store.jobs.attempts(job.id),
@@ -245,6 +249,12 @@ def detail(rt: Runtime, p: Principal, job: Job) -> JobDetail:
         job_dir=str(files.root) if p.is_admin else None,
         params=rt.store.tracking.values(job.id, "param"),
         mlflow_tags=rt.store.tracking.values(job.id, "tag"),
+        datasets=pins,
+        staging=(
+            staging_phase(attempt_log(files, LAUNCHER, job.attempts))
+            if pins and job.attempts
+            else None
+        ),
     )
 
 

@@ -19,6 +19,7 @@ from trainhouse.executors import registry
 from trainhouse.executors.base import Executor
 from trainhouse.executors.inventory import server_mask
 from trainhouse.ingest.checkpoints import Checkpoints
+from trainhouse.ingest.datasetfiles import DatasetFiles
 from trainhouse.ingest.groupcommit import ReportWriter
 from trainhouse.ingest.logretention import LogRetention
 from trainhouse.ingest.savedmodels import SavedModels
@@ -99,6 +100,7 @@ class Runtime:
     tune: SearchRunner  # hyperparameter searches (trainhouse.tune)
     saved_models: SavedModels  # the model registry's files: registration, downloads
     replicas: ReplicaHub  # services' replicas and the predictions forwarded to them
+    dataset_files: DatasetFiles  # the server's dataset storage: manifests, uploaded files
     streams: StreamSlots = field(default_factory=StreamSlots)  # open log streams
     tensorboard: TensorBoardImport | None = None  # event files imported as metrics
     _started: list[BackgroundLoop] = field(default_factory=list, init=False, repr=False)
@@ -237,6 +239,7 @@ def build_runtime(settings: Settings, executor: Executor | None = None) -> Runti
             tensorboard.attempt_ended(job_id)
 
     loop.on_attempt_end = attempt_ended
+    loop.dataset_cache_bytes = settings.dataset_cache_bytes
     return Runtime(
         settings,
         store,
@@ -251,6 +254,7 @@ def build_runtime(settings: Settings, executor: Executor | None = None) -> Runti
         tune,
         SavedModels(store, checkpoints),
         ReplicaHub(store, telemetry.registry),
+        DatasetFiles(settings.datasets_home),
         tensorboard=tensorboard,
     )
 

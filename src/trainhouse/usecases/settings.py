@@ -102,6 +102,15 @@ class Settings:
     env_extra_index_urls: tuple[str, ...] = ()
     env_find_links: tuple[str, ...] = ()
     env_cache_size: int = DEFAULT_CACHE_SIZE
+    # datasets (trainhouse.core.datasets): the server's dataset storage (uploaded versions and
+    # --copy copies; None: HOME/datasets), each node's cache of staged versions and its size
+    # (0: no limit), the largest upload, the directories a file:// source may lie in, and
+    # whether an http(s) source may name a loopback or private address
+    dataset_storage: Path | None = None
+    dataset_cache_bytes: int = 100 << 30
+    dataset_upload_bytes: int = 8 << 30
+    dataset_file_roots: tuple[Path, ...] = ()
+    dataset_allow_private: bool = False
     _db_file_url: str | None = field(default=None, init=False, repr=False, compare=False)
 
     @property
@@ -114,6 +123,16 @@ class Settings:
     def env_cache(self) -> Path:
         """This machine's cache of job environments."""
         return self.home / "envs"
+
+    @property
+    def datasets_home(self) -> Path:
+        """The server's dataset storage: uploaded versions' files and manifests."""
+        return self.dataset_storage or self.home / "datasets"
+
+    @property
+    def dataset_cache(self) -> Path:
+        """This machine's cache of staged dataset versions (a node's, on Ray)."""
+        return self.home / "datacache"
 
     @property
     def auth_enabled(self) -> bool:
@@ -151,6 +170,8 @@ class Settings:
             ("report_writers", self.report_writers or 1, 1),
             ("report_queue_points", self.report_queue_points, 1),
             ("--env-cache-size", self.env_cache_size, 0),
+            ("--dataset-cache-bytes", self.dataset_cache_bytes, 0),
+            ("--dataset-upload-bytes", self.dataset_upload_bytes, 1),
         ):
             if value < low:
                 raise ValueError(f"{option} must be >= {low:g}, got {value:g}")

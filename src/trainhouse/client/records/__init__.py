@@ -1,6 +1,6 @@
 """What the client's calls return: the JSON objects of the REST API as ``TypedDict``s, one
-module per noun (``jobs``, ``system``, ``accounts``, ``searches``, ``registry``), all of them
-importable from here.
+module per noun (``jobs``, ``system``, ``accounts``, ``searches``, ``registry``,
+``datasets``), all of them importable from here.
 
 Each record mirrors one response model of the server (:mod:`trainhouse.server.schemas`, or a
 route module's own), field for field; ``tests/unit/test_client_records.py`` holds the pairs and
@@ -24,6 +24,16 @@ from trainhouse.client.records.accounts import (
     User,
     UserList,
     WhoAmI,
+)
+from trainhouse.client.records.datasets import (
+    Dataset,
+    DatasetAdded,
+    DatasetDetail,
+    DatasetFile,
+    DatasetList,
+    DatasetPin,
+    DatasetVersion,
+    Manifest,
 )
 from trainhouse.client.records.jobs import (
     Attempt,
@@ -91,6 +101,13 @@ __all__ = [
     "CheckpointFiles",
     "CheckpointList",
     "Clone",
+    "Dataset",
+    "DatasetAdded",
+    "DatasetDetail",
+    "DatasetFile",
+    "DatasetList",
+    "DatasetPin",
+    "DatasetVersion",
     "Deleted",
     "DryRun",
     "Env",
@@ -105,6 +122,7 @@ __all__ = [
     "Latency",
     "Limits",
     "LogRanks",
+    "Manifest",
     "MetricSeries",
     "Model",
     "ModelDetail",

@@ -4,6 +4,8 @@ TypedDicts, no ``from __future__ import annotations``: see :mod:`trainhouse.clie
 
 from typing import Any, TypedDict
 
+from trainhouse.client.records.datasets import DatasetPin
+
 __all__ = [
     "Attempt",
     "Checkpoint",
@@ -115,6 +117,8 @@ class JobDetail(Job):
     job_dir: str | None
     params: dict[str, str]
     mlflow_tags: dict[str, str]
+    datasets: list[DatasetPin]
+    staging: str | None
 
 
 class JobPage(TypedDict):

@@ -13,7 +13,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from trainhouse.core.datasets import MAX_PINS, check_key, parse_ref
 from trainhouse.core.defaults import DEFAULT_KEEP_LAST
+from trainhouse.core.errors import DatasetError
 from trainhouse.core.searchspec import SearchSpec, check_search, distributions
 
 PRIORITY_TIERS: tuple[str, ...] = ("low", "normal", "high", "urgent")
@@ -337,6 +339,13 @@ class JobSpec(_Strict):
     environment: Environment | None = Field(
         None, description="The job's own Python dependencies (built once per node with uv)"
     )
+    datasets: dict[str, str] = Field(
+        default_factory=dict,
+        description="Dataset versions the job reads, by key: {train: digits@2, val: digits-val} "
+        "(a bare name is the newest version at submit, pinned then). Every rank gets "
+        "TRAINHOUSE_DATASET_<KEY>, the path of a verified read-only copy on its node "
+        "(run.datasets[key])",
+    )
     search: SearchSpec | None = Field(
         None,
         description="A hyperparameter search: hparams leaves may be distributions "
@@ -348,6 +357,19 @@ class JobSpec(_Strict):
     def _search(self) -> JobSpec:
         check_search(self.search, self.hparams)
         return self
+
+    @field_validator("datasets")
+    @classmethod
+    def _datasets(cls, value: dict[str, str]) -> dict[str, str]:
+        if len(value) > MAX_PINS:
+            raise ValueError(f"at most {MAX_PINS} datasets, got {len(value)}")
+        try:
+            for key, ref in value.items():
+                check_key(key)
+                parse_ref(ref)
+        except DatasetError as exc:
+            raise ValueError(str(exc)) from None
+        return value
 
     @field_validator("max_runtime", mode="before")
     @classmethod

@@ -21,6 +21,12 @@ It is also non-dumpable (the attempt's processes cannot read its environment or 
 sets the umask of the attempt to :data:`~trainhouse.jobfs.hardening.PRIVATE_UMASK`: what the ranks
 create is their user's alone.
 
+A job that pins datasets gets them here first (``TRAINHOUSE_DATASETS``,
+:mod:`trainhouse.executors.node.staging`): each version staged into the node's cache and held in
+use until the attempt ends, ``TRAINHOUSE_DATASET_<KEY>`` set for the ranks. A version that cannot
+be staged ends the attempt with :data:`~trainhouse.core.datasets.STAGING_FAILED_CODE` (or
+:data:`~trainhouse.core.datasets.STAGING_RETRY_CODE` when it may pass), the reason last in the log.
+
 A job with an ``environment:`` gets it here, before torchrun starts (``TRAINHOUSE_ENVIRONMENT``,
 :mod:`trainhouse.core.envspec`): built once per node under the digest's lock or reused, with the
 job's privileges, uv's output in the launcher's log; ``python`` in the entrypoint is then its
@@ -40,9 +46,17 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from trainhouse.core import envspec
-from trainhouse.core.errors import EnvBuildError
+from trainhouse.core.datasets import (
+    STAGE_VAR,
+    STAGING_FAILED_CODE,
+    STAGING_FAILED_LINE,
+    STAGING_RETRY_CODE,
+    StageRequest,
+)
+from trainhouse.core.errors import DatasetError, EnvBuildError, StagingError
 from trainhouse.executors.node import cgroups, envbuild
 from trainhouse.executors.node.rank import record
 from trainhouse.jobfs import hardening, jobfiles
@@ -199,6 +213,29 @@ def _environment(text: str) -> envbuild.Ready | None:
     return ready
 
 
+def _datasets(text: str) -> tuple[dict[str, str], list[Any]] | int:
+    """Stage the job's pinned dataset versions: the ranks' variables and the versions held in
+    use, or the exit code of a failure (the log says why)."""
+    from trainhouse.executors.node import staging
+
+    try:
+        request = StageRequest.from_json(text)
+    except (ValueError, TypeError, KeyError) as exc:
+        _say(f"{STAGING_FAILED_LINE}: its request is unreadable ({exc})")
+        return STAGING_FAILED_CODE
+    try:
+        return staging.stage(request, dict(os.environ), _say)
+    except StagingError as exc:
+        _say(f"{STAGING_FAILED_LINE}: {exc}")
+        return STAGING_RETRY_CODE if exc.transient else STAGING_FAILED_CODE
+    except DatasetError as exc:
+        _say(f"{STAGING_FAILED_LINE}: {exc}")
+        return STAGING_FAILED_CODE
+    except Exception as exc:  # a cache it cannot write, fsspec missing: this node cannot start
+        _say(f"{STAGING_FAILED_LINE}: {type(exc).__name__}: {exc}")
+        return STAGING_RETRY_CODE
+
+
 def main(argv: list[str]) -> int:
     cgroup, argv = _options(argv)
     if len(argv) < 2:
@@ -209,20 +246,33 @@ def main(argv: list[str]) -> int:
     hardening.child_subreaper()
     os.umask(hardening.PRIVATE_UMASK)
     request = os.environ.pop(envspec.ENV_VAR, None)  # the index options stay here, non-dumpable
+    wanted = os.environ.pop(STAGE_VAR, None)
     ready = None
-    if request:
+    held: list[Any] = []
+    if request or wanted:
         # stopped while setting up (canceled, preempted): the build (uv got the signal too)
         # ends here, as torchrun would have
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, _stop)
         try:
-            ready = _environment(request)
+            staged = _datasets(wanted) if wanted else ({}, [])
+            if isinstance(staged, int):
+                record(exit_file, staged)
+                end_orphans()
+                return staged
+            os.environ.update(staged[0])
+            held = staged[1]
+            ready = _environment(request) if request else None
         except _Stopped as stopped:
             _say(f"trainhouse: stopped by signal {stopped.signum} while setting up the environment")
+            for version in held:
+                version.release()
             record(exit_file, -stopped.signum)
             end_orphans()
             return 128 + stopped.signum
-        if ready is None:
+        if request and ready is None:
+            for version in held:
+                version.release()
             record(exit_file, envspec.BUILD_FAILED_CODE)
             end_orphans()
             return envspec.BUILD_FAILED_CODE
@@ -243,6 +293,8 @@ def main(argv: list[str]) -> int:
     end_orphans()
     if ready is not None:
         ready.release()
+    for version in held:
+        version.release()
     if cgroup is not None:
         cgroups.remove(cgroup)
     return code if code >= 0 else 128 - code

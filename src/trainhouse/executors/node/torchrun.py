@@ -21,6 +21,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from trainhouse.core.datasets import STAGE_VAR, StageRequest
 from trainhouse.core.envspec import ENV_VAR, Request
 from trainhouse.core.spec import JobSpec
 from trainhouse.executors.node import rank
@@ -111,6 +112,7 @@ def rank_environment(
     drop_prefixes: tuple[str, ...] = (),
     pci_order: bool = True,
     environment: Request | None = None,
+    datasets: StageRequest | None = None,
 ) -> dict[str, str]:
     """The environment of a node's processes: ``base`` (the environment of whoever starts
     them) without variables trainhouse or torchrun set for ranks (nor those starting with
@@ -127,7 +129,9 @@ def rank_environment(
     compile again from scratch (unless the spec or the node chose caches of its own).
 
     ``environment`` (the node's cache filled in): the job's environment, which the supervisor
-    sets up before torchrun starts (and does not pass on)."""
+    sets up before torchrun starts (and does not pass on); ``datasets`` likewise (the node's
+    cache filled in): the versions it stages, then gives each rank as
+    ``TRAINHOUSE_DATASET_<KEY>``."""
     env = {
         k: v
         for k, v in base.items()
@@ -150,4 +154,6 @@ def rank_environment(
         env.setdefault(variable, str(cache / sub))
     if environment is not None:
         env[ENV_VAR] = environment.to_json()
+    if datasets is not None:
+        env[STAGE_VAR] = datasets.to_json()
     return env

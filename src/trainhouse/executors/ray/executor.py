@@ -298,6 +298,7 @@ class RayExecutor:
                         node_rank=m.index,
                         master=master,
                         environment=(launch.environment.to_json() if launch.environment else None),
+                        datasets=(launch.datasets.to_json() if launch.datasets else None),
                     )
                 )
             if self._wait(att, calls) is None:

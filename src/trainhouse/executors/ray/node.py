@@ -39,6 +39,7 @@ from typing import Any
 
 import psutil
 
+from trainhouse.core.datasets import StageRequest
 from trainhouse.core.envspec import Request
 from trainhouse.executors.node import torchrun
 from trainhouse.executors.node.markers import kill_marked
@@ -59,6 +60,7 @@ def boot_id() -> str:
 
 CACHES = "caches"  # under the node's directory: one per job (the compilers' caches)
 ENVS = "envs"  # under the node's directory: the jobs' environments (trainhouse.core.envspec)
+DATACACHE = "datacache"  # under the node's directory: staged dataset versions
 CACHE_IDLE = 7 * 86400.0  # seconds a job's caches stay on a node unused
 
 
@@ -191,12 +193,15 @@ class NodeAgent:
         node_rank: int,
         master: tuple[str, int],
         environment: str | None = None,
+        datasets: str | None = None,
     ) -> int:
         """Start the guard, then the supervisor of torchrun for node ``node_rank`` of
         ``nodes`` (rendezvous at ``master``) running ``argv`` in each of ``procs`` ranks, with
         the spec's environment ``spec_env`` and trainhouse's ``job``; returns the supervisor's
         PID. ``environment``: the job's environment request (JSON, :mod:`trainhouse.core.envspec`),
-        built by the supervisor in this node's cache (``envs/`` beside the attempts)."""
+        built by the supervisor in this node's cache (``envs/`` beside the attempts);
+        ``datasets``: the versions it pins (JSON, :class:`~trainhouse.core.datasets.StageRequest`),
+        staged by the supervisor in this node's cache (``datacache/`` beside them)."""
         if self.proc is not None:
             return self.proc.pid
         read_end, write_end = os.pipe()  # not inheritable: only the guard gets the read end
@@ -237,6 +242,13 @@ class NodeAgent:
             environment=(
                 Request.from_json(environment).with_cache(self.root.parent / ENVS)
                 if environment
+                else None
+            ),
+            datasets=(
+                StageRequest.from_json(datasets).with_cache(
+                    str(self.root.parent / DATACACHE), StageRequest.from_json(datasets).cache_bytes
+                )
+                if datasets
                 else None
             ),
         )

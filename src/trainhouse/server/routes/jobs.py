@@ -29,6 +29,7 @@ from trainhouse.server.schemas import (
     JobOut,
     MetricsOut,
     NulFree,
+    PinOut,
     RowId,
     SeriesInfoOut,
     SeriesListOut,
@@ -171,6 +172,8 @@ def show(
         job_dir=d.job_dir,
         params=d.params,
         mlflow_tags=d.mlflow_tags,
+        datasets=[PinOut(**p.to_json(), ref=p.ref) for p in d.datasets],
+        staging=d.staging,
     )
 
 

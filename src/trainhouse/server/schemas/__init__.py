@@ -8,6 +8,7 @@ noun; every name is importable from here (``from trainhouse.server.schemas impor
 - :mod:`~trainhouse.server.schemas.checkpoints`: checkpoints and their files
 - :mod:`~trainhouse.server.schemas.system`: health, nodes, resource series
 - :mod:`~trainhouse.server.schemas.searches`: searches and trials
+- :mod:`~trainhouse.server.schemas.datasets`: datasets, versions, manifests
 - :mod:`~trainhouse.server.schemas.models`: the model registry (the saved model's record:
   :mod:`trainhouse.core.modelrecord`)
 """
@@ -36,6 +37,17 @@ from trainhouse.server.schemas.common import (
     ErrorOut,
     NulFree,
     RowId,
+)
+from trainhouse.server.schemas.datasets import (
+    DatasetAddOut,
+    DatasetDetailOut,
+    DatasetFileOut,
+    DatasetListOut,
+    DatasetOut,
+    DatasetSourceIn,
+    DatasetVersionOut,
+    ManifestOut,
+    PinOut,
 )
 from trainhouse.server.schemas.jobs import (
     AttemptOut,
@@ -116,6 +128,13 @@ __all__ = [
     "CloneIn",
     "CloneOut",
     "CorruptIn",
+    "DatasetAddOut",
+    "DatasetDetailOut",
+    "DatasetFileOut",
+    "DatasetListOut",
+    "DatasetOut",
+    "DatasetSourceIn",
+    "DatasetVersionOut",
     "DeletedOut",
     "ErrorBody",
     "ErrorOut",
@@ -129,6 +148,7 @@ __all__ = [
     "JobListOut",
     "JobOut",
     "LogRanksOut",
+    "ManifestOut",
     "MetricName",
     "MetricTuple",
     "MetricsOut",
@@ -144,6 +164,7 @@ __all__ = [
     "NoteIn",
     "NulFree",
     "OwnerIn",
+    "PinOut",
     "Rank",
     "ReportIn",
     "ReportOut",

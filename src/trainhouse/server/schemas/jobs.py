@@ -9,6 +9,7 @@ from pydantic import BaseModel, Field
 
 from trainhouse.core.lifecycle import AttemptResult, FailureKind, JobState
 from trainhouse.server.schemas.common import NO_NUL
+from trainhouse.server.schemas.datasets import PinOut
 
 
 class AttemptOut(BaseModel):
@@ -131,6 +132,14 @@ class JobDetailOut(JobOut):
     job_dir: str | None = Field(
         None,
         description="Where the server keeps the job's files; null unless the caller is an admin",
+    )
+    datasets: list[PinOut] = Field(
+        default_factory=list, description="The dataset versions it reads, pinned at submit"
+    )
+    staging: str | None = Field(
+        None,
+        description='Where staging its datasets stands: "staging digits@2: 41% (120 of 290 MB)", '
+        '"staging digits@2: ready in 3.10 s ...", "staging failed: ..."; null without datasets',
     )
     params: dict[str, str] = Field(
         default_factory=dict,

@@ -1,0 +1,633 @@
+"""The dataset cache of one node: the files of a pinned version (:mod:`trainhouse.core.datasets`)
+fetched once per node, verified, and handed to the ranks as a read-only directory.
+
+Layout under the cache's root::
+
+    objects/<algorithm>/<hex[:2]>/<hex>   a file's bytes, addressed by its digest, mode 0444
+    views/<manifest digest>/...           a version's tree: hard links to the objects, dirs 0555
+    .ready/<digest>                       the view is complete (written last, removed first)
+    .used/<digest>                        touched at every stage: least recently used order
+    .locks/                               flock files
+    .tmp/                                 downloads and views being built, renamed into place
+
+Versions sharing a file share its bytes; jobs of every user share one copy. A view holds only
+the version's files (the job lists it). An object is published by an atomic rename once its size
+and digest are checked; a view by an atomic rename of a tree built in ``.tmp``, then its marker.
+A view without its marker (half-built, half-removed) is never used: it is rebuilt.
+
+Locks (``flock``): ``view.<digest>.use`` is held shared by every :class:`Staged` not released
+(and by a stage in progress); removal takes it exclusively without waiting, so a view in use is
+never removed. ``view.<digest>.build`` is held exclusively while a view is built: processes
+staging one version at once build it once. ``<algorithm>.<hex>`` is held exclusively while an
+object is checked, fetched and linked into the view being built: a file is fetched once per node
+even by two versions staged at once, and prune drops an object only under it, only while no view
+links it (``st_nlink`` 1). A lock file is unlinked only by the holder of its exclusive lock, and
+:func:`_flock` takes again one replaced meanwhile, so ``.locks`` does not grow with the objects.
+
+A ``.tmp`` entry is named after the lock its owner holds (``<lock>~<random>``): one whose lock is
+free, left by a killed process, is removed at the next build. No symlink in the cache is ever
+followed: a planted one is removed. Standard library only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import hashlib
+import os
+import re
+import secrets
+import shutil
+import stat
+import time
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import AbstractContextManager
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, BinaryIO
+
+from trainhouse.core.datasets import FileEntry, Manifest
+from trainhouse.core.errors import StagingError
+
+__all__ = ["RETRY_DELAYS", "CachedView", "DataCache", "Fetch", "Staged"]
+
+#: seconds slept before each new try of a transient failure (a timeout, a dropped connection)
+RETRY_DELAYS: tuple[float, ...] = (0.5, 2.0)
+CHUNK = 1 << 20  # bytes read from a source at once
+PROGRESS_STEP = 1 << 20  # bytes between two progress reports
+STALE_SECONDS = 3600  # a .tmp entry no lock names is removed past this age
+_TMP_LOCK = re.compile(r"view\.[0-9a-f]{64}\.build|(?:sha256|md5)\.[0-9a-f]{32,64}")
+_TRY = fcntl.LOCK_EX | fcntl.LOCK_NB  # an exclusive lock, not waited for
+_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+#: opens a file of a version at its source: ``fetch(entry)`` gives a context manager of a stream
+Fetch = Callable[[FileEntry], AbstractContextManager[BinaryIO]]
+
+
+@dataclass(frozen=True)
+class CachedView:
+    """One ready version of a cache."""
+
+    digest: str  # the manifest's
+    size: int  # bytes, each object counted once
+    last_used: float  # epoch seconds
+    in_use: bool  # a Staged not released holds it
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class Staged:
+    """A ready version, held: no prune removes :attr:`path` until :meth:`release`."""
+
+    path: Path  # the view: what a rank is given
+    digest: str
+    fetched_bytes: int  # bytes this stage downloaded
+    reused: int  # files already in the cache
+    _fd: int | None = field(default=None, repr=False)  # the view's use lock, held shared
+
+    def release(self) -> None:
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            os.close(fd)
+
+    def __enter__(self) -> Staged:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+class _Progress:
+    """``callback(done, total)`` every :data:`PROGRESS_STEP` bytes and at the end; a download
+    tried again rewinds :attr:`done`, and nothing is reported until it passes the last report."""
+
+    def __init__(self, total: int, callback: Callable[[int, int], None] | None) -> None:
+        self.total, self.callback, self.done, self._shown = total, callback, 0, -1
+
+    def add(self, n: int) -> None:
+        self.done += n
+        if self.done - self._shown >= PROGRESS_STEP:
+            self.finish()
+
+    def finish(self) -> None:
+        if self.callback is not None and self.done > self._shown:
+            self._shown = self.done
+            self.callback(self.done, self.total)
+
+
+class DataCache:
+    """The dataset cache at ``root``, bounded by ``max_bytes`` (0: no limit). Past its limit,
+    :meth:`stage` removes the least recently used versions no job holds; a version larger than
+    the limit alone is staged anyway (and said so)."""
+
+    def __init__(self, root: Path, max_bytes: int = 0) -> None:
+        if max_bytes < 0:
+            raise ValueError(f"a dataset cache's limit is 0 (none) or bytes, not {max_bytes}")
+        self.root, self.max_bytes = Path(root), max_bytes
+        self._objects, self._views = self.root / "objects", self.root / "views"
+        self._ready, self._used = self.root / ".ready", self.root / ".used"
+        self._locks, self._tmp = self.root / ".locks", self.root / ".tmp"
+
+    def stage(
+        self,
+        manifest: Manifest,
+        fetch: Fetch,
+        *,
+        progress: Callable[[int, int], None] | None = None,
+        out: Callable[[str], None] | None = None,
+    ) -> Staged:
+        """Make the version's view ready (fetching what the cache lacks) and hold it; raises
+        :class:`StagingError` naming the file and the cause."""
+        digest = manifest.digest
+        self._layout()
+        bar = _Progress(manifest.size, progress)
+        use = _flock(self._locks / f"view.{digest}.use", fcntl.LOCK_SH)
+        assert use is not None  # a lock waited for
+        try:
+            fetched, reused = 0, len(manifest.files)
+            if not self.is_ready(digest):
+                with _locked(self._locks / f"view.{digest}.build", fcntl.LOCK_EX, drop=True):
+                    if not self.is_ready(digest):
+                        fetched, reused = self._build(manifest, fetch, bar, out)
+            bar.done = manifest.size
+            bar.finish()
+            _touch(self._used / digest)
+        except BaseException:
+            os.close(use)
+            raise
+        return Staged(self._views / digest, digest, fetched, reused, use)
+
+    def is_ready(self, digest: str) -> bool:
+        try:
+            marker, view = os.lstat(self._ready / digest), os.lstat(self._views / digest)
+        except (FileNotFoundError, NotADirectoryError):
+            return False
+        return stat.S_ISREG(marker.st_mode) and stat.S_ISDIR(view.st_mode)
+
+    def usage(self) -> list[CachedView]:
+        """The ready versions, least recently used first."""
+        if not self.root.is_dir():
+            return []
+        self._layout()
+        return [view for view, _inodes in self._scan_views()]
+
+    def total_bytes(self) -> int:
+        """The bytes of every object (shared ones once), linked by a view or not."""
+        return sum(size for _path, _key, size in self._scan_objects().values())
+
+    def prune(self, max_bytes: int) -> list[CachedView]:
+        """Remove the objects no view links, then the least recently used versions not in use
+        (and what only they linked), until the cache holds at most ``max_bytes`` (0: all but
+        the versions in use); the versions removed."""
+        return self._prune(max_bytes, set())[0]
+
+    # -- building a view
+
+    def _layout(self) -> None:
+        self.root.mkdir(parents=True, exist_ok=True)
+        for path in (self._objects, self._views, self._ready, self._used, self._locks, self._tmp):
+            _dir(path)
+
+    def _object(self, key: str, made: set[str]) -> Path:
+        algorithm, _, hexdigest = key.partition(":")
+        shard = self._objects / algorithm / hexdigest[:2]
+        if algorithm + hexdigest[:2] not in made:
+            _dir(shard.parent)
+            _dir(shard)
+            made.add(algorithm + hexdigest[:2])
+        return shard / hexdigest
+
+    def _build(
+        self, manifest: Manifest, fetch: Fetch, bar: _Progress, out: Callable[[str], None] | None
+    ) -> tuple[int, int]:
+        """Under the view's build lock: the view built in ``.tmp``, renamed into ``views``,
+        then marked ready; (bytes fetched, files reused)."""
+        digest = manifest.digest
+        self._clean_tmp()
+        _unlink(self._ready / digest)
+        _discard(self._views / digest)  # half-built or half-removed: never used
+        made: set[str] = set()
+        self._fit(manifest, made, out)
+        view = self._tmp / f"view.{digest}.build~{secrets.token_hex(6)}"
+        fetched = reused = 0
+        try:
+            os.mkdir(view, 0o755)
+            with _Tree(view) as tree:
+                for entry in manifest.files:
+                    where, name = tree.dir(entry.path)
+                    with _locked(self._locks / _lock_name(entry.key), fcntl.LOCK_EX, drop=True):
+                        obj = self._object(entry.key, made)
+                        if _reusable(obj, entry.size, discard=True):
+                            reused += 1
+                            bar.add(entry.size)
+                        else:
+                            fetched += self._download(entry, fetch, obj, bar)
+                        _link(obj, where, name)
+            os.rename(view, self._views / digest)  # the top one still writable: its ".." changes
+            os.chmod(self._views / digest, 0o555)
+            _fsync_dir(self._views)
+            _touch(self._ready / digest)
+            _fsync_dir(self._ready)
+        except BaseException as exc:
+            _discard(view)
+            failure = _failure(f"dataset version {digest[:12]}", exc, self.root)
+            if isinstance(exc, OSError) and failure is not None:
+                raise failure from exc
+            raise
+        return fetched, reused
+
+    def _download(self, entry: FileEntry, fetch: Fetch, obj: Path, bar: _Progress) -> int:
+        """:meth:`_fetch`, tried again after each of :data:`RETRY_DELAYS` while it fails
+        transiently."""
+        tries, mark = 0, bar.done
+        while True:
+            tries += 1
+            try:
+                return self._fetch(entry, fetch, obj, bar)
+            except StagingError as exc:
+                if not exc.transient:
+                    raise
+                if tries > len(RETRY_DELAYS):
+                    raise StagingError(f"{exc} (tried {tries} times)", transient=True) from exc
+                bar.done = mark
+                time.sleep(RETRY_DELAYS[tries - 1])
+
+    def _fetch(self, entry: FileEntry, fetch: Fetch, obj: Path, bar: _Progress) -> int:
+        """One download into ``.tmp`` (at most ``size + 1`` bytes read), hashed while written,
+        synced, checked, made read-only and published at ``obj``; its size."""
+        tmp = self._tmp / f"{_lock_name(entry.key)}~{secrets.token_hex(6)}"
+        hasher = hashlib.new(entry.algorithm, usedforsecurity=False)
+        size = 0
+        try:
+            try:
+                flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+                with os.fdopen(os.open(tmp, flags, 0o600), "wb") as sink, fetch(entry) as stream:
+                    while size <= entry.size:
+                        chunk = stream.read(min(CHUNK, entry.size + 1 - size))
+                        if not chunk:
+                            break
+                        sink.write(chunk)
+                        hasher.update(chunk)
+                        size += len(chunk)
+                        bar.add(len(chunk))
+                    sink.flush()
+                    os.fsync(sink.fileno())
+                    os.fchmod(sink.fileno(), 0o444)
+            except Exception as exc:
+                failure = _failure(f"dataset file {entry.path!r}", exc, self.root)
+                if failure is None:
+                    raise
+                raise failure from exc
+            changed = f"dataset file {entry.path!r} changed since it was registered"
+            if size != entry.size:
+                found = f"over {entry.size}" if size > entry.size else str(size)
+                raise StagingError(f"{changed} (size {found}, registered {entry.size})")
+            if hasher.hexdigest() != entry.digest:
+                raise StagingError(
+                    f"{changed} (its {entry.algorithm} digest differs from the registered one)"
+                )
+            os.rename(tmp, obj)
+        finally:
+            _unlink(tmp)
+        return size
+
+    def _fit(self, manifest: Manifest, made: set[str], out: Callable[[str], None] | None) -> None:
+        """Before downloading: make room for what the cache lacks of ``manifest``."""
+        if not self.max_bytes:
+            return
+        sizes, limit = {e.key: e.size for e in manifest.files}, self.max_bytes
+        lack = sum(n for key, n in sizes.items() if not _reusable(self._object(key, made), n))
+        if self.total_bytes() + lack <= limit:
+            return
+        removed, total = self._prune(max(0, limit - lack), set(sizes))
+        say, name, need = out or (lambda _line: None), manifest.digest[:12], sum(sizes.values())
+        for v in removed:
+            say(f"trainhouse: removed dataset version {v.digest[:12]} ({v.size} bytes, least "
+                "recently used) from the node's dataset cache")  # fmt: skip
+        if total + lack > limit and need > limit:
+            say(f"trainhouse: dataset version {name} is {need} bytes, over the node's dataset "
+                f"cache limit of {limit} bytes: staging it anyway")  # fmt: skip
+        elif total + lack > limit:
+            say(f"trainhouse: the node's dataset cache stays over its limit of {limit} bytes "
+                f"(versions in use): staging dataset version {name} anyway")  # fmt: skip
+
+    def _clean_tmp(self) -> None:
+        """Remove what killed processes left in ``.tmp``: an entry whose lock is free, one
+        naming no lock past :data:`STALE_SECONDS`."""
+        with contextlib.suppress(OSError), os.scandir(self._tmp) as entries:
+            for entry in entries:
+                with contextlib.suppress(OSError):
+                    lock, tilde, _ = entry.name.partition("~")
+                    if tilde and lock == "trash":
+                        _discard(Path(entry.path))
+                    elif tilde and _TMP_LOCK.fullmatch(lock):
+                        with _locked(self._locks / lock, _TRY, drop=True) as fd:
+                            if fd is not None:
+                                _discard(Path(entry.path))
+                    elif time.time() - entry.stat(follow_symlinks=False).st_mtime > STALE_SECONDS:
+                        _discard(Path(entry.path))
+
+    # -- what is in the cache, and removal
+
+    def _scan_objects(self) -> dict[int, tuple[Path, str, int]]:
+        """Every object by inode: (path, key, size)."""
+        found: dict[int, tuple[Path, str, int]] = {}
+        for algorithm in _entries(self._objects, dirs=True):
+            for shard in _entries(Path(algorithm.path), dirs=True):
+                for entry in _entries(Path(shard.path), dirs=False):
+                    with contextlib.suppress(OSError):
+                        st = entry.stat(follow_symlinks=False)
+                        size = st.st_size if stat.S_ISREG(st.st_mode) else 0
+                        key = f"{algorithm.name}:{entry.name}"
+                        found[st.st_ino] = (Path(entry.path), key, size)
+        return found
+
+    def _scan_views(self) -> list[tuple[CachedView, set[int]]]:
+        """Every ready view with the inodes of its files, least recently used first."""
+        found = []
+        for entry in _entries(self._views, dirs=True):
+            digest = entry.name
+            if not self.is_ready(digest):
+                continue
+            inodes: dict[int, int] = {}
+            for path, _dirs, files in os.walk(entry.path):
+                for name in files:
+                    with contextlib.suppress(OSError):
+                        st = os.lstat(os.path.join(path, name))
+                        inodes[st.st_ino] = st.st_size
+            used = _mtime(self._used / digest) or _mtime(self._ready / digest)
+            with _locked(self._locks / f"view.{digest}.use", _TRY) as fd:
+                view = CachedView(digest, sum(inodes.values()), used, fd is None)
+            found.append((view, set(inodes)))
+        return sorted(found, key=lambda f: f[0].last_used)
+
+    def _prune(self, max_bytes: int, keep: set[str]) -> tuple[list[CachedView], int]:
+        """:meth:`prune`, never dropping an object whose key is in ``keep``; (the versions
+        removed, the bytes left)."""
+        if not self.root.is_dir():
+            return [], 0
+        self._layout()
+        objects = self._scan_objects()
+        total = sum(size for _path, _key, size in objects.values())
+        if total <= max_bytes:
+            return [], total
+        for entry in _entries(self._views, dirs=False):
+            if not self.is_ready(entry.name):  # left by a killed builder
+                self._remove_view(entry.name)
+        total -= self._drop(objects, list(objects), keep)
+        removed = []
+        for view, inodes in self._scan_views():
+            if total <= max_bytes:
+                break
+            if view.in_use or not self._remove_view(view.digest):
+                continue
+            removed.append(view)
+            total -= self._drop(objects, inodes, keep)
+        return removed, total
+
+    def _drop(self, objects: dict[int, tuple[Path, str, int]], inodes: Iterable[int],
+              keep: set[str]) -> int:  # fmt: skip
+        """Remove the objects of ``inodes`` no view links (``st_nlink`` 1); the bytes freed."""
+        freed = 0
+        for inode in [i for i in inodes if i in objects and objects[i][1] not in keep]:
+            path, key, size = objects[inode]
+            with _locked(self._locks / _lock_name(key), _TRY, drop=True) as fd:
+                if fd is None:  # being fetched or linked
+                    continue
+                with contextlib.suppress(FileNotFoundError):
+                    st = os.lstat(path)
+                    if st.st_ino == inode and stat.S_ISREG(st.st_mode) and st.st_nlink > 1:
+                        continue
+                    _discard(path)
+                del objects[inode]
+                freed += size
+        return freed
+
+    def _remove_view(self, digest: str) -> bool:
+        """Remove a view no stage holds (its use lock, exclusive, not waited for); its marker
+        first, then the tree moved into ``.tmp`` and deleted."""
+        with _locked(self._locks / f"view.{digest}.use", _TRY, drop=True) as fd:
+            if fd is None:
+                return False
+            _unlink(self._ready / digest)
+            view = self._views / digest
+            with contextlib.suppress(FileNotFoundError):
+                if stat.S_ISDIR(os.lstat(view).st_mode):
+                    os.chmod(view, 0o755)
+                    trash = self._tmp / f"trash~{secrets.token_hex(6)}"
+                    os.rename(view, trash)
+                    view = trash
+            _discard(view)
+            _unlink(self._used / digest)
+            return True
+
+
+def _lock_name(key: str) -> str:
+    return key.replace(":", ".")
+
+
+def _flock(path: Path, how: int) -> int | None:
+    """``path`` opened and flocked (``LOCK_SH`` or ``LOCK_EX``, with ``LOCK_NB`` not waiting):
+    the descriptor, closed to release, or None when another holds it and ``LOCK_NB``. A lock file
+    unlinked meanwhile (by its exclusive holder) is opened and taken again."""
+    while True:
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+        except OSError as exc:
+            if exc.errno != errno.ELOOP:
+                raise
+            _unlink(path)  # a symlink planted there: no one's lock
+            continue
+        try:
+            fcntl.flock(fd, how)
+            same = os.fstat(fd).st_ino == os.stat(path, follow_symlinks=False).st_ino
+        except BlockingIOError:
+            os.close(fd)
+            return None
+        except FileNotFoundError:
+            same = False
+        except BaseException:
+            os.close(fd)
+            raise
+        if same:
+            return fd
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def _locked(path: Path, how: int, *, drop: bool = False) -> Iterator[int | None]:
+    """:func:`_flock` for a block; ``drop``: the lock file unlinked before it is released (only
+    with ``LOCK_EX``)."""
+    fd = _flock(path, how)
+    try:
+        yield fd
+    finally:
+        if fd is not None:
+            if drop:
+                _unlink(path)
+            os.close(fd)
+
+
+def _failure(where: str, exc: BaseException, root: Path) -> StagingError | None:
+    """What a failure says; None for an exception of no known kind (raised as it is)."""
+    if isinstance(exc, StagingError):
+        return StagingError(f"{where}: {exc}", transient=exc.transient)
+    if isinstance(exc, (TimeoutError, ConnectionError)):
+        cause = f"{type(exc).__name__} {exc}".strip()
+        return StagingError(f"{where}: could not be fetched ({cause})", transient=True)
+    if isinstance(exc, FileNotFoundError):
+        return StagingError(f"{where} is missing from its source ({exc})")
+    if isinstance(exc, PermissionError):
+        return StagingError(f"{where}: permission refused ({exc})")
+    if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return StagingError(f"{where}: no space left on the node's dataset cache ({root})")
+    return StagingError(f"{where}: {exc}") if isinstance(exc, OSError) else None
+
+
+class _Tree:
+    """The view being built, written through directory descriptors opened without following a
+    symlink, one per level of the current directory: a symlink swapped in fails the build, it
+    never leads a write outside. Files come sorted by path, so a directory's are consecutive:
+    it is sealed (0555) when left; the top one is left writable (for its rename)."""
+
+    def __init__(self, top: Path) -> None:
+        self.fds, self.parts = [os.open(top, _DIR)], list[str]()
+
+    def dir(self, path: str) -> tuple[int, str]:
+        """The directory of ``path`` (made), as a descriptor, and its name in it."""
+        *parts, name = path.split("/")
+        if any(p in ("", ".", "..") for p in (*parts, name)):
+            raise StagingError(f"dataset file {path!r}: refused, its path leaves its version")
+        keep = 0
+        while keep < min(len(parts), len(self.parts)) and parts[keep] == self.parts[keep]:
+            keep += 1
+        self._leave(keep)
+        for part in parts[keep:]:
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(part, 0o755, dir_fd=self.fds[-1])
+            try:
+                self.fds.append(os.open(part, _DIR, dir_fd=self.fds[-1]))
+            except OSError as exc:  # ELOOP: a symlink; ENOTDIR: a file
+                at = "/".join([*self.parts, part])
+                raise StagingError(f"dataset file {path!r}: refused, {at!r} in its view is "
+                                   f"not a directory ({exc.strerror})") from exc  # fmt: skip
+            self.parts.append(part)
+        return self.fds[-1], name
+
+    def _leave(self, depth: int) -> None:
+        while len(self.parts) > depth:
+            self.parts.pop()
+            fd = self.fds.pop()
+            try:
+                os.fchmod(fd, 0o555)
+            finally:
+                os.close(fd)
+
+    def __enter__(self) -> _Tree:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        try:
+            self._leave(0)
+        finally:
+            os.close(self.fds.pop())
+
+
+def _reusable(path: Path, size: int, *, discard: bool = False) -> bool:
+    """An object already published: a regular file (no link followed) of the registered size.
+    ``discard`` (under the object's lock): a wrong one is removed."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return False
+    if stat.S_ISREG(st.st_mode) and st.st_size == size:
+        return True
+    if discard:
+        _discard(path)
+    return False
+
+
+def _link(obj: Path, where: int, name: str) -> None:
+    """A hard link to the object at ``name`` in the directory ``where``; a copy where the file
+    system refuses one (too many links to one file, ``fs.protected_hardlinks``)."""
+    try:
+        os.link(obj, name, dst_dir_fd=where, follow_symlinks=False)
+    except OSError as exc:
+        if exc.errno not in (errno.EMLINK, errno.EPERM):
+            raise
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+        fd = os.open(name, flags, 0o444, dir_fd=where)
+        with open(obj, "rb") as src, os.fdopen(fd, "wb") as dst:
+            shutil.copyfileobj(src, dst, CHUNK)
+
+
+def _entries(path: Path, *, dirs: bool) -> list[os.DirEntry[str]]:
+    """``path``'s entries (``dirs``: only real directories, no symlink followed)."""
+    try:
+        with os.scandir(path) as found:
+            return [e for e in found if not dirs or e.is_dir(follow_symlinks=False)]
+    except OSError:
+        return []
+
+
+def _dir(path: Path) -> None:
+    """``path`` as a real directory: a symlink or a file planted there is removed."""
+    with contextlib.suppress(FileNotFoundError):
+        if stat.S_ISDIR(os.lstat(path).st_mode):
+            return
+        _discard(path)
+    with contextlib.suppress(FileExistsError):
+        os.mkdir(path, 0o755)
+
+
+def _discard(path: Path) -> None:
+    """Remove whatever is at ``path`` without following a symlink; a read-only tree is made
+    writable first."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return
+    if not stat.S_ISDIR(st.st_mode):
+        _unlink(path)
+        return
+    for sub, _dirs, _files in os.walk(path):  # no symlink followed: real directories only
+        with contextlib.suppress(OSError):
+            os.chmod(sub, 0o755)
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def _unlink(path: Path) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
+
+
+def _touch(path: Path) -> None:
+    """Create ``path`` or set its time to now (never through a symlink)."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+    try:
+        fd = os.open(path, flags, 0o644)
+    except OSError:
+        _discard(path)  # a symlink or a directory planted there
+        fd = os.open(path, flags, 0o644)
+    try:
+        now = time.time_ns()
+        os.utime(fd, ns=(now, now))
+    finally:
+        os.close(fd)
+
+
+def _mtime(path: Path) -> float:
+    with contextlib.suppress(OSError):
+        return os.lstat(path).st_mtime
+    return 0.0
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -1,0 +1,186 @@
+"""Datasets end to end: a real server, real torchrun ranks, S3 over its real protocol (moto's
+server mode, read by s3fs) and an uploaded directory. Jobs read exactly the bytes their pinned
+version holds, each node fetches each object once however many jobs and ranks start at once,
+and a file changed after registration fails the job with a reason naming it."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.support.s3 import MotoS3, fsspec_io, running_moto_s3
+from tests.support.servers import Server, assert_clean_stop, start_server
+
+pytestmark = pytest.mark.integration
+__all__ = ["fsspec_io"]  # a session fixture of tests.support.s3
+
+# what each rank checks: every file of every pinned version, its bytes and its mode
+SCRIPT = """
+import hashlib, json, os, stat, sys
+from pathlib import Path
+import trainhouse.sdk as th
+
+with th.init() as run:
+    expected = run.hparams["expected"]
+    seen = {}
+    for key, root in sorted(run.datasets.items()):
+        assert os.environ["TRAINHOUSE_DATASET_" + key.upper()] == str(root)
+        for path in sorted(root.rglob("*")):
+            mode = stat.S_IMODE(path.lstat().st_mode)
+            if path.is_dir():
+                assert mode == 0o555, (path, oct(mode))
+                continue
+            assert mode == 0o444, (path, oct(mode))
+            rel = key + "/" + path.relative_to(root).as_posix()
+            seen[rel] = hashlib.sha256(path.read_bytes()).hexdigest()
+    assert seen == expected, (seen, expected)
+    print("DATASETS OK", run.rank, len(seen), flush=True)
+    run.log({"files": len(seen)}, step=1)
+"""
+
+
+@pytest.fixture(scope="module")
+def s3(fsspec_io: None) -> Iterator[MotoS3]:
+    with running_moto_s3() as store:  # the server below inherits its credentials
+        yield store
+
+
+@pytest.fixture(scope="module")
+def server(s3: MotoS3, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    home = tmp_path_factory.mktemp("datasets") / "home"
+    # the moto server is on loopback: a store on the server's own network
+    srv = start_server(home, "--cpus", "4", "--dataset-allow-private")
+    try:
+        yield srv
+    finally:
+        assert_clean_stop(srv)
+
+
+def _job(tmp_path: Path, datasets: dict[str, str], expected: dict[str, str]) -> Path:
+    (tmp_path / "train.py").write_text(SCRIPT)
+    spec = {
+        "name": "reads-data",
+        "entrypoint": "python train.py",
+        "resources": {"procs_per_node": 2},
+        "datasets": datasets,
+        "hparams": {"expected": expected},
+    }
+    path = tmp_path / "trainhouse.yaml"
+    path.write_text(json.dumps(spec))
+    return path
+
+
+def _sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def test_jobs_read_their_pinned_versions_and_each_object_is_fetched_once(
+    server: Server, s3: MotoS3, tmp_path: Path
+) -> None:
+    bucket = s3.make_bucket("data")
+    objects = {
+        "digits/train/a.bin": os.urandom(300_000),
+        "digits/train/b.bin": os.urandom(70_000),
+        "digits/labels.csv": b"label\n1\n2\n",
+    }
+    for key, data in objects.items():
+        s3.put(bucket, key, data)
+    added = server.cli_json(
+        "datasets",
+        "add",
+        "digits",
+        f"s3://{bucket}/digits",
+        "--storage-option",
+        f"endpoint_url={s3.endpoint_url}",
+    )
+    version = added["version"]
+    assert (version["version"], version["files"], version["checksums"]) == (1, 3, "md5")
+    assert version["size"] == sum(len(d) for d in objects.values())
+
+    local = tmp_path / "val"
+    (local / "deep").mkdir(parents=True)
+    (local / "deep" / "v.txt").write_bytes(b"validation")
+    uploaded = server.cli_json("datasets", "add", "val", str(local))["version"]
+    assert uploaded["source"] is None and uploaded["checksums"] == "sha256"
+
+    expected = {"train/" + key.removeprefix("digits/"): _sha(data) for key, data in objects.items()}
+    expected["val/deep/v.txt"] = _sha(b"validation")
+    spec = _job(tmp_path, {"train": "digits", "val": "val@1"}, expected)
+    # two jobs of two ranks each, staged at once on the one node
+    ids = [server.cli_json("submit", str(spec), "--detach")["id"] for _ in range(2)]
+    with server.client as c:
+        for job_id in ids:
+            done = c.wait(job_id, timeout=240)
+            assert done["state"] == "COMPLETED", (done["reason"], c.logs(job_id, rank="launcher"))
+            assert [(p["key"], p["ref"]) for p in done["datasets"]] == [
+                ("train", "digits@1"),
+                ("val", "val@1"),
+            ]
+            assert done["staging"] is not None and "ready in" in done["staging"]
+            assert done["latest_metrics"]["files"] == 4
+    # the node fetched each object once, whatever the two jobs' four ranks did
+    for key in objects:
+        assert s3.gets(bucket, key) == 1, (key, s3.get_counts())
+    shown = server.cli_json("datasets", "show", "digits@1")
+    assert sorted(shown["jobs"]) == sorted(ids)
+    assert {f["path"] for f in shown["manifest"]} == {"train/a.bin", "train/b.bin", "labels.csv"}
+    removed = server.cli("datasets", "rm", "digits@1")
+    assert removed.returncode == 0, removed.stderr  # the jobs have ended
+
+
+def test_a_file_changed_since_registration_fails_the_job_naming_it(
+    server: Server, s3: MotoS3, tmp_path: Path
+) -> None:
+    bucket = s3.make_bucket("changing")
+    s3.put(bucket, "set/one.bin", b"1" * 5000)
+    s3.put(bucket, "set/two.bin", b"2" * 5000)
+    server.cli_json(
+        "datasets",
+        "add",
+        "changing",
+        f"s3://{bucket}/set",
+        "--storage-option",
+        f"endpoint_url={s3.endpoint_url}",
+    )
+    s3.put(bucket, "set/two.bin", b"3" * 5001)  # changed under the registered version
+    spec = _job(tmp_path, {"data": "changing@1"}, {})
+    job_id = server.cli_json("submit", str(spec), "--detach")["id"]
+    with server.client as c:
+        done = c.wait(job_id, timeout=180)
+    assert done["state"] == "FAILED", done
+    assert "two.bin" in done["reason"] and "changed since it was registered" in done["reason"]
+    assert done["restarts"] == 0 and done["infra_restarts"] == 0
+    result = server.cli("show", str(job_id))
+    assert "staging failed" in result.stdout, result.stdout
+
+
+def test_a_restart_reads_the_same_version_from_the_nodes_cache(
+    server: Server, tmp_path: Path
+) -> None:
+    data = tmp_path / "small"
+    data.mkdir()
+    (data / "x.txt").write_bytes(b"first")
+    server.cli_json("datasets", "add", "small", str(data))
+    (data / "x.txt").write_bytes(b"second")
+    assert server.cli_json("datasets", "add", "small", str(data))["version"]["version"] == 2
+    # a bare name is the newest version at submit; the first attempt fails, the restart reads
+    # what the job pinned from the node's cache
+    spec = _job(tmp_path, {"s": "small"}, {"s/x.txt": _sha(b"second")})
+    script = tmp_path / "train.py"
+    script.write_text(
+        "import os, sys\nif os.environ['TRAINHOUSE_ATTEMPT'] == '1':\n    sys.exit(3)\n"
+        + script.read_text()
+    )
+    job_id = server.cli_json("submit", str(spec), "--set", "max_restarts=1", "--detach")["id"]
+    with server.client as c:
+        done = c.wait(job_id, timeout=180)
+    assert done["state"] == "COMPLETED" and done["attempts"] == 2, done["reason"]
+    assert [p["ref"] for p in done["datasets"]] == ["small@2"]
+    launcher = server.cli("logs", str(job_id), "--rank", "launcher").stdout
+    assert launcher.count("trainhouse: staging small@2: ready") == 2, launcher
+    assert "0.0 MB fetched, 1 files cached" in launcher  # the restart fetched nothing
