@@ -129,6 +129,12 @@ def test_jobs_read_their_pinned_versions_and_each_object_is_fetched_once(
     shown = server.cli_json("datasets", "show", "digits@1")
     assert sorted(shown["jobs"]) == sorted(ids)
     assert {f["path"] for f in shown["manifest"]} == {"train/a.bin", "train/b.bin", "labels.csv"}
+    cached = server.cli_json("datasets", "cache")
+    by_ref = {ref: v for v in cached["versions"] for ref in v["refs"]}
+    assert by_ref["digits@1"]["size"] == version["size"] and not by_ref["digits@1"]["in_use"]
+    assert "val@1" in by_ref and cached["bytes"] >= version["size"] + len(b"validation")
+    runs = server.cli_json("ps", "--all", "--where", 'datasets.train = "digits@1"')
+    assert sorted(j["id"] for j in runs) == sorted(ids)
     removed = server.cli("datasets", "rm", "digits@1")
     assert removed.returncode == 0, removed.stderr  # the jobs have ended
 

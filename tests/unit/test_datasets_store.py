@@ -81,3 +81,56 @@ def test_a_version_a_live_job_pins_is_not_removed(store: Store) -> None:
     assert store.datasets.pins(job) == [Pin("train", "a", 1, "1" * 64)]
     with pytest.raises(NotFound, match=r"a@1 was removed after the job pinned it"):
         store.datasets.stage_request(job)
+
+
+def test_the_runs_table_filters_and_shows_a_jobs_pinned_versions(store: Store) -> None:
+    from trainhouse.core.errors import InvalidQuery
+    from trainhouse.core.runquery import parse, parse_field
+
+    _add(store, "digits", "1" * 64)
+    _add(store, "digits", "2" * 64)
+    _add(store, "other", "3" * 64)
+    old = _job(store, {"train": "digits@1"})
+    new = _job(store, {"train": "digits", "val": "other"})
+    plain = _job(store, {})
+
+    def ids(where: str) -> list[int]:
+        page = store.runs.page(where=parse(where), order="asc")
+        return [j.id for j in page.jobs]
+
+    assert ids('datasets.train = "digits@2"') == [new]
+    assert ids("datasets.train = digits") == [old, new]
+    assert ids('datasets.train != "digits@2"') == [old, plain]
+    assert ids("datasets.val ~ other") == [new]
+    assert ids('datasets.train in ("digits@1", "digits@2")') == [old, new]
+    page = store.runs.page(columns=[parse_field("datasets.train")], order="asc")
+    assert [page.values[j.id].get("datasets.train") for j in page.jobs] == [
+        "digits@1",
+        "digits@2",
+        None,
+    ]
+    with pytest.raises(InvalidQuery, match="compares with"):
+        ids("datasets.train > 3")
+    with pytest.raises(InvalidQuery, match="not a sort key"):
+        store.runs.page(sort=parse_field("datasets.train"))
+
+
+def test_a_model_a_job_saved_carries_the_versions_it_was_trained_on(store: Store) -> None:
+    _add(store, "digits", "1" * 64)
+    job = _job(store, {"train": "digits"})
+    made = store.models.add_version(
+        "cnn",
+        owner="ana",
+        job_id=job,
+        attempt=1,
+        step=5,
+        path="models/cnn/step-000000005",
+        kind="export",
+        files=[{"name": "program.pt2", "size": 10, "sha256": "a" * 64}],
+    )
+    trained_on = [{"key": "train", "name": "digits", "version": 1, "digest": "1" * 64}]
+    assert made.record["datasets"] == trained_on
+    # kept when the job is gone: the model stays traced to the bytes
+    store.jobs.transition(job, JobState.CANCELED, reason="test")
+    assert store.runs.delete(job)["job_datasets"] == 1
+    assert store.models.version("cnn", 1).record["datasets"] == trained_on

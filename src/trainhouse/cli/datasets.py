@@ -1,4 +1,4 @@
-"""``trainhouse datasets add/list/show/rm``: versioned data a job pins (``datasets:`` in its
+"""``trainhouse datasets add/list/show/cache/rm``: versioned data a job pins (``datasets:`` in its
 spec), staged once per node. Every read has ``--json``."""
 
 from __future__ import annotations
@@ -160,6 +160,33 @@ def show(
             console.print(f"  {f['path']}  {_size(f['size'])}  {f['algorithm']}:{f['digest'][:12]}")
         if len(manifest["files"]) > files:
             console.print(f"  ... {len(manifest['files']) - files} more (--files N)")
+
+
+@app.command("cache")
+def cache(as_json: Json = False, url: Url = None) -> None:
+    """What the server machine's cache of staged versions holds: each version's bytes, last
+    use, and whether a running job uses it."""
+    with errors(), options.client(url) as c:
+        found = c.dataset_cache()
+    if as_json:
+        print_json(found)
+        return
+    limit = "no limit" if not found["limit"] else f"limit {_size(found['limit'])}"
+    console.print(
+        f"{found['node']}: {_size(found['bytes'])} in {found['path']} ({limit})", highlight=False
+    )
+    if not found["versions"]:
+        console.print("nothing staged yet")
+        return
+    table = Table(box=None, header_style="bold")
+    for col in ("VERSIONS", "DIGEST", "SIZE", "LAST USED", "IN USE"):
+        table.add_column(col, overflow="fold")
+    for v in found["versions"]:
+        table.add_row(
+            " ".join(v["refs"]) or "(removed)", v["digest"][:12], _size(v["size"]),
+            ago(v["last_used"]), "yes" if v["in_use"] else "no",
+        )  # fmt: skip
+    console.print(table, highlight=False)
 
 
 @app.command("rm")

@@ -19,6 +19,7 @@ from typing import Any
 
 from trainhouse.client.base import ClientBase
 from trainhouse.client.records import (
+    DataCache,
     Dataset,
     DatasetAdded,
     DatasetDetail,
@@ -168,6 +169,11 @@ class DatasetCalls(ClientBase):
                     timeout=UPLOAD_TIMEOUT,
                 )
         return added
+
+    def dataset_cache(self) -> DataCache:
+        """What the server machine's cache of staged dataset versions holds."""
+        found: DataCache = self._json("GET", "/datacache")
+        return found
 
     def remove_dataset(self, name: str, version: int) -> DatasetVersion:
         """Forget ``name@version``; refused (409, naming the job) while a queued or running job

@@ -15,7 +15,9 @@ Fields (:func:`parse_field`, also what ``columns`` and ``sort`` name):
   ``ended_at``, ``restarts``, ``last_step``;
 - ``hparams.KEY``: the hyperparameter the run used (nested keys joined with dots);
 - ``metrics.NAME.last``, ``.min``, ``.max``: a summary of the job's own series NAME (which may
-  itself hold dots: the last part is the summary).
+  itself hold dots: the last part is the summary);
+- ``datasets.KEY``: the dataset version the job pinned under KEY, as ``NAME@VERSION``
+  (``datasets.train = "digits@2"``; ``= digits`` matches any version of digits, ``~`` a part).
 
 Operators: ``=`` (or ``==``), ``!=``, ``<``, ``<=``, ``>``, ``>=``, ``~`` (contains, any case),
 ``in (a, b, ...)``; ``and``, ``or``, ``not`` and parentheses. Values: numbers, quoted strings
@@ -81,7 +83,7 @@ class Field:
     "hparams" (``key`` the hparam) or "metrics" (``key`` the series, ``aggregate`` its
     summary)."""
 
-    kind: Literal["job", "hparams", "metrics"]
+    kind: Literal["job", "hparams", "metrics", "datasets"]
     key: str
     aggregate: Literal["last", "min", "max"] | None = None
 
@@ -90,6 +92,8 @@ class Field:
             return self.key
         if self.kind == "hparams":
             return f"hparams.{self.key}"
+        if self.kind == "datasets":
+            return f"datasets.{self.key}"
         return f"metrics.{self.key}.{self.aggregate}"
 
 
@@ -137,6 +141,10 @@ def parse_field(name: str) -> Field:
         if not rest:
             raise ValueError("'hparams' needs a key: hparams.lr")
         return Field("hparams", rest)
+    if head == "datasets":
+        if not rest or "." in rest:
+            raise ValueError("'datasets' needs a key: datasets.train")
+        return Field("datasets", rest)
     if head == "metrics":
         series, dot, aggregate = rest.rpartition(".")
         if not dot or not series or aggregate not in AGGREGATES:
@@ -149,7 +157,8 @@ def parse_field(name: str) -> Field:
         return Field("job", name)
     raise ValueError(
         f"unknown field {name!r}{_suggest(name, JOB_FIELDS)}: fields are "
-        f"{', '.join(JOB_FIELDS)}, hparams.<key> and metrics.<series>.<last|min|max>"
+        f"{', '.join(JOB_FIELDS)}, hparams.<key>, metrics.<series>.<last|min|max> and "
+        "datasets.<key>"
     )
 
 

@@ -38,6 +38,7 @@ __all__ = ["DatasetRepo", "insert_pins", "resolve_pins"]
 VersionList = list[DatasetVersion]
 PinList = list[Pin]  # ``DatasetRepo.list`` shadows the builtin in the class
 IdList = list[int]
+RefList = list[str]
 
 
 def _version(row: RowMapping, name: str) -> DatasetVersion:
@@ -234,6 +235,23 @@ class DatasetRepo:
                 options = {str(k): str(v) for k, v in dict(row.storage_options or {}).items()}
                 sources.append(StagedSource(pin, row.source, options))
         return StageRequest(tuple(sources))
+
+    def refs_of(self, digests: Iterable[str]) -> dict[str, RefList]:
+        """The versions (``NAME@N``) each manifest digest is, by digest."""
+        wanted = list(digests)
+        found: dict[str, RefList] = {}
+        if not wanted:
+            return found
+        with self.db.connect() as conn:
+            rows = conn.execute(
+                select(t.dataset_versions.c.digest, t.datasets.c.name, t.dataset_versions.c.version)
+                .join(t.datasets, t.datasets.c.id == t.dataset_versions.c.dataset_id)
+                .where(t.dataset_versions.c.digest.in_(wanted))
+                .order_by(t.datasets.c.name, t.dataset_versions.c.version)
+            )
+            for digest, name, version in rows:
+                found.setdefault(str(digest), []).append(f"{name}@{version}")
+        return found
 
     def users(self, name: str, version: int | None = None, *, limit: int = 200) -> IdList:
         """The jobs that pinned ``name`` (or ``name@version``), newest first."""

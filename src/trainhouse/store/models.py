@@ -1,7 +1,9 @@
 """The model registry (``store.models``): models, their numbered versions, and aliases.
 
 A version points at the files a job saved with ``run.save_model`` (in the job's checkpoint
-storage) and keeps their record: sizes, sha256s, signature, metrics, the job, attempt and step.
+storage) and keeps their record: sizes, sha256s, signature, metrics, the job, attempt and step,
+and the dataset versions the job pinned (``record["datasets"]``: each key's name, version and
+manifest digest, kept when the job or the version is deleted).
 An alias (``prod``, ``staging``) names one version of its model and moves with
 :meth:`ModelRepo.set_alias`; a version an alias names cannot be deleted.
 """
@@ -235,6 +237,18 @@ class ModelRepo:
                     update(t.models).where(t.models.c.id == model_id).values(last_version=number)
                 )
                 files = values["files"]
+                record = dict(values["record"])
+                if values["job_id"] is not None:  # the data it was trained on, by digest
+                    pins = conn.execute(
+                        select(t.job_datasets)
+                        .where(t.job_datasets.c.job_id == values["job_id"])
+                        .order_by(t.job_datasets.c.key)
+                    ).mappings()
+                    trained_on = [
+                        {k: p[k] for k in ("key", "name", "version", "digest")} for p in pins
+                    ]
+                    if trained_on:
+                        record["datasets"] = trained_on
                 conn.execute(
                     insert(t.model_versions).values(
                         model_id=model_id,
@@ -248,7 +262,7 @@ class ModelRepo:
                         size=sum(int(f["size"]) for f in files),
                         metrics=values["metrics"],
                         signature=values["signature"],
-                        record=values["record"],
+                        record=record,
                         created_at=now,
                     )
                 )

@@ -21,8 +21,10 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from sqlalchemy import (
     Select,
+    String,
     and_,
     case,
+    cast,
     delete,
     exists,
     false,
@@ -128,6 +130,8 @@ class _Compiler:
     def compare(self, field: Field, op: Op, value: Any) -> ColumnElement[bool]:
         if field.kind == "job":
             return self.job(field, op, value)
+        if field.kind == "datasets":
+            return self.dataset(field, op, value)
         if field.kind == "hparams":
             h = t.job_hparams
             if isinstance(value, float):
@@ -142,6 +146,26 @@ class _Compiler:
             s.c.job_id == t.jobs.c.id, s.c.name == field.key, _compare(column, op, value)
         )
         return self.readable(sub)
+
+    def dataset(self, field: Field, op: Op, value: Any) -> ColumnElement[bool]:
+        """``datasets.KEY = "NAME@VERSION"`` (or ``= NAME``: any version of it), ``!=``, ``~``:
+        the version the job pinned under KEY (who may read a job sees what it read)."""
+        d = t.job_datasets
+        text = str(value)
+        if op == "~":
+            ref = d.c.name + "@" + cast(d.c.version, String)
+            cond = _compare(ref, "~", text)
+        elif op in ("=", "!="):
+            name, at, version = text.partition("@")
+            cond = d.c.name == name
+            if at:
+                if not version.isdigit():
+                    raise InvalidQuery(f"{field} compares with NAME or NAME@VERSION, not {text!r}")
+                cond = and_(cond, d.c.version == int(version))
+        else:
+            raise InvalidQuery(f"{field} compares with =, !=, ~ or in, not {op!r}")
+        found = exists().where(d.c.job_id == t.jobs.c.id, d.c.key == field.key, cond)
+        return not_(found) if op == "!=" else found
 
     def job(self, field: Field, op: Op, value: Any) -> ColumnElement[bool]:
         key = field.key
@@ -188,6 +212,8 @@ def _sort_key(
         if field.key == "tag":
             raise InvalidQuery("a job's tags are not a sort key")
         return _job_column(field), None, None
+    if field.kind == "datasets":
+        raise InvalidQuery(f"{field} is not a sort key (filter on it: --where '{field} = NAME@N')")
     value: ColumnElement[Any]
     second: ColumnElement[Any] | None = None
     if field.kind == "hparams":
@@ -309,6 +335,16 @@ class RunsRepo:
             )
             for job_id, key, num, text in rows:
                 out[job_id][f"hparams.{key}"] = num if num is not None else text
+        pinned = {c.key for c in columns if c.kind == "datasets"}
+        if pinned:
+            d = t.job_datasets
+            rows = conn.execute(
+                select(d.c.job_id, d.c.key, d.c.name, d.c.version).where(
+                    d.c.job_id.in_(ids), d.c.key.in_(pinned)
+                )
+            )
+            for job_id, key, dataset, version in rows:
+                out[job_id][f"datasets.{key}"] = f"{dataset}@{version}"
         series = {c.key for c in columns if c.kind == "metrics"}
         if series:
             s = t.metric_summaries
@@ -449,6 +485,7 @@ class RunsRepo:
             t.attempts,
             t.job_tags,
             t.job_hparams,
+            t.job_datasets,
             t.report_batches,
         )
         removed: dict[str, int] = {}

@@ -13,7 +13,7 @@ and the nodes' own environment's (the ``AWS_*`` variables, ``~/.aws``), never th
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 from trainhouse.core.datasets import (
     FileEntry,
@@ -31,6 +31,7 @@ from trainhouse.usecases.runtime import Runtime
 __all__ = [
     "add_source",
     "add_upload",
+    "cache_usage",
     "datasets",
     "detail",
     "file_bytes",
@@ -165,6 +166,23 @@ def version(rt: Runtime, name: str, number: int | None) -> DatasetVersion:
 def users(rt: Runtime, name: str, number: int | None = None) -> list[int]:
     """The jobs that pinned ``name`` (or that version), newest first."""
     return rt.store.datasets.users(name, number)
+
+
+def cache_usage(rt: Runtime) -> dict[str, Any]:
+    """What the server machine's dataset cache holds: each staged version (the versions its
+    manifest is), its bytes, when it was last used and whether a running attempt uses it."""
+    from trainhouse.jobfs.datacache import DataCache
+
+    cache = DataCache(rt.settings.dataset_cache, rt.settings.dataset_cache_bytes)
+    views = cache.usage()
+    refs = rt.store.datasets.refs_of(v.digest for v in views)
+    return {
+        "node": rt.scheduler.executor.server_node(),
+        "path": str(cache.root),
+        "bytes": cache.total_bytes(),
+        "limit": rt.settings.dataset_cache_bytes,
+        "versions": [{**v.to_json(), "refs": refs.get(v.digest, [])} for v in views],
+    }
 
 
 def _readable(rt: Runtime, p: Principal, name: str, number: int) -> DatasetVersion:

@@ -26,6 +26,8 @@ from trainhouse.client.records.accounts import (
     WhoAmI,
 )
 from trainhouse.client.records.datasets import (
+    CachedVersion,
+    DataCache,
     Dataset,
     DatasetAdded,
     DatasetDetail,
@@ -96,11 +98,13 @@ __all__ = [
     "Attempt",
     "AuditEntry",
     "AuditPage",
+    "CachedVersion",
     "Checkpoint",
     "CheckpointFile",
     "CheckpointFiles",
     "CheckpointList",
     "Clone",
+    "DataCache",
     "Dataset",
     "DatasetAdded",
     "DatasetDetail",

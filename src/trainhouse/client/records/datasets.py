@@ -5,6 +5,8 @@ TypedDicts, no ``from __future__ import annotations``: see :mod:`trainhouse.clie
 from typing import TypedDict
 
 __all__ = [
+    "CachedVersion",
+    "DataCache",
     "Dataset",
     "DatasetAdded",
     "DatasetDetail",
@@ -74,6 +76,26 @@ class DatasetPin(TypedDict):
     version: int
     digest: str
     ref: str
+
+
+class CachedVersion(TypedDict):
+    """``CachedVersionOut``: a version staged in a node's cache."""
+
+    digest: str
+    refs: list[str]
+    size: int
+    last_used: float
+    in_use: bool
+
+
+class DataCache(TypedDict):
+    """``DataCacheOut``: a node's cache of staged dataset versions."""
+
+    node: str
+    path: str
+    bytes: int
+    limit: int
+    versions: list[CachedVersion]
 
 
 class DatasetFile(TypedDict):

@@ -19,6 +19,7 @@ from trainhouse.server.auth import caller, signed_in, writer
 from trainhouse.server.deps import runtime
 from trainhouse.server.schemas import (
     NO_NUL,
+    DataCacheOut,
     DatasetAddOut,
     DatasetDetailOut,
     DatasetFileOut,
@@ -48,6 +49,12 @@ def list_datasets(
     _p: Principal = Depends(signed_in), rt: Runtime = Depends(runtime)
 ) -> DatasetListOut:
     return DatasetListOut(datasets=[DatasetOut(**asdict(d)) for d in datasets.datasets(rt)])
+
+
+@router.get("/datacache", response_model=DataCacheOut)
+def data_cache(_p: Principal = Depends(signed_in), rt: Runtime = Depends(runtime)) -> DataCacheOut:
+    """What the server machine's cache of staged dataset versions holds."""
+    return DataCacheOut(**datasets.cache_usage(rt))
 
 
 @router.post("/datasets/{name}/versions", response_model=DatasetAddOut, status_code=201)

@@ -52,6 +52,7 @@ STATIC_FILES = (
     "search.js",
     "models.js",
     "services.js",
+    "datasets.js",
     "style.css",
     "favicon.svg",
 )

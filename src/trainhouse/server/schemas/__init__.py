@@ -39,6 +39,8 @@ from trainhouse.server.schemas.common import (
     RowId,
 )
 from trainhouse.server.schemas.datasets import (
+    CachedVersionOut,
+    DataCacheOut,
     DatasetAddOut,
     DatasetDetailOut,
     DatasetFileOut,
@@ -119,6 +121,7 @@ __all__ = [
     "AliasIn",
     "ArchiveIn",
     "AttemptOut",
+    "CachedVersionOut",
     "CheckpointFileOut",
     "CheckpointFilesOut",
     "CheckpointIn",
@@ -128,6 +131,7 @@ __all__ = [
     "CloneIn",
     "CloneOut",
     "CorruptIn",
+    "DataCacheOut",
     "DatasetAddOut",
     "DatasetDetailOut",
     "DatasetFileOut",

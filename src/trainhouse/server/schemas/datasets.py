@@ -75,6 +75,24 @@ class PinOut(BaseModel):
     ref: str
 
 
+class CachedVersionOut(BaseModel):
+    digest: str
+    refs: list[str] = Field(description="the versions this manifest is (NAME@N)")
+    size: int = Field(ge=0, le=INT64)
+    last_used: float
+    in_use: bool
+
+
+class DataCacheOut(BaseModel):
+    """A node's cache of staged dataset versions."""
+
+    node: str
+    path: str
+    bytes: int = Field(ge=0, le=INT64, description="every object once, linked or not")
+    limit: int = Field(ge=0, le=INT64, description="--dataset-cache-bytes (0: none)")
+    versions: list[CachedVersionOut] = Field(description="least recently used first")
+
+
 class DatasetFileOut(BaseModel):
     path: str
     size: int = Field(ge=0, le=INT64)

@@ -1,12 +1,14 @@
 // trainhouse dashboard: one page, hash routes, plain DOM, polling the REST API under /api/v1.
 // Routes: #/jobs  #/jobs/<id>  #/compare?ids=1,2  #/queue  #/nodes  #/searches  #/searches/<id>
 //         #/models  #/models/<name>[?version=N]  #/services  #/services/<name>
+//         #/datasets  #/datasets/<name>[?version=N]
 // Plain ES modules, no build step. Charts are plotly.js (window.Plotly, served from the
 // installed `plotly` wheel); a chart's element keeps what it plots as plotly does:
 // el.data[i].x / el.data[i].y, raw series first.
 import { nodesPage, queuePage } from "./cluster.js";
 import { comparePage } from "./compare.js";
 import { ApiError, View, api, h } from "./core.js";
+import { datasetPage, datasetsPage } from "./datasets.js";
 import { jobPage } from "./job.js";
 import { jobsPage } from "./jobs.js";
 import { searchPage, searchesPage } from "./search.js";
@@ -25,6 +27,8 @@ const ROUTES = [
   [/^\/models\/([A-Za-z0-9._-]+)$/, "models", (view, m, q) => modelPage(view, m[1], q.get("version"))],
   [/^\/services$/, "services", (view) => servicesPage(view)],
   [/^\/services\/([A-Za-z0-9._-]+)$/, "services", (view, m) => servicePage(view, m[1])],
+  [/^\/datasets$/, "datasets", (view) => datasetsPage(view)],
+  [/^\/datasets\/([A-Za-z0-9._-]+)$/, "datasets", (view, m, q) => datasetPage(view, m[1], q.get("version"))],
 ];
 
 let current = null;

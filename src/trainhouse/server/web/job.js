@@ -1,4 +1,4 @@
-// A job's page (#/jobs/<id>): state, cancel, metrics, system, logs, attempts, checkpoints.
+// A job's page (#/jobs/<id>): state, cancel, datasets, metrics, system, logs, attempts, checkpoints.
 import { experimentCard } from "./runs.js";
 import { ChartGrid, MetricSeries, chartControls, drawSystem, systemSeries } from "./charts.js";
 import {
@@ -24,6 +24,7 @@ import {
   toYaml,
   worldSize,
 } from "./core.js";
+import { jobDatasets } from "./datasets.js";
 import { AnsiRenderer, LogView } from "./logs.js";
 
 export function resourcesText(spec) {
@@ -307,6 +308,8 @@ export function jobPage(view, jobId) {
         `a trial of search ${job.search_id}` + (job.prune_requested ? " (pruned)" : ""))) : []),
       ...kv("Progress", progressCell(job), "job-progress"),
       ...(job.environment ? kv("Environment", job.environment, "job-environment") : []),
+      ...(job.datasets && job.datasets.length ? kv("Datasets", jobDatasets(job)) : []),
+      ...(job.staging ? kv("Staging", job.staging, "job-staging") : []),
       ...kv("Attempts", `${job.attempts}` + (job.restarts || job.infra_restarts ? ` (${job.restarts} restarts after failures, ${job.infra_restarts || 0} after infrastructure faults)` : "") +
         (job.resumes ? `; resumed ${job.resumes}×` : ""), "job-attempts"),
       ...lineage(),
