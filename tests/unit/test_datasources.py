@@ -22,7 +22,7 @@ from tests.support import s3
 from tests.support.s3 import MotoS3
 from trainhouse.core.datasets import FileEntry
 from trainhouse.core.errors import DatasetError, StagingError
-from trainhouse.jobfs import datasources
+from trainhouse.jobfs import datasources, sourcecheck
 from trainhouse.jobfs.datasources import (
     SourceFile,
     check_options,
@@ -272,13 +272,13 @@ def test_the_guarded_http_client_checks_every_hop_of_a_redirect(
     """While the server reads an HTTP source, what a redirect (or a DNS answer that changed)
     reaches is held to the rule the URL was: here 127.0.0.1 plays a public address, and the
     origin redirects to 127.0.0.2, the private one."""
-    refuse = datasources._refuse_private
+    refuse = sourcecheck._refuse_private
 
     def only_127_0_0_2(host: str, address: str) -> None:
         if address == "127.0.0.2":
             refuse(host, address)
 
-    monkeypatch.setattr(datasources, "_refuse_private", only_127_0_0_2)
+    monkeypatch.setattr(sourcecheck, "_refuse_private", only_127_0_0_2)
     origin.files["/f"] = b"data"
     fs, _ = datasources._filesystem(f"{origin.url}/f", {}, guard=True)
 

@@ -10,7 +10,9 @@
 :mod:`.storage`       checkpoint storage: a directory or any fsspec URL; the digest algorithms
 :mod:`.envcache`      the cache of job environments on one node (ready, in use, LRU removal)
 :mod:`.datasources`   where a dataset version's files come from: URLs checked, listed, hashed, read
+:mod:`.sourcecheck`  a dataset source as a request gives it: URL, host, storage options checked
 :mod:`.datacache`     a node's cache of staged dataset versions (by content digest, read-only trees)
+:mod:`.cachefiles`   the datacache's file operations: flocks, no-follow directories, hard links
 :mod:`.durable`       fsync of files and directories
 :mod:`.hardening`     non-dumpable processes, the child subreaper, the private umask, secrets
 :mod:`.nvml`          NVIDIA's management library, once: a node's GPUs and each GPU's values

@@ -22,7 +22,7 @@ staging one version at once build it once. ``<algorithm>.<hex>`` is held exclusi
 object is checked, fetched and linked into the view being built: a file is fetched once per node
 even by two versions staged at once, and prune drops an object only under it, only while no view
 links it (``st_nlink`` 1). A lock file is unlinked only by the holder of its exclusive lock, and
-:func:`_flock` takes again one replaced meanwhile, so ``.locks`` does not grow with the objects.
+:func:`~trainhouse.jobfs.cachefiles.flock` takes again one replaced meanwhile, so ``.locks`` does not grow with the objects.
 
 A ``.tmp`` entry is named after the lock its owner holds (``<lock>~<random>``): one whose lock is
 free, left by a killed process, is removed at the next build. No symlink in the cache is ever
@@ -38,10 +38,9 @@ import hashlib
 import os
 import re
 import secrets
-import shutil
 import stat
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from contextlib import AbstractContextManager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -49,6 +48,20 @@ from typing import Any, BinaryIO
 
 from trainhouse.core.datasets import FileEntry, Manifest
 from trainhouse.core.errors import StagingError
+from trainhouse.jobfs.cachefiles import (
+    Tree,
+    entries,
+    flock,
+    fsync_dir,
+    link,
+    locked,
+    make_dir,
+    mtime,
+    remove_entry,
+    reusable,
+    touch,
+    unlink,
+)
 
 __all__ = ["RETRY_DELAYS", "CachedView", "DataCache", "Fetch", "Staged"]
 
@@ -144,17 +157,17 @@ class DataCache:
         digest = manifest.digest
         self._layout()
         bar = _Progress(manifest.size, progress)
-        use = _flock(self._locks / f"view.{digest}.use", fcntl.LOCK_SH)
+        use = flock(self._locks / f"view.{digest}.use", fcntl.LOCK_SH)
         assert use is not None  # a lock waited for
         try:
             fetched, reused = 0, len(manifest.files)
             if not self.is_ready(digest):
-                with _locked(self._locks / f"view.{digest}.build", fcntl.LOCK_EX, drop=True):
+                with locked(self._locks / f"view.{digest}.build", fcntl.LOCK_EX, drop=True):
                     if not self.is_ready(digest):
                         fetched, reused = self._build(manifest, fetch, bar, out)
             bar.done = manifest.size
             bar.finish()
-            _touch(self._used / digest)
+            touch(self._used / digest)
         except BaseException:
             os.close(use)
             raise
@@ -189,14 +202,14 @@ class DataCache:
     def _layout(self) -> None:
         self.root.mkdir(parents=True, exist_ok=True)
         for path in (self._objects, self._views, self._ready, self._used, self._locks, self._tmp):
-            _dir(path)
+            make_dir(path)
 
     def _object(self, key: str, made: set[str]) -> Path:
         algorithm, _, hexdigest = key.partition(":")
         shard = self._objects / algorithm / hexdigest[:2]
         if algorithm + hexdigest[:2] not in made:
-            _dir(shard.parent)
-            _dir(shard)
+            make_dir(shard.parent)
+            make_dir(shard)
             made.add(algorithm + hexdigest[:2])
         return shard / hexdigest
 
@@ -207,32 +220,32 @@ class DataCache:
         then marked ready; (bytes fetched, files reused)."""
         digest = manifest.digest
         self._clean_tmp()
-        _unlink(self._ready / digest)
-        _discard(self._views / digest)  # half-built or half-removed: never used
+        unlink(self._ready / digest)
+        remove_entry(self._views / digest)  # half-built or half-removed: never used
         made: set[str] = set()
         self._fit(manifest, made, out)
         view = self._tmp / f"view.{digest}.build~{secrets.token_hex(6)}"
         fetched = reused = 0
         try:
             os.mkdir(view, 0o755)
-            with _Tree(view) as tree:
+            with Tree(view) as tree:
                 for entry in manifest.files:
                     where, name = tree.dir(entry.path)
-                    with _locked(self._locks / _lock_name(entry.key), fcntl.LOCK_EX, drop=True):
+                    with locked(self._locks / _lock_name(entry.key), fcntl.LOCK_EX, drop=True):
                         obj = self._object(entry.key, made)
-                        if _reusable(obj, entry.size, discard=True):
+                        if reusable(obj, entry.size, discard=True):
                             reused += 1
                             bar.add(entry.size)
                         else:
                             fetched += self._download(entry, fetch, obj, bar)
-                        _link(obj, where, name)
+                        link(obj, where, name)
             os.rename(view, self._views / digest)  # the top one still writable: its ".." changes
             os.chmod(self._views / digest, 0o555)
-            _fsync_dir(self._views)
-            _touch(self._ready / digest)
-            _fsync_dir(self._ready)
+            fsync_dir(self._views)
+            touch(self._ready / digest)
+            fsync_dir(self._ready)
         except BaseException as exc:
-            _discard(view)
+            remove_entry(view)
             failure = _failure(f"dataset version {digest[:12]}", exc, self.root)
             if isinstance(exc, OSError) and failure is not None:
                 raise failure from exc
@@ -291,7 +304,7 @@ class DataCache:
                 )
             os.rename(tmp, obj)
         finally:
-            _unlink(tmp)
+            unlink(tmp)
         return size
 
     def _fit(self, manifest: Manifest, made: set[str], out: Callable[[str], None] | None) -> None:
@@ -299,7 +312,7 @@ class DataCache:
         if not self.max_bytes:
             return
         sizes, limit = {e.key: e.size for e in manifest.files}, self.max_bytes
-        lack = sum(n for key, n in sizes.items() if not _reusable(self._object(key, made), n))
+        lack = sum(n for key, n in sizes.items() if not reusable(self._object(key, made), n))
         if self.total_bytes() + lack <= limit:
             return
         removed, total = self._prune(max(0, limit - lack), set(sizes))
@@ -322,22 +335,22 @@ class DataCache:
                 with contextlib.suppress(OSError):
                     lock, tilde, _ = entry.name.partition("~")
                     if tilde and lock == "trash":
-                        _discard(Path(entry.path))
+                        remove_entry(Path(entry.path))
                     elif tilde and _TMP_LOCK.fullmatch(lock):
-                        with _locked(self._locks / lock, _TRY, drop=True) as fd:
+                        with locked(self._locks / lock, _TRY, drop=True) as fd:
                             if fd is not None:
-                                _discard(Path(entry.path))
+                                remove_entry(Path(entry.path))
                     elif time.time() - entry.stat(follow_symlinks=False).st_mtime > STALE_SECONDS:
-                        _discard(Path(entry.path))
+                        remove_entry(Path(entry.path))
 
     # -- what is in the cache, and removal
 
     def _scan_objects(self) -> dict[int, tuple[Path, str, int]]:
         """Every object by inode: (path, key, size)."""
         found: dict[int, tuple[Path, str, int]] = {}
-        for algorithm in _entries(self._objects, dirs=True):
-            for shard in _entries(Path(algorithm.path), dirs=True):
-                for entry in _entries(Path(shard.path), dirs=False):
+        for algorithm in entries(self._objects, dirs=True):
+            for shard in entries(Path(algorithm.path), dirs=True):
+                for entry in entries(Path(shard.path), dirs=False):
                     with contextlib.suppress(OSError):
                         st = entry.stat(follow_symlinks=False)
                         size = st.st_size if stat.S_ISREG(st.st_mode) else 0
@@ -348,7 +361,7 @@ class DataCache:
     def _scan_views(self) -> list[tuple[CachedView, set[int]]]:
         """Every ready view with the inodes of its files, least recently used first."""
         found = []
-        for entry in _entries(self._views, dirs=True):
+        for entry in entries(self._views, dirs=True):
             digest = entry.name
             if not self.is_ready(digest):
                 continue
@@ -358,8 +371,8 @@ class DataCache:
                     with contextlib.suppress(OSError):
                         st = os.lstat(os.path.join(path, name))
                         inodes[st.st_ino] = st.st_size
-            used = _mtime(self._used / digest) or _mtime(self._ready / digest)
-            with _locked(self._locks / f"view.{digest}.use", _TRY) as fd:
+            used = mtime(self._used / digest) or mtime(self._ready / digest)
+            with locked(self._locks / f"view.{digest}.use", _TRY) as fd:
                 view = CachedView(digest, sum(inodes.values()), used, fd is None)
             found.append((view, set(inodes)))
         return sorted(found, key=lambda f: f[0].last_used)
@@ -374,7 +387,7 @@ class DataCache:
         total = sum(size for _path, _key, size in objects.values())
         if total <= max_bytes:
             return [], total
-        for entry in _entries(self._views, dirs=False):
+        for entry in entries(self._views, dirs=False):
             if not self.is_ready(entry.name):  # left by a killed builder
                 self._remove_view(entry.name)
         total -= self._drop(objects, list(objects), keep)
@@ -394,14 +407,14 @@ class DataCache:
         freed = 0
         for inode in [i for i in inodes if i in objects and objects[i][1] not in keep]:
             path, key, size = objects[inode]
-            with _locked(self._locks / _lock_name(key), _TRY, drop=True) as fd:
+            with locked(self._locks / _lock_name(key), _TRY, drop=True) as fd:
                 if fd is None:  # being fetched or linked
                     continue
                 with contextlib.suppress(FileNotFoundError):
                     st = os.lstat(path)
                     if st.st_ino == inode and stat.S_ISREG(st.st_mode) and st.st_nlink > 1:
                         continue
-                    _discard(path)
+                    remove_entry(path)
                 del objects[inode]
                 freed += size
         return freed
@@ -409,10 +422,10 @@ class DataCache:
     def _remove_view(self, digest: str) -> bool:
         """Remove a view no stage holds (its use lock, exclusive, not waited for); its marker
         first, then the tree moved into ``.tmp`` and deleted."""
-        with _locked(self._locks / f"view.{digest}.use", _TRY, drop=True) as fd:
+        with locked(self._locks / f"view.{digest}.use", _TRY, drop=True) as fd:
             if fd is None:
                 return False
-            _unlink(self._ready / digest)
+            unlink(self._ready / digest)
             view = self._views / digest
             with contextlib.suppress(FileNotFoundError):
                 if stat.S_ISDIR(os.lstat(view).st_mode):
@@ -420,55 +433,13 @@ class DataCache:
                     trash = self._tmp / f"trash~{secrets.token_hex(6)}"
                     os.rename(view, trash)
                     view = trash
-            _discard(view)
-            _unlink(self._used / digest)
+            remove_entry(view)
+            unlink(self._used / digest)
             return True
 
 
 def _lock_name(key: str) -> str:
     return key.replace(":", ".")
-
-
-def _flock(path: Path, how: int) -> int | None:
-    """``path`` opened and flocked (``LOCK_SH`` or ``LOCK_EX``, with ``LOCK_NB`` not waiting):
-    the descriptor, closed to release, or None when another holds it and ``LOCK_NB``. A lock file
-    unlinked meanwhile (by its exclusive holder) is opened and taken again."""
-    while True:
-        try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
-        except OSError as exc:
-            if exc.errno != errno.ELOOP:
-                raise
-            _unlink(path)  # a symlink planted there: no one's lock
-            continue
-        try:
-            fcntl.flock(fd, how)
-            same = os.fstat(fd).st_ino == os.stat(path, follow_symlinks=False).st_ino
-        except BlockingIOError:
-            os.close(fd)
-            return None
-        except FileNotFoundError:
-            same = False
-        except BaseException:
-            os.close(fd)
-            raise
-        if same:
-            return fd
-        os.close(fd)
-
-
-@contextlib.contextmanager
-def _locked(path: Path, how: int, *, drop: bool = False) -> Iterator[int | None]:
-    """:func:`_flock` for a block; ``drop``: the lock file unlinked before it is released (only
-    with ``LOCK_EX``)."""
-    fd = _flock(path, how)
-    try:
-        yield fd
-    finally:
-        if fd is not None:
-            if drop:
-                _unlink(path)
-            os.close(fd)
 
 
 def _failure(where: str, exc: BaseException, root: Path) -> StagingError | None:
@@ -485,149 +456,3 @@ def _failure(where: str, exc: BaseException, root: Path) -> StagingError | None:
     if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
         return StagingError(f"{where}: no space left on the node's dataset cache ({root})")
     return StagingError(f"{where}: {exc}") if isinstance(exc, OSError) else None
-
-
-class _Tree:
-    """The view being built, written through directory descriptors opened without following a
-    symlink, one per level of the current directory: a symlink swapped in fails the build, it
-    never leads a write outside. Files come sorted by path, so a directory's are consecutive:
-    it is sealed (0555) when left; the top one is left writable (for its rename)."""
-
-    def __init__(self, top: Path) -> None:
-        self.fds, self.parts = [os.open(top, _DIR)], list[str]()
-
-    def dir(self, path: str) -> tuple[int, str]:
-        """The directory of ``path`` (made), as a descriptor, and its name in it."""
-        *parts, name = path.split("/")
-        if any(p in ("", ".", "..") for p in (*parts, name)):
-            raise StagingError(f"dataset file {path!r}: refused, its path leaves its version")
-        keep = 0
-        while keep < min(len(parts), len(self.parts)) and parts[keep] == self.parts[keep]:
-            keep += 1
-        self._leave(keep)
-        for part in parts[keep:]:
-            with contextlib.suppress(FileExistsError):
-                os.mkdir(part, 0o755, dir_fd=self.fds[-1])
-            try:
-                self.fds.append(os.open(part, _DIR, dir_fd=self.fds[-1]))
-            except OSError as exc:  # ELOOP: a symlink; ENOTDIR: a file
-                at = "/".join([*self.parts, part])
-                raise StagingError(f"dataset file {path!r}: refused, {at!r} in its view is "
-                                   f"not a directory ({exc.strerror})") from exc  # fmt: skip
-            self.parts.append(part)
-        return self.fds[-1], name
-
-    def _leave(self, depth: int) -> None:
-        while len(self.parts) > depth:
-            self.parts.pop()
-            fd = self.fds.pop()
-            try:
-                os.fchmod(fd, 0o555)
-            finally:
-                os.close(fd)
-
-    def __enter__(self) -> _Tree:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        try:
-            self._leave(0)
-        finally:
-            os.close(self.fds.pop())
-
-
-def _reusable(path: Path, size: int, *, discard: bool = False) -> bool:
-    """An object already published: a regular file (no link followed) of the registered size.
-    ``discard`` (under the object's lock): a wrong one is removed."""
-    try:
-        st = os.lstat(path)
-    except FileNotFoundError:
-        return False
-    if stat.S_ISREG(st.st_mode) and st.st_size == size:
-        return True
-    if discard:
-        _discard(path)
-    return False
-
-
-def _link(obj: Path, where: int, name: str) -> None:
-    """A hard link to the object at ``name`` in the directory ``where``; a copy where the file
-    system refuses one (too many links to one file, ``fs.protected_hardlinks``)."""
-    try:
-        os.link(obj, name, dst_dir_fd=where, follow_symlinks=False)
-    except OSError as exc:
-        if exc.errno not in (errno.EMLINK, errno.EPERM):
-            raise
-        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-        fd = os.open(name, flags, 0o444, dir_fd=where)
-        with open(obj, "rb") as src, os.fdopen(fd, "wb") as dst:
-            shutil.copyfileobj(src, dst, CHUNK)
-
-
-def _entries(path: Path, *, dirs: bool) -> list[os.DirEntry[str]]:
-    """``path``'s entries (``dirs``: only real directories, no symlink followed)."""
-    try:
-        with os.scandir(path) as found:
-            return [e for e in found if not dirs or e.is_dir(follow_symlinks=False)]
-    except OSError:
-        return []
-
-
-def _dir(path: Path) -> None:
-    """``path`` as a real directory: a symlink or a file planted there is removed."""
-    with contextlib.suppress(FileNotFoundError):
-        if stat.S_ISDIR(os.lstat(path).st_mode):
-            return
-        _discard(path)
-    with contextlib.suppress(FileExistsError):
-        os.mkdir(path, 0o755)
-
-
-def _discard(path: Path) -> None:
-    """Remove whatever is at ``path`` without following a symlink; a read-only tree is made
-    writable first."""
-    try:
-        st = os.lstat(path)
-    except FileNotFoundError:
-        return
-    if not stat.S_ISDIR(st.st_mode):
-        _unlink(path)
-        return
-    for sub, _dirs, _files in os.walk(path):  # no symlink followed: real directories only
-        with contextlib.suppress(OSError):
-            os.chmod(sub, 0o755)
-    shutil.rmtree(path, ignore_errors=True)
-
-
-def _unlink(path: Path) -> None:
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(path)
-
-
-def _touch(path: Path) -> None:
-    """Create ``path`` or set its time to now (never through a symlink)."""
-    flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
-    try:
-        fd = os.open(path, flags, 0o644)
-    except OSError:
-        _discard(path)  # a symlink or a directory planted there
-        fd = os.open(path, flags, 0o644)
-    try:
-        now = time.time_ns()
-        os.utime(fd, ns=(now, now))
-    finally:
-        os.close(fd)
-
-
-def _mtime(path: Path) -> float:
-    with contextlib.suppress(OSError):
-        return os.lstat(path).st_mtime
-    return 0.0
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

@@ -3,10 +3,10 @@
 ``trainhouse datasets add NAME SOURCE`` registers a version of ``s3://bucket/prefix``,
 ``gs://``, ``az://``, ``hdfs://``, one ``http(s)://host/file``, or ``file:///shared/dir`` under
 one of the server's dataset roots. The server checks the URL and its storage options
-(:func:`check_source`, :func:`check_options`) and makes the manifest (:func:`manifest_of`); a
-node's cache reads each file through :func:`open_file`. Credentials never come with a request:
-each protocol's library reads them from the process's environment (``AWS_*`` for S3), and an
-option that carries or selects one is refused.
+(:mod:`~trainhouse.jobfs.sourcecheck`, re-exported here) and makes the manifest
+(:func:`manifest_of`); a node's cache reads each file through :func:`open_file`. Credentials
+never come with a request: each protocol's library reads them from the process's environment
+(``AWS_*`` for S3), and an option that carries or selects one is refused.
 
 A URL names a directory (every file under it, recursively, by relative path) or one file (one
 entry, its basename). A file's digest is the store's content MD5 where it gives one, so
@@ -36,11 +36,9 @@ import contextlib
 import errno
 import hashlib
 import io
-import ipaddress
 import os
 import posixpath
 import re
-import socket
 import stat
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -50,6 +48,17 @@ from urllib.parse import quote, unquote, urlsplit
 
 from trainhouse.core.datasets import MAX_FILES, FileEntry, Manifest, check_path
 from trainhouse.core.errors import DatasetError, StagingError
+from trainhouse.jobfs.sourcecheck import (
+    OPTIONS,
+    PROTOCOLS,
+    check_options,
+    check_source,
+    guarded_client,
+    local_path,
+    option_value,
+    protocol_of,
+    within,
+)
 
 __all__ = [
     "OPTIONS",
@@ -63,17 +72,9 @@ __all__ = [
     "open_file",
 ]
 
-PROTOCOLS = ("s3", "gs", "gcs", "az", "abfs", "http", "https", "file", "hdfs")
-_S3, _GS, _AZ = {"endpoint_url", "anon", "requester_pays"}, {"endpoint_url"}, {"account_name"}
-#: the storage options a protocol takes: none carries or selects a credential
-OPTIONS = {"s3": frozenset(_S3), "gs": frozenset(_GS), "gcs": frozenset(_GS),
-           "az": frozenset(_AZ), "abfs": frozenset(_AZ)}  # fmt: skip
-_BOOLEANS = {"anon", "requester_pays"}
 _PACKAGES = {"s3": "s3fs", "gs": "gcsfs", "gcs": "gcsfs", "az": "adlfs", "abfs": "adlfs",
              "hdfs": "pyarrow"}  # fmt: skip
-MAX_URL = 4096
 CHUNK = 1 << 20
-_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 _MD5_ETAG = re.compile(r'^"?([0-9a-fA-F]{32})"?$')
 _HEADS_AT_ONCE, _HEADS_PER_BATCH = 32, 1024
 _FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
@@ -86,7 +87,6 @@ _TRANSIENT_ERRNOS = {errno.ETIMEDOUT, errno.ECONNRESET, errno.ECONNREFUSED, errn
                      errno.ECONNABORTED, errno.EHOSTUNREACH, errno.ENETUNREACH,
                      errno.EREMOTEIO}  # fmt: skip
 
-_CREDENTIALS = "credentials come from the server's environment, never with a request"
 _CHANGED = "it is being written; register the version once it is complete"
 Progress = Callable[[int, int], None]
 
@@ -100,143 +100,6 @@ class SourceFile:
     path: str
     size: int
     checksum: tuple[str, str] | None = None
-
-
-# -- what a request gives ---------------------------------------------------------------------
-
-
-def check_source(url: str, *, file_roots: Sequence[Path] = (), allow_private: bool = False) -> str:
-    """``url`` checked, as the URL to register (a local path as ``file://`` + its real path).
-
-    :class:`DatasetError` for: a protocol not in :data:`PROTOCOLS`; a control character; a user
-    or credentials in the URL; an fsspec chain (``::``); a local path (``file://`` or bare and
-    absolute) whose real path (links resolved) is not inside one of ``file_roots``; an
-    ``http(s)`` host that resolves to a loopback, link-local, private, reserved or unspecified
-    address, unless ``allow_private``."""
-    if not isinstance(url, str) or not url or len(url) > MAX_URL:
-        raise DatasetError(f"a dataset source is a URL of 1 to {MAX_URL} characters")
-    shown = repr(url[:200])
-    protocol = _protocol(url)
-    if _CONTROL.search(url):
-        raise DatasetError(f"dataset source {shown} holds a control character")
-    if protocol not in PROTOCOLS:
-        known = ", ".join(PROTOCOLS)
-        raise DatasetError(f"dataset source {shown}: {protocol!r} is not one of {known}")
-    if "::" in url:
-        raise DatasetError(f"dataset source {shown}: fsspec chains ('::') are refused")
-    if "@" in urlsplit(url).netloc:
-        raise DatasetError(f"dataset source {shown} names a user or credentials: {_CREDENTIALS}")
-    if protocol == "file":
-        real = os.path.realpath(_local_path(url))
-        if not _within(real, file_roots):
-            roots = ", ".join(map(str, file_roots)) or "none: local sources are off"
-            raise DatasetError(
-                f"dataset source {shown} is {real!r}, outside the dataset roots ({roots})"
-            )
-        return "file://" + quote(real)
-    if protocol in ("http", "https"):
-        _check_host(url, allow_private, "dataset source")
-    return url
-
-
-def check_options(
-    url: str, storage_options: Mapping[str, str], *, allow_private: bool = False
-) -> dict[str, str]:
-    """``storage_options`` for ``url``, checked: only the keys :data:`OPTIONS` has for its
-    protocol (no key, secret, token or profile), short strings, booleans as ``true``/``false``,
-    and an ``endpoint_url`` held to the address rule of an HTTP source."""
-    allowed = OPTIONS.get(_protocol(url), frozenset())
-    for key, value in storage_options.items():
-        if key not in allowed:
-            accepted = ", ".join(sorted(allowed)) or "none"
-            raise DatasetError(
-                f"storage option {str(key)[:40]!r} is not one of a {_protocol(url)} source's "
-                f"({accepted}): {_CREDENTIALS}"
-            )
-        if not isinstance(value, str) or len(value) > MAX_URL or _CONTROL.search(value):
-            raise DatasetError(f"storage option {key!r}: the value must be a short string")
-        _option(key, value)
-        if key == "endpoint_url":
-            _check_host(value, allow_private, "endpoint_url")
-    return dict(storage_options)
-
-
-def _protocol(url: str) -> str:
-    return url.split("://", 1)[0].lower() if "://" in url else "file"
-
-
-def _option(key: str, value: str) -> object:
-    if key not in _BOOLEANS:
-        return value
-    if value.lower() not in ("true", "false", "1", "0"):
-        raise DatasetError(f"storage option {key!r} is true or false, not {value[:40]!r}")
-    return value.lower() in ("true", "1")
-
-
-def _local_path(url: str) -> str:
-    if "://" in url:
-        parts = urlsplit(url)
-        if parts.netloc not in ("", "localhost") or parts.query or parts.fragment:
-            raise DatasetError(f"a file:// source names a local path only, not {url[:200]!r}")
-        url = unquote(parts.path)
-    if not os.path.isabs(url):
-        raise DatasetError(f"a local dataset source is an absolute path, not {url[:200]!r}")
-    return url
-
-
-def _within(real: str, roots: Sequence[Path]) -> bool:
-    tops = [os.path.realpath(root).rstrip("/") for root in roots]
-    return any(real == top or real.startswith(top + "/") for top in tops)
-
-
-def _check_host(url: str, allow_private: bool, what: str) -> None:
-    parts = urlsplit(url)
-    try:
-        host, port = parts.hostname, parts.port
-    except ValueError as exc:
-        raise DatasetError(f"{what} {url[:200]!r}: {exc}") from None
-    if parts.scheme.lower() not in ("http", "https") or not host:
-        raise DatasetError(f"{what} {url[:200]!r} is not an http(s) URL with a host")
-    if allow_private:
-        return
-    try:
-        found = socket.getaddrinfo(host, port or 443, type=socket.SOCK_STREAM)
-    except (OSError, UnicodeError) as exc:
-        raise DatasetError(f"{what} {url[:200]!r}: {host!r} does not resolve ({exc})") from None
-    for *_, address in found:
-        _refuse_private(host, str(address[0]))
-
-
-def _refuse_private(host: str, address: str) -> None:
-    ip = ipaddress.ip_address(address.split("%", 1)[0])
-    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
-        ip = ip.ipv4_mapped
-    if not ip.is_global or ip.is_multicast:
-        raise DatasetError(
-            f"host {host!r} is {ip}, a loopback, link-local, private or reserved address: the "
-            "server reads no address of its own network unless it allows private sources"
-        )
-
-
-async def _guarded_client(**kwargs: Any) -> Any:
-    """fsspec's ``get_client``: an aiohttp session that refuses private addresses at every
-    request of a redirect chain: names in its resolver, literal addresses in a middleware."""
-    import aiohttp
-
-    class Resolver(aiohttp.ThreadedResolver):
-        async def resolve(self, host: str, port: int = 0, family: Any = socket.AF_INET) -> Any:
-            found = await super().resolve(host, port, family)
-            for item in found:
-                _refuse_private(host, item["host"])
-            return found
-
-    async def literal_hosts(request: Any, handler: Any) -> Any:
-        with contextlib.suppress(ValueError):  # only an address parses: names are resolved
-            _refuse_private(request.url.host or "", request.url.host or "")
-        return await handler(request)
-
-    connector = aiohttp.TCPConnector(resolver=Resolver())
-    return aiohttp.ClientSession(connector=connector, middlewares=(literal_hosts,), **kwargs)
 
 
 # -- sources ----------------------------------------------------------------------------------
@@ -288,12 +151,12 @@ class _Local(_Source):
 
     def __init__(self, url: str, roots: Sequence[Path] | None = None) -> None:
         super().__init__(url)
-        path = _local_path(url)
+        path = local_path(url)
         if not stat.S_ISDIR(os.stat(path).st_mode):
             path, self.single = os.path.split(path.rstrip("/"))
         self.fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         with contextlib.suppress(FileNotFoundError):  # no /proc: check_source's check stands
-            if roots is not None and not _within(os.readlink(f"/proc/self/fd/{self.fd}"), roots):
+            if roots is not None and not within(os.readlink(f"/proc/self/fd/{self.fd}"), roots):
                 self.__exit__()
                 raise DatasetError(f"{url} moved outside the dataset roots")
 
@@ -359,7 +222,7 @@ class _Fsspec(_Source):
 
     def __init__(self, url: str, options: Mapping[str, str], *, guard: bool = False) -> None:
         super().__init__(url)
-        self.protocol = _protocol(url)
+        self.protocol = protocol_of(url)
         self.fs, path = _filesystem(url, options, guard=guard)
         self.path = str(path).rstrip("/")
         if self.protocol in ("http", "https"):
@@ -378,7 +241,7 @@ class _Fsspec(_Source):
         found: list[SourceFile] = []
         for _, _, files in self.fs.walk(self.path, detail=True):  # a directory at a time
             for info in files.values():
-                name = str(type(self.fs)._strip_protocol(info["name"]))
+                name = str(type(self.fs)._stripprotocol_of(info["name"]))
                 if not name.startswith(self.path + "/"):
                     raise DatasetError(f"{self.url}: the store lists {name!r} under it")
                 found.append(self._file(name.removeprefix(self.path + "/"), info))
@@ -466,10 +329,10 @@ def _filesystem(url: str, options: Mapping[str, str], *, guard: bool = False) ->
     """fsspec's filesystem and path for ``url`` (the URL's own settings too: HDFS's host)."""
     from fsspec.core import url_to_fs
 
-    protocol = _protocol(url)
-    kwargs: dict[str, Any] = {key: _option(key, value) for key, value in options.items()}
+    protocol = protocol_of(url)
+    kwargs: dict[str, Any] = {key: option_value(key, value) for key, value in options.items()}
     if guard and protocol in ("http", "https"):
-        kwargs["get_client"] = _guarded_client
+        kwargs["get_client"] = guarded_client
     try:
         return cast(tuple[Any, str], url_to_fs(url, use_listings_cache=False, **kwargs))
     except ImportError:
@@ -478,7 +341,7 @@ def _filesystem(url: str, options: Mapping[str, str], *, guard: bool = False) ->
 
 
 def _source(url: str, options: Mapping[str, str], **how: Any) -> _Source:
-    if _protocol(url) == "file":
+    if protocol_of(url) == "file":
         return _Local(url, how.get("roots"))
     return _Fsspec(url, options, guard=how.get("guard", False))
 
