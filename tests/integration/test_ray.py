@@ -5,12 +5,17 @@ The cluster is ``ray.cluster_utils.Cluster`` with small object stores, no dashbo
 and auth off, fast node-death detection, and its own short temp dir (``RAY_TMPDIR``, so nothing
 lands in the machine's ``/tmp/ray`` and no bare ``ray.init()`` elsewhere can join it). Its
 teardown always runs, and never ``ray stop`` (which would end every Ray process on the machine).
-The trainhouse servers connect to it by address.
+The trainhouse servers connect to it by address. Its nodes and the module's server hold the fake
+AWS credentials of :mod:`tests.support.s3` in their environment (a node's own credentials are
+what staging an ``s3://`` dataset reads), and that server takes datasets on loopback stores
+(``--dataset-allow-private``: moto's server).
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import json
 import os
 import shutil
 import signal
@@ -25,12 +30,14 @@ import pytest
 
 from tests.support.jobs import write_job
 from tests.support.processes import marked_processes
+from tests.support.s3 import CREDENTIALS, MotoS3, fsspec_io, moto_s3
 from tests.support.servers import Server, assert_clean_stop, start_server
 from tests.support.wheels import write_wheel
 from trainhouse.executors.ray.node import interface_of
 
 # one Ray cluster for the module: under pytest-xdist its tests stay on one worker
 pytestmark = [pytest.mark.ray, pytest.mark.xdist_group("ray-cluster")]
+__all__ = ["fsspec_io", "moto_s3"]  # fixtures of tests.support.s3
 
 OBJECT_STORE = 80 * 1024 * 1024
 FAST_DEATH = {  # a removed node is declared dead in about 1.5 s (Ray's default: 15 s or more)
@@ -45,6 +52,8 @@ RAY_ENV = {
     "RAY_AUTH_MODE": "disabled",
     "RAY_DEDUP_LOGS": "0",
 }
+# AWS_* variables a developer's shell may hold that would point s3fs elsewhere
+AWS_UNSET = ("AWS_PROFILE", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_CONFIG_FILE")
 
 # a job that is not in the repo: DDP over gloo, resumable, saying where each rank runs
 DDP_SCRIPT = """
@@ -157,6 +166,12 @@ def ray_cluster() -> Iterator[RayCluster]:
         mp.setenv("RAY_TMPDIR", str(tmp))
         for key, value in RAY_ENV.items():
             mp.setenv(key, value)
+        # the nodes' own credentials (fake: moto takes any), inherited by every raylet and so
+        # by the node agents and the supervisors that stage s3:// datasets; and by the server
+        for key, value in CREDENTIALS.items():
+            mp.setenv(key, value)
+        for key in AWS_UNSET:
+            mp.delenv(key, raising=False)
         cluster: RayCluster | None = None
         try:
             cluster = RayCluster(tmp)
@@ -182,24 +197,44 @@ def ray_server(home: Path, cluster: RayCluster, *extra: str, port: int | None = 
     )
 
 
+def node_base() -> Path:
+    """The nodes' directory (``--ray-node-dir``'s default): on one machine, every node's."""
+    return Path(tempfile.gettempdir()) / "trainhouse-ray"
+
+
+def remove_tree(path: Path) -> None:
+    """``shutil.rmtree`` of a tree with read-only directories (a dataset cache's views)."""
+    for sub, _dirs, _files in os.walk(path):  # no symlink followed
+        with contextlib.suppress(OSError):
+            os.chmod(sub, 0o755)
+    shutil.rmtree(path, ignore_errors=True)
+
+
 @pytest.fixture(autouse=True)
 def node_caches() -> Iterator[None]:
     """A Ray node keeps its jobs' compilers' caches in ``caches/`` of its directory (by default
-    ``$TMPDIR/trainhouse-ray``) across attempts, on purpose, and the jobs' environments in
-    ``envs/``; everything else there goes with each attempt. The test leaves none behind."""
+    ``$TMPDIR/trainhouse-ray``) across attempts, on purpose, the jobs' environments in
+    ``envs/`` and the staged dataset versions in ``datacache/``; everything else there goes
+    with each attempt. The test leaves none behind."""
     yield
-    base = Path(tempfile.gettempdir()) / "trainhouse-ray"
+    base = node_base()
     deadline = time.monotonic() + 15
-    while base.exists() and set(os.listdir(base)) - {"caches", "envs"}:
+    while base.exists() and set(os.listdir(base)) - {"caches", "envs", "datacache"}:
         assert time.monotonic() < deadline, f"attempts left {sorted(os.listdir(base))} behind"
         time.sleep(0.2)
-    shutil.rmtree(base, ignore_errors=True)
+    remove_tree(base)
 
 
 @pytest.fixture(scope="module")
 def server(ray_cluster: RayCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     root = tmp_path_factory.mktemp("ray-server")
-    srv = ray_server(root / "home", ray_cluster, "--checkpoint-url", str(root / "ckpt"))
+    srv = ray_server(
+        root / "home",
+        ray_cluster,
+        "--checkpoint-url",
+        str(root / "ckpt"),
+        "--dataset-allow-private",  # moto's S3 server is on loopback
+    )
     try:
         yield srv
     finally:
@@ -348,6 +383,165 @@ def test_a_restarted_server_reattaches(ray_cluster: RayCluster, tmp_path: Path) 
         wait_gone("processes of the job", marked_processes)
     finally:
         assert_clean_stop(srv)
+
+
+# a job that reads every file of every version it pins and checks its bytes against hparams
+DATA_SCRIPT = """
+import hashlib
+import os
+import stat
+
+import trainhouse
+
+with trainhouse.init() as run:
+    expected = run.hparams["expected"]
+    seen = {}
+    for key, root in sorted(run.datasets.items()):
+        assert os.environ["TRAINHOUSE_DATASET_" + key.upper()] == str(root)
+        for path in sorted(root.rglob("*")):
+            if path.is_file():
+                assert stat.S_IMODE(path.lstat().st_mode) == 0o444, path
+                rel = key + "/" + path.relative_to(root).as_posix()
+                seen[rel] = hashlib.sha256(path.read_bytes()).hexdigest()
+    assert seen == expected, (seen, expected)
+    print(
+        f"rank {run.rank} node {os.environ['GROUP_RANK']} checked {len(seen)} files "
+        f"of {run.datasets['train']}",
+        flush=True,
+    )
+    run.log({"files": len(seen)}, step=0)
+"""
+
+
+def data_spec(datasets: dict[str, str], expected: dict[str, str]) -> str:
+    spec = {
+        "name": "ray-data",
+        "entrypoint": "python train.py",
+        "resources": {"nodes": 2, "procs_per_node": 1, "cpus_per_proc": 1},
+        "max_restarts": 0,
+        "datasets": datasets,
+        "hparams": {"expected": expected},
+    }
+    return json.dumps(spec)  # YAML reads JSON
+
+
+def add_s3(srv: Server, s3: MotoS3, name: str, url: str) -> dict[str, Any]:
+    option = f"endpoint_url={s3.endpoint_url}"
+    added = srv.cli_json("datasets", "add", name, url, "--storage-option", option)
+    return dict(added["version"])
+
+
+def sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def test_two_nodes_stage_each_dataset_once_per_node(
+    server: Server, moto_s3: MotoS3, tmp_path: Path
+) -> None:
+    """A job of two nodes pins an S3 version (each node reads the store with its own
+    credentials) and an uploaded one (each node reads it from the server, with the job's
+    credential); every node's supervisor stages both before its ranks start, and every rank
+    reads exactly the registered bytes. On one machine, as here, the nodes share the node
+    directory and so its dataset cache: one node fetches a version, the other waits for that
+    and finds it cached; the store serves each object once."""
+    s3 = moto_s3
+    bucket = s3.make_bucket("ray-data")
+    objects = {
+        "set/a.bin": os.urandom(300_000),
+        "set/sub/b.bin": os.urandom(70_000),
+        "set/labels.csv": b"label\n1\n2\n",
+    }
+    for key, data in objects.items():
+        s3.put(bucket, key, data)
+    s3_version = add_s3(server, s3, "ray-s3", f"s3://{bucket}/set")
+    assert (s3_version["version"], s3_version["files"]) == (1, 3), s3_version
+    uploaded = {"deep/v.txt": b"validation", "w.bin": os.urandom(50_000)}
+    local = tmp_path / "val"
+    for rel, data in uploaded.items():
+        (local / rel).parent.mkdir(parents=True, exist_ok=True)
+        (local / rel).write_bytes(data)
+    up_version = server.cli_json("datasets", "add", "ray-up", str(local))["version"]
+    assert up_version["source"] is None and up_version["files"] == 2, up_version
+
+    expected = {"train/" + k.removeprefix("set/"): sha(d) for k, d in objects.items()}
+    expected |= {"val/" + rel: sha(d) for rel, d in uploaded.items()}
+    pins = {"train": "ray-s3@1", "val": "ray-up@1"}
+    spec = write_job(tmp_path, DATA_SCRIPT, data_spec(pins, expected))
+    job = server.cli_json("submit", str(spec), "--detach")
+    final = server.wait(job["id"], {"COMPLETED", "FAILED", "CANCELED"}, timeout=120)
+    with server.client as c:
+        launcher = c.logs(job["id"], rank="launcher")[0]
+    assert final["state"] == "COMPLETED", (final["reason"], launcher)
+    (attempt,) = final["attempt_history"]
+    assert attempt["rank_exit_codes"] == {"0": 0, "1": 0}, attempt
+    assert len({p["node"] for p in final["placement"]["nodes"]}) == 2, final["placement"]
+    assert [(p["key"], p["ref"]) for p in final["datasets"]] == sorted(pins.items())
+    assert final["staging"] is not None and "ready in" in final["staging"], final["staging"]
+    assert final["latest_metrics"]["files"] == len(expected)
+    for rank in ("0", "1"):
+        log = server.cli("logs", str(job["id"]), "--rank", rank).stdout
+        assert f"rank {rank} node {rank} checked {len(expected)} files" in log, log
+
+    # each node staged each version once, into the node's cache, and said so
+    cache = node_base() / "datacache"
+    digests = {p["ref"]: p["digest"] for p in final["datasets"]}
+    for ref, files in (("ray-s3@1", len(objects)), ("ray-up@1", len(uploaded))):
+        view = cache / "views" / digests[ref]
+        cached = []
+        for node in (0, 1):
+            lines = [
+                ln
+                for ln in launcher.splitlines()
+                if ln.startswith(f"[node {node}] trainhouse: staging {ref}: ready in ")
+            ]
+            assert len(lines) == 1, (node, ref, launcher)
+            assert lines[0].endswith(f" at {view}"), lines[0]
+            cached.append(int(lines[0].split(" fetched, ")[1].split(" files cached")[0]))
+        # one node fetched every file; the other waited for it and fetched none
+        assert sorted(cached) == [0, files], (ref, launcher)
+        assert (cache / ".ready" / digests[ref]).is_file(), sorted(os.listdir(cache / ".ready"))
+        held = {
+            p.relative_to(view).as_posix(): sha(p.read_bytes())
+            for p in view.rglob("*")
+            if p.is_file()
+        }
+        key = "train" if ref == "ray-s3@1" else "val"
+        assert held == {k.split("/", 1)[1]: v for k, v in expected.items() if k.startswith(key)}
+    # the store served each object once (at most once per node; here one cache for both)
+    for key in objects:
+        assert s3.gets(bucket, key) == 1, (key, s3.get_counts())
+    wait_gone("processes of the job", marked_processes)
+    wait_gone("node agents", agents)
+
+
+def test_a_dataset_that_cannot_be_staged_fails_the_job_with_the_reason(
+    server: Server, moto_s3: MotoS3, tmp_path: Path
+) -> None:
+    """An object changed in the bucket after its version was registered: the nodes that stage
+    it fail, the others are stopped, and the job fails at once (no restart) with the reason the
+    node's log gave (its launcher lines, prefixed ``[node N]``, name the file)."""
+    s3 = moto_s3
+    bucket = s3.make_bucket("ray-changing")
+    s3.put(bucket, "set/one.bin", b"1" * 5000)
+    s3.put(bucket, "set/two.bin", b"2" * 5000)
+    add_s3(server, s3, "ray-changing", f"s3://{bucket}/set")
+    s3.put(bucket, "set/two.bin", b"3" * 5001)  # changed under the registered version
+    spec = write_job(tmp_path, DATA_SCRIPT, data_spec({"train": "ray-changing@1"}, {}))
+    job = server.cli_json("submit", str(spec), "--detach")
+    final = server.wait(job["id"], {"COMPLETED", "FAILED", "CANCELED"}, timeout=120)
+    with server.client as c:
+        launcher = c.logs(job["id"], rank="launcher")[0]
+    assert final["state"] == "FAILED", (final, launcher)
+    # the summary is the cause the node's line gave, without its ``[node N]`` prefix
+    summary = "attempt 1 failed: a dataset could not be staged: dataset file 'two.bin' changed "
+    assert final["reason"].startswith(summary + "since it was registered"), final["reason"]
+    assert final["restarts"] == 0 and final["infra_restarts"] == 0, final
+    assert "[node 0] trainhouse: a dataset could not be staged" in launcher or (
+        "[node 1] trainhouse: a dataset could not be staged" in launcher
+    ), launcher
+    assert "staging failed" in server.cli("show", str(job["id"])).stdout
+    wait_gone("processes of the job", marked_processes)
+    wait_gone("node agents", agents)
 
 
 def test_a_lost_node_restarts_the_job_from_its_checkpoint(

@@ -22,7 +22,8 @@ staging one version at once build it once. ``<algorithm>.<hex>`` is held exclusi
 object is checked, fetched and linked into the view being built: a file is fetched once per node
 even by two versions staged at once, and prune drops an object only under it, only while no view
 links it (``st_nlink`` 1). A lock file is unlinked only by the holder of its exclusive lock, and
-:func:`~trainhouse.jobfs.cachefiles.flock` takes again one replaced meanwhile, so ``.locks`` does not grow with the objects.
+:func:`~trainhouse.jobfs.cachefiles.flock` takes again one replaced meanwhile, so ``.locks``
+does not grow with the objects.
 
 A ``.tmp`` entry is named after the lock its owner holds (``<lock>~<random>``): one whose lock is
 free, left by a killed process, is removed at the next build. No symlink in the cache is ever

@@ -162,7 +162,7 @@ export function datasetPage(view, name, selected) {
     document.title = `${name} · datasets · trainhouse`;
     const d = data.dataset;
     owner.textContent = `owner ${d.owner} · ${d.versions} version${d.versions === 1 ? "" : "s"}`;
-    usedBy.replaceChildren("Jobs that pinned a version: ", jobLinks(data.jobs, "dataset-job"));
+    usedBy.replaceChildren("Jobs that pinned a version: ", h("span", {}, jobLinks(data.jobs, "dataset-job")));
     // redrawn only when something changed: a confirmation stays open
     const key = JSON.stringify([d, newest, jobs, me]);
     if (key !== lastRows) {
