@@ -1,7 +1,8 @@
 """Datasets end to end: a real server, real torchrun ranks, S3 over its real protocol (moto's
 server mode, read by s3fs) and an uploaded directory. Jobs read exactly the bytes their pinned
 version holds, each node fetches each object once however many jobs and ranks start at once,
-and a file changed after registration fails the job with a reason naming it."""
+and a file changed after registration fails the job with a reason naming it. And checkpoints
+in the same S3 (``--checkpoint-url s3://...``) through a SIGKILLed rank."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.jobs import RESUMABLE, rank_process, write_job
 from tests.support.s3 import MotoS3, fsspec_io, running_moto_s3
 from tests.support.servers import Server, assert_clean_stop, start_server
 
@@ -190,3 +192,48 @@ def test_a_restart_reads_the_same_version_from_the_nodes_cache(
     launcher = server.cli("logs", str(job_id), "--rank", "launcher").stdout
     assert launcher.count("trainhouse: staging small@2: ready") == 2, launcher
     assert "0.0 MB fetched, 1 files cached" in launcher  # the restart fetched nothing
+
+
+def test_checkpoints_in_s3_survive_a_killed_rank(
+    s3: MotoS3, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The checkpoint storage's claim ("any fsspec URL") over S3's real protocol: a job's
+    checkpoints go to the bucket, a SIGKILLed rank's job restarts from the newest one there,
+    and every step is stored once."""
+    bucket = s3.make_bucket("checkpoints")
+    # botocore reads the endpoint from the environment: the server and the ranks inherit it
+    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", s3.endpoint_url)
+    srv = start_server(tmp_path / "home", "--cpus", "4", "--checkpoint-url", f"s3://{bucket}/runs")
+    try:
+        spec = write_job(
+            tmp_path,
+            RESUMABLE,
+            "name: s3-checkpoints\nentrypoint: python train.py\n"
+            "resources: {procs_per_node: 2}\nhparams: {steps: 30}\n",
+        )
+        job_id = srv.cli_json("submit", str(spec), "--detach")["id"]
+        srv.wait_step(job_id, 12, timeout=180)
+        rank = rank_process(job_id, 1)
+        assert rank is not None
+        rank.kill()
+        done = srv.wait(job_id, {"COMPLETED", "FAILED"})
+        assert done["state"] == "COMPLETED", done["reason"]
+        assert done["infra_restarts"] == 1 and done["restarts"] == 0
+        log = srv.cli("logs", str(job_id), "--rank", "0").stdout
+        resumed = [int(line.rsplit(" ", 1)[1]) for line in log.splitlines() if "starts at" in line]
+        assert resumed[0] == 0 and resumed[1] >= 11, log  # from a checkpoint in the bucket
+        listed = srv.cli_json("checkpoints", str(job_id))
+        assert listed["directory"].startswith(f"s3://{bucket}/runs/")
+        assert max(c["step"] for c in listed["checkpoints"]) == 25  # one every 5 steps
+        keys = [
+            o["Key"]
+            for page in s3.client.get_paginator("list_objects_v2").paginate(
+                Bucket=bucket, Prefix="runs/"
+            )
+            for o in page.get("Contents", [])
+        ]
+        assert any("step" in k for k in keys), keys
+        points = srv.cli_json("metrics", str(job_id))["series"][0]["points"]
+        assert [p[0] for p in points] == list(range(30))  # every step exactly once
+    finally:
+        assert_clean_stop(srv)

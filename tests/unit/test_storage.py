@@ -10,6 +10,7 @@ from pathlib import Path
 import fsspec
 import pytest
 
+from tests.support.s3 import MotoS3, fsspec_io, moto_s3
 from trainhouse.errors import CheckpointError
 from trainhouse.jobfs.storage import (
     FsspecStorage,
@@ -42,6 +43,9 @@ def storage(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Storage]
 
 def sha(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
+
+
+__all__ = ["fsspec_io", "moto_s3"]  # the S3 fixtures of tests.support.s3
 
 
 def test_open_storage_picks_the_implementation(tmp_path: Path) -> None:
@@ -190,3 +194,25 @@ def test_local_details(tmp_path: Path) -> None:
     mem = open_storage("memory://x")
     assert mem.free_bytes() is None and mem.local_path("a") is None
     assert mem.location("a") == "memory:///x/a"
+
+
+def test_an_object_another_process_wrote_is_seen_on_s3(
+    moto_s3: MotoS3, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The server's storage lists a job's checkpoints (retention, the end-of-attempt sweep)
+    while the job's own process writes new ones: a listing cached by the server's s3fs made a
+    new object look missing (its registration refused; a checkpoint lost from the record)."""
+    import s3fs
+
+    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", moto_s3.endpoint_url)  # as the server is told
+    bucket = moto_s3.make_bucket("checkpoints")
+    storage = open_storage(f"s3://{bucket}/runs/1")
+    moto_s3.put(bucket, "runs/1/step-000000001.pt", b"one")
+    assert storage.list() == ["step-000000001.pt"]
+    writer = s3fs.S3FileSystem(
+        skip_instance_cache=True, client_kwargs={"endpoint_url": moto_s3.endpoint_url}
+    )
+    writer.pipe(f"{bucket}/runs/1/step-000000002.pt", b"two")  # the job's process
+    assert storage.exists("step-000000002.pt")
+    assert storage.size("step-000000002.pt") == 3
+    assert storage.list() == ["step-000000001.pt", "step-000000002.pt"]

@@ -426,6 +426,9 @@ class FsspecStorage(Storage):
         import fsspec
 
         self.url = url.rstrip("/") or url
+        # no cached listings: the job's own processes write here while the server reads (a
+        # listing s3fs cached made a checkpoint written since look missing to the server)
+        options.setdefault("use_listings_cache", False)
         fs, path = fsspec.core.url_to_fs(url, **options)
         self.fs = fs
         self.root = str(path).rstrip("/")
