@@ -42,6 +42,18 @@ def _waiting(job: Job) -> str:
     return f" ({reason[:90]}...)" if len(reason) > 90 else f" ({reason})"
 
 
+def _starting(job: JobDetail) -> str:
+    """What a running job does before its first step: staging its datasets (with its
+    percentage), setting up its environment."""
+    if job["state"] != "RUNNING" or job.get("last_step") is not None:
+        return ""
+    staging = job.get("staging") or ""
+    if staging and ": ready in" not in staging:
+        return f" ({staging})"
+    environment = job.get("environment") or ""
+    return f" ({environment})" if environment.startswith("setting up") else ""
+
+
 class Follower:
     """Polls a job and keeps a progress bar and a line per state change up to date."""
 
@@ -115,7 +127,7 @@ class Follower:
                     completed=done,
                     metric=_headline_metric(job.get("latest_metrics") or {}),
                     rate=f"{rate:.1f} steps/s" if rate else "",
-                    state=state(job["state"]) + _waiting(job),
+                    state=state(job["state"]) + _waiting(job) + _starting(job),
                 )
                 if job["state"] in TERMINAL:
                     return job
