@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -237,3 +238,38 @@ def test_checkpoints_in_s3_survive_a_killed_rank(
         assert [p[0] for p in points] == list(range(30))  # every step exactly once
     finally:
         assert_clean_stop(srv)
+
+
+def test_the_next_jobs_versions_are_staged_while_the_queue_waits(
+    server: Server, tmp_path: Path
+) -> None:
+    data = tmp_path / "ahead"
+    data.mkdir()
+    (data / "big.bin").write_bytes(os.urandom(200_000))
+    version = server.cli_json("datasets", "add", "ahead", str(data))["version"]
+    blocker = tmp_path / "blocker"
+    blocker.mkdir()
+    (blocker / "train.py").write_text("import time\ntime.sleep(120)\n")
+    (blocker / "job.yaml").write_text(
+        "name: blocker\nentrypoint: python train.py\nresources: {procs_per_node: 4}\n"
+    )
+    first = server.cli_json("submit", str(blocker / "job.yaml"), "--detach")["id"]
+    spec = _job(tmp_path, {"d": "ahead"}, {"d/big.bin": _sha((data / "big.bin").read_bytes())})
+    second = server.cli_json("submit", str(spec), "--detach")["id"]
+    with server.client as c:
+        # the second job waits for CPUs; its version reaches the node's cache meanwhile
+        deadline = time.monotonic() + 60
+        while True:
+            cached = {r for v in c.dataset_cache()["versions"] for r in v["refs"]}
+            if "ahead@1" in cached:
+                break
+            assert time.monotonic() < deadline, "the queued job's version was never staged"
+            assert c.job(second)["state"] == "QUEUED"
+            time.sleep(0.3)
+        assert c.job(second)["state"] == "QUEUED"
+        c.cancel(first)
+        done = c.wait(second, timeout=180)
+    assert done["state"] == "COMPLETED", done["reason"]
+    launcher = server.cli("logs", str(second), "--rank", "launcher").stdout
+    assert "0.0 MB fetched, 1 files cached" in launcher, launcher
+    assert version["size"] == 200_000

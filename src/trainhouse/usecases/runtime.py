@@ -22,6 +22,7 @@ from trainhouse.ingest.checkpoints import Checkpoints
 from trainhouse.ingest.datasetfiles import DatasetFiles
 from trainhouse.ingest.groupcommit import ReportWriter
 from trainhouse.ingest.logretention import LogRetention
+from trainhouse.ingest.prefetch import DatasetPrefetch
 from trainhouse.ingest.savedmodels import SavedModels
 from trainhouse.ingest.tensorboard import TensorBoardImport
 from trainhouse.jobfs.layout import JobLayout
@@ -103,6 +104,7 @@ class Runtime:
     dataset_files: DatasetFiles  # the server's dataset storage: manifests, uploaded files
     streams: StreamSlots = field(default_factory=StreamSlots)  # open log streams
     tensorboard: TensorBoardImport | None = None  # event files imported as metrics
+    prefetch: DatasetPrefetch | None = None  # the next jobs' datasets staged ahead
     _started: list[BackgroundLoop] = field(default_factory=list, init=False, repr=False)
 
     @property
@@ -111,7 +113,8 @@ class Runtime:
         retention before the scheduler, whose last exits register checkpoints; searches after
         the scheduler, which starts their trials."""
         found = [self.checkpoints, self.scheduler, self.tune, self.monitor, self.log_retention]
-        return found + ([self.tensorboard] if self.tensorboard is not None else [])
+        found += [self.tensorboard] if self.tensorboard is not None else []
+        return found + ([self.prefetch] if self.prefetch is not None else [])
 
     def files(self, job_id: int) -> JobLayout:
         return JobLayout(self.settings.home, job_id)
@@ -240,6 +243,16 @@ def build_runtime(settings: Settings, executor: Executor | None = None) -> Runti
 
     loop.on_attempt_end = attempt_ended
     loop.dataset_cache_bytes = settings.dataset_cache_bytes
+    dataset_files = DatasetFiles(settings.datasets_home)
+    prefetch = DatasetPrefetch(
+        store,
+        dataset_files,
+        settings.dataset_cache,
+        settings.dataset_cache_bytes,
+        # the local executor's attempts stage into this machine's cache; a Ray job's nodes
+        # are known once it is placed
+        enabled=executor.name == "local",
+    )
     return Runtime(
         settings,
         store,
@@ -254,8 +267,9 @@ def build_runtime(settings: Settings, executor: Executor | None = None) -> Runti
         tune,
         SavedModels(store, checkpoints),
         ReplicaHub(store, telemetry.registry),
-        DatasetFiles(settings.datasets_home),
+        dataset_files,
         tensorboard=tensorboard,
+        prefetch=prefetch,
     )
 
 
