@@ -253,6 +253,22 @@ class DatasetRepo:
                 found.setdefault(str(digest), []).append(f"{name}@{version}")
         return found
 
+    def users_by_version(self, name: str, *, limit: int = 200) -> dict[int, IdList]:
+        """The jobs that pinned each version of ``name``, newest first (``limit`` each)."""
+        query = (
+            select(t.job_datasets.c.version, t.job_datasets.c.job_id)
+            .where(t.job_datasets.c.name == name)
+            .distinct()
+            .order_by(t.job_datasets.c.version, t.job_datasets.c.job_id.desc())
+        )
+        found: dict[int, IdList] = {}
+        with self.db.connect() as conn:
+            for version, job_id in conn.execute(query):
+                jobs = found.setdefault(int(version), [])
+                if len(jobs) < limit:
+                    jobs.append(int(job_id))
+        return found
+
     def users(self, name: str, version: int | None = None, *, limit: int = 200) -> IdList:
         """The jobs that pinned ``name`` (or ``name@version``), newest first."""
         query = select(t.job_datasets.c.job_id).where(t.job_datasets.c.name == name)

@@ -163,6 +163,11 @@ def version(rt: Runtime, name: str, number: int | None) -> DatasetVersion:
     return rt.store.datasets.version(name, number)
 
 
+def users_by_version(rt: Runtime, name: str) -> dict[int, list[int]]:
+    """The jobs that pinned each version of ``name``, newest first."""
+    return rt.store.datasets.users_by_version(name)
+
+
 def users(rt: Runtime, name: str, number: int | None = None) -> list[int]:
     """The jobs that pinned ``name`` (or that version), newest first."""
     return rt.store.datasets.users(name, number)

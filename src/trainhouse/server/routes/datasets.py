@@ -96,9 +96,10 @@ def show(
     name: Name, _p: Principal = Depends(signed_in), rt: Runtime = Depends(runtime)
 ) -> DatasetDetailOut:
     found, versions = datasets.detail(rt, name)
+    used = datasets.users_by_version(rt, name)
     return DatasetDetailOut(
         dataset=DatasetOut(**asdict(found)),
-        versions=[version_out(v) for v in versions],
+        versions=[version_out(v, used.get(v.version)) for v in versions],
         jobs=datasets.users(rt, name),
     )
 

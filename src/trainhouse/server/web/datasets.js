@@ -6,7 +6,6 @@
 import { ApiError, POLL_MS, api, fmtBytes, h, timeCell } from "./core.js";
 
 const MANIFEST_ROWS = 200; // the files a version's page lists (the manifest has them all)
-const VERSION_JOBS = 50; // the newest versions whose jobs the page asks for, one request each
 
 const head = (cols) => h("thead", {}, h("tr", {}, cols.map((c) => h("th", {}, c))));
 export const datasetHref = (name, version) =>
@@ -47,7 +46,7 @@ function jobLinks(ids, testid) {
   return ids.flatMap((id, i) => [i ? ", " : null, h("a", { href: `#/jobs/${id}`, testid }, `#${id}`)]);
 }
 
-function manifestTable(name, m) {
+function manifestTable(m) {
   const shown = m.files.slice(0, MANIFEST_ROWS);
   return [
     h("p", { class: "muted small", testid: "manifest-count" }, `${m.files.length} file${m.files.length === 1 ? "" : "s"}` +
@@ -72,6 +71,7 @@ export function datasetPage(view, name, selected) {
     h("p", { class: "muted" }, "Pick a version to list its files."));
   let me = null;
   let lastRows = "";
+  let drawnAt = 0;
   let manifestFor = null; // the version whose manifest is on the page (a manifest never changes)
 
   async function remove(v) {
@@ -91,8 +91,8 @@ export function datasetPage(view, name, selected) {
 
   const actions = (d, v) => {
     if (!mayRemove(me, d)) return h("td", {});
-    const sure = h("span", { class: "confirm", testid: "version-remove-dialog", hidden: true },
-      `Remove ${v.ref}? Jobs that read it keep its record.`,
+    const sure = h("span", { class: "confirm", testid: "version-remove-dialog", hidden: true,
+      title: "The jobs that read it keep its record" }, `Remove ${v.ref}?`,
       h("button", { class: "danger small", testid: "version-remove-confirm", onclick: () => { sure.hidden = true; remove(v); } }, "Yes, remove it"),
       h("button", { class: "small", testid: "version-remove-abort",
         onclick: () => { sure.hidden = true; btn.hidden = false; } }, "Keep it"));
@@ -128,7 +128,7 @@ export function datasetPage(view, name, selected) {
     if (manifestFor === selected) return;
     const m = await api(`/datasets/${encodeURIComponent(name)}/versions/${encodeURIComponent(selected)}/manifest`);
     manifestFor = selected;
-    files.replaceChildren(...manifestTable(name, m));
+    files.replaceChildren(...manifestTable(m));
   }
 
   const root = h("section", { class: "page dataset" },
@@ -152,21 +152,21 @@ export function datasetPage(view, name, selected) {
       }
       throw err;
     }
-    // each version's jobs (the dataset's answer has them for the dataset as a whole)
+    // each version's jobs come with it
     const newest = [...data.versions].reverse();
-    const jobs = await Promise.all(newest.map((v, i) => (i < VERSION_JOBS
-      ? api(`/datasets/${encodeURIComponent(name)}/versions/${v.version}`).then((found) => found.jobs,
-        (err) => { if (err instanceof ApiError && err.status === 404) return []; throw err; })
-      : Promise.resolve(null))));
+    const jobs = newest.map((v) => v.jobs);
     if (!view.alive) return false;
     document.title = `${name} · datasets · trainhouse`;
     const d = data.dataset;
     owner.textContent = `owner ${d.owner} · ${d.versions} version${d.versions === 1 ? "" : "s"}`;
     usedBy.replaceChildren("Jobs that pinned a version: ", h("span", {}, jobLinks(data.jobs, "dataset-job")));
-    // redrawn only when something changed: a confirmation stays open
+    // redrawn when something changed, or (for the "ago" times) every half minute while no
+    // confirmation is open: an open one stays
     const key = JSON.stringify([d, newest, jobs, me]);
-    if (key !== lastRows) {
+    const asking = rows.querySelector("[data-testid=version-remove-dialog]:not([hidden])");
+    if (key !== lastRows || (!asking && Date.now() - drawnAt > 30000)) {
       lastRows = key;
+      drawnAt = Date.now();
       rows.replaceChildren(...(newest.length ? newest.map((v, i) => versionRow(d, v, jobs[i]))
         : [h("tr", { class: "empty" }, h("td", { colspan: "11" }, "No versions left."))]));
     }
