@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import pytest
 from playwright.sync_api import Locator, Page, expect
 
+from tests.support.dashboard import sign_in
 from tests.support.jobs import rank_process, write_job
 from tests.support.servers import Server, assert_clean_stop, start_server
 from trainhouse.client import Client
@@ -101,13 +102,6 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:
             assert c.wait(holding["id"], timeout=120)["state"] == "CANCELED"
     finally:
         assert_clean_stop(srv)
-
-
-def sign_in(page: Page, srv: Server, token: str, who: str) -> None:
-    page.goto(srv.url + "/")
-    page.get_by_test_id("signin-token").fill(token)
-    page.get_by_test_id("signin-submit").click()
-    expect(page.get_by_test_id("user")).to_contain_text(who)
 
 
 def version_row(page: Page, version: int) -> Locator:

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import pytest
 from playwright.sync_api import Page, expect
 
+from tests.support.dashboard import sign_in
 from tests.support.jobs import write_job
 from tests.support.servers import Server, assert_clean_stop, start_server
 from trainhouse.client import Client, ClientError
@@ -88,13 +89,6 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
             c.wait(stopped["job_id"], timeout=120)
     finally:
         assert_clean_stop(srv)
-
-
-def sign_in(page: Page, srv: Server, token: str, who: str) -> None:
-    page.goto(srv.url + "/")
-    page.get_by_test_id("signin-token").fill(token)
-    page.get_by_test_id("signin-submit").click()
-    expect(page.get_by_test_id("user")).to_contain_text(who)
 
 
 def test_the_services_pages_show_a_service_and_its_traffic_live(served: Served, page: Page) -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 import httpx
-from playwright.sync_api import Page
+from playwright.sync_api import Page, expect
 
 from tests.support.servers import Server
 
@@ -22,3 +22,12 @@ def row_ids(page: Page) -> list[int]:
         "(rows) => rows.map((r) => r.dataset.jobId)"
     )
     return [int(i) for i in ids]
+
+
+def sign_in(page: Page, srv: Server, token: str, who: str) -> None:
+    """Sign in on the dashboard's own form with ``token``; ``who`` is what the page then shows
+    of its user ("admin (admin)")."""
+    page.goto(srv.url + "/")
+    page.get_by_test_id("signin-token").fill(token)
+    page.get_by_test_id("signin-submit").click()
+    expect(page.get_by_test_id("user")).to_contain_text(who)

@@ -184,15 +184,10 @@ class DatasetRepo:
 
     def pins(self, job_id: int) -> PinList:
         """The versions a job reads, by key."""
-        with self.db.connect() as conn:
-            rows = conn.execute(
-                select(t.job_datasets)
-                .where(t.job_datasets.c.job_id == job_id)
-                .order_by(t.job_datasets.c.key)
-            ).mappings()
-            return [Pin(r["key"], r["name"], int(r["version"]), r["digest"]) for r in rows]
+        return self.pins_of([job_id]).get(job_id, [])
 
     def pins_of(self, job_ids: Iterable[int]) -> dict[int, PinList]:
+        """The versions each of ``job_ids`` reads, by key (a job that pins none: absent)."""
         ids = list(job_ids)
         found: dict[int, PinList] = {}
         if not ids:
