@@ -169,6 +169,15 @@ def test_a_file_source_outside_the_roots_is_refused_and_inside_is_listed(tmp_pat
         # a file the server does not hold is read by the nodes, not served
         served = api.get("/api/v1/datasets/s/versions/1/files/r.txt")
         assert served.status_code == 422 and "not from the server" in error_of(served)["message"]
+        # --copy keeps the files in the server's storage: read from there from then on
+        copied = api.post(
+            "/api/v1/datasets/kept/versions", json={"source": f"file://{shared}", "copy": True}
+        )
+        assert copied.status_code == 201, copied.text
+        kept = copied.json()["version"]
+        assert kept["source"] is None and kept["digest"] == v["digest"]
+        (shared / "r.txt").write_bytes(b"changed at the source")
+        assert api.get("/api/v1/datasets/kept/versions/1/files/r.txt").content == b"r"
 
 
 def _tar(members: list[tarfile.TarInfo], data: bytes = b"") -> bytes:

@@ -3,6 +3,7 @@ log says of staging, and the line a followed job shows while it stages."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -10,6 +11,9 @@ import pytest
 from trainhouse.cli.follow import _starting
 from trainhouse.core.datasets import (
     MAX_FILES,
+    STAGING_FAILED_CODE,
+    STAGING_FAILED_LINE,
+    STAGING_RETRY_CODE,
     FileEntry,
     Manifest,
     Pin,
@@ -21,6 +25,11 @@ from trainhouse.core.datasets import (
     staging_phase,
 )
 from trainhouse.core.errors import DatasetError
+from trainhouse.core.lifecycle import FailureKind
+from trainhouse.core.spec import NoRestart
+from trainhouse.executors.base import Exit
+from trainhouse.jobfs.layout import JobLayout
+from trainhouse.scheduler.failures import analyse
 
 SHA = "a" * 64
 
@@ -77,3 +86,26 @@ def test_the_staging_phase_and_the_followed_line() -> None:
     assert _starting(job) == " (staging digits@2: 41% (120 MB of 290 MB))"  # type: ignore[arg-type]
     job["staging"] = "staging digits@2: ready in 1.00 s"
     assert _starting(job) == ""  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("transient", [False, True])
+def test_a_staging_failure_is_the_jobs_or_the_infrastructures(
+    tmp_path: Path, transient: bool
+) -> None:
+    """A version that cannot be read as registered fails the job at once; a timeout or a 5xx
+    (past the node's own retries) is tried again as an infrastructure failure."""
+    files = JobLayout(tmp_path, 1)
+    files.logs.mkdir(parents=True)
+    why = "dataset file 'x.bin' " + ("could not be fetched (tried 3 times)" if transient else
+                                     "changed since it was registered")  # fmt: skip
+    files.log("launcher").write_text(
+        "=== trainhouse: attempt 1 ===\n[node 1] trainhouse: staging d@1: 1 files, 0.1 MB\n"
+        f"[node 1] {STAGING_FAILED_LINE}: {why}\n"
+    )
+    code = STAGING_RETRY_CODE if transient else STAGING_FAILED_CODE
+    failure = analyse(Exit(1, 1, code, {"0": -15}), files, 1, NoRestart())
+    assert failure.summary == f"a dataset could not be staged: {why}"
+    if transient:
+        assert failure.kind is FailureKind.INFRA and failure.permanent is None
+    else:
+        assert failure.kind is FailureKind.USER and failure.permanent
