@@ -7,7 +7,8 @@ queue every few seconds and stages, for the first :data:`AHEAD` queued jobs that
 (in the order the scheduler starts them: priority, then age), every version not in the cache
 yet: from its URL (the server's own credentials) or from the server's dataset storage, each
 file verified as the supervisor's staging does. The supervisor then finds it ready and fetches
-nothing. A failure is logged and left to the attempt, which reports it with its reason.
+nothing. Until then the loop holds each such version in use, so that staging another one cannot
+evict it. A failure is logged and left to the attempt, which reports it with its reason.
 
 On Ray the nodes a job will run on are known only when it is placed; their supervisors stage
 then (this loop is off).
@@ -27,7 +28,7 @@ from trainhouse.core.lifecycle import JobState
 from trainhouse.core.spec import PRIORITY_TIERS
 from trainhouse.ingest.datasetfiles import DatasetFiles
 from trainhouse.jobfs import datasources
-from trainhouse.jobfs.datacache import DataCache
+from trainhouse.jobfs.datacache import DataCache, Staged
 from trainhouse.store import Store
 
 __all__ = ["AHEAD", "DatasetPrefetch"]
@@ -59,6 +60,7 @@ class DatasetPrefetch(BackgroundLoop):
         self.cache = DataCache(cache, cache_bytes)
         self._enabled = enabled
         self._failed: set[str] = set()  # digests that failed: left to the attempts
+        self._held: dict[str, Staged] = {}  # versions staged ahead, held until their job starts
 
     @property
     def enabled(self) -> bool:
@@ -72,24 +74,37 @@ class DatasetPrefetch(BackgroundLoop):
         return [j.id for j in queued if pins.get(j.id)][:AHEAD]
 
     def tick(self) -> int:
-        """Stage what the next jobs pin; how many versions this look staged."""
+        """Stage what the next jobs pin, and hold it in use until they start or leave the
+        queue (no stage of another version evicts it meanwhile); how many versions this look
+        staged."""
         staged = 0
+        wanted: set[str] = set()
         for job_id in self.next_in_line():
             request = self.store.datasets.stage_request(job_id)
             for source in request.sources if request is not None else ():
                 digest = source.pin.digest
-                if digest in self._failed or self.cache.is_ready(digest):
+                wanted.add(digest)
+                if digest in self._failed or digest in self._held:
                     continue
                 try:
                     manifest = self.files.manifest(digest)
                     fetch = self._fetcher(source.url, dict(source.storage_options))
-                    self.cache.stage(manifest, fetch).release()
-                    staged += 1
-                    log.info("staged %s ahead of job %s", source.pin.ref, job_id)
+                    fresh = not self.cache.is_ready(digest)
+                    self._held[digest] = self.cache.stage(manifest, fetch)
+                    if fresh:
+                        staged += 1
+                        log.info("staged %s ahead of job %s", source.pin.ref, job_id)
                 except Exception as exc:  # the attempt stages it again and says why it fails
                     self._failed.add(digest)
                     log.warning("could not stage %s ahead: %s", source.pin.ref, exc)
+        for digest in set(self._held) - wanted:  # started (its attempt holds it) or gone
+            self._held.pop(digest).release()
         return staged
+
+    def on_stop(self) -> None:
+        for held in self._held.values():
+            held.release()
+        self._held.clear()
 
     def _fetcher(
         self, url: str | None, options: dict[str, str]
