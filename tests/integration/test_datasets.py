@@ -136,8 +136,11 @@ def test_jobs_read_their_pinned_versions_and_each_object_is_fetched_once(
     by_ref = {ref: v for v in cached["versions"] for ref in v["refs"]}
     assert by_ref["digits@1"]["size"] == version["size"] and not by_ref["digits@1"]["in_use"]
     assert "val@1" in by_ref and cached["bytes"] >= version["size"] + len(b"validation")
-    runs = server.cli_json("ps", "--all", "--where", 'datasets.train = "digits@1"')
+    runs = server.cli_json(
+        "ps", "--all", "--where", 'datasets.train = "digits@1"', "--columns", "datasets.train"
+    )
     assert sorted(j["id"] for j in runs) == sorted(ids)
+    assert {j["values"]["datasets.train"] for j in runs} == {"digits@1"}
     removed = server.cli("datasets", "rm", "digits@1")
     assert removed.returncode == 0, removed.stderr  # the jobs have ended
 

@@ -104,7 +104,17 @@ def test_a_job_pins_a_version_at_submit_and_removal_waits_for_it(
         users = api.get("/api/v1/datasets/mnist/versions/1").json()["jobs"]
         assert users == [job["id"]]
 
+        # while it stages, the job list says where staging stands (ps shows it)
         wait_launched(api, job["id"])
+        files = services(api).files(job["id"])
+        files.logs.mkdir(parents=True, exist_ok=True)
+        files.log("launcher").write_text(
+            "=== trainhouse: attempt 1 ===\ntrainhouse: staging mnist@1: 1 files, 0.0 MB\n"
+            "trainhouse: staging mnist@1: 41% (0.0 MB of 0.0 MB)\n"
+        )
+        listed = {j["id"]: j for j in api.get("/api/v1/jobs").json()["jobs"]}
+        assert listed[job["id"]]["reason"] == "staging mnist@1: 41% (0.0 MB of 0.0 MB)"
+
         api.post(f"/api/v1/jobs/{job['id']}/cancel")
         services(api).scheduler.executor.end(job["id"], -15)  # type: ignore[attr-defined]
         wait_state(api, job["id"], {"CANCELED"})

@@ -171,7 +171,8 @@ def ps(
         typer.Option(
             "--columns",
             "-c",
-            help="More columns: hparams.<key>, metrics.<series>.<last|min|max>, project, tag",
+            help="More columns: hparams.<key>, metrics.<series>.<last|min|max>, "
+            "datasets.<key>, project, tag",
         ),
     ] = None,
     where: Annotated[
@@ -204,7 +205,8 @@ def ps(
         jobs = c.jobs(
             all=all_,
             where=where,
-            columns=[k for k in chosen if k.startswith(("hparams.", "metrics."))] or None,
+            columns=[k for k in chosen if k.startswith(("hparams.", "metrics.", "datasets."))]
+            or None,
             sort=sort,
             order="asc" if asc else ("desc" if sort else None),
             project=project,
@@ -230,8 +232,9 @@ def ps(
         step = "-" if j["last_step"] is None else str(j["last_step"] + 1)
         if j.get("total_steps"):
             step += f"/{j['total_steps']}"
-        quiet = j["state"] in ("RUNNING", "COMPLETED")
-        note = "" if quiet else (j.get("reason") or "").splitlines()[0]
+        reason = (j.get("reason") or "").splitlines()[0] if j.get("reason") else ""
+        quiet = j["state"] in ("RUNNING", "COMPLETED") and not reason.startswith("staging")
+        note = "" if quiet else reason
         table.add_row(
             str(j["id"]),
             j["name"],

@@ -69,6 +69,17 @@ def state_summary(job: Job) -> str:
     return state.lower()
 
 
+def _staging_now(rt: Runtime | None, job: Job) -> str | None:
+    """Where staging a running job's datasets stands while it stages (None once it is done, or
+    for a job that pins none): read from its launcher's log."""
+    if rt is None or job.state is not JobState.RUNNING or job.last_step is not None:
+        return None
+    if not job.spec_data.get("datasets") or not job.attempts:
+        return None
+    phase = staging_phase(attempt_log(rt.files(job.id), LAUNCHER, job.attempts))
+    return phase if phase is not None and ": ready in" not in phase else None
+
+
 def view(
     rt: Runtime | None,
     job: Job,
@@ -89,6 +100,8 @@ def view(
     live = rt.scheduler.waiting.get(job.id) if rt is not None else None
     if job.state is JobState.QUEUED and live is not None:
         data["reason"] = live  # the scheduler's words, as of its last tick
+    elif (staging := _staging_now(rt, job)) is not None and not summary_only:
+        data["reason"] = staging  # "staging digits@2: 41% (120 of 290 MB)": ps shows it
     elif summary_only:
         data["reason"] = state_summary(job)
     if summary_only:
