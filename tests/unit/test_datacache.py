@@ -437,22 +437,24 @@ def test_symlinks_planted_in_the_cache_are_not_followed(root: Path, tmp_path: Pa
     ],
 )
 def test_a_directory_swapped_for_a_symlink_in_a_view_being_built_leads_nowhere(
-    root: Path, tmp_path: Path, swap: str, says: str
+    root: Path, tmp_path: Path, swap: str, says: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     outside = tmp_path / "outside"
     outside.mkdir()
     files = {"a": b"first", "d/e/f": b"hello"}
+    link = datacache.link
 
-    def plant(e: FileEntry) -> io.BytesIO:  # someone swaps a directory of the view meanwhile
+    def plant(obj: Path, where: int, name: str) -> None:  # someone swaps a view's directory
         built = next((root / ".tmp").glob("view.*"))
-        if (e.path, swap) in (("a", "d"), ("d/e/f", "d/e")):
+        if (name, swap) in (("a", "d"), ("f", "d/e")):
             if (built / swap).exists():
                 (built / swap).rmdir()
             (built / swap).symlink_to(outside, target_is_directory=True)
-        return io.BytesIO(files[e.path])
+        link(obj, where, name)
 
+    monkeypatch.setattr(datacache, "link", plant)  # as the view is built, objects fetched
     with pytest.raises(StagingError) as info:
-        DataCache(root).stage(manifest(files), plant)
+        DataCache(root).stage(manifest(files), lambda e: io.BytesIO(files[e.path]))
     assert says in str(info.value)
     assert list(outside.iterdir()) == [] and list((root / "views").iterdir()) == []
     assert list((root / ".tmp").iterdir()) == []

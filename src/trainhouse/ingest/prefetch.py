@@ -110,7 +110,7 @@ class DatasetPrefetch(BackgroundLoop):
         self, url: str | None, options: dict[str, str]
     ) -> Callable[[FileEntry], contextlib.AbstractContextManager[Any]]:
         if url is not None:
-            return lambda entry: datasources.open_file(url, options, entry.path)
+            return lambda entry: datasources.open_file(url, options, entry.path, entry.size)
 
         @contextlib.contextmanager
         def stored(entry: FileEntry) -> Iterator[IO[bytes]]:

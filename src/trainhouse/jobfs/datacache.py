@@ -40,8 +40,10 @@ import os
 import re
 import secrets
 import stat
+import threading
 import time
 from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from contextlib import AbstractContextManager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -69,6 +71,7 @@ __all__ = ["RETRY_DELAYS", "CachedView", "DataCache", "Fetch", "Staged"]
 #: seconds slept before each new try of a transient failure (a timeout, a dropped connection)
 RETRY_DELAYS: tuple[float, ...] = (0.5, 2.0)
 CHUNK = 1 << 20  # bytes read from a source at once
+FETCHERS = 8  # objects fetched at once (a store's latency overlaps; one file's bytes in order)
 PROGRESS_STEP = 1 << 20  # bytes between two progress reports
 STALE_SECONDS = 3600  # a .tmp entry no lock names is removed past this age
 _TMP_LOCK = re.compile(r"view\.[0-9a-f]{64}\.build|(?:sha256|md5)\.[0-9a-f]{32,64}")
@@ -120,13 +123,19 @@ class _Progress:
 
     def __init__(self, total: int, callback: Callable[[int, int], None] | None) -> None:
         self.total, self.callback, self.done, self._shown = total, callback, 0, -1
+        self._lock = threading.Lock()  # the fetchers add from their threads
 
     def add(self, n: int) -> None:
-        self.done += n
-        if self.done - self._shown >= PROGRESS_STEP:
-            self.finish()
+        with self._lock:
+            self.done += n
+            if self.done - self._shown >= PROGRESS_STEP:
+                self._report()
 
     def finish(self) -> None:
+        with self._lock:
+            self._report()
+
+    def _report(self) -> None:
         if self.callback is not None and self.done > self._shown:
             self._shown = self.done
             self.callback(self.done, self.total)
@@ -229,15 +238,18 @@ class DataCache:
         fetched = reused = 0
         try:
             os.mkdir(view, 0o755)
+            ahead = self._fetch_ahead(manifest, fetch, bar, made)
+            fetched = sum(ahead.values())
             with Tree(view) as tree:
                 for entry in manifest.files:
                     where, name = tree.dir(entry.path)
                     with locked(self._locks / _lock_name(entry.key), fcntl.LOCK_EX, drop=True):
                         obj = self._object(entry.key, made)
                         if reusable(obj, entry.size, discard=True):
-                            reused += 1
-                            bar.add(entry.size)
-                        else:
+                            if entry.key not in ahead:
+                                reused += 1
+                                bar.add(entry.size)
+                        else:  # dropped since by another stage's room-making: fetched again
                             fetched += self._download(entry, fetch, obj, bar)
                         link(obj, where, name)
             os.rename(view, self._views / digest)  # the top one still writable: its ".." changes
@@ -253,23 +265,64 @@ class DataCache:
             raise
         return fetched, reused
 
+    def _fetch_ahead(
+        self, manifest: Manifest, fetch: Fetch, bar: _Progress, made: set[str]
+    ) -> dict[str, int]:
+        """The objects the version lacks, fetched :data:`FETCHERS` at a time (each under its
+        own lock, as the view's build takes it), before the view is built in path order: a
+        store's latency overlaps; the bytes fetched, by object."""
+        missing: dict[str, FileEntry] = {}
+        for entry in manifest.files:
+            if entry.key not in missing and not reusable(self._object(entry.key, made), entry.size):
+                missing[entry.key] = entry
+        if not missing:
+            return {}
+
+        def one(entry: FileEntry) -> int | None:
+            with locked(self._locks / _lock_name(entry.key), fcntl.LOCK_EX, drop=True):
+                obj = self._object(entry.key, made)
+                if reusable(obj, entry.size, discard=True):
+                    return None  # another process fetched it meanwhile
+                return self._download(entry, fetch, obj, bar)
+
+        fetched: dict[str, int] = {}
+        with ThreadPoolExecutor(min(FETCHERS, len(missing))) as pool:
+            futures = {pool.submit(one, e): key for key, e in missing.items()}
+            try:
+                for future in as_completed(futures):
+                    got = future.result()
+                    if got is not None:
+                        fetched[futures[future]] = got
+            except BaseException:
+                for future in futures:
+                    future.cancel()
+                raise
+        return fetched
+
     def _download(self, entry: FileEntry, fetch: Fetch, obj: Path, bar: _Progress) -> int:
         """:meth:`_fetch`, tried again after each of :data:`RETRY_DELAYS` while it fails
         transiently."""
-        tries, mark = 0, bar.done
+        tries = 0
+        counted = [0]  # this try's bytes
+
+        def add(n: int) -> None:
+            counted[0] += n
+            bar.add(n)
+
         while True:
             tries += 1
+            counted[0] = 0
             try:
-                return self._fetch(entry, fetch, obj, bar)
+                return self._fetch(entry, fetch, obj, add)
             except StagingError as exc:
                 if not exc.transient:
                     raise
                 if tries > len(RETRY_DELAYS):
                     raise StagingError(f"{exc} (tried {tries} times)", transient=True) from exc
-                bar.done = mark
+                bar.add(-counted[0])  # this try's bytes: fetched again
                 time.sleep(RETRY_DELAYS[tries - 1])
 
-    def _fetch(self, entry: FileEntry, fetch: Fetch, obj: Path, bar: _Progress) -> int:
+    def _fetch(self, entry: FileEntry, fetch: Fetch, obj: Path, add: Callable[[int], None]) -> int:
         """One download into ``.tmp`` (at most ``size + 1`` bytes read), hashed while written,
         synced, checked, made read-only and published at ``obj``; its size."""
         tmp = self._tmp / f"{_lock_name(entry.key)}~{secrets.token_hex(6)}"
@@ -286,7 +339,7 @@ class DataCache:
                         sink.write(chunk)
                         hasher.update(chunk)
                         size += len(chunk)
-                        bar.add(len(chunk))
+                        add(len(chunk))
                     sink.flush()
                     os.fsync(sink.fileno())
                     os.fchmod(sink.fileno(), 0o444)

@@ -122,7 +122,9 @@ class _Source:
     def files(self, max_files: int) -> list[SourceFile]:
         raise NotImplementedError
 
-    def open(self, rel: str) -> BinaryIO:
+    def open(self, rel: str, size: int | None = None) -> BinaryIO:
+        """``rel`` open for reading; ``size``, when the manifest knows it, spares a store the
+        request for it (a HEAD per S3 object)."""
         raise NotImplementedError
 
     def entry(self, rel: str, size: Any, checksum: tuple[str, str] | None = None) -> SourceFile:
@@ -195,7 +197,7 @@ class _Local(_Source):
             )
         return self.entry(rel, st.st_size)
 
-    def open(self, rel: str) -> BinaryIO:
+    def open(self, rel: str, size: int | None = None) -> BinaryIO:
         if self.single is not None and rel != self.single:
             raise FileNotFoundError(errno.ENOENT, "not in this source", rel)
         *dirs, name = check_path(rel).split("/")
@@ -299,15 +301,18 @@ class _Fsspec(_Source):
             out.update(zip(chunk, sync(self.fs.loop, batch, chunk), strict=True))
         return out
 
-    def open(self, rel: str) -> BinaryIO:
+    def open(self, rel: str, size: int | None = None) -> BinaryIO:
         check_path(rel)
         if self.protocol in ("http", "https"):
             if rel != self.single:
                 raise FileNotFoundError(errno.ENOENT, "not in this source", rel)
             # one streamed GET; a size given, fsspec sends no HEAD first
             return cast(BinaryIO, self.fs.open(self.url, "rb", block_size=0, size=-1))
+        known = {"size": size} if size is not None and self.protocol in ("s3", "gs", "gcs") else {}
         try:
-            return cast(BinaryIO, self.fs.open(f"{self.path}/{rel}", "rb"))
+            # past the registered size a read gives nothing: a grown object's registered bytes
+            # are still checked against the digest, a shrunk one ends short
+            return cast(BinaryIO, self.fs.open(f"{self.path}/{rel}", "rb", **known))
         except FileNotFoundError:
             if rel != posixpath.basename(self.path):
                 raise
@@ -448,7 +453,9 @@ def list_source(
 
 
 @contextlib.contextmanager
-def open_file(url: str, storage_options: Mapping[str, str], rel: str) -> Iterator[BinaryIO]:
+def open_file(
+    url: str, storage_options: Mapping[str, str], rel: str, size: int | None = None
+) -> Iterator[BinaryIO]:
     """The file ``rel`` of the source ``url`` (as :func:`list_source` names it) open for
     streaming reads; a local one reached through no link. Any error, opening or reading, is a
     :class:`StagingError`: missing, permission refused (not transient), a timeout, a connection
@@ -456,7 +463,7 @@ def open_file(url: str, storage_options: Mapping[str, str], rel: str) -> Iterato
     where = f"dataset file {rel!r} of {url}"
     try:
         with _source(url, storage_options) as src:
-            reader = io.BufferedReader(_Reader(src.open(rel), where), CHUNK)
+            reader = io.BufferedReader(_Reader(src.open(rel, size), where), CHUNK)
     except Exception as exc:
         raise _error(exc, where, True) from exc
     with reader:

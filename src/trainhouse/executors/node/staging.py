@@ -143,7 +143,7 @@ def _fetcher(server: _Server, source: StagedSource) -> Callable[[FileEntry], Any
     url, options = source.url, dict(source.storage_options)
     if url is None:
         return lambda entry: server.open(source, entry)
-    return lambda entry: datasources.open_file(url, options, entry.path)
+    return lambda entry: datasources.open_file(url, options, entry.path, entry.size)
 
 
 def stage(
