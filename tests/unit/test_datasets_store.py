@@ -4,6 +4,8 @@ a version a job that has not ended pins kept from removal."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from trainhouse.core.datasets import Pin
@@ -134,3 +136,24 @@ def test_a_model_a_job_saved_carries_the_versions_it_was_trained_on(store: Store
     store.jobs.transition(job, JobState.CANCELED, reason="test")
     assert store.runs.delete(job)["job_datasets"] == 1
     assert store.models.version("cnn", 1).record["datasets"] == trained_on
+
+
+def test_a_searchs_trials_all_read_the_version_pinned_at_its_submit(
+    store: Store, tmp_path: Path
+) -> None:
+    from trainhouse.spec import parse_spec
+    from trainhouse.tune.runner import SearchRunner
+
+    _add(store, "a", "1" * 64)
+    spec = parse_spec(
+        "name: s\nentrypoint: python train.py\ndatasets: {train: a}\n"
+        "hparams: {lr: {log_uniform: [1.0e-4, 1.0e-1]}}\n"
+        "search: {method: random, metric: loss, max_trials: 2, max_concurrent: 2, seed: 1}\n"
+    )
+    search = store.searches.create(owner="ana", spec=spec, archive_sha256="0" * 64)
+    assert search.spec_data["datasets"] == {"train": "a@1"}
+    _add(store, "a", "2" * 64)  # new data while the search runs: its trials keep a@1
+    SearchRunner(store, db_url=store.url, home=tmp_path, wake_scheduler=lambda: None).tick()
+    trials = [j for j in store.jobs.list() if j.search_id == search.id]
+    assert len(trials) == 2
+    assert all(store.datasets.pins(j.id) == [Pin("train", "a", 1, "1" * 64)] for j in trials)

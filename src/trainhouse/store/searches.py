@@ -20,6 +20,7 @@ from trainhouse.core.errors import NotFound
 from trainhouse.core.records import Search, Trial
 from trainhouse.core.spec import JobSpec
 from trainhouse.store import tables as t
+from trainhouse.store.datasets import resolve_pins
 from trainhouse.store.jobrows import insert_job
 
 if TYPE_CHECKING:
@@ -75,14 +76,20 @@ class SearchRepo:
     # -- searches --------------------------------------------------------------------------
     def create(self, *, owner: str, spec: JobSpec, archive_sha256: str) -> Search:
         now = time.time()
+        stored = spec.model_dump(mode="json")
         with self.db.transaction() as conn:
+            # the versions its trials read, pinned once for all of them: data added while the
+            # search runs never mixes two versions into one search
+            pins = resolve_pins(conn, spec.datasets)
+            if pins:
+                stored["datasets"] = {p.key: p.ref for p in pins}
             search_id = conn.execute(
                 insert(t.searches)
                 .values(
                     name=spec.name,
                     owner=owner,
                     state="RUNNING",
-                    spec=spec.model_dump(mode="json"),
+                    spec=stored,
                     archive_sha256=archive_sha256,
                     # unique across servers sharing nothing but a database
                     study=f"trainhouse-{uuid.uuid4().hex}",
