@@ -9,7 +9,6 @@ behind (the suite's leak check). A new ``bench/*.py`` is picked up by itself, an
 
 from __future__ import annotations
 
-import re
 import subprocess
 import sys
 from pathlib import Path
@@ -49,25 +48,3 @@ def test_benchmark_smoke_mode_runs(script: str, pg_server: str) -> None:
     assert result.returncode == 0, f"bench/{script} --smoke exited {result.returncode}\n{story}"
     assert result.stdout.strip(), f"bench/{script} --smoke printed no report\n{story}"
     assert "Traceback (most recent call last)" not in result.stderr, story
-
-
-def test_datasets_bench_quick_prints_its_four_goals() -> None:
-    """``bench/datasets.py --quick`` (40 MB through moto, one job run per side) prints each goal's
-    ratio with its verdict; which verdict is never asserted (these machines are noisy)."""
-    result = subprocess.run(
-        [sys.executable, str(REPO / "bench" / "datasets.py"), "--quick", "--quiet-wait", "0"],
-        capture_output=True,
-        text=True,
-        timeout=280,
-        cwd=REPO,
-        stdin=subprocess.DEVNULL,
-    )
-    story = f"stdout:\n{result.stdout[-4000:]}\nstderr:\n{result.stderr[-4000:]}"
-    assert result.returncode == 0, f"bench/datasets.py --quick exited {result.returncode}\n{story}"
-    assert "Traceback (most recent call last)" not in result.stderr, story
-    goals = re.findall(
-        r"^goal (\d), [^\n]* = ([-+]?\d+\.\d+)( s)? \([^\n]*\): (PASS|BELOW TARGET)$",
-        result.stdout,
-        re.MULTILINE,
-    )
-    assert [g[0] for g in goals] == ["1", "2", "3", "4"], story

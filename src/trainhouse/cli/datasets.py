@@ -172,9 +172,7 @@ def cache(as_json: Json = False, url: Url = None) -> None:
         print_json(found)
         return
     limit = "no limit" if not found["limit"] else f"limit {_size(found['limit'])}"
-    console.print(
-        f"{found['node']}: {_size(found['bytes'])} in {found['path']} ({limit})", highlight=False
-    )
+    console.print(f"{found['node']}: {_size(found['bytes'])} ({limit})", highlight=False)
     if not found["versions"]:
         console.print("nothing staged yet")
         return

@@ -183,7 +183,6 @@ def cache_usage(rt: Runtime) -> dict[str, Any]:
     refs = rt.store.datasets.refs_of(v.digest for v in views)
     return {
         "node": rt.scheduler.executor.server_node(),
-        "path": str(cache.root),
         "bytes": cache.total_bytes(),
         "limit": rt.settings.dataset_cache_bytes,
         "versions": [{**v.to_json(), "refs": refs.get(v.digest, [])} for v in views],

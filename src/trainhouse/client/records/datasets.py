@@ -92,7 +92,6 @@ class DataCache(TypedDict):
     """``DataCacheOut``: a node's cache of staged dataset versions."""
 
     node: str
-    path: str
     bytes: int
     limit: int
     versions: list[CachedVersion]

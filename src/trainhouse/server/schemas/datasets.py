@@ -87,7 +87,6 @@ class DataCacheOut(BaseModel):
     """A node's cache of staged dataset versions."""
 
     node: str
-    path: str
     bytes: int = Field(ge=0, le=INT64, description="every object once, linked or not")
     limit: int = Field(ge=0, le=INT64, description="--dataset-cache-bytes (0: none)")
     versions: list[CachedVersionOut] = Field(description="least recently used first")
