@@ -30,17 +30,13 @@ from typing import BinaryIO
 from trainhouse.core.datasets import MAX_FILES, FileEntry, Manifest
 from trainhouse.core.errors import DatasetError, NotFound, UploadTooLarge
 from trainhouse.jobfs.datasources import manifest_of_tree, open_file
-from trainhouse.jobfs.durable import fsync_dir
+from trainhouse.jobfs.durable import publish
 from trainhouse.jobfs.workdir import ArchiveLimits, extract, human_size
 
 __all__ = ["DatasetFiles"]
 
 CHUNK = 1 << 20
 _READ = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
-
-
-def _hasher(algorithm: str) -> hashlib._Hash:
-    return hashlib.new(algorithm)
 
 
 class DatasetFiles:
@@ -76,10 +72,7 @@ class DatasetFiles:
         try:
             with os.fdopen(fd, "wb") as out:
                 out.write(data)
-                out.flush()
-                os.fsync(out.fileno())
-            os.replace(tmp, path)
-            fsync_dir(path.parent)
+            publish(Path(tmp), path)
         except BaseException:
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
@@ -196,7 +189,7 @@ class DatasetFiles:
             fd, name = tempfile.mkstemp(dir=self._tmp())
             tmp = Path(name)
             try:
-                h = _hasher(entry.algorithm)
+                h = hashlib.new(entry.algorithm)
                 written = 0
                 with (
                     os.fdopen(fd, "wb") as out,
@@ -235,10 +228,7 @@ class DatasetFiles:
                 removed += 1
         return removed
 
-    def iter_bytes(self, entry: FileEntry, offset: int = 0) -> Iterator[bytes]:
-        fh = self.open(entry)
-        with fh:
-            if offset:
-                fh.seek(offset)
+    def iter_bytes(self, entry: FileEntry) -> Iterator[bytes]:
+        with self.open(entry) as fh:
             while chunk := fh.read(CHUNK):
                 yield chunk

@@ -236,21 +236,22 @@ def remove(rt: Runtime, p: Principal, name: str, number: int) -> DatasetVersion:
         except (NotFound, DatasetError):
             return gone
         if gone.source is None:
-            rt.dataset_files.remove_unused(listed, lambda entry: _held_elsewhere(rt, entry))
+            held = _held_elsewhere(rt)
+            rt.dataset_files.remove_unused(listed, lambda entry: entry.key in held)
         rt.dataset_files.remove_manifest(gone.digest)
     return gone
 
 
-def _held_elsewhere(rt: Runtime, entry: FileEntry) -> bool:
-    """Whether another version the server holds has this file (its bytes are shared)."""
+def _held_elsewhere(rt: Runtime) -> set[str]:
+    """The content keys of every file a version the server holds lists (read once: their
+    bytes are shared, and stay while one lists them)."""
+    keys: set[str] = set()
     for found in rt.store.datasets.list():
         for v in rt.store.datasets.versions(found.name):
             if v.source is not None:
                 continue
             try:
-                listed = rt.dataset_files.manifest(v.digest)
+                keys.update(f.key for f in rt.dataset_files.manifest(v.digest).files)
             except (NotFound, DatasetError):
                 continue
-            if any(f.key == entry.key for f in listed.files):
-                return True
-    return False
+    return keys
