@@ -253,3 +253,32 @@ def test_the_client_packs_a_directory_and_refuses_a_link_in_it(
         (data / "link").symlink_to("/etc/passwd")
         with pytest.raises(ClientError, match="symbolic link"):
             c.add_dataset("local", data)
+
+
+def test_a_page_of_another_site_adds_and_removes_no_dataset(
+    api: TestClient, tmp_path: Path
+) -> None:
+    from tests.support.api import page_request
+    from tests.unit.test_origin import CROSS_SITE, cross_origin
+
+    assert _upload(api, "kept", _tree(tmp_path / "k", {"f": b"k"}), tmp_path).status_code == 201
+    packed = tmp_path / "evil.tar.gz"
+    pack_dataset(_tree(tmp_path / "e", {"f": b"e"}), packed)
+    files = {"archive": ("d.tar.gz", packed.read_bytes(), "application/gzip")}
+    cross_origin(
+        page_request(api, "POST", "/api/v1/datasets/evil/upload", files=files, headers=CROSS_SITE)
+    )
+    cross_origin(
+        page_request(
+            api,
+            "POST",
+            "/api/v1/datasets/evil/versions",
+            json={"source": "file:///etc"},
+            headers=CROSS_SITE,
+        )
+    )
+    cross_origin(
+        page_request(api, "DELETE", "/api/v1/datasets/kept/versions/1", headers=CROSS_SITE)
+    )
+    assert [d["name"] for d in api.get("/api/v1/datasets").json()["datasets"]] == ["kept"]
+    assert api.get("/api/v1/datasets/kept/versions/1").status_code == 200
