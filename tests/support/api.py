@@ -117,6 +117,18 @@ def error_of(resp: Any) -> dict[str, str]:
     return body["error"]  # type: ignore[no-any-return]
 
 
+# what Chromium sends with a cross-origin fetch(..., {mode: "no-cors"}) or a form post
+CROSS_SITE = {"Origin": "http://evil.example", "Sec-Fetch-Site": "cross-site"}
+
+
+def cross_origin(resp: Any) -> str:
+    assert resp.status_code == 403, resp.text
+    err = error_of(resp)
+    assert err["code"] == "cross_origin", err
+    assert "must carry the header X-Trainhouse-Request: 1" in err["message"]
+    return err["message"]
+
+
 def wait_state(api: TestClient, job_id: int, states: set[str], timeout: float = 60) -> Any:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

@@ -13,6 +13,8 @@ import sqlalchemy as sa
 from trainhouse.store import BlobStore, Store
 
 TRAIN = {"entrypoint": "python train.py"}
+# a job that waits for GPUs no test server has: a running scheduler leaves it queued
+WAIT = {**TRAIN, "resources": {"gpus_per_node": 8}}
 
 
 def new_job(

@@ -16,9 +16,12 @@ from fastapi.testclient import TestClient
 
 from tests.support.api import (
     BASE_URL,
+    CROSS_SITE,
     InProcessTransport,
     app_client,
+    cross_origin,
     error_of,
+    page_request,
     services,
     submit,
     wait_launched,
@@ -258,9 +261,6 @@ def test_the_client_packs_a_directory_and_refuses_a_link_in_it(
 def test_a_page_of_another_site_adds_and_removes_no_dataset(
     api: TestClient, tmp_path: Path
 ) -> None:
-    from tests.support.api import page_request
-    from tests.unit.test_origin import CROSS_SITE, cross_origin
-
     assert _upload(api, "kept", _tree(tmp_path / "k", {"f": b"k"}), tmp_path).status_code == 201
     packed = tmp_path / "evil.tar.gz"
     pack_dataset(_tree(tmp_path / "e", {"f": b"e"}), packed)

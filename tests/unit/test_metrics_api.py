@@ -12,7 +12,7 @@ from fastapi.testclient import TestClient
 from typer.testing import CliRunner
 
 from tests.support.api import BASE_URL, InProcessTransport
-from tests.support.records import new_job
+from tests.support.records import WAIT, new_job
 from trainhouse.cli import options as cli_options
 from trainhouse.cli.app import app as cli_app
 from trainhouse.client import Client
@@ -28,7 +28,7 @@ AUTH = {"Authorization": "Bearer known"}
 def job(api: TestClient) -> int:
     """A job (ended, so the scheduler leaves it alone) whose credential is AUTH."""
     store = api.app.state.runtime.store  # type: ignore[attr-defined]
-    job_id = new_job(store)
+    job_id = new_job(store, spec=WAIT)  # queued until canceled: the scheduler never places it
     store.jobs.transition(job_id, JobState.CANCELED, reason="test")
     store.jobs.update(job_id, token_hash=hash_token("known"))
     return job_id

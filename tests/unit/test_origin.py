@@ -19,7 +19,9 @@ from fastapi.testclient import TestClient
 from starlette.types import Message, Receive, Scope, Send
 
 from tests.support.api import (
+    CROSS_SITE,
     app_client,
+    cross_origin,
     error_of,
     fake_executor,
     in_process,
@@ -31,8 +33,6 @@ from trainhouse.server import Settings, create_app
 from trainhouse.server.origin import Hosts, OriginGuard, host_of, origin_of
 
 SPEC = "name: from-a-page\nentrypoint: python -c \"open('/tmp/pwned', 'w')\"\n"
-# what Chromium sends with a cross-origin fetch(..., {mode: "no-cors"}) or a form post
-CROSS_SITE = {"Origin": "http://evil.example", "Sec-Fetch-Site": "cross-site"}
 # a page on another port of the same machine: the same site, another origin
 SAME_SITE = {"Origin": "http://127.0.0.1:9999", "Sec-Fetch-Site": "same-site"}
 SAME_ORIGIN = {"Origin": "http://127.0.0.1", "Sec-Fetch-Site": "same-origin"}
@@ -65,14 +65,6 @@ def submit_from_page(api: TestClient, tmp_path: Path, headers: dict[str, str]) -
 def jobs(api: TestClient) -> int:
     total: int = api.get("/api/v1/jobs", params={"all": "true"}).json()["total"]
     return total
-
-
-def cross_origin(resp: Any) -> str:
-    assert resp.status_code == 403, resp.text
-    err = error_of(resp)
-    assert err["code"] == "cross_origin", err
-    assert "must carry the header X-Trainhouse-Request: 1" in err["message"]
-    return err["message"]
 
 
 # -- another origin's page ------------------------------------------------------------------

@@ -15,7 +15,7 @@ from fastapi.testclient import TestClient
 from typer.testing import CliRunner
 
 from tests.support.api import BASE_URL, InProcessTransport, services
-from tests.support.records import new_job
+from tests.support.records import WAIT, new_job
 from tests.support.team import Team, make_team, refused
 from trainhouse.cli import options as cli_options
 from trainhouse.cli import render
@@ -28,7 +28,6 @@ from trainhouse.lifecycle import JobState
 from trainhouse.store import Store
 
 AUTH = {"Authorization": "Bearer known"}
-WAIT = {"entrypoint": "python train.py", "resources": {"gpus_per_node": 8}}
 
 
 def sweep(store: Store) -> list[int]:

@@ -145,6 +145,17 @@ def credential(api: TestClient, service: dict[str, Any]) -> dict[str, str]:
     return {"Authorization": f"Bearer {JOB_TOKEN}"}
 
 
+def placed_with_credential(store: Store, job_id: int) -> dict[str, str]:
+    """Once the scheduler has placed ``job_id`` (placing it gives it a fresh credential),
+    make its credential JOB_TOKEN."""
+    deadline = time.monotonic() + 30
+    while store.jobs.get(job_id).state != JobState.RUNNING:
+        assert time.monotonic() < deadline, f"job {job_id} was never placed"
+        time.sleep(0.05)
+    store.jobs.update(job_id, token_hash=hash_token(JOB_TOKEN))
+    return {"Authorization": f"Bearer {JOB_TOKEN}"}
+
+
 def call(api: TestClient, service: dict[str, Any], **body: Any) -> Any:
     payload = {"rank": 0, "url": "http://127.0.0.1:5999", "key": "k" * 24, "state": "ready"}
     return api.post(
@@ -429,8 +440,7 @@ def test_a_replica_gets_no_code_its_services_owner_may_not_read(tmp_path: Path) 
             assert resp.status_code == 200
         made = team.post("alice", "/services", json={"model": "tiny", "ref": "1"})
         assert made.status_code == 201, made.text
-        store.jobs.update(made.json()["job_id"], token_hash=hash_token(JOB_TOKEN))
-        job = {"Authorization": f"Bearer {JOB_TOKEN}"}
+        job = placed_with_credential(store, made.json()["job_id"])
         code = team.api.get(
             f"/api/v1/jobs/{made.json()['job_id']}/replicas/versions/1/code", headers=job
         )
@@ -443,7 +453,7 @@ def test_a_replica_gets_no_code_its_services_owner_may_not_read(tmp_path: Path) 
             time.sleep(0.05)
         mine = team.post("root", "/services", json={"model": "tiny", "ref": "1"})
         assert mine.status_code == 201, mine.text
-        store.jobs.update(mine.json()["job_id"], token_hash=hash_token(JOB_TOKEN))
+        placed_with_credential(store, mine.json()["job_id"])
         allowed = team.api.get(
             f"/api/v1/jobs/{mine.json()['job_id']}/replicas/versions/1/code", headers=job
         )
