@@ -31,6 +31,7 @@ hparams:
   lr: {{log_uniform: [1.0e-4, 1.0]}}
   steps: {steps}
   delay: 0.1
+  hold_at: {hold_at}
 search:
   method: {method}
   metric: val_loss
@@ -43,7 +44,7 @@ search:
 
 
 def search_spec(tmp_path: Path, **fields: Any) -> Path:
-    values = {"steps": 16, "method": "tpe", "trials": 9, "concurrent": 3, **fields}
+    values = {"steps": 16, "method": "tpe", "trials": 9, "concurrent": 3, "hold_at": -1, **fields}
     return write_job(tmp_path, SEARCH_TRIAL, SEARCH.format(**values))
 
 
@@ -164,7 +165,11 @@ def test_a_preempted_trial_resumes_without_doubling_its_history(tmp_path: Path) 
     srv = start_server(tmp_path / "home", "--cpus", "1")
     follow: subprocess.Popen[str] | None = None
     try:
-        spec = search_spec(tmp_path, trials=1, concurrent=1, steps=20, method="random")
+        # the trial holds at step 8 (just checkpointed) until it is preempted, however slow the
+        # urgent job's submission is on a busy machine
+        spec = search_spec(
+            tmp_path, trials=1, concurrent=1, steps=20, method="random", hold_at=8
+        )
         # `trainhouse submit` follows the search until it ends
         follow = subprocess.Popen(
             [sys.executable, "-m", "trainhouse", "submit", str(spec)],

@@ -165,8 +165,9 @@ import math
 import time
 import trainhouse
 
-with trainhouse.init(hparams={"lr": 0.01, "steps": 16, "delay": 0.1}) as run:
+with trainhouse.init(hparams={"lr": 0.01, "steps": 16, "delay": 0.1, "hold_at": -1}) as run:
     lr, steps = float(run.hparams["lr"]), int(run.hparams["steps"])
+    hold_at = int(run.hparams["hold_at"])
     state = run.checkpoint.load()
     start = state["step"] + 1 if state else 0
     print(f"attempt {run.attempt} starts at step {start}", flush=True)
@@ -177,6 +178,8 @@ with trainhouse.init(hparams={"lr": 0.01, "steps": 16, "delay": 0.1}) as run:
         run.log({"val_loss": value}, step=step)
         if step % 4 == 0:
             run.checkpoint.save({"step": step}, step=step, metrics={"val_loss": value})
+        while step == hold_at and run.attempt == 1 and not run.should_stop():
+            time.sleep(0.05)  # the first attempt ends only when it is told to stop
         if run.should_stop():
             print(f"stopped at step {step}: {run.stop_reason}", flush=True)
             break
