@@ -20,8 +20,11 @@ After one untimed warm-up run per case (it writes the bytecode caches) the cases
 round after round, ``--repeats`` rounds (20; ``--quick``: 5), so that whatever else the machine
 does hurts all of them alike. It prints each case's median and fastest wall time, the median's
 ratio to the baseline's median, and for the trainhouse cases whether the median is under the
-goal of 0.3 s. Like the other benchmarks it waits for a quiet machine first (``--quiet-wait``)
-and reports how much of the CPUs other processes used during the timed runs.
+goal of 0.3 s; and each case's median CPU time (user + system, from the child's resource
+usage), which waiting for a busy machine's CPUs does not inflate (sharing its caches still
+does): on a busy machine it is the better guess at the quiet wall time. Like the other
+benchmarks it waits for a quiet machine first (``--quiet-wait``) and reports how much of the
+CPUs other processes used during the timed runs.
 
     python bench/cli.py [--quick] [--repeats 20] [--no-server] [--before REF] [--json]
 
@@ -35,6 +38,7 @@ import argparse
 import contextlib
 import json
 import os
+import resource
 import socket
 import statistics
 import subprocess
@@ -62,6 +66,7 @@ class Case:
     exit_code: int
     goal: bool  # compared with GOAL_S
     times: list[float] = field(default_factory=list)
+    cpu: list[float] = field(default_factory=list)  # the child's user + system seconds
 
     @property
     def median(self) -> float:
@@ -70,8 +75,14 @@ class Case:
 
 def child_env(src: Path | None) -> dict[str, str]:
     """The environment of a timed command: no TRAINHOUSE_* variables (``--url`` says where),
-    a fixed terminal width, and ``src`` first on PYTHONPATH."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TRAINHOUSE_")}
+    a fixed terminal width, and ``src`` first on PYTHONPATH. Nor PYTHONDONTWRITEBYTECODE: the
+    warm-up run must write the bytecode caches an installed package has, or every timed run
+    compiles trainhouse's modules again (50-70 ms of CPU for ``ps`` on a busy 2-core machine)."""
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith("TRAINHOUSE_") and k != "PYTHONDONTWRITEBYTECODE"
+    }
     env["COLUMNS"] = "120"
     if src is not None:
         rest = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
@@ -79,17 +90,26 @@ def child_env(src: Path | None) -> dict[str, str]:
     return env
 
 
-def run_once(case: Case) -> float:
+def children_cpu_seconds() -> float:
+    """User + system seconds of this process's reaped children (the server is reaped last)."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def run_once(case: Case) -> tuple[float, float]:
+    """One run of ``case``: its wall time and its CPU time, in seconds."""
     env = child_env(case.src)
+    cpu0 = children_cpu_seconds()
     start = time.perf_counter()
     proc = subprocess.run(case.argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     elapsed = time.perf_counter() - start
+    cpu = children_cpu_seconds() - cpu0
     if proc.returncode != case.exit_code:
         raise SystemExit(
             f"{case.label}: exit code {proc.returncode}, expected {case.exit_code}\n"
             + proc.stderr.decode(errors="replace")[-2000:]
         )
-    return elapsed
+    return elapsed, cpu
 
 
 def unused_port() -> int:
@@ -191,11 +211,14 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         all0, own0, t0 = cpu_busy_seconds(), own_cpu_seconds(server_proc), time.perf_counter()
         for _ in range(args.repeats):
             for case in cases:
-                case.times.append(run_once(case))
+                elapsed, cpu = run_once(case)
+                case.times.append(elapsed)
+                case.cpu.append(cpu)
         span = time.perf_counter() - t0
         others = cpu_busy_seconds() - all0 - (own_cpu_seconds(server_proc) - own0)
         others_percent = max(0.0, 100 * others / (span * (psutil.cpu_count() or 1)))
     base = cases[0].median
+    base_cpu = statistics.median(cases[0].cpu) or 1e-9
     return {
         "repeats": args.repeats,
         "goal_s": GOAL_S,
@@ -208,6 +231,8 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
                 "median_s": c.median,
                 "min_s": min(c.times),
                 "ratio_to_baseline": c.median / base,
+                "cpu_median_s": statistics.median(c.cpu),
+                "cpu_ratio_to_baseline": statistics.median(c.cpu) / base_cpu,
                 "meets_goal": (c.median < GOAL_S) if c.goal else None,
                 "runs_s": c.times,
             }
@@ -219,12 +244,14 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
 def print_report(r: dict[str, Any]) -> None:
     print(
         f"trainhouse start-up: median wall time of {r['repeats']} runs per case (cases "
-        f"interleaved), Python {r['python']}; ratio = median / the baseline's median"
+        f"interleaved), Python {r['python']}; ratio = median / the baseline's median; cpu = "
+        "median user + system time"
     )
     for c in r["cases"]:
         line = (
             f"  {c['case']:<48} {c['median_s'] * 1000:7.1f} ms  (fastest {c['min_s'] * 1000:6.1f})"
-            f"  ratio {c['ratio_to_baseline']:5.1f}"
+            f"  ratio {c['ratio_to_baseline']:5.1f}  cpu {c['cpu_median_s'] * 1000:6.1f} ms"
+            f" (ratio {c['cpu_ratio_to_baseline']:4.1f})"
         )
         if c["meets_goal"] is not None:
             verdict = "PASS" if c["meets_goal"] else "ABOVE GOAL"
@@ -235,9 +262,9 @@ def print_report(r: dict[str, Any]) -> None:
         if c["case"].startswith("["):
             after = by_label.get(c["case"].split("] ", 1)[1])
             if after is not None:
-                print(
-                    f"  after / before, {after['case']:<34} {after['median_s'] / c['median_s']:.2f}"
-                )
+                wall = after["median_s"] / c["median_s"]
+                cpu = after["cpu_median_s"] / c["cpu_median_s"]
+                print(f"  after / before, {after['case']:<34} {wall:.2f}  (cpu {cpu:.2f})")
     print(f"other processes used {r['others_percent']:.0f}% of the CPUs during the timed runs")
     if r["others_percent"] > BUSY_PERCENT:
         print("warning: the machine was busy; the times are inflated, rerun on a quieter one")
