@@ -167,9 +167,7 @@ def test_a_preempted_trial_resumes_without_doubling_its_history(tmp_path: Path) 
     try:
         # the trial holds at step 8 (just checkpointed) until it is preempted, however slow the
         # urgent job's submission is on a busy machine
-        spec = search_spec(
-            tmp_path, trials=1, concurrent=1, steps=20, method="random", hold_at=8
-        )
+        spec = search_spec(tmp_path, trials=1, concurrent=1, steps=20, method="random", hold_at=8)
         # `trainhouse submit` follows the search until it ends
         follow = subprocess.Popen(
             [sys.executable, "-m", "trainhouse", "submit", str(spec)],
