@@ -30,8 +30,7 @@ entrypoint: python train.py
 hparams:
   lr: {{log_uniform: [1.0e-4, 1.0]}}
   steps: {steps}
-  delay: 0.1
-  hold_at: {hold_at}
+  delay: 0.1{hold}
 search:
   method: {method}
   metric: val_loss
@@ -44,7 +43,9 @@ search:
 
 
 def search_spec(tmp_path: Path, **fields: Any) -> Path:
-    values = {"steps": 16, "method": "tpe", "trials": 9, "concurrent": 3, "hold_at": -1, **fields}
+    hold_at = fields.pop("hold_at", None)  # the trial's first attempt holds there (SEARCH_TRIAL)
+    hold = "" if hold_at is None else f"\n  hold_at: {hold_at}"
+    values = {"steps": 16, "method": "tpe", "trials": 9, "concurrent": 3, "hold": hold, **fields}
     return write_job(tmp_path, SEARCH_TRIAL, SEARCH.format(**values))
 
 
