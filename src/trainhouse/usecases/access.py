@@ -34,7 +34,7 @@ import hmac
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from trainhouse.core.errors import RateLimited, TrainhouseError, Unauthorized
 from trainhouse.core.records import Job
@@ -57,8 +57,9 @@ class Principal:
     client: str = ""
 
     def at(self, client: str) -> Principal:
-        """This principal, calling from ``client``."""
-        return replace(self, client=client)
+        """This principal, calling from ``client`` (made directly: ``dataclasses.replace``
+        costs each prediction a few microseconds more)."""
+        return Principal(self.name, self.role, self.job_id, self.token_id, client)
 
     @property
     def is_admin(self) -> bool:
@@ -159,13 +160,19 @@ class Authenticator:
             )
         return Unauthorized(f"the token was refused: {why}")
 
+    def cached(self, token: str) -> Principal | None:
+        """The principal of a user token verified less than :data:`CACHE_SECONDS` ago (and
+        not past its expiry since), without a query; None when it must be looked up."""
+        with self._lock:
+            hit = self._cache.get(hash_token(token))
+        return hit[0] if hit is not None and hit[1] > time.monotonic() else None
+
     def user(self, token: str, client: str) -> Principal:
+        hit = self.cached(token)
+        if hit is not None:
+            return hit
         key = hash_token(token)
         now = time.monotonic()
-        with self._lock:
-            hit = self._cache.get(key)
-        if hit is not None and hit[1] > now:
-            return hit[0]
         found = self.accounts.authenticate(token)
         if isinstance(found, str):
             raise self.refuse(client, found, token)

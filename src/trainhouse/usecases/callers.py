@@ -33,6 +33,16 @@ def principal_of(rt: Runtime, token: str | None, client: str) -> Principal:
     return rt.auth.user(token, client).at(client)
 
 
+def known_principal(rt: Runtime, token: str | None, client: str) -> Principal | None:
+    """What :func:`principal_of` answers for ``token`` when it needs no query (a user's token
+    verified in the last seconds), calling from ``client``; None when it does (a job's
+    credential, a token not seen lately, no token: :func:`principal_of` decides)."""
+    if not token or job_of_token(token) is not None:
+        return None
+    found = rt.auth.cached(token)
+    return None if found is None else found.at(client)
+
+
 def readable_job(rt: Runtime, p: Principal, job_id: int) -> Job:
     """The job, if ``p`` may read it (403 if not, 404 if there is none)."""
     job = rt.store.jobs.get(job_id)

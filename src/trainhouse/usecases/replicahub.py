@@ -9,11 +9,13 @@ what the service should serve now (its ``ref`` resolved: moving an alias moves e
 to the new version, which it loads beside the old one and swaps in between two batches). After a
 restart of the server the replicas' next calls fill the table again: nothing of it is stored.
 
-``POST /api/v1/services/{name}/predict`` goes to a ready replica, round robin, through one
-pooled HTTP client. A replica that cannot be reached is skipped for the next (the request never
-got to it); one that fails while answering gives 502. Each forwarded prediction is counted in the
-server's Prometheus registry per service (requests by outcome, latency, the size of the batch
-it ran in) and in a window of the last minute that the Services page reads.
+``POST /api/v1/services/{name}/predict`` (answered ahead of FastAPI, by
+:mod:`trainhouse.server.predict`) goes to a ready replica, round robin, through the service's
+own pool of keep-alive connections (:mod:`.replicaclient`). A replica that cannot be reached is
+skipped for the next (the request never got to it); one that fails while answering gives 502.
+Each forwarded prediction is counted in the server's Prometheus registry per service (requests
+by outcome, latency, the size of the batch it ran in) and in a window of the last minute that
+the Services page reads.
 
 What a job reports is hostile: a replica's address must be a loopback address or one of the
 addresses of the nodes its job runs on, with a port above 1023; the server sends it nothing but
@@ -22,6 +24,7 @@ addresses of the nodes its job runs on, with a port above 1023; the server sends
 
 from __future__ import annotations
 
+import asyncio
 import ipaddress
 import itertools
 import threading
@@ -41,11 +44,9 @@ from trainhouse.core.errors import (
     TrainhouseError,
 )
 from trainhouse.core.lifecycle import TERMINAL, JobState
-from trainhouse.core.modelfiles import BATCH_HEADER, REPLICA_KEY_HEADER
+from trainhouse.usecases.replicaclient import Failed, ReplicaClient, Unreachable
 
 if TYPE_CHECKING:
-    import aiohttp
-
     from trainhouse.store import Job, ModelVersion, ServiceRecord, Store
 
 __all__ = ["Replica", "ReplicaHub", "check_replica_url"]
@@ -63,6 +64,7 @@ MAX_ANSWER = 64 << 20
 #: one service's hung replicas leave the others' alone), and how long an answer may take
 SERVICE_CONNECTIONS = 64
 ANSWER_TIMEOUT = 60.0
+CONNECT_TIMEOUT = 2.0
 
 
 def check_replica_url(url: str, allowed_hosts: set[str]) -> str:
@@ -165,6 +167,23 @@ class _Window:
         }
 
 
+class _Series:
+    """One service's labelled Prometheus series."""
+
+    def __init__(self, hub: ReplicaHub, name: str) -> None:
+        self.hub = hub
+        self.name = name
+        self.latency = hub.latency.labels(name)
+        self.batch_size = hub.batch_size.labels(name)
+        self._requests: dict[str, Any] = {}
+
+    def requests(self, outcome: str) -> Any:
+        counter = self._requests.get(outcome)
+        if counter is None:
+            counter = self._requests[outcome] = self.hub.requests.labels(self.name, outcome)
+        return counter
+
+
 class ReplicaHub:
     """Every service's replicas, their targets, and the predictions forwarded to them."""
 
@@ -174,7 +193,8 @@ class ReplicaHub:
         self._windows: dict[str, _Window] = {}
         self._turn: dict[str, itertools.count[int]] = {}
         self._lock = threading.Lock()
-        self._http: dict[str, aiohttp.ClientSession] = {}  # a pool per service
+        self._http: dict[str, ReplicaClient] = {}  # a pool per service
+        self._series: dict[str, _Series] = {}
         self.requests = Counter(
             "trainhouse_service_requests",
             "Predictions a service answered, by outcome (ok, bad_input, error, unavailable).",
@@ -335,40 +355,32 @@ class ReplicaHub:
     # -- predictions -------------------------------------------------------------------------
     async def predict(self, name: str, body: bytes) -> tuple[int, bytes, dict[str, str]]:
         """Forward one prediction to a ready replica of ``name``: status, body, headers."""
-        import aiohttp
-
         arrived = time.perf_counter()
         now = time.time()
-        candidates = [r for r in self.replicas(name) if r.state == "ready" and r.fresh(now)]
-        if not candidates:
-            self._unavailable(name)  # raises
-        with self._lock:
-            turn = next(self._turn.setdefault(name, itertools.count()))
+        with self._lock:  # once: a prediction's way costs the server a few microseconds each
+            table = self._replicas.get(name, {})
+            candidates = [r for r in table.values() if r.state == "ready" and r.fresh(now)]
+            turn = next(self._turn.setdefault(name, itertools.count())) if candidates else 0
+        if not candidates:  # why not, from the database: off the event loop
+            await asyncio.to_thread(self._unavailable, name)  # raises
         order = candidates[turn % len(candidates) :] + candidates[: turn % len(candidates)]
         http = self._client(name)
         for replica in order:
-            headers = {"Content-Type": "application/json", REPLICA_KEY_HEADER: replica.key}
             try:
-                async with http.post(
-                    f"{replica.url}/predict", data=body, headers=headers, allow_redirects=False
-                ) as resp:
-                    code, batch = resp.status, resp.headers.get(BATCH_HEADER, "")
-                    if 300 <= code < 400:  # followed, it would send the request anywhere
-                        raise _Refused("answered with a redirect, which is not followed")
-                    content = await _read_capped(resp)
-            except aiohttp.ClientConnectorError:  # it never got the request: the next one may
+                answer = await http.post(replica.url, replica.key, body)
+            except Unreachable:  # it never got the request: the next one may
                 replica.state = "unreachable"
                 continue
-            except (aiohttp.ClientError, TimeoutError, _Refused) as exc:
+            except Failed as exc:
                 self._count(name, "error", arrived, 0)
-                why = str(exc) if isinstance(exc, _Refused) else type(exc).__name__
                 raise ReplicaFailed(
-                    f"replica {replica.rank} of service {name} failed while answering: {why}"
+                    f"replica {replica.rank} of service {name} failed while answering: {exc}"
                 ) from None
+            code = answer.status
             outcome = "ok" if code == 200 else "bad_input" if code < 500 else "error"
-            self._count(name, outcome, arrived, int(batch) if batch.isdigit() else 0)
-            return code, content, {"x-trainhouse-replica": str(replica.rank)}
-        self._unavailable(name)
+            self._count(name, outcome, arrived, answer.batch)
+            return code, answer.body, {"x-trainhouse-replica": str(replica.rank)}
+        await asyncio.to_thread(self._unavailable, name)
         raise AssertionError("unreachable")  # pragma: no cover
 
     def _unavailable(self, name: str) -> None:
@@ -382,26 +394,28 @@ class ReplicaHub:
 
     def _count(self, name: str, outcome: str, arrived: float, batch: int) -> None:
         seconds = time.perf_counter() - arrived
-        self.requests.labels(name, outcome).inc()
-        self.latency.labels(name).observe(seconds)
+        series = self._series.get(name)
+        if series is None:  # labelled once per service: labels() costs each prediction ~3 us
+            series = self._series[name] = _Series(self, name)
+        series.requests(outcome).inc()
+        series.latency.observe(seconds)
         if batch:
-            self.batch_size.labels(name).observe(batch)
+            series.batch_size.observe(batch)
         with self._lock:
             window = self._windows.setdefault(name, _Window())
             window.add(time.time(), seconds, batch, outcome != "error")
 
-    def _client(self, name: str) -> aiohttp.ClientSession:
-        """The pooled client of service ``name``'s forwarded predictions (aiohttp: its C
-        parser costs a fraction of httpx's per request, which capped a service at ~120
-        requests/s): a pool of its own, bounded, so that no service takes another's."""
-        import aiohttp
-
+    def _client(self, name: str) -> ReplicaClient:
+        """The pooled client of service ``name``'s forwarded predictions
+        (:mod:`.replicaclient`): a pool of its own, bounded, so that no service takes
+        another's connections."""
         http = self._http.get(name)
         if http is None:
-            http = self._http[name] = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(limit=SERVICE_CONNECTIONS),
-                timeout=aiohttp.ClientTimeout(total=ANSWER_TIMEOUT, sock_connect=2),
-                auto_decompress=False,
+            http = self._http[name] = ReplicaClient(
+                connections=SERVICE_CONNECTIONS,
+                connect_timeout=CONNECT_TIMEOUT,
+                answer_timeout=ANSWER_TIMEOUT,
+                max_answer=MAX_ANSWER,
             )
         return http
 
@@ -409,21 +423,3 @@ class ReplicaHub:
         pools, self._http = list(self._http.values()), {}
         for http in pools:
             await http.close()
-
-
-async def _read_capped(resp: aiohttp.ClientResponse) -> bytes:
-    """A replica's answer, refused past :data:`MAX_ANSWER` bytes (said or sent)."""
-    if (resp.content_length or 0) > MAX_ANSWER:
-        raise _Refused(f"answered with over {MAX_ANSWER} bytes")
-    chunks: list[bytes] = []
-    size = 0
-    async for chunk in resp.content.iter_chunked(1 << 16):
-        size += len(chunk)
-        if size > MAX_ANSWER:
-            raise _Refused(f"answered with over {MAX_ANSWER} bytes")
-        chunks.append(chunk)
-    return b"".join(chunks)
-
-
-class _Refused(Exception):
-    """A replica's answer the server does not take (a redirect, one too large)."""

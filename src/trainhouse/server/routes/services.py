@@ -192,7 +192,11 @@ async def predict(
 ) -> Response:
     """Predict: ``{"inputs": [...]}`` (one entry per example; or ``{"inputs": {"x": [...],
     ...}}`` for a model of several inputs) answers ``{"outputs": [...], "model": NAME,
-    "version": V}``, batched with other clients' requests on one replica."""
+    "version": V}``, batched with other clients' requests on one replica.
+
+    The app answers this before routing (:mod:`trainhouse.server.predict`, the same checks
+    and forwarding at a fraction of the cost); the route documents the operation and answers
+    only in an app built without that path."""
     body = await request.body()
     status, content, headers = await services.predict(rt, name, body)
     return Response(content, status_code=status, media_type="application/json", headers=headers)
