@@ -293,3 +293,46 @@ def test_show_speaks_words_not_json_or_raw_signals() -> None:
     assert exit_words(-15) == "SIGTERM" and exit_words(-9) == "SIGKILL"
     assert exit_words(143) == "143 (SIGTERM)" and exit_words(3) == "3" and exit_words(None) == "-"
     assert exit_words(-99) == "signal 99"
+
+
+@pytest.mark.parametrize("interrupted", ["saying", "loading"])
+def test_ctrl_c_right_after_submit_detaches(
+    interrupted: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A job placed at once can be running before the follower has loaded: a Ctrl-C then
+    (while the CLI says what it submitted, or imports the follower) detaches as it does while
+    following (it ended the command with 130, "interrupted", the job's id unsaid)."""
+    from trainhouse.cli import jobs, render
+
+    def ctrl_c(*args: object, **kwargs: object) -> None:
+        raise KeyboardInterrupt
+
+    if interrupted == "saying":
+        said = render.console.print
+        monkeypatch.setattr(
+            render.console,
+            "print",
+            lambda text, **kw: ctrl_c() if "submitted" in str(text) else said(text, **kw),
+        )
+    else:
+        monkeypatch.setattr("builtins.__import__", _interrupting_import(ctrl_c))
+    job: Any = {"id": 7, "name": "long", "state": "RUNNING"}
+    with pytest.raises(typer.Exit) as ended:
+        try:
+            jobs.follow_job(object(), job, "submitted job 7", as_json=False, detach=False)  # type: ignore[arg-type]
+        except KeyboardInterrupt:
+            pytest.fail("the Ctrl-C ended the command instead of detaching")
+    assert ended.value.exit_code == 0
+    assert "detached; job 7 keeps running" in capsys.readouterr().out
+
+
+def _interrupting_import(ctrl_c: Any) -> Any:
+    """``__import__``, with a Ctrl-C while ``trainhouse.cli.follow`` loads."""
+    real = __import__
+
+    def fake(name: str, *args: Any, **kwargs: Any) -> Any:
+        if name == "trainhouse.cli.follow":
+            ctrl_c()
+        return real(name, *args, **kwargs)
+
+    return fake

@@ -96,18 +96,21 @@ def submit(
 
 def follow_job(c: Client, job: Job, said: str, *, as_json: bool, detach: bool) -> None:
     """What ``submit`` (and ``resume``, ``clone``) do with the job they queued: say ``said``,
-    then follow it until it ends (exit code = its result), or return at once (``detach``)."""
-    from trainhouse.cli.follow import Follower
+    then follow it until it ends (exit code = its result), or return at once (``detach``).
 
+    The job exists from here on: a Ctrl-C at any point detaches (it may come while the
+    follower's modules are still loading, which a job placed at once outruns)."""
     if as_json and detach:
         print_json(job)
         return
-    if not as_json:
-        console.print(said, highlight=False)
-    if detach:
-        console.print(f"follow it with: trainhouse logs {job['id']} -f")
-        return
     try:
+        if not as_json:
+            console.print(said, highlight=False)
+        if detach:
+            console.print(f"follow it with: trainhouse logs {job['id']} -f")
+            return
+        from trainhouse.cli.follow import Follower
+
         final = Follower(c, job["id"], out=err_console if as_json else console).run()
     except KeyboardInterrupt:
         console.print(
