@@ -37,7 +37,14 @@ Steady state
     a noisy machine cancels out. The ratio is trainhouse / bare; the target is >= 0.97. This is a
     benchmark, not a test: it exits 0 whatever the ratio (non-zero only when a run fails).
 
+The server's CPU per checkpoint
+    After the ABBA runs, ``bench/_registrations.py`` measures what the server spends on each
+    checkpoint a job registers (the metrics flushed before it, the registration, retention):
+    one job that logs and checkpoints ``--registrations`` times, ``--pause`` seconds apart,
+    against the same job without the checkpoints, on one fresh server; goal <= 2 ms.
+
     python bench/overhead.py [--epochs 20] [--repeats 2] [--warmup 3] [--quiet-wait 60] [--json]
+                             [--registrations 200] [--pause 0.05]
     python bench/overhead.py --smoke     # both sides run once, 2 epochs: a check, not a number
 """
 
@@ -56,10 +63,12 @@ import sys
 import tempfile
 import time
 import types
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import _registrations
 from _machine import BUSY_PERCENT, log, machine_busy, wait_quiet
 
 REPO = Path(__file__).resolve().parents[1]
@@ -250,10 +259,12 @@ def wait_healthy(client: Any, proc: subprocess.Popen[bytes], log_path: Path) -> 
     raise RuntimeError(f"the server did not answer within 120 s; see {log_path}")
 
 
-def run_trainhouse(spec_file: Path, overrides: list[str], spec: Any, timeout: float) -> Run:
+@contextlib.contextmanager
+def served(cpus: int) -> Iterator[tuple[Any, subprocess.Popen[bytes]]]:
+    """A fresh ``trainhouse server`` (temporary home, free port, ``cpus`` CPUs, no GPUs): its
+    client and process; stopped (SIGTERM) on the way out."""
     from trainhouse.client import Client
 
-    cpus = max(spec.resources.procs * spec.resources.cpus_per_proc, os.cpu_count() or 1)
     with tempfile.TemporaryDirectory(prefix="trainhouse-bench-home-") as tmp:
         home = Path(tmp)
         port = free_port()
@@ -282,20 +293,26 @@ def run_trainhouse(spec_file: Path, overrides: list[str], spec: Any, timeout: fl
         client = Client(f"http://127.0.0.1:{port}")
         try:
             wait_healthy(client, server, server_log)
-            server_cpu = server_cpu_seconds(server.pid)
-            start = time.monotonic()
-            job = client.submit(spec_file, overrides=overrides)
-            # poll slowly: the harness should not compete with the ranks for the CPUs
-            final = client.wait(job["id"], timeout=timeout, poll=2.0)
-            wall = time.monotonic() - start
-            server_cpu = server_cpu_seconds(server.pid) - server_cpu
-            if final["state"] != "COMPLETED":
-                text, _, _ = client.logs(job["id"], rank=0, tail=40)
-                raise RuntimeError(f"the trainhouse job ended {final['state']}:\n{text}")
-            series = client.metrics(job["id"], name=METRIC)["series"]
+            yield client, server
         finally:
             client.close()
             stop_tree(server, grace=60)
+
+
+def run_trainhouse(spec_file: Path, overrides: list[str], spec: Any, timeout: float) -> Run:
+    cpus = max(spec.resources.procs * spec.resources.cpus_per_proc, os.cpu_count() or 1)
+    with served(cpus) as (client, server):
+        server_cpu = server_cpu_seconds(server.pid)
+        start = time.monotonic()
+        job = client.submit(spec_file, overrides=overrides)
+        # poll slowly: the harness should not compete with the ranks for the CPUs
+        final = client.wait(job["id"], timeout=timeout, poll=2.0)
+        wall = time.monotonic() - start
+        server_cpu = server_cpu_seconds(server.pid) - server_cpu
+        if final["state"] != "COMPLETED":
+            text, _, _ = client.logs(job["id"], rank=0, tail=40)
+            raise RuntimeError(f"the trainhouse job ended {final['state']}:\n{text}")
+        series = client.metrics(job["id"], name=METRIC)["series"]
     points = sorted(next(s for s in series if s["rank"] is None)["points"], key=lambda p: p[0])
     return Run("trainhouse", [float(p[1]) for p in points], wall, server_cpu_s=server_cpu)
 
@@ -416,10 +433,15 @@ def drive(args: argparse.Namespace) -> int:
         )
         runs.append(run)
     summary = summarize(runs, spec, args)
+    wait_quiet(args.quiet_wait)
+    log(f"the server's CPU per checkpoint: {args.registrations} steps with and without ...")
+    registrations = _registrations.measure(served, args.registrations, args.pause)
+    summary["server_ms_per_checkpoint"] = registrations.ms_per_checkpoint
     if args.json:
         print(json.dumps(summary, indent=2))
     else:
         print_table(summary)
+        print(_registrations.report(registrations))
     return 0
 
 
@@ -445,6 +467,15 @@ def main(argv: list[str] | None = None) -> int:
         help="seconds to wait before a run for other processes to leave the CPUs (60)",
     )
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds per run (900)")
+    parser.add_argument(
+        "--registrations",
+        type=int,
+        default=200,
+        help="checkpoints of the job that measures the server's CPU per checkpoint (200)",
+    )
+    parser.add_argument(
+        "--pause", type=float, default=0.05, help="seconds between those checkpoints (0.05)"
+    )
     parser.add_argument("--bare-worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--train-py", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--hparams", default="{}", help=argparse.SUPPRESS)
@@ -454,6 +485,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.smoke:
         args.epochs, args.warmup, args.repeats, args.quiet_wait = 2, 1, 1, 0.0
+        args.registrations = 10
     if args.repeats < 1:
         parser.error("--repeats must be >= 1")
     return drive(args)

@@ -16,7 +16,9 @@ from tests.support.api import BASE_URL, submit, wait_state, workdir
 from trainhouse.client import Client
 from trainhouse.core.tokens import hash_token
 from trainhouse.errors import CheckpointError, ClientError
-from trainhouse.jobfs.storage import new_hash, tree_digest
+from trainhouse.ingest import checkpoints as checkpoints_module
+from trainhouse.jobfs.storage import Storage, new_hash, tree_digest
+from trainhouse.sdk._metrics import as_columns
 
 AUTH = {"Authorization": "Bearer known"}
 
@@ -33,7 +35,9 @@ def job(api: TestClient, tmp_path: Path) -> Iterator[dict[str, Any]]:
     yield {"id": created["id"], "url": url, "dir": directory, "services": services}
 
 
-def put(api: TestClient, job: dict[str, Any], step: int, data: bytes, **kw: Any) -> Any:
+def put(
+    api: TestClient, job: dict[str, Any], step: int, data: bytes, drain: bool = True, **kw: Any
+) -> Any:
     name = f"step-{step:09d}.pt"
     (job["dir"] / name).write_bytes(data)
     (job["dir"] / f"{name}.json").write_text("{}")
@@ -47,7 +51,8 @@ def put(api: TestClient, job: dict[str, Any], step: int, data: bytes, **kw: Any)
     }
     resp = api.post(f"{job['url']}/checkpoints", json=body, headers=AUTH)
     assert resp.status_code == 201, resp.json()
-    job["services"].checkpoints.drain()
+    if drain:
+        job["services"].checkpoints.drain()
     return resp.json()
 
 
@@ -72,6 +77,79 @@ def test_retention_keeps_the_newest_and_deletes_files(
         "step-000000004.pt.json",
     ]
     assert [c["deleted"] for c in listed(api, job, all="true")] == [True, True, False, False]
+
+
+def test_fast_checkpoints_are_retired_in_batches_and_an_ended_attempt_at_once(
+    api: TestClient, job: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A job that checkpoints faster than ``RETENTION_EVERY`` has its retention run once per
+    batch (one read-back of the newest for all it drops, not one per checkpoint); the end of
+    its attempt runs it at once."""
+    service = job["services"].checkpoints
+    monkeypatch.setattr(checkpoints_module, "RETENTION_EVERY", 3600.0)
+    read_backs: list[str] = []
+    digest = Storage.digest
+
+    def counted(self: Storage, name: str, **kw: Any) -> str:
+        read_backs.append(name)
+        return digest(self, name, **kw)
+
+    monkeypatch.setattr(Storage, "digest", counted)
+    put(api, job, 1, b"state 1")  # the first in a while: retention ran at once (nothing to drop)
+    for step in range(2, 6):
+        put(api, job, step, f"state {step}".encode(), drain=False)
+    assert [c["step"] for c in listed(api, job)] == [1, 2, 3, 4, 5]  # its turn has not come
+    assert read_backs == []
+    service.attempt_ended(job["id"], 1)
+    service.drain()
+    assert [c["step"] for c in listed(api, job)] == [4, 5]
+    assert read_backs == ["step-000000005.pt"]  # once, for the three dropped together
+    assert sorted(p.name for p in job["dir"].iterdir()) == [
+        "step-000000004.pt",
+        "step-000000004.pt.json",
+        "step-000000005.pt",
+        "step-000000005.pt.json",
+    ]
+
+
+def test_a_step_written_again_replaces_its_record(api: TestClient, job: dict[str, Any]) -> None:
+    put(api, job, 1, b"first try")
+    again = put(api, job, 1, b"second try")  # the same step, after a restart
+    assert [(c["id"], c["size"]) for c in listed(api, job)] == [(again["id"], 10)]
+    assert [c["deleted"] for c in listed(api, job, all="true")] == [True, False]
+
+
+def test_a_registration_stores_the_points_it_carries_first(
+    api: TestClient, job: dict[str, Any]
+) -> None:
+    """The SDK sends the points logged before a checkpoint with its registration: stored
+    first, answered as a report; a registration whose points or credential are refused is not
+    made."""
+    name = "step-000000002.pt"
+    (job["dir"] / name).write_bytes(b"two")
+    points = [(s, "loss", 1.0 / (s + 1), None, 0.0) for s in range(3)]
+    report = {"batch_id": "b-1", "attempt": 1, "columns": as_columns(points)}
+    body = {"attempt": 1, "step": 2, "path": name, "size": 3, "sha256": "0" * 64}
+    url = f"{job['url']}/checkpoints"
+    wrong = {"Authorization": "Bearer guess"}
+    assert api.post(url, json={**body, "report": report}, headers=wrong).status_code == 401
+    broken = {**report, "columns": {"step": [0], "name": []}}
+    refused = api.post(url, json={**body, "report": broken}, headers=AUTH)
+    assert refused.status_code == 422, refused.json()
+    deep: dict[str, Any] = {}
+    for _ in range(400):  # JSON the route reads, nested deeper than orjson writes
+        deep = {"x": deep}
+    too_deep = api.post(url, json={**body, "report": deep}, headers=AUTH)
+    assert too_deep.status_code == 422, too_deep.text
+    assert listed(api, job) == []
+    resp = api.post(url, json={**body, "report": report}, headers=AUTH)
+    assert resp.status_code == 201, resp.json()
+    assert resp.json()["report"] == {"accepted": 3, "stop": False, "stop_reason": None}
+    series = api.get(f"{job['url']}/metrics").json()["series"]
+    assert [p[0] for p in series[0]["points"]] == [0, 1, 2]
+    assert [c["step"] for c in listed(api, job)] == [2]
+    plain = api.post(url, json={**body, "step": 3}, headers=AUTH).json()
+    assert plain["report"] is None  # none carried, none answered
 
 
 def test_a_corrupt_newest_checkpoint_stops_retention(

@@ -43,8 +43,8 @@ class FakeServer:
 
     def __call__(self, request: httpx.Request) -> httpx.Response:
         body = report_body(request.content)
-        if self.down:
-            self.refused.append(body["batch_id"])
+        if self.down:  # a report, or a registration carrying one
+            self.refused.append(body.get("batch_id") or body["report"]["batch_id"])
             raise httpx.ConnectError("connection refused", request=request)
         with self.lock:
             self.requests.append(body)
@@ -202,15 +202,24 @@ def test_checkpoint_is_registered_only_after_the_metrics_before_it(
 
     order: list[str] = []
 
+    requests: list[str] = []
+
     def server(request: httpx.Request) -> httpx.Response:
         body = report_body(request.content) if request.content else {}
+        requests.append(f"{request.method} {request.url.path}")
         if request.url.path.endswith("/report"):
             if body["points"]:
                 order.append(f"report {max(p[0] for p in body['points'])}")
             return httpx.Response(200, json={"accepted": len(body["points"]), "stop": False})
-        if request.method == "POST":
+        if request.method == "POST":  # a registration: the points it carries are stored first
+            report = body.pop("report", None)
+            answer: dict[str, Any] = {**body, "id": 1}
+            if report is not None:
+                points = report_body(json.dumps(report).encode())["points"]
+                order.append(f"report {max(p[0] for p in points)}")
+                answer["report"] = {"accepted": len(points), "stop": False}
             order.append(f"checkpoint {body['step']}")
-            return httpx.Response(201, json={**body, "id": 1})
+            return httpx.Response(201, json=answer)
         return httpx.Response(200, json={"checkpoints": []})
 
     for key, value in {
@@ -229,7 +238,65 @@ def test_checkpoint_is_registered_only_after_the_metrics_before_it(
         for step in range(5):
             run.log({"loss": 1.0}, step=step)
         run.checkpoint.save({"w": torch.ones(1)}, step=4)
+        saved = requests.index("POST /api/v1/jobs/7/checkpoints")
     assert order[:2] == ["report 4", "checkpoint 4"]
+    # in one request: the points travel with the registration, no report of their own
+    assert "POST /api/v1/jobs/7/report" not in requests[:saved]
+
+
+def test_a_server_that_ignores_the_points_a_registration_carries_gets_them_reported() -> None:
+    """A server of before the points travelled with a registration ignores them (its answer
+    has no report): they stay in line and are reported at once, never lost."""
+    server = FakeServer()
+    registered: list[dict[str, Any]] = []
+
+    def route(request: httpx.Request) -> httpx.Response:
+        if request.url.path.endswith("/checkpoints"):
+            body = json.loads(request.content)
+            registered.append(body)
+            return httpx.Response(201, json={"id": 1, "step": body["step"]})  # no "report"
+        return server(request)
+
+    api = JobAPI("http://server", 7, "tok", transport=httpx.MockTransport(route))
+    rep = Reporter(api, attempt=1, interval=3600)
+    rep.add([(s, "loss", float(s), None, 0.0) for s in range(3)])
+    answer = rep.register_with_points({"step": 2, "path": "step-2.pt"})
+    assert answer == {"id": 1, "step": 2}
+    assert "report" in registered[0]
+    assert [p[0] for r in server.requests for p in r["points"]] == [0, 1, 2]
+    rep.close()
+    api.close()
+
+
+def test_a_registration_carries_points_only_when_nothing_waits_before_them() -> None:
+    """Batches in line (the server was away) go first, on their own, then the registration;
+    with nothing logged, a registration carries no report."""
+    server = FakeServer()
+    rep = reporter(server, interval=3600)
+    server.down = True
+    rep.add([(0, "loss", 0.0, None, 0.0)])
+    with pytest.raises(ClientError):
+        rep.flush()
+    server.down = False
+    rep.add([(1, "loss", 1.0, None, 0.0)])
+    seen: list[dict[str, Any]] = []
+
+    def register(record: dict[str, Any], *, retry_for: float = 0.0) -> dict[str, Any]:
+        seen.append(record)
+        report = record.get("report")
+        return {"id": len(seen), **({"report": {"stop": False}} if report else {})}
+
+    rep.api.register_checkpoint = register  # type: ignore[method-assign]
+    rep.register_with_points({"step": 1})
+    assert [p[0] for r in server.requests for p in r["points"]] == [0, 1]  # reported first
+    assert seen == [{"step": 1}]
+    rep.register_with_points({"step": 2})  # nothing logged since
+    assert seen[-1] == {"step": 2}
+    rep.add([(3, "loss", 3.0, None, 0.0)])
+    rep.register_with_points({"step": 3})
+    assert seen[-1]["report"]["columns"]["step"] == [3]
+    rep.close()
+    rep.api.close()
 
 
 def test_points_unsent_at_the_end_are_spooled_and_stored_once(tmp_path: Path) -> None:

@@ -187,6 +187,14 @@ class Storage:
             return sum(size for _, size in self.files(rel))
         return self._file_size(rel)
 
+    def entry(self, rel: str) -> tuple[bool, int] | None:
+        """Whether ``rel`` is a directory, and its :meth:`size`; None when nothing is there
+        (what :meth:`exists`, :meth:`is_dir` and :meth:`size` say, looked up once where the
+        storage can)."""
+        if not self.exists(rel):
+            return None
+        return self.is_dir(rel), self.size(rel)
+
     def _file_size(self, rel: str) -> int:
         raise NotImplementedError
 
@@ -353,6 +361,14 @@ class LocalStorage(Storage):
     def _file_size(self, rel: str) -> int:
         with self.open_read(rel) as fh:
             return os.fstat(fh.fileno()).st_size
+
+    def entry(self, rel: str) -> tuple[bool, int] | None:
+        st = self._lstat(rel)  # one walk from the anchor, not three
+        if st is None:
+            return None
+        if stat.S_ISDIR(st.st_mode):
+            return True, sum(size for _, size in self.files(rel))
+        return False, self._file_size(rel)  # opened: a link, a FIFO, ... is refused here
 
     def files(self, rel: str) -> FileList:
         try:

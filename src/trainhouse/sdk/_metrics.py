@@ -8,7 +8,8 @@ Points the server could not take by the end of the run (it was down) are spooled
 directory; the server stores them when it records the attempt's end, under the same batch ids.
 
 A checkpoint must never become visible to a resume before every point logged before it is
-durable: the checkpointer flushes, and where the server cannot take the points now it asks
+durable: its registration carries them (:meth:`Reporter.register_with_points`: one request,
+the server stores them first), and where the server cannot take the points now it asks
 :meth:`Reporter.persist` to spool them (fsynced) first. Spooled batches stay first in line and
 are sent under their own ids once the server answers (their files removed once stored); a rank
 killed before that leaves them for the server to store when it records the attempt's end.
@@ -38,6 +39,9 @@ log = logging.getLogger("trainhouse")
 Point = tuple[int, str, float | None, int | None, float]
 MAX_SERVER_ERRORS = 10  # a batch the server fails on this many times in a row is dropped
 BUSY = 503  # the server cannot take a report now (a full queue): never counted as a failure
+#: points a checkpoint's registration carries at most (the route takes 1 MiB); more are
+#: reported on their own first
+FOLD_POINTS = 10_000
 
 
 def finite_or_none(value: float) -> float | None:
@@ -99,7 +103,7 @@ class Reporter:
         # flight); only the flush lock's holder takes from it
         self._batches: deque[_Batch] = deque()
         self._lock = threading.Lock()
-        self._flush_lock = threading.Lock()
+        self._flush_lock = threading.RLock()  # register_with_points may flush under it
         self._kick = threading.Event()
         self._closed = threading.Event()
         self._last_sent = 0.0
@@ -166,6 +170,46 @@ class Reporter:
                     log.warning("trainhouse: checkpoint %s registered", record["path"])
                 with self._lock:
                     self._deferred.pop(0)
+
+    def register_with_points(
+        self, record: dict[str, Any], *, retry_for: float = 0.0
+    ) -> dict[str, Any]:
+        """Register the checkpoint ``record`` in one request with the points logged before it:
+        the server stores them first, then registers it (a run resumed from it misses no step
+        it logged before), and answers as a report does too. One request per checkpoint, not
+        two (a flush, then the registration).
+
+        When batches wait in line (the server was away), checkpoints wait to be registered,
+        or more than :data:`FOLD_POINTS` points are owed, it flushes, then registers, as
+        before. A ClientError leaves the points in line (the caller spools them)."""
+        with self._flush_lock:
+            with self._lock:
+                owed = len(self._buffer)
+                alone = not self._deferred
+            if self._batches or not alone or owed > FOLD_POINTS:
+                self.flush(retry_for=retry_for)  # takes the flush lock again: it is reentrant
+                return self.api.register_checkpoint(record, retry_for=retry_for)
+            if not owed:  # nothing to store before it
+                return self.api.register_checkpoint(record, retry_for=retry_for)
+            batch = _Batch(uuid.uuid4().hex, self._take_buffer(owed))
+            self._batches.append(batch)
+            payload = self._payload(batch)
+            folded = {**record, "report": payload}
+            answer = dict(self.api.register_checkpoint(folded, retry_for=retry_for))
+            reported = answer.pop("report", None)
+            if not isinstance(reported, dict):  # a server that ignores the points it was sent
+                self._send_points(retry_for)
+                return answer
+            if self.resume_step == payload["resume_step"]:
+                self.resume_step = None  # applied
+            self._stored(batch)
+            self._last_sent = time.monotonic()
+            self._total_sent = payload["total_steps"]
+            self.sent_points += len(batch.points)
+            if reported.get("stop"):
+                self.stop_reason = reported.get("stop_reason")
+                self.stop_requested.set()
+            return answer
 
     def _take_buffer(self, limit: int | None = None) -> list[Point]:
         """At most ``max_batch`` (and ``limit``) of the buffered points, taken out of the

@@ -6,6 +6,7 @@ server registers, verifies and retires them through :mod:`trainhouse.ingest.chec
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
@@ -59,31 +60,41 @@ class CheckpointRepo:
         metrics: dict[str, float | None] | None = None,
         kind: str = "file",
         algorithm: str = "sha256",
+        replace: bool = False,
     ) -> Checkpoint:
+        """Record a checkpoint; ``replace``: one at the same path (the same step written
+        again, after a restart) is listed no more, in the same transaction."""
         with self.db.transaction() as conn:
-            ckpt_id = conn.execute(
-                insert(t.checkpoints)
-                .values(
-                    job_id=job_id,
-                    attempt=attempt,
-                    step=step,
-                    path=path,
-                    size=size,
-                    sha256=sha256,
-                    metrics=metrics or {},
-                    created_at=time.time(),
-                    deleted=False,
-                    kind=kind,
-                    algorithm=algorithm,
+            if replace:
+                c = t.checkpoints.c
+                conn.execute(
+                    update(t.checkpoints)
+                    .where(c.job_id == job_id, c.path == path, c.deleted.is_(False))
+                    .values(deleted=True)
                 )
-                .returning(t.checkpoints.c.id)
-            ).scalar_one()
-            row = (
-                conn.execute(select(t.checkpoints).where(t.checkpoints.c.id == ckpt_id))
-                .mappings()
-                .one()
+            made = Checkpoint(
+                id=0,
+                job_id=job_id,
+                attempt=attempt,
+                step=step,
+                path=path,
+                size=size,
+                sha256=sha256,
+                metrics=metrics or {},
+                created_at=time.time(),
+                deleted=False,
+                kind=kind,
+                corrupt=None,
+                algorithm=algorithm,
             )
-        return _checkpoint(row)
+            values = {
+                k: v for k, v in dataclasses.asdict(made).items() if k not in ("id", "corrupt")
+            }
+            ckpt_id = conn.execute(
+                insert(t.checkpoints).values(**values).returning(t.checkpoints.c.id)
+            ).scalar_one()
+        # the row is what was inserted (no column has a default of the database's)
+        return dataclasses.replace(made, id=ckpt_id)
 
     def list(self, job_id: int, *, include_deleted: bool = False) -> CheckpointList:
         """A job's checkpoints by step (then id); deleted ones only with ``include_deleted``."""

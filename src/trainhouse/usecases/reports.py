@@ -29,12 +29,19 @@ from trainhouse.usecases.runtime import Runtime
 
 PARSE_INLINE = 64 * 1024  # bytes: a bigger body is parsed in a thread, not the event loop
 
-__all__ = ["PARSE_INLINE", "Reported", "mark_corrupt", "register_checkpoint", "report"]
+__all__ = [
+    "PARSE_INLINE",
+    "Reported",
+    "in_thread",
+    "mark_corrupt",
+    "register_checkpoint",
+    "report",
+]
 
 T = TypeVar("T")
 
 
-async def _in_thread(func: Callable[..., T], *args: object, **kwargs: object) -> T:
+async def in_thread(func: Callable[..., T], *args: object, **kwargs: object) -> T:
     """``func(*args, **kwargs)`` in a worker thread, off the event loop (as the routes' sync
     handlers run)."""
     return await anyio.to_thread.run_sync(functools.partial(func, *args, **kwargs))
@@ -42,11 +49,12 @@ async def _in_thread(func: Callable[..., T], *args: object, **kwargs: object) ->
 
 @dataclass(frozen=True)
 class Reported:
-    """A report stored: the points written (0 for a batch id seen before), and why the
-    attempt must stop now (None: it goes on)."""
+    """A report stored: the points written (0 for a batch id seen before), why the attempt
+    must stop now (None: it goes on), and the job whose credential it carried."""
 
     accepted: int
     stop_reason: str | None
+    job: Job
 
 
 async def report(rt: Runtime, job_id: int, body: bytes, token: str | None, client: str) -> Reported:
@@ -63,16 +71,16 @@ async def report(rt: Runtime, job_id: int, body: bytes, token: str | None, clien
         if len(body) <= PARSE_INLINE:  # a small body parses faster than a hop to a thread
             parsed = parse_report(body)
         else:
-            parsed = await _in_thread(parse_report, body)
+            parsed = await in_thread(parse_report, body)
     except InvalidMetrics:
-        await _in_thread(callers.reporting_job, rt, job_id, token, client)
+        await in_thread(callers.reporting_job, rt, job_id, token, client)
         raise
     if token is None or not rt.settings.report_group_commit:
         # no credential (refused as reporting_job refuses it), or one transaction per report
         # in a worker thread as before group commit (bench/load.py's baseline)
-        job = await _in_thread(callers.reporting_job, rt, job_id, token, client)
+        job = await in_thread(callers.reporting_job, rt, job_id, token, client)
         resume = parsed.resume_step
-        accepted = await _in_thread(
+        accepted = await in_thread(
             rt.store.metrics.add,
             job.id,
             parsed.columns,
@@ -86,20 +94,22 @@ async def report(rt: Runtime, job_id: int, body: bytes, token: str | None, clien
         except Refused as refused:
             why = f"the credential is not valid for job {refused.job.id}'s current attempt"
             # counted and audited (a write): in a thread, not on the event loop
-            error = await _in_thread(rt.auth.refuse, client, why, token)
+            error = await in_thread(rt.auth.refuse, client, why, token)
             raise error from None
         job, accepted = stored.job, stored.accepted
     rt.telemetry.points.inc(accepted)
     # a trial: its objective values go to the search's pruner, which may stop it now
     trial = job.search_id is not None and not job.prune_requested and len(parsed.columns) > 0
-    if trial and await _in_thread(rt.tune.on_report, job, parsed.columns):
+    if trial and await in_thread(rt.tune.on_report, job, parsed.columns):
         job = replace(job, prune_requested=True)
     started = None
     if job.spec.max_runtime:
-        attempt = await _in_thread(rt.store.jobs.attempt, job.id, job.attempts)
+        attempt = await in_thread(rt.store.jobs.attempt, job.id, job.attempts)
         started = attempt.started_at
     stop = stop_reason(job, started, time.time())
-    return Reported(accepted=accepted, stop_reason=stop.message if stop is not None else None)
+    return Reported(
+        accepted=accepted, stop_reason=stop.message if stop is not None else None, job=job
+    )
 
 
 def register_checkpoint(

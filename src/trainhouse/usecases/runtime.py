@@ -237,7 +237,7 @@ def build_runtime(settings: Settings, executor: Executor | None = None) -> Runti
     )
 
     def attempt_ended(job_id: int, attempt: int) -> None:  # before the scheduler records it
-        checkpoints.register_unlisted(job_id, attempt)
+        checkpoints.attempt_ended(job_id, attempt)
         if tensorboard.enabled:  # its last scalars: the job's metrics complete as it ends
             tensorboard.attempt_ended(job_id)
 

@@ -298,16 +298,22 @@ class Checkpointer(Finder):
         }
 
     def _commit(self, record: dict[str, Any]) -> dict[str, Any]:
-        """Metrics, sidecar, then the server: only for a checkpoint that is fully on disk.
+        """Metrics and the server (one request), then the sidecar: only for a checkpoint that
+        is fully on disk.
 
-        A checkpoint becomes visible to a resume (its sidecar record, which a restart finds, or
-        its registration) only once every metric point logged before it is durable: stored by
-        the server, or, while the server cannot take them, spooled and fsynced. A run resumed
-        from it then never misses a step it logged before, whatever is killed when.
+        A checkpoint becomes visible to a resume (its registration, or its sidecar record,
+        which a restart finds) only once every metric point logged before it is durable: stored
+        by the server before it registers it, or, while the server cannot take them, spooled
+        and fsynced before the sidecar is written. A run resumed from it then never misses a
+        step it logged before, whatever is killed when.
         """
         registry = self._registry
-        try:
-            registry.flush_metrics(retry_for=REGISTER_WAIT)
+        if isinstance(registry, LocalRegistry):  # standalone: the spec's default retention
+            self._write_sidecar(record)
+            registry.retain(self.storage, [r for r in self._local_records() if r.get("_sidecar")])
+            return registry.register(record)
+        try:  # the metrics logged before it travel with it, stored first: one request
+            registered = registry.register_with_metrics(record, retry_for=REGISTER_WAIT)
         except ClientError as exc:
             if registry.persist_metrics():  # spooled: durable without the server
                 self._write_sidecar(record)
@@ -320,14 +326,8 @@ class Checkpointer(Finder):
                 )
             self._register_later(record, exc)
             return record
-        self._write_sidecar(record)
-        if isinstance(registry, LocalRegistry):  # standalone: the spec's default retention
-            registry.retain(self.storage, [r for r in self._local_records() if r.get("_sidecar")])
-        try:
-            return registry.register(record, retry_for=REGISTER_WAIT)
-        except ClientError as exc:
-            self._register_later(record, exc)
-        return record
+        self._write_sidecar(record)  # for a restart that cannot ask the server
+        return registered
 
     def _register_later(self, record: dict[str, Any], exc: ClientError) -> None:
         """The server could not register ``record`` now: the metric thread does it once the

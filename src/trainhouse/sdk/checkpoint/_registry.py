@@ -33,6 +33,15 @@ class CheckpointRegistry(ABC):
         """Register a checkpoint that is fully written; the record as registered (the server adds
         its id). Retries an unreachable server for up to ``retry_for`` seconds."""
 
+    def register_with_metrics(
+        self, record: dict[str, Any], *, retry_for: float = 60.0
+    ) -> dict[str, Any]:
+        """:meth:`flush_metrics`, then :meth:`register`: the metrics logged before the
+        checkpoint are stored before it is registered (a registry may do both in one call).
+        On a ClientError the metrics may not be stored: :meth:`persist_metrics` keeps them."""
+        self.flush_metrics(retry_for=retry_for)
+        return self.register(record, retry_for=retry_for)
+
     @abstractmethod
     def register_model(self, record: dict[str, Any]) -> dict[str, Any]:
         """Register the model ``record`` describes (``run.save_model``, fully written) as a
@@ -144,6 +153,16 @@ class ServerRegistry(CheckpointRegistry):
 
     def register(self, record: dict[str, Any], *, retry_for: float = 60.0) -> dict[str, Any]:
         return self.link.api.register_checkpoint(record, retry_for=retry_for)
+
+    def register_with_metrics(
+        self, record: dict[str, Any], *, retry_for: float = 60.0
+    ) -> dict[str, Any]:
+        """One request: the points this rank logged before the checkpoint travel with its
+        registration, stored first (:meth:`Reporter.register_with_points`)."""
+        reporter = self.link.reporter
+        if reporter is None:
+            return self.register(record, retry_for=retry_for)
+        return reporter.register_with_points(record, retry_for=retry_for)
 
     def register_model(self, record: dict[str, Any]) -> dict[str, Any]:
         answer = self.link.api.register_model(record["name"], record["path"])

@@ -9,20 +9,23 @@ from __future__ import annotations
 from dataclasses import asdict
 from typing import Any
 
+import orjson
 from fastapi import APIRouter, Depends, Request
 
+from trainhouse.core.errors import InvalidMetrics
 from trainhouse.core.records import Job
 from trainhouse.server.auth import AuthHeader, bearer_token, client_address, reporting_job
 from trainhouse.server.deps import runtime
 from trainhouse.server.schemas import (
     CheckpointIn,
     CheckpointOut,
+    CheckpointRegisteredOut,
     CorruptIn,
     ReportIn,
     ReportOut,
     RowId,
 )
-from trainhouse.usecases import reports
+from trainhouse.usecases import callers, reports
 from trainhouse.usecases.runtime import Runtime
 
 router = APIRouter(tags=["report"])
@@ -64,14 +67,31 @@ async def report(
     )
 
 
-@router.post("/jobs/{job_id}/checkpoints", response_model=CheckpointOut, status_code=201)
-def register_checkpoint(
+@router.post("/jobs/{job_id}/checkpoints", response_model=CheckpointRegisteredOut, status_code=201)
+async def register_checkpoint(
+    job_id: RowId,
     body: CheckpointIn,
-    job: Job = Depends(reporting_job),
+    request: Request,
+    authorization: str | None = AuthHeader,
     rt: Runtime = Depends(runtime),
-) -> CheckpointOut:
-    """A checkpoint the SDK finished writing; retention runs after it in the background."""
-    ckpt = reports.register_checkpoint(
+) -> CheckpointRegisteredOut:
+    """A checkpoint the SDK finished writing; retention runs after it in the background.
+    With ``report`` (the points logged before it), they are stored first, as
+    ``POST /jobs/{id}/report`` stores them, and the answer carries that report's answer."""
+    token, client = bearer_token(authorization), client_address(request)
+    stored = None
+    if body.report is not None:
+        try:  # the route parsed it as JSON: back to bytes for the report's own parser
+            raw = orjson.dumps(body.report)
+        except (TypeError, ValueError, RecursionError):  # nested past what orjson writes
+            raise InvalidMetrics("the report is not a metric report") from None
+        stored = await reports.report(rt, job_id, raw, token, client)
+    if stored is not None:  # the report's credential checked: the job it carried
+        job = stored.job
+    else:
+        job = await reports.in_thread(callers.reporting_job, rt, job_id, token, client)
+    ckpt = await reports.in_thread(
+        reports.register_checkpoint,
         rt,
         job,
         attempt=body.attempt,
@@ -83,7 +103,11 @@ def register_checkpoint(
         kind=body.kind,
         algorithm=body.algorithm,
     )
-    return CheckpointOut(**asdict(ckpt))
+    answer = None
+    if stored is not None:
+        why = stored.stop_reason
+        answer = ReportOut(accepted=stored.accepted, stop=why is not None, stop_reason=why)
+    return CheckpointRegisteredOut(**asdict(ckpt), report=answer)
 
 
 @router.post("/jobs/{job_id}/checkpoints/{checkpoint_id}/corrupt", response_model=CheckpointOut)

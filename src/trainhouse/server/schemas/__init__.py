@@ -27,6 +27,7 @@ from trainhouse.server.schemas.checkpoints import (
     CheckpointIn,
     CheckpointListOut,
     CheckpointOut,
+    CheckpointRegisteredOut,
     CorruptIn,
 )
 from trainhouse.server.schemas.common import (
@@ -127,6 +128,7 @@ __all__ = [
     "CheckpointIn",
     "CheckpointListOut",
     "CheckpointOut",
+    "CheckpointRegisteredOut",
     "CheckpointSource",
     "CloneIn",
     "CloneOut",

@@ -3,11 +3,12 @@ and what the SDK registers (or reports corrupt)."""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
 from trainhouse.server.schemas.common import INT32, INT64, NO_NUL
+from trainhouse.server.schemas.metrics import ReportOut
 
 
 class CheckpointOut(BaseModel):
@@ -25,6 +26,14 @@ class CheckpointOut(BaseModel):
     corrupt: str | None = Field(None, description="Why a load refused it; null when fine")
     algorithm: str = Field(
         "sha256", description='What the digest in "sha256" was made with: "sha256" or "blake3"'
+    )
+
+
+class CheckpointRegisteredOut(CheckpointOut):
+    """What registering a checkpoint answers (``POST /jobs/{id}/checkpoints``, the SDK's)."""
+
+    report: ReportOut | None = Field(
+        None, description="The answer to the report the registration carried; null without one"
     )
 
 
@@ -56,6 +65,11 @@ class CheckpointIn(BaseModel):
     kind: Literal["file", "sharded"] = "file"
     algorithm: Literal["sha256", "blake3"] = Field(
         "sha256", description='What the digest in "sha256" was made with'
+    )
+    report: dict[str, Any] | None = Field(
+        None,
+        description="The metric points logged before the checkpoint (a ReportIn, at most "
+        "the route's 1 MiB body): stored before it is registered, in one request",
     )
 
 
