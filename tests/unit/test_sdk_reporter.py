@@ -14,7 +14,7 @@ import pytest
 
 from tests.support.records import new_job
 from trainhouse.core.reports import COLUMN_KEYS
-from trainhouse.errors import ClientError
+from trainhouse.errors import ClientError, ServerUnreachable
 from trainhouse.ingest.spool import ingest_spool
 from trainhouse.jobfs.layout import AttemptLayout
 from trainhouse.sdk import _run as sdk_run
@@ -470,3 +470,25 @@ def test_no_record_when_the_metrics_before_it_cannot_be_kept(
     assert rep.deferred_checkpoints  # registered after its metrics, if the server returns
     rep.close(timeout=0.1)
     rep.api.close()
+
+
+def test_a_checkpoint_during_an_outage_does_not_wait_for_the_server() -> None:
+    """Once a registration waits for the server (or the last flush failed), the next
+    checkpoint's registration is refused at once and waits in line too: it waited 5 s per
+    checkpoint for a server the one before had found gone, and training waited with it."""
+    tried: list[str] = []
+
+    def down(request: httpx.Request) -> httpx.Response:
+        tried.append(request.url.path)
+        raise httpx.ConnectError("connection refused", request=request)
+
+    api = JobAPI("http://server", 7, "tok", transport=httpx.MockTransport(down))
+    rep = Reporter(api, attempt=1, interval=3600)
+    rep.defer_checkpoint({"step": 1, "path": "step-1.pt"})  # the server was found gone
+    rep.add([(2, "loss", 2.0, None, 0.0)])
+    with pytest.raises(ServerUnreachable):
+        rep.register_with_points({"step": 2, "path": "step-2.pt"}, retry_for=600)
+    assert not any(path.endswith("/checkpoints") for path in tried)  # nothing was sent
+    assert [r["step"] for r in rep.deferred_checkpoints] == [1]  # the caller defers step 2
+    rep.close(timeout=0.1)
+    api.close()

@@ -181,7 +181,16 @@ class Reporter:
 
         When batches wait in line (the server was away), checkpoints wait to be registered,
         or more than :data:`FOLD_POINTS` points are owed, it flushes, then registers, as
-        before. A ClientError leaves the points in line (the caller spools them)."""
+        before. A ClientError leaves the points in line (the caller spools them).
+
+        While the server is away (the metric thread's last flush failed, or registrations
+        already wait for it) it raises :class:`ServerUnreachable` at once: each checkpoint of
+        an outage waited ``retry_for`` (5 s) for a server the last one had found gone, and the
+        training loop with it. The checkpoint then waits in line behind the earlier ones."""
+        with self._lock:
+            away = self._failing or bool(self._deferred)
+        if away:
+            raise ServerUnreachable(self.api.url, "it did not answer the last flush")
         with self._flush_lock:
             with self._lock:
                 owed = len(self._buffer)
