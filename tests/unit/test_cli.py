@@ -101,7 +101,7 @@ def test_the_commands_and_their_order() -> None:
         *("submit", "ps", "show", "cancel", "logs", "metrics", "checkpoints"),
         *("tag", "note", "archive", "delete"),
         *("resume", "clone", "top"),
-        *("models", "datasets", "admin", "db", "envs", "search", "serve"),
+        *("models", "datasets", "flows", "admin", "db", "envs", "search", "serve"),
     ]
     models = root.commands["models"]  # type: ignore[attr-defined]
     assert list(models.commands) == [

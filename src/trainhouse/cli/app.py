@@ -18,6 +18,7 @@ client, the spec, the server and the store load inside the commands that use the
 - :mod:`~trainhouse.cli.top`: ``top``
 - :mod:`~trainhouse.cli.models`: ``models list/show/register/alias/download/delete``
 - :mod:`~trainhouse.cli.datasets`: ``datasets add/list/show/rm``
+- :mod:`~trainhouse.cli.flows`: ``flows [list]/show/cancel/resume`` (``submit FLOW.yaml``)
 - :mod:`~trainhouse.cli.admin`: ``admin init/user/token/quota/audit``
 - :mod:`~trainhouse.cli.db`: ``db upgrade/current``
 - :mod:`~trainhouse.cli.envs`: ``envs list/prune``
@@ -110,6 +111,12 @@ COMMANDS: dict[str, Listed] = {
     "datasets": Listed(
         "datasets",
         "Datasets: versions in any storage, pinned by jobs, staged per node.",
+        group=True,
+    ),
+    "flows": Listed(
+        "flows",
+        "Flows: jobs submitted together as steps (train, evaluate, promote), each waiting for "
+        "the steps it names.",
         group=True,
     ),
     "admin": Listed(

@@ -27,6 +27,7 @@ from trainhouse.cli.render import (
     err_console,
     errors,
     exit_words,
+    fail,
     fmt_value,
     placement_words,
     print_json,
@@ -54,9 +55,21 @@ def result_code(job: Job) -> int:
 # -- submit ----------------------------------------------------------------------------------
 @app.command()
 def submit(
-    file: Annotated[Path, typer.Argument(help="The job spec (YAML)")],
+    file: Annotated[Path, typer.Argument(help="The job spec (YAML), or a flow file")],
     set_: Annotated[
-        list[str] | None, typer.Option("--set", help="Override a field: --set hparams.lr=0.1")
+        list[str] | None,
+        typer.Option(
+            "--set",
+            help="Override a field: --set hparams.lr=0.1 (a flow: --set train.hparams.lr=0.1)",
+        ),
+    ] = None,
+    after: Annotated[
+        str | None,
+        typer.Option(
+            "--after",
+            metavar="JOB[,JOB...]",
+            help="Hold the job until these jobs have COMPLETED (after: in the spec)",
+        ),
     ] = None,
     detach: Annotated[bool, typer.Option("--detach", "-d", help="Return once queued")] = False,
     dry_run: Annotated[
@@ -69,8 +82,25 @@ def submit(
 
     The exit code is the job's result: 0 completed, the job's exit code if it failed,
     4 if it was canceled. A spec with a search: block starts a search and follows its trials
-    (--detach --json prints {"search_id": N, ...}).
+    (--detach --json prints {"search_id": N, ...}). A flow file (jobs: STEP: {spec: FILE,
+    after: [...], inputs: {...}}) submits every step at once and follows them, a line each
+    (--detach --json prints {"flow": ID, "jobs": {STEP: JOB, ...}}).
     """
+    from trainhouse.core.spec.flowfile import is_flow
+
+    try:
+        text = file.read_text() if file.is_file() else ""
+    except (OSError, UnicodeDecodeError):
+        text = ""
+    if is_flow(text):
+        if after or dry_run:
+            fail("--after and --dry-run are for a job spec; a flow's steps wait with after:")
+        from trainhouse.cli.flows import submit_flow
+
+        submit_flow(file, set_ or [], detach=detach, as_json=as_json, url=url)
+        return
+    if after:
+        set_ = [*(set_ or []), _after_override(file, set_ or [], after)]
     if dry_run:
         _dry_run(file, set_ or [], as_json, url)
         return
@@ -92,6 +122,23 @@ def submit(
             as_json=as_json,
             detach=detach,
         )
+
+
+def _after_override(file: Path, overrides: list[str], after: str) -> str:
+    """``--after 12,15`` as an override that adds those jobs to the spec's own ``after:``."""
+    from trainhouse.core.spec import load_spec
+
+    try:
+        wanted = [int(part) for part in after.split(",") if part.strip()]
+    except ValueError:
+        fail(f"--after takes job ids separated by commas (12,15), got {after!r}")
+    if not wanted:
+        fail("--after names no job")
+    with errors():
+        spec = load_spec(file, overrides)
+    have = [a.model_dump() for a in spec.after]
+    named = {a["job"] for a in have}
+    return "after=" + json.dumps(have + [{"job": j} for j in wanted if j not in named])
 
 
 def follow_job(c: Client, job: Job, said: str, *, as_json: bool, detach: bool) -> None:
@@ -327,6 +374,44 @@ def show(
         rows.append(("cloned from", f"job {job['cloned_from']}, starting from {start}"))
     if job.get("clones"):
         rows.append(("clones", ", ".join(f"job {c['id']} ({c['state']})" for c in job["clones"])))
+    if job.get("flow_id") is not None:
+        rows.append(("flow", f"{job['flow_id']}, step {job.get('flow_step')}"))
+    if job.get("after"):
+        rows.append(
+            (
+                "after",
+                ", ".join(
+                    f"job {a['job_id']} ({a['state'] or 'deleted'}"
+                    + (", any end)" if a["when"] == "ended" else ")")
+                    for a in job["after"]
+                ),
+            )
+        )
+    if job.get("inputs"):
+        rows.append(
+            (
+                "inputs",
+                "  ".join(
+                    f"{i['key']}={i['model']}@{i['version']} ({i['ref']})" for i in job["inputs"]
+                ),
+            )
+        )
+    elif job["spec"].get("inputs"):
+        rows.append(
+            (
+                "inputs",
+                "  ".join(f"{k}={v}" for k, v in job["spec"]["inputs"].items()) + " (at start)",
+            )
+        )
+    if (promotion := job.get("promotion")) is not None:
+        rows.append(
+            (
+                "promotion",
+                promotion["decision"]
+                or f"pending: {promotion['alias']} by {promotion['metric']} ({promotion['mode']}) "
+                "when it completes",
+            )
+        )
     if job["exit_code"] is not None:
         rows.append(("exit code", exit_words(job["exit_code"])))
     table = Table(box=None, show_header=False)

@@ -30,6 +30,7 @@ from trainhouse.client.base import DEFAULT_URL, default_url, load_and_pack
 from trainhouse.client.checkpoints import CheckpointCalls
 from trainhouse.client.credentials import current_user
 from trainhouse.client.datasets import DatasetCalls
+from trainhouse.client.flows import FlowCalls
 from trainhouse.client.frames import JobList, Metrics
 from trainhouse.client.logs import LogCalls
 from trainhouse.client.logs import _sse as _sse  # tests read streams with it from here
@@ -66,7 +67,15 @@ if TYPE_CHECKING:
     from trainhouse.jobfs.workdir import PackedWorkdir
 
 
-class Client(LogCalls, CheckpointCalls, SearchCalls, AdminCalls, ModelsAndServices, DatasetCalls):
+class Client(
+    LogCalls,
+    CheckpointCalls,
+    SearchCalls,
+    AdminCalls,
+    ModelsAndServices,
+    DatasetCalls,
+    FlowCalls,
+):
     """A trainhouse server's REST API (``Client(url, token=..., timeout=...)``; a context
     manager that closes its connection)."""
 

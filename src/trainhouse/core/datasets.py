@@ -245,17 +245,21 @@ class Pin:
 class StagedSource:
     """Where a node reads one pinned version's files: ``url`` with ``storage_options`` (fsspec;
     the credentials are the node's own environment's), or, with ``url`` None, the server's
-    dataset storage through the REST API with the job's credential."""
+    dataset storage through the REST API with the job's credential. ``kind`` "model": a model
+    version the job reads as an input (``inputs:``), through the job's own routes
+    (``/jobs/<id>/inputs/<key>``), its rank variable ``TRAINHOUSE_INPUT_<KEY>``."""
 
     pin: Pin
     url: str | None = None
     storage_options: dict[str, str] = field(default_factory=dict)
+    kind: str = "dataset"  # "dataset" | "model"
 
     def to_json(self) -> dict[str, Any]:
         return {
             "pin": self.pin.to_json(),
             "url": self.url,
             "storage_options": dict(self.storage_options),
+            "kind": self.kind,
         }
 
     @classmethod
@@ -265,6 +269,7 @@ class StagedSource:
             Pin.from_json(data["pin"]),
             None if data.get("url") is None else str(data["url"]),
             {str(k): str(v) for k, v in dict(options).items()},
+            "model" if data.get("kind") == "model" else "dataset",
         )
 
 

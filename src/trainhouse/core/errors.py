@@ -35,6 +35,7 @@
     ├── EnvBuildError               a job's environment cannot be built (on the node)
     ├── DatasetError                a dataset cannot be registered, found or read (422)
     │   └── StagingError            a pinned version cannot be staged on a node (a file changed)
+    ├── FlowError                   a flow, a dependency or a model input breaks a rule (422)
     ├── MlflowError                 an answer of the MLflow API, in MLflow's error shape
     ├── InvalidTracking             a tracking request (the MLflow API) breaks a rule (400)
     │   └── ArtifactTooLarge        an artifact past its own or its run's limit (413)
@@ -63,6 +64,7 @@ __all__ = [
     "EnvBuildError",
     "ExecutorUnavailable",
     "ExportFailed",
+    "FlowError",
     "Forbidden",
     "InvalidMetrics",
     "InvalidQuery",
@@ -343,6 +345,15 @@ class StagingError(DatasetError):
     def __init__(self, message: str, *, transient: bool = False) -> None:
         super().__init__(message)
         self.transient = transient
+
+
+class FlowError(TrainhouseError):
+    """A flow file, a job's ``after:``, ``inputs:`` or ``promote:`` breaks a rule: a step
+    named that does not exist, a cycle between steps, a job it may not wait on, an input that
+    cannot be resolved; the message names the step or key and the value (422)."""
+
+    code = "invalid_flow"
+    status = 422
 
 
 class InvalidTracking(TrainhouseError):

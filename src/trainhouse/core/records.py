@@ -21,10 +21,13 @@ __all__ = [
     "Dataset",
     "DatasetVersion",
     "Event",
+    "Flow",
+    "InputPin",
     "Job",
     "MetricPoint",
     "Model",
     "ModelVersion",
+    "Promotion",
     "Search",
     "Trial",
     "UserLimits",
@@ -74,6 +77,8 @@ class Job:
     hparams: dict[str, Any] | None = None  # what its SDK reported it ran with (None: nothing yet)
     note: str | None = None  # markdown
     archived: bool = False
+    flow_id: int | None = None  # the flow it is a step of
+    flow_step: str | None = None  # its step's name there
 
     @property
     def tracked(self) -> bool:
@@ -278,3 +283,56 @@ class Dataset:
     versions: int  # how many versions it has now
     latest: int | None  # the newest version's number
     size: int | None  # the newest version's bytes
+
+
+@dataclass(frozen=True)
+class Flow:
+    """Jobs submitted together as the steps of one flow: each step's job, its upstream steps
+    and its inputs as submitted (upstreams first)."""
+
+    id: int
+    name: str
+    owner: str
+    created_at: float
+    steps: list[dict[str, Any]]  # [{"name", "job_id", "after": [...], "inputs": {...}}]
+
+    @property
+    def jobs(self) -> dict[str, int]:
+        return {str(s["name"]): int(s["job_id"]) for s in self.steps}
+
+
+@dataclass(frozen=True)
+class InputPin:
+    """The model version a job read under ``key`` (``ref`` is what its spec said)."""
+
+    job_id: int
+    key: str
+    ref: str
+    model: str
+    version: int
+    digest: str
+    attempt: int
+    resolved_at: float
+
+    @property
+    def version_ref(self) -> str:
+        return f"{self.model}@{self.version}"
+
+
+@dataclass(frozen=True)
+class Promotion:
+    """A job's ``promote:`` and, once it completed, what was decided: ``promoted`` None while
+    pending."""
+
+    job_id: int
+    alias: str
+    metric: str
+    mode: str
+    model: str | None = None
+    version: int | None = None
+    value: float | None = None
+    previous_version: int | None = None
+    previous_value: float | None = None
+    promoted: bool | None = None
+    decision: str | None = None
+    decided_at: float | None = None

@@ -20,10 +20,13 @@ from pathlib import Path
 from trainhouse.core import envspec
 from trainhouse.core.background import BackgroundLoop
 from trainhouse.core.cluster import Placements
+from trainhouse.core.datasets import StageRequest
 from trainhouse.core.errors import InvalidTransition, StoreError
+from trainhouse.core.flows import verdict
 from trainhouse.core.lifecycle import AttemptResult, JobState, StopReason
 from trainhouse.core.tokens import hash_token, job_token
 from trainhouse.executors.base import Executor, Exit, Launch, ProcessInfo
+from trainhouse.ingest import promotions
 from trainhouse.ingest.spool import ingest_spool
 from trainhouse.jobfs import jobfiles
 from trainhouse.jobfs.layout import JobEnv, JobLayout
@@ -190,6 +193,16 @@ class SchedulerLoop(BackgroundLoop):
             self._lost(job, "was lost while the server was down")
         for job in self.store.jobs.list(states=[JobState.RESTARTING, JobState.PREEMPTED]):
             self.store.jobs.transition(job.id, JobState.QUEUED, reason=job.reason)
+        for job_id in self.store.flows.undecided():  # it completed as the server went down
+            self._completed(job_id)
+
+    def _completed(self, job_id: int) -> None:
+        """Decide a completed job's ``promote:`` (once; a server that died before it had
+        decided does it at start-up)."""
+        try:
+            promotions.decide(self.store, job_id)
+        except Exception:  # decided at the next start-up; the job's end stands
+            log.exception("job %s: deciding its promotion failed", job_id)
 
     # -- exits -----------------------------------------------------------------------------
     def _lost(self, job: Job, what: str = "was lost track of") -> None:
@@ -251,6 +264,8 @@ class SchedulerLoop(BackgroundLoop):
             self.store.jobs.transition(
                 job.id, out.state, reason=out.reason, exit_code=out.exit_code
             )
+            if out.state is JobState.COMPLETED and job.spec_data.get("promote"):
+                self._completed(job.id)
             # the compilers' caches only serve the job's next attempts: there are none
             try:
                 jobfiles.remove(self.home, JobLayout(self.home, job.id).cache)
@@ -302,7 +317,7 @@ class SchedulerLoop(BackgroundLoop):
         by_id: dict[int, Job] = {}
         known, kept = self._queued_jobs, {}
         if queued is None:
-            queued = self.store.jobs.list(states=[JobState.QUEUED])
+            queued, _ = self._gate(self.store.jobs.list(states=[JobState.QUEUED]), end=False)
         for job in queued:
             if job.cancel_requested:
                 continue  # _schedule ends it
@@ -371,16 +386,49 @@ class SchedulerLoop(BackgroundLoop):
         snap, _ = self.snapshot(extra)
         return decide(snap)
 
+    def _gate(self, queued: list[Job], *, end: bool) -> tuple[list[Job], dict[int, str]]:
+        """The queued jobs whose upstreams (``after:``) all satisfy them, and why each other one
+        waits. With ``end``, a job whose upstream can no longer satisfy it ends CANCELED with
+        the reason (``upstream job 12 FAILED``), and so do its own dependents, in this tick."""
+        kept: list[Job] = queued
+        waiting: dict[int, str] = {}
+        for _ in range(64):  # each round ends the next generation of dependents
+            upstreams = self.store.flows.upstreams()
+            if not upstreams:
+                return queued, {}
+            kept, waiting, ended = [], {}, False
+            for job in queued:
+                ups = upstreams.get(job.id)
+                said = verdict(ups) if ups else None
+                if said is None or said.ready:
+                    kept.append(job)
+                elif said.doomed and end:
+                    with contextlib.suppress(InvalidTransition, StoreError):
+                        self.store.jobs.transition(job.id, JobState.CANCELED, reason=said.reason)
+                        log.info("job %s: %s", job.id, said.reason)
+                        ended = True
+                else:
+                    waiting[job.id] = said.reason
+            if not ended:
+                break
+            again = {j.id for j in kept} | set(waiting)
+            queued = [j for j in queued if j.id in again]
+        return kept, waiting
+
     def _schedule(self) -> None:
         queued = self.store.jobs.list(states=[JobState.QUEUED])
         for job in queued:
             if job.cancel_requested:
                 with contextlib.suppress(InvalidTransition, StoreError):
                     self.store.jobs.transition(job.id, JobState.CANCELED, reason=outcome.CANCELED)
+        queued = [j for j in queued if not j.cancel_requested]
+        queued, after = self._gate(queued, end=True)
         snap, by_id = self.snapshot(queued=queued)  # leaves out what was canceled
         totals = cluster_totals(snap.nodes)
         self._advance_usage(snap.now, snap.running, totals)
         if not snap.queued:
+            self.waiting = after
+            self._write_reasons()
             return
         began = time.perf_counter()
         # the same decisions as decide(snap), with the queue kept indexed between ticks
@@ -395,7 +443,10 @@ class SchedulerLoop(BackgroundLoop):
                 self.usage.charge_start(job.owner, cost_rate(demand, *totals))
         for pre in decisions.preemptions:
             self._preempt(pre.victim, pre.reason)
-        self.waiting = with_held_gpus(decisions.waiting, snap)
+        self.waiting = with_held_gpus(decisions.waiting, snap) | after
+        self._write_reasons()
+
+    def _write_reasons(self) -> None:
         # the store keeps each waiting job's reason too, but a queue of thousands shifts its
         # positions at every start: write only reasons that changed beyond the position,
         # a bounded number per tick (readers take the live ones from `waiting`)
@@ -449,6 +500,9 @@ class SchedulerLoop(BackgroundLoop):
                 spec.environment, self.env_defaults, f"{job.id}.{attempt.number}"
             )
             staging = self.store.datasets.stage_request(job.id)
+            inputs = self.store.flows.resolve_inputs(job, attempt.number, self.store.models)
+            if inputs:  # the models it reads are staged the way datasets are
+                staging = StageRequest((*(staging.sources if staging else ()), *inputs))
             if staging is not None:
                 staging = staging.with_cache("", self.dataset_cache_bytes)
             info = self.executor.launch(Launch(spec, placements, files, env, request, staging))

@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from trainhouse.core.datasets import ENV_PREFIX as DATASET_ENV_PREFIX
 from trainhouse.core.defaults import DEFAULT_KEEP_LAST
+from trainhouse.core.flows import INPUT_PREFIX
 from trainhouse.jobfs.layout import CHECKPOINT_URL_ENV, JobEnv
 from trainhouse.sdk._distributed import DistributedContext, connect
 from trainhouse.sdk._metrics import finite_or_none
@@ -252,6 +253,19 @@ class Run:
             name.removeprefix(DATASET_ENV_PREFIX).lower(): Path(value)
             for name, value in sorted(os.environ.items())
             if name.startswith(DATASET_ENV_PREFIX) and value
+        }
+
+    @property
+    def inputs(self) -> dict[str, Path]:
+        """The models the job reads (``inputs: {candidate: job:31}``, or a flow step's
+        ``inputs: {candidate: train}``), by key: each the path of a verified, read-only copy of
+        the model version on this node (``TRAINHOUSE_INPUT_<KEY>``), loadable with
+        :func:`trainhouse.sdk.load_model`. Outside trainhouse set those variables yourself
+        (to a downloaded version: ``trainhouse models download NAME@3 DIR``)."""
+        return {
+            name.removeprefix(INPUT_PREFIX).lower(): Path(value)
+            for name, value in sorted(os.environ.items())
+            if name.startswith(INPUT_PREFIX) and value
         }
 
     # -- hparams ---------------------------------------------------------------------------

@@ -27,6 +27,7 @@ from trainhouse.server.routes import (
     accounts,
     datasets,
     envs,
+    flows,
     jobs,
     lineage,
     logs,
@@ -156,6 +157,7 @@ def create_app(settings: Settings, *, executor: Executor | None = None) -> FastA
     app.include_router(searches.router, prefix="/api/v1")
     app.include_router(models.router, prefix="/api/v1")
     app.include_router(datasets.router, prefix="/api/v1")
+    app.include_router(flows.router, prefix="/api/v1")
     app.include_router(services.router, prefix="/api/v1")
     app.include_router(system.exposition)  # GET /metrics (Prometheus)
     app.include_router(ui.router)  # the dashboard: / and /static/...

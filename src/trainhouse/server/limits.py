@@ -151,6 +151,8 @@ def route_limits(
     return [
         ("POST", r"/api/v1/jobs/?", upload),
         ("POST", r"/api/v1/jobs/dry-run/?", upload),
+        # every step's archive together (a flow's steps usually share one workdir, sent once)
+        ("POST", r"/api/v1/flows/?", upload),
         ("POST", r"/api/v1/jobs/[^/]+/report/?", REPORT_LIMIT),
         ("POST", r"/api/v1/services/[^/]+/predict/?", PREDICT_LIMIT),
         ("POST", r"/api/v1/datasets/[^/]+/upload/?", dataset_bytes + MiB),

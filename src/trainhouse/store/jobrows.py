@@ -114,6 +114,8 @@ def job_from_row(row: RowMapping) -> Job:
         hparams=row["hparams"],
         note=row["note"],
         archived=bool(row["archived"]),
+        flow_id=row["flow_id"],
+        flow_step=row["flow_step"],
     )
 
 
@@ -168,6 +170,8 @@ def insert_job(
     cloned_step: int | None = None,
     hold: bool = False,
     reason: str = "submitted",
+    flow_id: int | None = None,
+    flow_step: str | None = None,
 ) -> int:
     """Insert a new QUEUED job and its first event in the caller's transaction; its id."""
     parsed = spec if isinstance(spec, JobSpec) else JobSpec.model_validate(spec)
@@ -201,6 +205,7 @@ def insert_job(
             **({"cloned_from": cloned_from} if cloned_from is not None else {}),
             **({"cloned_step": cloned_step} if cloned_step is not None else {}),
             **({"held": True} if hold else {}),
+            **({"flow_id": flow_id, "flow_step": flow_step} if flow_id is not None else {}),
             # the default project is the column's own default (the runs table's columns are
             # written only when they say something)
             **({"project": parsed.project} if parsed.project != "default" else {}),
@@ -208,6 +213,22 @@ def insert_job(
         .returning(t.jobs.c.id)
     ).scalar_one()
     insert_pins(conn, job_id, pins)
+    if parsed.after:  # the jobs it waits for (the scheduler reads them at every tick)
+        conn.execute(
+            insert(t.job_after),
+            [{"job_id": job_id, "upstream_id": a.job, "until": a.when} for a in parsed.after],
+        )
+    if parsed.promote is not None:  # decided when it completes
+        promote = parsed.promote
+        conn.execute(
+            insert(t.promotions).values(
+                job_id=job_id,
+                alias=promote.alias,
+                metric=promote.metric,
+                mode=promote.mode,
+                model=promote.model,
+            )
+        )
     rows = hparam_rows(job_id, parsed.hparams)
     if rows:
         conn.execute(insert(t.job_hparams), rows)

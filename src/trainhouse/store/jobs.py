@@ -61,6 +61,8 @@ class JobRepo:
         cloned_from: int | None = None,
         cloned_step: int | None = None,
         hold: bool = False,
+        flow_id: int | None = None,
+        flow_step: str | None = None,
     ) -> Job:
         """A new QUEUED job; ``spec`` is validated (a mapping is parsed) and stored as JSON.
 
@@ -85,6 +87,8 @@ class JobRepo:
                 cloned_step=cloned_step,
                 hold=hold,
                 reason=reason,
+                flow_id=flow_id,
+                flow_step=flow_step,
             )
         return self.get(job_id)
 
@@ -116,22 +120,27 @@ class JobRepo:
             ).mappings()
             return [job_from_row(r) for r in rows]
 
-    def resume(self, job_id: int, *, by: str, checkpoint_step: int) -> Job:
+    def resume(self, job_id: int, *, by: str, checkpoint_step: int | None) -> Job:
         """Send an ended job (CANCELED or FAILED) back to the queue, the same job, to continue
         from its latest checkpoint (step ``checkpoint_step``): its ``resumes`` counter goes up,
         its end (exit code, end time, cancel request) is cleared; the restart counters and
-        attempts go on counting. The transition is the lifecycle table's."""
-        return self.transition(
-            job_id,
-            JobState.QUEUED,
-            reason=f"resumed by {by} from its checkpoint of step {checkpoint_step}",
-            expect=RESUMABLE,
-            resumes=t.jobs.c.resumes + 1,
-            ended_at=None,
-            exit_code=None,
-            cancel_requested=False,
-            preempt_requested=False,
-        )
+        attempts go on counting. The transition is the lifecycle table's. The models it read
+        (``inputs:``) are resolved again as it starts: an upstream rerun since saved anew."""
+        with self.db.transaction() as conn:
+            conn.execute(delete(t.job_inputs).where(t.job_inputs.c.job_id == job_id))
+            return self.transition(
+                job_id,
+                JobState.QUEUED,
+                reason=f"resumed by {by} from its checkpoint of step {checkpoint_step}"
+                if checkpoint_step is not None
+                else f"resumed by {by} from the start (it saved no checkpoint)",
+                expect=RESUMABLE,
+                resumes=t.jobs.c.resumes + 1,
+                ended_at=None,
+                exit_code=None,
+                cancel_requested=False,
+                preempt_requested=False,
+            )
 
     def get(self, job_id: int) -> Job:
         with self.db.connect() as conn:

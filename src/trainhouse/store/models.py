@@ -62,11 +62,19 @@ class ModelRepo:
         self.db = db
 
     # -- reading ---------------------------------------------------------------------------
-    def _model_id(self, conn: Connection, name: str) -> int:
-        found = conn.execute(select(t.models.c.id).where(t.models.c.name == name)).scalar()
+    def _model_id(self, conn: Connection, name: str, *, lock: bool = False) -> int:
+        query = select(t.models.c.id).where(t.models.c.name == name)
+        if lock:  # PostgreSQL: alias moves of one model are serialized (SQLite: one writer)
+            query = query.with_for_update()
+        found = conn.execute(query).scalar()
         if found is None:
             raise NotFound(f"no model named {name!r}")
         return int(found)
+
+    def locked_aliases(self, conn: Connection, name: str) -> dict[str, int]:
+        """The aliases of ``name`` with the model locked until the caller's transaction ends
+        (a promotion reads who holds an alias and moves it, with no move in between)."""
+        return self._aliases(conn, self._model_id(conn, name, lock=True))
 
     def _aliases(self, conn: Connection, model_id: int) -> dict[str, int]:
         rows = conn.execute(
@@ -274,7 +282,7 @@ class ModelRepo:
         check_alias(alias)
         now = time.time()
         with self.db.transaction() as conn:
-            model_id = self._model_id(conn, name)
+            model_id = self._model_id(conn, name, lock=True)
             exists = conn.execute(
                 select(t.model_versions.c.id).where(
                     t.model_versions.c.model_id == model_id, t.model_versions.c.version == version

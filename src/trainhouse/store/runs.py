@@ -486,6 +486,8 @@ class RunsRepo:
             t.job_tags,
             t.job_hparams,
             t.job_datasets,
+            t.job_after,
+            t.job_inputs,
             t.report_batches,
         )
         removed: dict[str, int] = {}

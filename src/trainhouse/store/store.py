@@ -8,6 +8,7 @@ concern, each owning its tables:
 ``store.jobs``            jobs, attempts, events; every state change (:mod:`.jobs`)
 ``store.checkpoints``     checkpoint records (:mod:`.checkpoints`)
 ``store.datasets``        datasets, their versions, the versions each job pins (:mod:`.datasets`)
+``store.flows``           flows, the jobs a job waits for, the models it read (:mod:`.flows`)
 ``store.metrics``         metric series: ingest and downsampled reads (:mod:`.metrics`)
 ``store.quotas``          per-user limits and fair-share usage (:mod:`.quotas`)
 ``store.accounts``        users, API tokens (hashes), the audit log (:mod:`.accounts`)
@@ -28,6 +29,7 @@ from trainhouse.store.accounts import Accounts
 from trainhouse.store.checkpoints import CheckpointRepo
 from trainhouse.store.database import Database, MigrateMode
 from trainhouse.store.datasets import DatasetRepo
+from trainhouse.store.flows import FlowRepo
 from trainhouse.store.jobs import JobRepo
 from trainhouse.store.metrics import MetricRepo
 from trainhouse.store.models import ModelRepo
@@ -58,3 +60,4 @@ class Store(Database):
         self.runs = RunsRepo(self)
         self.services = ServiceRepo(self)
         self.datasets = DatasetRepo(self)
+        self.flows = FlowRepo(self)

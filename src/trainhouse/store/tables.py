@@ -127,6 +127,9 @@ jobs = Table(
     Column("hparams", JSON),
     Column("note", JobText),
     Column("archived", Boolean, nullable=False, server_default=false()),
+    # the flow it is a step of (0017; no foreign key: a flow's record outlives a deleted step)
+    Column("flow_id", _Id, index=True),
+    Column("flow_step", String(32)),
 )
 
 # a job's tags, one row each (the runs table filters by them)
@@ -549,4 +552,67 @@ job_datasets = Table(
     Column("digest", String(64), nullable=False),
     PrimaryKeyConstraint("job_id", "key"),
     Index("ix_job_datasets_name_version", "name", "version"),
+)
+
+
+# flows (0017): jobs submitted together as the steps of one flow (``jobs.flow_id``); ``steps``
+# keeps each step's upstream steps and inputs as submitted, upstreams first
+flows = Table(
+    "flows",
+    metadata,
+    Column("id", _Id, primary_key=True, autoincrement=True),
+    Column("name", String(128), nullable=False),
+    Column("owner", String(128), nullable=False, index=True),
+    Column("created_at", Float, nullable=False),
+    Column("steps", JSON, nullable=False),
+)
+
+# the jobs a queued job waits for (``after:``): until each COMPLETED ("completed") or ended in
+# any way ("ended"). No foreign key on the upstream: one deleted is seen as deleted
+job_after = Table(
+    "job_after",
+    metadata,
+    Column("job_id", _Id, ForeignKey("jobs.id", ondelete="CASCADE"), nullable=False),
+    Column("upstream_id", _Id, nullable=False),
+    Column("until", String(16), nullable=False),
+    PrimaryKeyConstraint("job_id", "upstream_id"),
+    Index("ix_job_after_upstream_id", "upstream_id"),
+)
+
+# the model version a job read under each of its inputs, resolved when its attempt started
+# (kept by later attempts; a resume resolves again): the lineage of what a step read
+job_inputs = Table(
+    "job_inputs",
+    metadata,
+    Column("job_id", _Id, ForeignKey("jobs.id", ondelete="CASCADE"), nullable=False),
+    Column("key", String(32), nullable=False),
+    Column("ref", String(200), nullable=False),  # what the spec said: job:31, digits@champion
+    Column("model", String(64), nullable=False),
+    Column("version", Integer, nullable=False),
+    Column("digest", String(64), nullable=False),  # the manifest of its files' sha256
+    Column("attempt", Integer, nullable=False),
+    Column("resolved_at", Float, nullable=False),
+    PrimaryKeyConstraint("job_id", "key"),
+    Index("ix_job_inputs_model_version", "model", "version"),
+)
+
+# a job's ``promote:``: made pending at submit, decided once when the job completes (the
+# scheduler; a server that died in between decides it at start-up). No foreign key: the
+# record of why an alias moved outlives the job
+promotions = Table(
+    "promotions",
+    metadata,
+    Column("job_id", _Id, primary_key=True, autoincrement=False),
+    Column("alias", String(64), nullable=False),
+    Column("metric", String(256), nullable=False),
+    Column("mode", String(8), nullable=False),
+    Column("model", String(64)),
+    Column("version", Integer),
+    Column("value", Float),
+    Column("previous_version", Integer),
+    Column("previous_value", Float),
+    Column("promoted", Boolean),
+    Column("decision", JobText),
+    Column("decided_at", Float),
+    Index("ix_promotions_model", "model"),
 )

@@ -5,7 +5,7 @@ transaction with its audit entry, and wakes the scheduler when the queue changed
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, BinaryIO, Literal
 
 from trainhouse.core import envspec
@@ -20,7 +20,7 @@ from trainhouse.core.errors import (
     StoreError,
 )
 from trainhouse.core.lifecycle import JobState
-from trainhouse.core.records import Attempt, Checkpoint, Event, Job
+from trainhouse.core.records import Attempt, Checkpoint, Event, InputPin, Job, Promotion
 from trainhouse.core.runquery import Field, parse_field, parse_fields
 from trainhouse.core.runquery import parse as parse_query
 from trainhouse.jobfs.layout import LAUNCHER
@@ -238,6 +238,9 @@ class JobDetail:
     mlflow_tags: dict[str, str]
     datasets: list[Pin]
     staging: str | None
+    after: list[dict[str, Any]] = field(default_factory=list)  # {job_id, when, state}
+    inputs: list[InputPin] = field(default_factory=list)
+    promotion: Promotion | None = None
 
 
 def detail(rt: Runtime, p: Principal, job: Job) -> JobDetail:
@@ -268,7 +271,27 @@ def detail(rt: Runtime, p: Principal, job: Job) -> JobDetail:
             if pins and job.attempts
             else None
         ),
+        after=_upstreams(rt, p, job),
+        inputs=rt.store.flows.inputs(job.id),
+        promotion=rt.store.flows.promotion(job.id),
     )
+
+
+def _upstreams(rt: Runtime, p: Principal, job: Job) -> list[dict[str, Any]]:
+    """The jobs ``job`` waits for, with their states (None: deleted, or not the caller's to
+    read: waiting on a job is no way to learn its state)."""
+    found = rt.store.flows.upstreams([job.id]).get(job.id, [])
+    out = []
+    for up in found:
+        state = up.state
+        if state is not None:
+            try:
+                if not p.may_read(rt.store.jobs.get(up.job), rt.settings.job_visibility):
+                    state = None
+            except NotFound:
+                state = None
+        out.append({"job_id": up.job, "when": up.when, "state": state})
+    return out
 
 
 def cancel(rt: Runtime, p: Principal, job: Job) -> Job:

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from trainhouse.core.errors import Forbidden, ModelError, NotFound, StoreError
-from trainhouse.core.records import Job, Model, ModelVersion
+from trainhouse.core.records import Job, Model, ModelVersion, Promotion
 from trainhouse.usecases import audit
 from trainhouse.usecases.access import Principal
 from trainhouse.usecases.callers import readable_job
@@ -24,6 +24,7 @@ __all__ = [
     "check_deletable",
     "delete_version",
     "detail",
+    "history",
     "models",
     "register",
     "register_saved",
@@ -71,6 +72,13 @@ def detail(rt: Runtime, name: str) -> tuple[Model, list[ModelVersion]]:
     """A model with its versions (job, step, metrics, files, aliases), oldest first."""
     model = rt.store.models.get(name)
     return model, rt.store.models.versions(name)
+
+
+def history(rt: Runtime, name: str) -> tuple[list[Promotion], dict[int, list[int]]]:
+    """What jobs' ``promote:`` decided about ``name``'s versions (newest first), and the jobs
+    that read each version as an input."""
+    rt.store.models.get(name)  # 404 for a model there is not
+    return rt.store.flows.promotions(name), rt.store.flows.readers(name)
 
 
 def version(rt: Runtime, name: str, ref: str) -> ModelVersion:

@@ -7,11 +7,20 @@ from __future__ import annotations
 from pathlib import Path
 from typing import BinaryIO
 
-from trainhouse.core.errors import ArchiveError, Forbidden, ResourceError, UploadTooLarge
+from trainhouse.core.errors import (
+    ArchiveError,
+    FlowError,
+    Forbidden,
+    ResourceError,
+    UploadTooLarge,
+)
+from trainhouse.core.flows import parse_input_ref
+from trainhouse.core.lifecycle import RESUMABLE
 from trainhouse.core.spec import PRIORITY_TIERS, JobSpec, parse_spec
 from trainhouse.jobfs.workdir import human_size, list_members
 from trainhouse.scheduler.resources import never_fits
 from trainhouse.usecases.access import Principal
+from trainhouse.usecases.callers import readable_job
 from trainhouse.usecases.runtime import Runtime
 
 
@@ -44,11 +53,51 @@ def accepted_spec(
     *,
     overrides: list[str] | None = None,
     source: str = "spec",
+    flow_step: bool = False,
 ) -> JobSpec:
-    """A spec that could run here, at a priority ``p`` may set."""
+    """A spec that could run here, at a priority ``p`` may set (``flow_step``: a flow's step,
+    whose inputs from other steps are added once the flow's jobs exist)."""
     job_spec = schedulable_spec(rt, text, overrides=overrides, source=source)
     check_priority(p, job_spec.priority)
+    check_links(rt, p, job_spec)
+    if not flow_step:
+        check_promote(job_spec)
     return job_spec
+
+
+def check_promote(job_spec: JobSpec) -> None:
+    """``promote.input`` names one of the job's inputs."""
+    promote = job_spec.promote
+    if promote is not None and promote.input is not None and promote.input not in job_spec.inputs:
+        known = ", ".join(sorted(job_spec.inputs)) or "none"
+        raise FlowError(
+            f"promote.input {promote.input!r} is not one of the job's inputs ({known}): give it "
+            f"with inputs: {{{promote.input}: NAME@VERSION}} or --set "
+            f"inputs.{promote.input}=NAME@VERSION"
+        )
+
+
+def check_links(rt: Runtime, p: Principal, job_spec: JobSpec) -> None:
+    """The jobs a spec waits for (``after:``) and reads models of (``inputs: {k: job:N}``)
+    exist and are ``p``'s to read (403 otherwise: nobody learns another user's job's state
+    by waiting on it); one that ended in a way that can never satisfy it is refused."""
+    for after in job_spec.after:
+        upstream = readable_job(rt, p, after.job)
+        if after.when == "completed" and upstream.state in RESUMABLE:
+            raise FlowError(
+                f"after: job {after.job} is {upstream.state}: it can no longer complete (resume "
+                "it first, or wait for any end with {job: " + str(after.job) + ", when: ended})"
+            )
+    for key, ref in job_spec.inputs.items():
+        upstream_id, _, _ = parse_input_ref(ref)
+        if upstream_id is not None:
+            try:
+                readable_job(rt, p, upstream_id)
+            except Forbidden:
+                raise Forbidden(
+                    f"inputs.{key}: job {upstream_id} belongs to another user; {p.name!r} may "
+                    "not read its models"
+                ) from None
 
 
 def check_priority(p: Principal, priority: str) -> None:

@@ -1,6 +1,6 @@
 """What the client's calls return: the JSON objects of the REST API as ``TypedDict``s, one
 module per noun (``jobs``, ``system``, ``accounts``, ``searches``, ``registry``,
-``datasets``), all of them importable from here.
+``datasets``, ``flows``), all of them importable from here.
 
 Each record mirrors one response model of the server (:mod:`trainhouse.server.schemas`, or a
 route module's own), field for field; ``tests/unit/test_client_records.py`` holds the pairs and
@@ -37,6 +37,7 @@ from trainhouse.client.records.datasets import (
     DatasetVersion,
     Manifest,
 )
+from trainhouse.client.records.flows import Flow, FlowList, FlowStep
 from trainhouse.client.records.jobs import (
     Attempt,
     Checkpoint,
@@ -47,16 +48,19 @@ from trainhouse.client.records.jobs import (
     Deleted,
     DryRun,
     Event,
+    InputRead,
     Job,
     JobDetail,
     JobMetrics,
     JobPage,
     LogRanks,
     MetricSeries,
+    Promotion,
     RunColumns,
     SeriesInfo,
     SeriesList,
     Tags,
+    Upstream,
 )
 from trainhouse.client.records.registry import (
     Latency,
@@ -65,6 +69,7 @@ from trainhouse.client.records.registry import (
     ModelFile,
     ModelList,
     ModelVersion,
+    PromotionRecord,
     Replica,
     Service,
     ServiceList,
@@ -117,8 +122,12 @@ __all__ = [
     "Env",
     "Envs",
     "Event",
+    "Flow",
+    "FlowList",
+    "FlowStep",
     "GpuLive",
     "Health",
+    "InputRead",
     "Job",
     "JobDetail",
     "JobMetrics",
@@ -136,6 +145,8 @@ __all__ = [
     "NewToken",
     "Node",
     "Nodes",
+    "Promotion",
+    "PromotionRecord",
     "Pruned",
     "Queue",
     "QueueEntry",
@@ -158,6 +169,7 @@ __all__ = [
     "Token",
     "TokenList",
     "Trial",
+    "Upstream",
     "User",
     "UserList",
     "WhoAmI",

@@ -16,16 +16,19 @@ __all__ = [
     "Deleted",
     "DryRun",
     "Event",
+    "InputRead",
     "Job",
     "JobDetail",
     "JobMetrics",
     "JobPage",
     "LogRanks",
     "MetricSeries",
+    "Promotion",
     "RunColumns",
     "SeriesInfo",
     "SeriesList",
     "Tags",
+    "Upstream",
 ]
 
 
@@ -92,6 +95,8 @@ class Job(TypedDict):
     tags: list[str]
     note: str | None
     archived: bool
+    flow_id: int | None
+    flow_step: str | None
     hparams: dict[str, Any] | None
     values: dict[str, float | str | None]
 
@@ -103,6 +108,40 @@ class Clone(TypedDict):
     name: str
     state: str
     cloned_step: int | None
+
+
+class Upstream(TypedDict):
+    """``UpstreamOut``: a job another waits for (``JobDetail.after``)."""
+
+    job_id: int
+    when: str  # "completed" | "ended"
+    state: str | None  # None: deleted, or not the caller's to read
+
+
+class InputRead(TypedDict):
+    """``InputOut``: the model version a job read under one of its inputs."""
+
+    key: str
+    ref: str
+    model: str
+    version: int
+    attempt: int
+
+
+class Promotion(TypedDict):
+    """``PromotionOut``: a job's promote: and what was decided when it completed."""
+
+    alias: str
+    metric: str
+    mode: str
+    model: str | None
+    version: int | None
+    value: float | None
+    previous_version: int | None
+    previous_value: float | None
+    promoted: bool | None
+    decision: str | None
+    decided_at: float | None
 
 
 class JobDetail(Job):
@@ -119,6 +158,9 @@ class JobDetail(Job):
     mlflow_tags: dict[str, str]
     datasets: list[DatasetPin]
     staging: str | None
+    after: list[Upstream]
+    inputs: list[InputRead]
+    promotion: Promotion | None
 
 
 class JobPage(TypedDict):

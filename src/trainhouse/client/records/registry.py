@@ -11,6 +11,7 @@ __all__ = [
     "ModelFile",
     "ModelList",
     "ModelVersion",
+    "PromotionRecord",
     "Replica",
     "Service",
     "ServiceList",
@@ -62,11 +63,29 @@ class ModelList(TypedDict):
     models: list[Model]
 
 
+class PromotionRecord(TypedDict):
+    """``PromotionRecordOut``: a decision a job's promote: made (``ModelDetail.promotions``)."""
+
+    job_id: int
+    alias: str
+    metric: str
+    mode: str
+    version: int | None
+    value: float | None
+    previous_version: int | None
+    previous_value: float | None
+    promoted: bool | None
+    decision: str | None
+    decided_at: float | None
+
+
 class ModelDetail(TypedDict):
-    """``ModelDetailOut``: a model and its versions."""
+    """``ModelDetailOut``: a model, its versions, promotions and the jobs that read them."""
 
     model: Model
     versions: list[ModelVersion]
+    promotions: list[PromotionRecord]
+    readers: dict[str, list[int]]
 
 
 # -- services --------------------------------------------------------------------------------

@@ -15,7 +15,8 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from trainhouse.core.datasets import MAX_PINS, check_key, parse_ref
 from trainhouse.core.defaults import DEFAULT_KEEP_LAST
-from trainhouse.core.errors import DatasetError
+from trainhouse.core.errors import DatasetError, FlowError, ModelError
+from trainhouse.core.flows import MAX_AFTER, MAX_INPUTS, check_input_key, check_input_ref
 from trainhouse.core.searchspec import SearchSpec, check_search, distributions
 
 PRIORITY_TIERS: tuple[str, ...] = ("low", "normal", "high", "urgent")
@@ -290,6 +291,52 @@ class Environment(_Strict):
         return self
 
 
+class After(_Strict):
+    """A job this one waits for: until it COMPLETED (``when: completed``, the default), or
+    until it ended in any way (``when: ended``)."""
+
+    job: int = Field(..., ge=1, lt=2**63, description="The job's id")
+    when: Literal["completed", "ended"] = Field(
+        "completed", description="completed: it must complete; ended: any end will do"
+    )
+
+
+class Promote(_Strict):
+    """When the job completes, move ``alias`` to the model version it registered (or, with
+    ``input``, the version it read under that key) if ``metric`` beats the version the alias
+    names now; the decision is recorded either way."""
+
+    alias: str = Field(..., min_length=1, max_length=64, description="The alias: champion")
+    metric: str = Field(
+        ..., min_length=1, max_length=MAX_METRIC_NAME, description="The metric compared: val_acc"
+    )
+    mode: Literal["min", "max"] = Field("max", description="max: higher is better")
+    model: str | None = Field(
+        None, description="The model whose version is promoted, when the job saves several"
+    )
+    input: str | None = Field(
+        None,
+        description="Promote the version the job read under this inputs key (an evaluation "
+        "step promoting the candidate it measured), with the job's own value of the metric",
+    )
+
+    @model_validator(mode="after")
+    def _names(self) -> Promote:
+        try:
+            from trainhouse.core.modelfiles import check_name
+
+            check_name(self.alias, "an alias")
+            if self.alias.isdigit() or self.alias == "latest":
+                raise ValueError(f"alias {self.alias!r}: a number or 'latest' names a version")
+            if self.model is not None:
+                check_name(self.model)
+        except ModelError as exc:
+            raise ValueError(str(exc)) from None
+        if self.model is not None and self.input is not None:
+            raise ValueError("give model or input, not both")
+        return self
+
+
 class JobSpec(_Strict):
     """A training job: what to run, where its code is, and what it needs."""
 
@@ -346,6 +393,26 @@ class JobSpec(_Strict):
         "TRAINHOUSE_DATASET_<KEY>, the path of a verified read-only copy on its node "
         "(run.datasets[key])",
     )
+    after: list[After] = Field(
+        default_factory=list,
+        max_length=MAX_AFTER,
+        description="Jobs this one waits for: [12, 15] (each must COMPLETE) or "
+        "[{job: 12, when: ended}] (any end will do). A job it waits for that can no longer "
+        "satisfy it (failed, canceled, deleted) ends this one CANCELED",
+    )
+    inputs: dict[str, str] = Field(
+        default_factory=dict,
+        description="Models the job reads, by key: {candidate: job:31} (the version job 31 "
+        "saved last) or {baseline: digits-cnn@champion} (a registered version), resolved when "
+        "the job starts. Every rank gets TRAINHOUSE_INPUT_<KEY>, the path of a verified "
+        "read-only copy on its node (run.inputs[key]), loadable with trainhouse.sdk.load_model",
+    )
+    promote: Promote | None = Field(
+        None,
+        description="{alias: champion, metric: val_acc, mode: max}: when the job completes, "
+        "the version it registered gets the alias if its metric beats the version that "
+        "holds it now",
+    )
     search: SearchSpec | None = Field(
         None,
         description="A hyperparameter search: hparams leaves may be distributions "
@@ -357,6 +424,36 @@ class JobSpec(_Strict):
     def _search(self) -> JobSpec:
         check_search(self.search, self.hparams)
         return self
+
+    @field_validator("after", mode="before")
+    @classmethod
+    def _after(cls, value: Any) -> Any:
+        if not isinstance(value, list):
+            return value
+        out = [
+            {"job": item} if isinstance(item, int) and not isinstance(item, bool) else item
+            for item in value
+        ]
+        seen: set[Any] = set()
+        for item in out:
+            job = item.get("job") if isinstance(item, dict) else None
+            if job is not None and job in seen:
+                raise ValueError(f"job {job} is named twice")
+            seen.add(job)
+        return out
+
+    @field_validator("inputs")
+    @classmethod
+    def _inputs(cls, value: dict[str, str]) -> dict[str, str]:
+        if len(value) > MAX_INPUTS:
+            raise ValueError(f"at most {MAX_INPUTS} inputs, got {len(value)}")
+        try:
+            for key, ref in value.items():
+                check_input_key(key)
+                check_input_ref(ref)
+        except FlowError as exc:
+            raise ValueError(str(exc)) from None
+        return value
 
     @field_validator("datasets")
     @classmethod

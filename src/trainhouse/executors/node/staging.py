@@ -31,9 +31,10 @@ from trainhouse.core.datasets import (
     env_var,
 )
 from trainhouse.core.errors import ClientError, ServerUnreachable, StagingError
+from trainhouse.core.flows import input_var
 from trainhouse.jobfs import datasources
 from trainhouse.jobfs.datacache import DataCache, Staged
-from trainhouse.jobfs.layout import JOB_TOKEN_ENV, URL_ENV
+from trainhouse.jobfs.layout import JOB_ID_ENV, JOB_TOKEN_ENV, URL_ENV
 
 __all__ = ["stage"]
 
@@ -52,6 +53,7 @@ class _Server:
         import httpx
 
         self.url = environ.get(URL_ENV, "")
+        self.job_id = environ.get(JOB_ID_ENV, "")
         token = environ.get(JOB_TOKEN_ENV, "")
         self.http = httpx.Client(
             base_url=self.url,
@@ -61,6 +63,8 @@ class _Server:
 
     def _path(self, source: StagedSource) -> str:
         pin = source.pin
+        if source.kind == "model":  # an input: the job's own route, its pins only
+            return f"/api/v1/jobs/{quote(self.job_id)}/inputs/{quote(pin.key)}"
         return f"/api/v1/datasets/{quote(pin.name)}/versions/{pin.version}"
 
     def manifest(self, source: StagedSource) -> Manifest:
@@ -169,7 +173,8 @@ def stage(
             say(f"{STAGING_LINE} {pin.ref}: {len(manifest.files)} files, {_mb(manifest.size)}")
             staged = cache.stage(manifest, fetch, progress=_progress(pin.ref, say), out=say)
             held.append(staged)
-            variables[env_var(pin.key)] = str(staged.path)
+            name = input_var(pin.key) if source.kind == "model" else env_var(pin.key)
+            variables[name] = str(staged.path)
             say(
                 f"{STAGING_LINE} {pin.ref}: ready in {time.monotonic() - started:.2f} s "
                 f"({_mb(staged.fetched_bytes)} fetched, {staged.reused} files cached) "

@@ -24,15 +24,18 @@ from trainhouse.server.schemas import (
     CheckpointOut,
     CloneOut,
     EventOut,
+    InputOut,
     JobDetailOut,
     JobListOut,
     JobOut,
     MetricsOut,
     NulFree,
     PinOut,
+    PromotionOut,
     RowId,
     SeriesInfoOut,
     SeriesListOut,
+    UpstreamOut,
 )
 from trainhouse.usecases import jobs
 from trainhouse.usecases.access import Principal
@@ -174,6 +177,18 @@ def show(
         mlflow_tags=d.mlflow_tags,
         datasets=[PinOut(**p.to_json(), ref=p.ref) for p in d.datasets],
         staging=d.staging,
+        after=[UpstreamOut(**a) for a in d.after],
+        inputs=[
+            InputOut(key=i.key, ref=i.ref, model=i.model, version=i.version, attempt=i.attempt)
+            for i in d.inputs
+        ],
+        promotion=(
+            PromotionOut(
+                **{k: v for k, v in asdict(d.promotion).items() if k in PromotionOut.model_fields}
+            )
+            if d.promotion is not None
+            else None
+        ),
     )
 
 

@@ -28,6 +28,7 @@ from trainhouse.server.schemas import (
     OwnerIn,
     VersionFromJobIn,
 )
+from trainhouse.server.schemas.models import PromotionRecordOut
 from trainhouse.usecases import models
 from trainhouse.usecases.access import Principal
 from trainhouse.usecases.runtime import Runtime
@@ -68,8 +69,17 @@ def show_model(
 ) -> ModelDetailOut:
     """A model with its versions (job, step, metrics, files, aliases), oldest first."""
     model, versions = models.detail(rt, name)
+    promotions, readers = models.history(rt, name)
     return ModelDetailOut(
-        model=ModelOut(**asdict(model)), versions=[version_out(v) for v in versions]
+        model=ModelOut(**asdict(model)),
+        versions=[version_out(v) for v in versions],
+        promotions=[
+            PromotionRecordOut(
+                **{k: v for k, v in asdict(x).items() if k in PromotionRecordOut.model_fields}
+            )
+            for x in promotions
+        ],
+        readers={str(v): jobs for v, jobs in readers.items()},
     )
 
 

@@ -57,10 +57,13 @@ from trainhouse.server.schemas.jobs import (
     CloneIn,
     CloneOut,
     EventOut,
+    InputOut,
     JobDetailOut,
     JobListOut,
     JobOut,
     LogRanksOut,
+    PromotionOut,
+    UpstreamOut,
 )
 from trainhouse.server.schemas.metrics import (
     MetricName,
@@ -150,6 +153,7 @@ __all__ = [
     "HparamsIn",
     "HparamsOut",
     "ImportancesOut",
+    "InputOut",
     "JobDetailOut",
     "JobListOut",
     "JobOut",
@@ -171,6 +175,7 @@ __all__ = [
     "NulFree",
     "OwnerIn",
     "PinOut",
+    "PromotionOut",
     "Rank",
     "ReportIn",
     "ReportOut",
@@ -196,5 +201,6 @@ __all__ = [
     "TrialCurveOut",
     "TrialOut",
     "TrialState",
+    "UpstreamOut",
     "VersionFromJobIn",
 ]

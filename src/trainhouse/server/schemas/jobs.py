@@ -3,7 +3,7 @@ clones (``POST /jobs/{id}/clone``), and the ranks a job has logs of."""
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, Field
 
@@ -78,6 +78,8 @@ class JobOut(BaseModel):
         None, description="Markdown, edited on the job page or `trainhouse note`"
     )
     archived: bool = False
+    flow_id: int | None = Field(None, description="The flow it is a step of")
+    flow_step: str | None = Field(None, description="Its step's name in that flow")
     hparams: dict[str, Any] | None = Field(
         None,
         description="The hparams the run used (the script's defaults merged with the spec's), "
@@ -115,6 +117,38 @@ class CloneIn(BaseModel):
     )
 
 
+class UpstreamOut(BaseModel):
+    job_id: int
+    when: Literal["completed", "ended"]
+    state: JobState | None = Field(description="null: the job was deleted (or is not yours)")
+
+
+class InputOut(BaseModel):
+    key: str
+    ref: str = Field(description="What the spec said: job:31, digits-cnn@champion")
+    model: str
+    version: int
+    attempt: int = Field(description="The attempt that resolved it")
+
+
+class PromotionOut(BaseModel):
+    alias: str
+    metric: str
+    mode: Literal["min", "max"]
+    model: str | None = None
+    version: int | None = None
+    value: float | None = None
+    previous_version: int | None = None
+    previous_value: float | None = None
+    promoted: bool | None = Field(
+        None, description="null: not decided yet (the job has not completed)"
+    )
+    decision: str | None = Field(
+        None, description="promoted v3 to champion: val_acc 0.95 > 0.91 (v1) / kept v1 as ..."
+    )
+    decided_at: float | None = None
+
+
 class JobDetailOut(JobOut):
     attempt_history: list[AttemptOut]
     events: list[EventOut]
@@ -144,6 +178,16 @@ class JobDetailOut(JobOut):
     params: dict[str, str] = Field(
         default_factory=dict,
         description="The hparams the job's script reported (MLflow params), as strings",
+    )
+    after: list[UpstreamOut] = Field(
+        default_factory=list, description="The jobs it waits for (after:), with their states"
+    )
+    inputs: list[InputOut] = Field(
+        default_factory=list,
+        description="The model version it read under each input, once resolved at its start",
+    )
+    promotion: PromotionOut | None = Field(
+        None, description="Its promote: and, once it completed, what was decided"
     )
     mlflow_tags: dict[str, str] = Field(
         default_factory=dict, description="The job's MLflow tags (mlflow.* included)"

@@ -76,6 +76,29 @@ class ModelListOut(BaseModel):
     models: list[ModelOut]
 
 
+class PromotionRecordOut(BaseModel):
+    """A decision a job's ``promote:`` made about one of the model's versions."""
+
+    job_id: int
+    alias: str
+    metric: str
+    mode: str
+    version: int | None
+    value: float | None
+    previous_version: int | None
+    previous_value: float | None
+    promoted: bool | None
+    decision: str | None
+    decided_at: float | None
+
+
 class ModelDetailOut(BaseModel):
     model: ModelOut
     versions: list[ModelVersionOut]
+    promotions: list[PromotionRecordOut] = Field(
+        default_factory=list, description="What jobs' promote: decided, newest first"
+    )
+    readers: dict[str, list[int]] = Field(
+        default_factory=dict,
+        description="version -> the jobs that read it as an input (inputs:), newest first",
+    )
