@@ -66,6 +66,10 @@ SINGLE_BACKEND = {
     "test_datasets.py": "staging (the supervisor, the node's cache, S3 over moto) is under test, "
     "one server for the module; the datasets' store side (numbers, pins, removal while pinned) "
     "runs on both backends in tests/unit/test_datasets_store.py",
+    "test_flows.py::test_train_evaluate_promote_as_one_flow": "the digits example trained and "
+    "evaluated by real ranks (staging, loading, the CLI's follower) is under test; the store's "
+    "side of dependencies, flows and promotions runs on both backends in the module's other "
+    "tests and in tests/unit/test_flows_store.py",
     "test_isolation.py": "the processes and files of a server are under test, not its store: "
     "the secret's test picks its own PostgreSQL database, and the SQLite file is among the "
     "files whose modes are checked",

@@ -53,6 +53,7 @@ STATIC_FILES = (
     "models.js",
     "services.js",
     "datasets.js",
+    "flows.js",
     "style.css",
     "favicon.svg",
 )

@@ -1,7 +1,7 @@
 // trainhouse dashboard: one page, hash routes, plain DOM, polling the REST API under /api/v1.
 // Routes: #/jobs  #/jobs/<id>  #/compare?ids=1,2  #/queue  #/nodes  #/searches  #/searches/<id>
 //         #/models  #/models/<name>[?version=N]  #/services  #/services/<name>
-//         #/datasets  #/datasets/<name>[?version=N]
+//         #/datasets  #/datasets/<name>[?version=N]  #/flows  #/flows/<id>
 // Plain ES modules, no build step. Charts are plotly.js (window.Plotly, served from the
 // installed `plotly` wheel); a chart's element keeps what it plots as plotly does:
 // el.data[i].x / el.data[i].y, raw series first.
@@ -9,6 +9,7 @@ import { nodesPage, queuePage } from "./cluster.js";
 import { comparePage } from "./compare.js";
 import { ApiError, View, api, h } from "./core.js";
 import { datasetPage, datasetsPage } from "./datasets.js";
+import { flowPage, flowsPage } from "./flows.js";
 import { jobPage } from "./job.js";
 import { jobsPage } from "./jobs.js";
 import { searchPage, searchesPage } from "./search.js";
@@ -23,6 +24,8 @@ const ROUTES = [
   [/^\/nodes$/, "nodes", (view) => nodesPage(view)],
   [/^\/searches\/(\d+)$/, "searches", (view, m) => searchPage(view, Number(m[1]))],
   [/^\/searches$/, "searches", (view) => searchesPage(view)],
+  [/^\/flows\/(\d+)$/, "flows", (view, m) => flowPage(view, Number(m[1]))],
+  [/^\/flows$/, "flows", (view) => flowsPage(view)],
   [/^\/models$/, "models", (view) => modelsPage(view)],
   [/^\/models\/([A-Za-z0-9._-]+)$/, "models", (view, m, q) => modelPage(view, m[1], q.get("version"))],
   [/^\/services$/, "services", (view) => servicesPage(view)],

@@ -1,4 +1,5 @@
-// A job's page (#/jobs/<id>): state, cancel, datasets, metrics, system, logs, attempts, checkpoints.
+// A job's page (#/jobs/<id>): state, cancel, datasets, its flow (what it waits for, reads and
+// promotes), metrics, system, logs, attempts, checkpoints.
 import { experimentCard } from "./runs.js";
 import { ChartGrid, MetricSeries, chartControls, drawSystem, systemSeries } from "./charts.js";
 import {
@@ -25,6 +26,7 @@ import {
   worldSize,
 } from "./core.js";
 import { jobDatasets } from "./datasets.js";
+import { jobFlowFacts } from "./flows.js";
 import { AnsiRenderer, LogView } from "./logs.js";
 
 export function resourcesText(spec) {
@@ -306,6 +308,7 @@ export function jobPage(view, jobId) {
       ...kv("Priority", job.priority),
       ...(job.search_id ? kv("Search", h("a", { href: `#/searches/${job.search_id}`, testid: "job-search-link" },
         `a trial of search ${job.search_id}` + (job.prune_requested ? " (pruned)" : ""))) : []),
+      ...jobFlowFacts(job),
       ...kv("Progress", progressCell(job), "job-progress"),
       ...(job.environment ? kv("Environment", job.environment, "job-environment") : []),
       ...(job.datasets && job.datasets.length ? kv("Datasets", jobDatasets(job)) : []),
@@ -351,7 +354,9 @@ export function jobPage(view, jobId) {
       throw err;
     }
     renderJob();
-    return !TERMINAL.has(job.state);
+    // a completed job's promotion is decided just after its end: watch until it is
+    const deciding = job.state === "COMPLETED" && job.promotion && job.promotion.promoted === null;
+    return !TERMINAL.has(job.state) || Boolean(deciding);
   }, POLL_MS);
 
   view.poll(async () => {

@@ -1,9 +1,32 @@
 // The model registry: #/models (every model) and #/models/<name> (its versions: aliases, the
-// job that made each one, its step, metrics, files and signature, the services that serve it;
-// ?version=N marks that version's row).
+// job that made each one, its step, metrics, files and signature, the services that serve it,
+// the jobs that read it as an input; ?version=N marks that version's row; then what jobs'
+// promote: decided about its versions, newest first).
 import { POLL_MS, api, fmtBytes, fmtNum, h, timeCell } from "./core.js";
 
 const head = (cols) => h("thead", {}, h("tr", {}, cols.map((c) => h("th", {}, c))));
+export const modelHref = (name, version) =>
+  `#/models/${encodeURIComponent(name)}${version === null || version === undefined ? "" : `?version=${version}`}`;
+
+function jobLinks(ids, testid) {
+  if (!ids || !ids.length) return "—";
+  return ids.flatMap((id, i) => [i ? ", " : null, h("a", { href: `#/jobs/${id}`, testid }, `#${id}`)]);
+}
+
+function promotionRows(name, promotions) {
+  if (!promotions.length) {
+    return [h("tr", { class: "empty" }, h("td", { colspan: "4" },
+      "No promotion yet: a job with promote: {alias, metric} decides one when it completes."))];
+  }
+  return promotions.map((p) => h("tr", { testid: "promotion-row", "data-job-id": p.job_id,
+    "data-promoted": p.promoted === null ? "pending" : String(p.promoted) },
+  h("td", {}, p.decided_at ? timeCell(p.decided_at) : h("span", { class: "muted" }, "pending")),
+  h("td", { class: "reason", testid: "promotion-decision" }, p.promoted === null
+    ? `pending: ${p.alias} by ${p.mode} ${p.metric} (decided when job ${p.job_id} completes)`
+    : p.decision || (p.promoted ? `promoted to ${p.alias}` : `kept ${p.alias}`)),
+  h("td", { class: "num" }, p.version === null ? "—" : h("a", { href: modelHref(name, p.version), testid: "promotion-version" }, `v${p.version}`)),
+  h("td", {}, h("a", { href: `#/jobs/${p.job_id}`, testid: "promotion-job" }, `job #${p.job_id}`))));
+}
 
 function aliasText(aliases) {
   const names = Object.entries(aliases || {}).sort();
@@ -59,6 +82,7 @@ export function modelPage(view, name, selected) {
   const rows = h("tbody", { testid: "version-rows" });
   const title = h("h1", {}, name);
   const owner = h("span", { class: "muted", testid: "model-owner" });
+  const promotions = h("tbody", { testid: "promotion-rows" });
   let scrolled = false;
   view.poll(async () => {
     const [data, { services }] = await Promise.all([api(`/models/${encodeURIComponent(name)}`), api("/services")]);
@@ -76,7 +100,9 @@ export function modelPage(view, name, selected) {
       h("td", { class: "num" }, fmtBytes(v.size)),
       h("td", {}, signatureCell(v.signature)),
       h("td", { testid: "version-services" }, servedBy(services, name, v.version)),
+      h("td", { testid: "version-readers" }, jobLinks((data.readers || {})[String(v.version)], "version-reader")),
       h("td", {}, timeCell(v.created_at)))));
+    promotions.replaceChildren(...promotionRows(name, data.promotions || []));
     const mark = rows.querySelector("tr.selected");
     if (mark && !scrolled) mark.scrollIntoView({ block: "nearest" });
     scrolled = scrolled || Boolean(mark);
@@ -85,5 +111,9 @@ export function modelPage(view, name, selected) {
     h("div", { class: "toolbar" }, h("a", { href: "#/models" }, "Models"), title, owner),
     h("section", { class: "card" }, h("h2", {}, "Versions, newest first"),
       h("div", { class: "table-wrap" }, h("table", { class: "grid", testid: "versions-table" },
-        head(["Version", "Aliases", "Made by", "Step", "Metrics", "Kind", "Size", "Signature", "Served by", "Registered"]), rows))));
+        head(["Version", "Aliases", "Made by", "Step", "Metrics", "Kind", "Size", "Signature", "Served by", "Read by",
+          "Registered"]), rows))),
+    h("section", { class: "card", testid: "promotions-section" }, h("h2", {}, "Promotions, newest first"),
+      h("div", { class: "table-wrap" }, h("table", { class: "grid", testid: "promotions-table" },
+        head(["Decided", "Decision", "Version", "Job"]), promotions))));
 }
