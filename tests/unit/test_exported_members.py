@@ -61,6 +61,7 @@ PUBLIC: dict[str, list[str]] = {
         "EnvBuildError",
         "ExecutorUnavailable",
         "ExportFailed",
+        "FlowError",
         "Forbidden",
         "InvalidMetrics",
         "InvalidQuery",

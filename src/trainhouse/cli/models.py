@@ -71,7 +71,8 @@ def list_models(as_json: Json = False, url: Url = None) -> None:
 def show(
     name: Annotated[str, typer.Argument(metavar="NAME")], as_json: Json = False, url: Url = None
 ) -> None:
-    """A model's versions with job, step, metrics, aliases, size and signature."""
+    """A model's versions with job, step, metrics, aliases, size and signature; the jobs that
+    read each as an input, and what jobs' promote: decided."""
     from trainhouse.jobfs.workdir import human_size
 
     with errors(), options.client(url) as c:
@@ -95,6 +96,20 @@ def show(
             _signature(v["signature"]),
         )
     console.print(table, highlight=False)
+    readers = data.get("readers") or {}
+    if readers:
+        console.print(
+            "[bold]read as an input by:[/] "
+            + "  ".join(f"v{v}: jobs {', '.join(map(str, jobs))}" for v, jobs in readers.items()),
+            highlight=False,
+        )
+    promotions = data.get("promotions") or []
+    if promotions:
+        console.print("[bold]promotions[/] (newest first)")
+        for p in promotions[:20]:
+            console.print(
+                f"  {ago(p['decided_at'])}  job {p['job_id']}: {p['decision']}", highlight=False
+            )
 
 
 @app.command("register")
