@@ -221,6 +221,9 @@ def test_a_job_waits_for_its_upstreams_and_ends_with_a_failed_one(tmp_path: Path
         assert _job(api, c["id"])["reason"].startswith(f"waiting for job {b['id']} to complete")
         shown = _job(api, b["id"])
         assert shown["after"] == [{"job_id": a["id"], "when": "completed", "state": "RUNNING"}]
+        # the queue lists it, last, with the same reason
+        queue = [(j["id"], j["reason"]) for j in api.get("/api/v1/queue").json()["jobs"]]
+        assert (b["id"], f"waiting for job {a['id']} to complete (it is RUNNING)") in queue
         assert a["id"] in _fake(api).live and b["id"] not in _fake(api).live
         # the upstream fails: its dependents end CANCELED, the next generation too, in one tick;
         # a dependent that waits for any end runs
@@ -229,6 +232,11 @@ def test_a_job_waits_for_its_upstreams_and_ends_with_a_failed_one(tmp_path: Path
         assert ended_b["reason"] == f"upstream job {a['id']} FAILED"
         ended_c = wait_state(api, c["id"], {"CANCELED"})
         assert ended_c["reason"] == f"upstream job {b['id']} CANCELED"
+        # resuming a dependent alone cannot help: it says which job to resume first
+        again = api.post(f"/api/v1/jobs/{c['id']}/resume")
+        assert again.status_code == 409
+        said = error_of(again)["message"]
+        assert f"upstream job {b['id']} CANCELED): resume that one first" in said
         wait_launched(api, d["id"])
         _fake(api).end(d["id"], 0)
         assert wait_state(api, d["id"], {"COMPLETED"})["attempts"] == 1
@@ -396,3 +404,49 @@ def test_a_step_that_fails_its_checks_makes_no_job_of_the_others(tmp_path: Path)
         )
         assert resp.status_code == 422 and "step b" in error_of(resp)["message"]
         assert api.get("/api/v1/jobs?all=true").json()["total"] == 0
+
+
+def test_a_promotion_by_a_metric_the_alias_holder_lacks_is_refused_at_submit(
+    tmp_path: Path,
+) -> None:
+    with app_client(tmp_path) as api:
+        rt = services(api)
+        code = workdir(tmp_path)
+        job = submit(api, SPEC.format(name="train"), code).json()["id"]
+        rt.store.models.add_version(
+            "m",
+            owner="tester",
+            job_id=job,
+            attempt=1,
+            step=0,
+            path="models/m/step-000000000",
+            kind="export",
+            files=[{"name": "model.json", "size": 5, "sha256": "a" * 64}],
+            metrics={"val_loss": 0.3},
+        )
+        rt.store.models.set_alias("m", "champion", 1)
+        refused = submit(
+            api,
+            SPEC.format(name="next") + "promote: {alias: champion, metric: f1, model: m}\n",
+            code,
+        )
+        assert refused.status_code == 422
+        said = error_of(refused)["message"]
+        assert "m@champion is v1, which has no value of f1 to compare with" in said
+        assert "(its metrics: val_loss)" in said
+        # by a metric it has, or an alias nothing holds yet: accepted
+        for promote in (
+            "{alias: champion, metric: val_loss, mode: min, model: m}",
+            "{alias: prod, metric: f1, model: m}",
+        ):
+            ok = submit(api, SPEC.format(name="ok") + f"promote: {promote}\n", code)
+            assert ok.status_code == 201, ok.text
+        # through an input that names the version: the same check
+        via_input = submit(
+            api,
+            SPEC.format(name="eval")
+            + "inputs: {candidate: m@1}\n"
+            + "promote: {alias: champion, metric: f1, input: candidate}\n",
+            code,
+        )
+        assert via_input.status_code == 422

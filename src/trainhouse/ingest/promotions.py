@@ -19,6 +19,8 @@ import logging
 import math
 from typing import Any
 
+from sqlalchemy.engine import Connection
+
 from trainhouse.core.errors import FlowError, NotFound
 from trainhouse.core.flows import compare
 from trainhouse.core.lifecycle import JobState
@@ -26,7 +28,7 @@ from trainhouse.core.records import Job, ModelVersion, Promotion
 from trainhouse.core.spec.model import Promote
 from trainhouse.store import Store
 
-__all__ = ["decide"]
+__all__ = ["decide", "held_value"]
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +71,22 @@ def _job_value(store: Store, job_id: int | None, metric: str) -> float | None:
         return None
 
 
+def held_value(
+    store: Store, conn: Connection, model: str, holder: int, alias: str, metric: str
+) -> float | None:
+    """The value of ``metric`` of ``model@holder``, the version ``alias`` names: the value that
+    promoted it to ``alias``, else its recorded metrics, else its job's last value."""
+    value = store.flows.last_promoted_value(conn, model, holder, alias, metric)
+    if value is not None:
+        return value
+    try:
+        held = store.models.version(model, holder)
+    except NotFound:
+        return None
+    value = _number(held.metrics.get(metric))
+    return value if value is not None else _job_value(store, held.job_id, metric)
+
+
 def decide(store: Store, job_id: int) -> Promotion | None:
     """Decide ``job_id``'s promotion if it completed and it is still undecided; the decision
     (None: nothing to decide)."""
@@ -98,17 +116,10 @@ def decide(store: Store, job_id: int) -> Promotion | None:
             else (recorded if recorded is not None else own)
         )
         holder = holders.get(alias)
-        held_value: float | None = None
         if holder is not None and holder != candidate.version:
-            held_value = store.flows.last_promoted_value(conn, model, holder, alias, metric)
-            if held_value is None:
-                try:
-                    held = store.models.version(model, holder)
-                    held_value = _number(held.metrics.get(metric))
-                    if held_value is None:
-                        held_value = _job_value(store, held.job_id, metric)
-                except NotFound:
-                    held_value = None
+            held = held_value(store, conn, model, holder, alias, metric)
+        else:
+            held = None
         said = compare(
             alias=alias,
             metric=metric,
@@ -116,7 +127,7 @@ def decide(store: Store, job_id: int) -> Promotion | None:
             candidate=candidate.version,
             value=value,
             holder=holder,
-            held_value=held_value,
+            held_value=held,
         )
         if said.promoted:
             store.models.set_alias(model, alias, candidate.version)
@@ -127,7 +138,7 @@ def decide(store: Store, job_id: int) -> Promotion | None:
             version=candidate.version,
             value=value,
             previous_version=holder,
-            previous_value=held_value,
+            previous_value=held,
             promoted=said.promoted,
             decision=f"{model}: {said.text}",
         )
@@ -141,7 +152,7 @@ def decide(store: Store, job_id: int) -> Promotion | None:
                 "metric": metric,
                 "value": value,
                 "previous_version": holder,
-                "previous_value": held_value,
+                "previous_value": held,
                 "decision": said.text,
             },
         )

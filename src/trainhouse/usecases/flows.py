@@ -195,7 +195,7 @@ def submit(
             }
             spec = JobSpec.model_validate(data)
             try:
-                check_promote(spec)
+                check_promote(rt, spec)
             except FlowError as exc:
                 raise FlowError(f"step {step.name}: {exc}") from None
             job = rt.store.jobs.create(

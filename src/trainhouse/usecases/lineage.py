@@ -14,6 +14,7 @@ from __future__ import annotations
 import orjson
 
 from trainhouse.core.errors import InvalidTransition, NotFound, ResourceError, StoreError
+from trainhouse.core.flows import verdict
 from trainhouse.core.lifecycle import RESUMABLE, JobState
 from trainhouse.core.records import Checkpoint, Job
 from trainhouse.scheduler.resources import never_fits
@@ -42,6 +43,13 @@ def resume(rt: Runtime, p: Principal, job: Job) -> Job:
             "--from-checkpoint latest` trains on from its checkpoint in a new job",
         }.get(job.state, "it has not ended; only a canceled or failed job can be resumed")
         raise InvalidTransition(f"job {job_id} is {job.state}: {why}")
+    upstreams = rt.store.flows.upstreams([job_id]).get(job_id)
+    if upstreams and (said := verdict(upstreams)).doomed:
+        again = f"trainhouse flows resume {job.flow_id}" if job.flow_id else "trainhouse resume"
+        raise InvalidTransition(
+            f"job {job_id} waits for a job that can no longer complete ({said.reason}): resume "
+            f"that one first ({again})"
+        )
     loadable = _loadable(rt, job_id)
     if not loadable:
         raise StoreError(

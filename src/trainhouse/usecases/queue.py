@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from trainhouse.core.errors import NotFound
+from trainhouse.core.flows import verdict
 from trainhouse.core.lifecycle import JobState
 from trainhouse.core.records import Job, UserLimits
 from trainhouse.scheduler.policy import QueuedJob
@@ -85,6 +86,25 @@ def queue(rt: Runtime, p: Principal) -> Queue:
                 priority=job.priority,
                 created_at=job.created_at,
                 reason=decisions.waiting.get(job_id) or "starting now",
+            )
+        )
+    # jobs held for the jobs they wait for (after:) come last, each saying for which
+    held = rt.store.flows.upstreams()
+    position = len(decisions.order)
+    for job_id in sorted(set(held) - set(decisions.order)):
+        position += 1
+        job = queued.get(job_id)
+        if job is None:
+            continue
+        entries.append(
+            Waiting(
+                position=position,
+                id=job.id,
+                name=job.name,
+                owner=job.owner,
+                priority=job.priority,
+                created_at=job.created_at,
+                reason=verdict(held[job_id]).reason or "starting now",
             )
         )
     preempting = [

@@ -11,12 +11,14 @@ from trainhouse.core.errors import (
     ArchiveError,
     FlowError,
     Forbidden,
+    NotFound,
     ResourceError,
     UploadTooLarge,
 )
 from trainhouse.core.flows import parse_input_ref
 from trainhouse.core.lifecycle import RESUMABLE
 from trainhouse.core.spec import PRIORITY_TIERS, JobSpec, parse_spec
+from trainhouse.ingest import promotions
 from trainhouse.jobfs.workdir import human_size, list_members
 from trainhouse.scheduler.resources import never_fits
 from trainhouse.usecases.access import Principal
@@ -61,19 +63,48 @@ def accepted_spec(
     check_priority(p, job_spec.priority)
     check_links(rt, p, job_spec)
     if not flow_step:
-        check_promote(job_spec)
+        check_promote(rt, job_spec)
     return job_spec
 
 
-def check_promote(job_spec: JobSpec) -> None:
-    """``promote.input`` names one of the job's inputs."""
+def check_promote(rt: Runtime, job_spec: JobSpec) -> None:
+    """``promote.input`` names one of the job's inputs; and where the model is known now (its
+    ``model:``, or the registered version an input names) and a version holds the alias, that
+    version has a value of the metric to compare with."""
     promote = job_spec.promote
-    if promote is not None and promote.input is not None and promote.input not in job_spec.inputs:
-        known = ", ".join(sorted(job_spec.inputs)) or "none"
+    if promote is None:
+        return
+    model = promote.model
+    if promote.input is not None:
+        if promote.input not in job_spec.inputs:
+            known = ", ".join(sorted(job_spec.inputs)) or "none"
+            raise FlowError(
+                f"promote.input {promote.input!r} is not one of the job's inputs ({known}): give "
+                f"it with inputs: {{{promote.input}: NAME@VERSION}} or --set "
+                f"inputs.{promote.input}=NAME@VERSION"
+            )
+        upstream, name, _ = parse_input_ref(job_spec.inputs[promote.input])
+        if upstream is not None:
+            made = rt.store.models.for_job(upstream)
+            name = made[-1].model if made else None
+        model = name
+    if model is None:
+        return
+    try:
+        holder = rt.store.models.get(model).aliases.get(promote.alias)
+    except NotFound:
+        return  # a model made later: nothing holds the alias yet
+    if holder is None:
+        return
+    with rt.store.connect() as conn:
+        value = promotions.held_value(rt.store, conn, model, holder, promote.alias, promote.metric)
+    if value is None:
+        have = ", ".join(sorted(rt.store.models.version(model, holder).metrics)) or "none"
         raise FlowError(
-            f"promote.input {promote.input!r} is not one of the job's inputs ({known}): give it "
-            f"with inputs: {{{promote.input}: NAME@VERSION}} or --set "
-            f"inputs.{promote.input}=NAME@VERSION"
+            f"promote: {model}@{promote.alias} is v{holder}, which has no value of "
+            f"{promote.metric} to compare with (its metrics: {have}); promote by a metric it has, "
+            f"or move the alias by hand first (trainhouse models alias {model} VERSION "
+            f"{promote.alias})"
         )
 
 
