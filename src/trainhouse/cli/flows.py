@@ -141,7 +141,7 @@ def flows(
     as_json: Json = False,
     url: Url = None,
 ) -> None:
-    """The flows you may see, newest first, each step's state (``flows show ID`` for one)."""
+    """The flows you may see, newest first, each step's state (flows show ID for one)."""
     if ctx.invoked_subcommand is not None:
         return
     with errors(), options.client(url) as c:
@@ -164,7 +164,7 @@ def list_flows(
     as_json: Json = False,
     url: Url = None,
 ) -> None:
-    """The flows you may see, newest first (the same as ``trainhouse flows``)."""
+    """The flows you may see, newest first (the same as trainhouse flows alone)."""
     with errors(), options.client(url) as c:
         page = c.flows(mine=mine, limit=limit)
     if as_json:

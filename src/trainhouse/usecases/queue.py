@@ -72,27 +72,18 @@ def queue(rt: Runtime, p: Principal) -> Queue:
         for j in rt.store.jobs.list(states=[JobState.QUEUED])
         if everyone or j.owner == p.name
     }
-    entries = []
-    for position, job_id in enumerate(decisions.order, start=1):
-        job = queued.get(job_id)
-        if job is None:
-            continue
-        entries.append(
-            Waiting(
-                position=position,
-                id=job.id,
-                name=job.name,
-                owner=job.owner,
-                priority=job.priority,
-                created_at=job.created_at,
-                reason=decisions.waiting.get(job_id) or "starting now",
-            )
-        )
-    # jobs held for the jobs they wait for (after:) come last, each saying for which
+    # the policy's order; then the jobs held for the jobs they wait for (after:), each saying
+    # for which
     held = rt.store.flows.upstreams()
-    position = len(decisions.order)
-    for job_id in sorted(set(held) - set(decisions.order)):
-        position += 1
+    order = [
+        *((job_id, decisions.waiting.get(job_id)) for job_id in decisions.order),
+        *(
+            (job_id, verdict(held[job_id]).reason)
+            for job_id in sorted(set(held) - set(decisions.order))
+        ),
+    ]
+    entries = []
+    for position, (job_id, reason) in enumerate(order, start=1):
         job = queued.get(job_id)
         if job is None:
             continue
@@ -104,7 +95,7 @@ def queue(rt: Runtime, p: Principal) -> Queue:
                 owner=job.owner,
                 priority=job.priority,
                 created_at=job.created_at,
-                reason=verdict(held[job_id]).reason or "starting now",
+                reason=reason or "starting now",
             )
         )
     preempting = [

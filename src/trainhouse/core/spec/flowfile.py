@@ -29,7 +29,7 @@ from trainhouse.core.flows import (
     order,
 )
 from trainhouse.core.spec.model import MAX_SPEC_BYTES
-from trainhouse.core.spec.text import _FastLoader, _first_duplicate_key, _Lines, _prescan
+from trainhouse.core.spec.text import _Lines, read_yaml
 
 __all__ = ["FlowFile", "Step", "is_flow", "load_flow", "parse_flow"]
 
@@ -64,27 +64,7 @@ class FlowFile:
 def _load(text: str, source: str) -> tuple[Any, yaml.Node | None]:
     if len(text.encode("utf-8", "surrogatepass")) > MAX_SPEC_BYTES:
         raise FlowError(f"{source}: a flow file may be at most {MAX_SPEC_BYTES // 1024} KiB")
-    try:
-        _prescan(text)
-        loader = _FastLoader(text)
-        try:
-            node = loader.get_single_node()
-            data = loader.construct_document(node) if node is not None else None
-        finally:
-            loader.dispose()
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"{source}:{mark.line + 1}" if mark is not None else source
-        raise FlowError(
-            f"{where}: not valid YAML: {getattr(exc, 'problem', None) or exc}"
-        ) from None
-    except (ValueError, OverflowError) as exc:
-        raise FlowError(f"{source}: not valid YAML: {exc}") from None
-    duplicate = _first_duplicate_key(node)
-    if duplicate is not None:
-        key, first, second = duplicate
-        raise FlowError(f"{source}:{second}: key {key!r} is given twice (first on line {first})")
-    return data, node
+    return read_yaml(text, source, FlowError)
 
 
 def is_flow(text: str) -> bool:

@@ -11,7 +11,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from trainhouse.core.errors import SpecError
+from trainhouse.core.errors import SpecError, TrainhouseError
 from trainhouse.core.spec.model import MAX_SPEC_BYTES, MAX_SPEC_DEPTH, JobSpec, _show
 
 # libyaml's parser when PyYAML has it: a spec of the maximum size is scanned several times faster
@@ -157,6 +157,31 @@ def _allowed_keys(loc: tuple[str | int, ...]) -> list[str]:
     return sorted(model.model_fields)
 
 
+def read_yaml(text: str, source: str, error: type[TrainhouseError]) -> tuple[Any, yaml.Node | None]:
+    """YAML text as plain data and its node tree (for the lines of errors): no aliases, bounded
+    nesting, no key given twice; ``error`` naming the file and the line otherwise."""
+    try:
+        _prescan(text)
+        loader = _FastLoader(text)  # a safe loader: plain data only
+        try:
+            node = loader.get_single_node()
+            data = loader.construct_document(node) if node is not None else None
+        finally:
+            loader.dispose()
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"{source}:{mark.line + 1}" if mark is not None else source
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise error(f"{where}: not valid YAML: {problem}") from None
+    except (ValueError, OverflowError) as exc:  # an integer of 5000 digits, a 13th month
+        raise error(f"{source}: not valid YAML: {exc}") from None
+    duplicate = _first_duplicate_key(node)
+    if duplicate is not None:
+        key, first, second = duplicate
+        raise error(f"{source}:{second}: key {key!r} is given twice (first on line {first})")
+    return data, node
+
+
 def parse_override(item: str) -> tuple[list[str], Any]:
     """Split ``a.b=value`` into (["a", "b"], parsed value); the value is read as YAML."""
     if "=" not in item:
@@ -203,25 +228,7 @@ def parse_spec(text: str, *, source: str = "<spec>", overrides: list[str] | None
             f"{source}: a job spec may be at most {MAX_SPEC_BYTES // 1024} KiB "
             f"({MAX_SPEC_BYTES} bytes), got {size} bytes; keep data in the workdir"
         )
-    try:
-        _prescan(text)
-        loader = _FastLoader(text)  # a safe loader: plain data only
-        try:
-            node = loader.get_single_node()
-            data = loader.construct_document(node) if node is not None else None
-        finally:
-            loader.dispose()
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"{source}:{mark.line + 1}" if mark is not None else source
-        problem = getattr(exc, "problem", None) or str(exc)
-        raise SpecError(f"{where}: not valid YAML: {problem}") from None
-    except (ValueError, OverflowError) as exc:  # an integer of 5000 digits, a 13th month
-        raise SpecError(f"{source}: not valid YAML: {exc}") from None
-    duplicate = _first_duplicate_key(node)
-    if duplicate is not None:
-        key, first, second = duplicate
-        raise SpecError(f"{source}:{second}: key {key!r} is given twice (first on line {first})")
+    data, node = read_yaml(text, source, SpecError)
     if data is None:
         data = {}
     if not isinstance(data, dict):
