@@ -70,6 +70,10 @@ SINGLE_BACKEND = {
     "evaluated by real ranks (staging, loading, the CLI's follower) is under test; the store's "
     "side of dependencies, flows and promotions runs on both backends in the module's other "
     "tests and in tests/unit/test_flows_store.py",
+    "test_flows.py::test_promotion_moves_the_alias_only_to_a_better_version": "four jobs that "
+    "save a model through the SDK (torch.export each); the store's side of a promotion (decided "
+    "once, the model locked against a concurrent alias move, decided at start-up) runs on both "
+    "backends in tests/unit/test_flows_store.py",
     "test_isolation.py": "the processes and files of a server are under test, not its store: "
     "the secret's test picks its own PostgreSQL database, and the SQLite file is among the "
     "files whose modes are checked",
