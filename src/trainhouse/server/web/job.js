@@ -38,6 +38,17 @@ export function resourcesText(spec) {
   return parts.join(", ");
 }
 
+/** How an attempt's processes ended, as people read it: a stopped attempt (canceled,
+ * preempted, pruned) says so, and that its ranks exited cleanly when they all exited 0, rather
+ * than the signal its launcher got. */
+function attemptExit(a) {
+  const stopped = { canceled: "canceled", preempted: "preempted", pruned: "pruned", interrupted: "server stopped" }[a.result];
+  if (!stopped) return exitText(a.exit_code);
+  const codes = Object.values(a.rank_exit_codes || {});
+  const clean = codes.length && codes.every((c) => c === 0);
+  return clean ? `${stopped}; ranks exited cleanly` : stopped;
+}
+
 export function attemptsTable(job) {
   const rows = (job.attempt_history || []).map((a) => h("tr", { testid: "attempt-row" },
     h("td", { class: "num" }, String(a.number)),
@@ -45,7 +56,7 @@ export function attemptsTable(job) {
     h("td", {}, a.ended_at ? fmtDuration(a.ended_at - a.started_at) : h("span", { class: "muted" }, "running")),
     h("td", {}, a.result ? h("span", { class: `result result-${a.result}` }, a.result) : "—"),
     h("td", {}, a.failure || "—"),
-    h("td", { class: "num" }, exitText(a.exit_code)),
+    h("td", { class: "num", testid: "attempt-exit" }, attemptExit(a)),
     h("td", { class: "mono" }, a.rank_exit_codes ? Object.entries(a.rank_exit_codes).map(([r, c]) => `${r}:${exitText(c)}`).join(" ") : "—"),
     h("td", { class: "num" }, a.failed_rank ?? "—"),
     h("td", { class: "reason" }, a.reason || "—"),
@@ -80,7 +91,7 @@ export function checkpointsTable(jobId, data) {
       h("td", { class: "num" }, String(c.attempt)),
       h("td", {}, c.kind),
       h("td", { class: "num" }, fmtBytes(c.size)),
-      h("td", { class: "mono", title: c.sha256 }, c.sha256.slice(0, 12)),
+      h("td", { class: "mono", title: `${c.algorithm || "sha256"}:${c.sha256}`, testid: "checkpoint-digest" }, `${c.algorithm || "sha256"}:${c.sha256.slice(0, 12)}`),
       h("td", {}, metricsText(c.metrics, 4)),
       h("td", {}, timeCell(c.created_at)),
       h("td", { class: "mono path", title: c.path }, c.path),
@@ -88,7 +99,7 @@ export function checkpointsTable(jobId, data) {
   });
   return h("div", { class: "table-wrap" },
     h("table", { class: "grid", testid: "checkpoints-table" },
-      h("thead", {}, h("tr", {}, ["Step", "Attempt", "Kind", "Size", "sha256", "Metrics", "Saved", "Path", ""].map((c) => h("th", {}, c)))),
+      h("thead", {}, h("tr", {}, ["Step", "Attempt", "Kind", "Size", "Digest", "Metrics", "Saved", "Path", ""].map((c) => h("th", {}, c)))),
       h("tbody", {}, rows)),
     data.directory ? h("p", { class: "muted small" }, `Stored in ${data.directory}`) : null);
 }

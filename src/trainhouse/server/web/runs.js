@@ -149,10 +149,11 @@ export function experimentCard(jobId, onChange) {
     noteView.replaceChildren(job.note ? markdown(job.note) : h("p", { class: "muted" }, "No note yet."));
     const used = flatten(usedHparams(job));
     const keys = Object.keys(used).sort();
-    hp.replaceChildren(keys.length
-      ? h("table", { class: "grid compact" }, h("tbody", {}, keys.map((k) => h("tr", {}, h("th", {}, k), h("td", { class: "mono" }, fmtCell(used[k]))))))
+    // replaceChildren writes a null as the text "null": only the nodes there are
+    hp.replaceChildren(...[keys.length
+      ? h("table", { class: "grid compact" }, h("tbody", {}, keys.map((k) => h("tr", {}, h("th", { testid: "hparam-name" }, k), h("td", { class: "mono" }, fmtCell(used[k]))))))
       : h("p", { class: "muted" }, "No hparams."),
-    job.hparams ? null : h("p", { class: "muted small" }, "The spec's hparams: the run has not reported the ones it used."));
+    job.hparams ? null : h("p", { class: "muted small" }, "The spec's hparams: the run has not reported the ones it used.")].filter(Boolean));
   }
   const el = h("section", { class: "card", testid: "experiment-section" },
     h("div", { class: "card-head" }, h("h2", {}, "Experiment"), h("span", { class: "muted" }, "project "), project),
