@@ -1,7 +1,8 @@
 """A job's page says what happened as a person reads it (issue 33, section 6), in real Chromium
 against a real server and real ranks:
 
-- hyperparameter names as written (they are case-sensitive), and no stray ``null`` under them;
+- hyperparameter names as written (they are case-sensitive; on the compare page too), and no
+  stray ``null`` under them;
 - a checkpoint's digest with its algorithm (blake3 for file checkpoints, not "sha256");
 - a failure's reason with its lines kept (the traceback is not one paragraph);
 - a canceled job's attempt: canceled, its ranks exited cleanly (not "SIGTERM").
@@ -66,6 +67,11 @@ def test_a_failed_jobs_page_reads_as_written(server: Server, page: Page, tmp_pat
     expect(reason).to_contain_text("ValueError: a bad hparam, on purpose")
     shown = reason.inner_text()
     assert len([ln for ln in shown.splitlines() if ln.strip()]) >= 2, shown
+
+    # the compare page names them as written too
+    page.goto(f"{server.url}/#/compare?ids={job['id']}")
+    rows = page.get_by_test_id("compare-hparams").get_by_test_id("hparam-row").locator("th")
+    expect(rows).to_have_text(["batchSize", "Learning_Rate"], use_inner_text=True)
 
 
 def test_a_canceled_attempt_says_it_was_canceled(
