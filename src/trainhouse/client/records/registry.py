@@ -4,6 +4,8 @@ TypedDicts, no ``from __future__ import annotations``: see :mod:`trainhouse.clie
 
 from typing import Any, TypedDict
 
+from trainhouse.client.records.jobs import Promotion
+
 __all__ = [
     "Latency",
     "Model",
@@ -63,20 +65,10 @@ class ModelList(TypedDict):
     models: list[Model]
 
 
-class PromotionRecord(TypedDict):
+class PromotionRecord(Promotion):
     """``PromotionRecordOut``: a decision a job's promote: made (``ModelDetail.promotions``)."""
 
     job_id: int
-    alias: str
-    metric: str
-    mode: str
-    version: int | None
-    value: float | None
-    previous_version: int | None
-    previous_value: float | None
-    promoted: bool | None
-    decision: str | None
-    decided_at: float | None
 
 
 class ModelDetail(TypedDict):

@@ -8,6 +8,7 @@ import json
 import math
 import re
 import shlex
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
@@ -445,28 +446,12 @@ class JobSpec(_Strict):
     @field_validator("inputs")
     @classmethod
     def _inputs(cls, value: dict[str, str]) -> dict[str, str]:
-        if len(value) > MAX_INPUTS:
-            raise ValueError(f"at most {MAX_INPUTS} inputs, got {len(value)}")
-        try:
-            for key, ref in value.items():
-                check_input_key(key)
-                check_input_ref(ref)
-        except FlowError as exc:
-            raise ValueError(str(exc)) from None
-        return value
+        return _refs(value, MAX_INPUTS, "inputs", check_input_key, check_input_ref, FlowError)
 
     @field_validator("datasets")
     @classmethod
     def _datasets(cls, value: dict[str, str]) -> dict[str, str]:
-        if len(value) > MAX_PINS:
-            raise ValueError(f"at most {MAX_PINS} datasets, got {len(value)}")
-        try:
-            for key, ref in value.items():
-                check_key(key)
-                parse_ref(ref)
-        except DatasetError as exc:
-            raise ValueError(str(exc)) from None
-        return value
+        return _refs(value, MAX_PINS, "datasets", check_key, parse_ref, DatasetError)
 
     @field_validator("max_runtime", mode="before")
     @classmethod
@@ -575,6 +560,27 @@ def check_reported_hparams(hparams: Any) -> None:
         raise ValueError(
             f"hparams must be at most {MAX_HPARAMS_BYTES // 1024} KiB as JSON, got {size} bytes"
         )
+
+
+def _refs(
+    value: dict[str, str],
+    most: int,
+    what: str,
+    key_rule: Callable[[str], object],
+    ref_rule: Callable[[str], object],
+    error: type[Exception],
+) -> dict[str, str]:
+    """A mapping of keys to references (``datasets:``, ``inputs:``): at most ``most``, each key
+    and reference checked by its rule (whose ``error`` is turned into pydantic's ValueError)."""
+    if len(value) > most:
+        raise ValueError(f"at most {most} {what}, got {len(value)}")
+    try:
+        for key, ref in value.items():
+            key_rule(key)
+            ref_rule(ref)
+    except error as exc:
+        raise ValueError(str(exc)) from None
+    return value
 
 
 def check_tags(tags: list[str]) -> list[str]:

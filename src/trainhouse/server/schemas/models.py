@@ -10,6 +10,7 @@ from pydantic import BaseModel, Field
 
 from trainhouse.core.modelrecord import ModelFileOut, ModelName, TensorSpec
 from trainhouse.server.schemas.common import INT32, INT64, NO_NUL
+from trainhouse.server.schemas.jobs import PromotionOut
 
 
 class ModelRegisterIn(BaseModel):
@@ -76,20 +77,10 @@ class ModelListOut(BaseModel):
     models: list[ModelOut]
 
 
-class PromotionRecordOut(BaseModel):
+class PromotionRecordOut(PromotionOut):
     """A decision a job's ``promote:`` made about one of the model's versions."""
 
     job_id: int
-    alias: str
-    metric: str
-    mode: str
-    version: int | None
-    value: float | None
-    previous_version: int | None
-    previous_value: float | None
-    promoted: bool | None
-    decision: str | None
-    decided_at: float | None
 
 
 class ModelDetailOut(BaseModel):
