@@ -12,6 +12,7 @@ import torch
 from tests.support.jobs import LONG_SCRIPT, write_job
 from tests.support.processes import marked_processes
 from tests.support.servers import EXAMPLE, Server
+from trainhouse.jobfs.layout import JobLayout
 from trainhouse.jobfs.storage import new_hash
 from trainhouse.sdk.checkpoint import load_checkpoint
 
@@ -151,6 +152,10 @@ def test_failed_rank_restarts_from_checkpoint_and_resumes_exactly(
     assert b["restarts"] == 1
     log = server.cli("logs", str(crashed["id"]), "--rank", "0").stdout
     assert "attempt 2 starts at step 6" in log
+    # the SDK records each rank's clean finish for its wrapper (never the crashed rank's)
+    job = JobLayout(server.home, crashed["id"])
+    assert not job.attempt(1).rank_finished(1).exists()
+    assert job.attempt(2).rank_finished(0).is_file() and job.attempt(2).rank_finished(1).is_file()
 
     points = server.cli_json("metrics", str(crashed["id"]))["series"][0]["points"]
     assert [p[0] for p in points] == list(range(12))  # every step exactly once

@@ -24,11 +24,13 @@ def test_its_names_are_the_layouts() -> None:
     assert rank.ATTEMPT_DIR_ENV == layout.ATTEMPT_DIR_ENV
     assert rank.ATTEMPT_ENV == layout.ATTEMPT_ENV
     assert rank.RANK_EXIT_PREFIX == layout.RANK_EXIT_PREFIX
+    assert rank.RANK_FINISHED_PREFIX == layout.RANK_FINISHED_PREFIX
     assert rank.PYTHON_ENV == envspec.PYTHON_ENV
     assert rank.log_name("3") == layout.log_name(3)
     assert rank.times_name("3") == layout.times_name(3)
     attempt = layout.AttemptLayout(Path("/x"))
     assert attempt.rank_exit(3).name == f"{rank.RANK_EXIT_PREFIX}3"
+    assert attempt.rank_finished(3).name == f"{rank.RANK_FINISHED_PREFIX}3"
 
 
 def start(tmp_path: Path, code: str) -> subprocess.Popen[bytes]:
@@ -133,3 +135,51 @@ def test_a_grandchild_holding_the_pipe_does_not_hold_the_rank(tmp_path: Path) ->
         if ready.exists():
             with contextlib.suppress(ProcessLookupError):
                 os.kill(int(ready.read_text()), signal.SIGKILL)
+
+
+def aborting(tmp_path: Path, *, finished: bool, message: str) -> str:
+    """A rank's code that (after the SDK's record of a clean finish, if ``finished``) prints
+    ``message`` and aborts, as torch's gloo threads do in the interpreter's teardown."""
+    record = layout.AttemptLayout(tmp_path).rank_finished(1)
+    return (
+        "import os, pathlib, sys\n"
+        + (f"pathlib.Path({str(record)!r}).write_text('1')\n" if finished else "")
+        + f"print({message!r}, file=sys.stderr, flush=True)\n"
+        + "os.abort()\n"
+    )
+
+
+TERMINATE = "terminate called without an active exception"
+
+
+def test_an_abort_in_teardown_after_a_clean_finish_is_kept_at_zero(tmp_path: Path) -> None:
+    proc = start(tmp_path, aborting(tmp_path, finished=True, message=TERMINATE))
+    assert proc.wait(30) == 0
+    recorded = read_record(tmp_path / "exit-rank-1", within=tmp_path)
+    assert recorded is not None and recorded[0] == 0
+    text = (tmp_path / "logs" / "rank-1.log").read_text()
+    # said in the log, never silently
+    assert TERMINATE in text and "aborted in the interpreter's teardown" in text
+    assert "its exit is kept at 0" in text
+
+
+@pytest.mark.parametrize(
+    ("finished", "message"),
+    [
+        (False, TERMINATE),  # no clean finish recorded: the abort happened during the run
+        (True, "Assertion `x' failed."),  # another abort after the finish is still one
+    ],
+)
+def test_any_other_abort_stays_a_failure(tmp_path: Path, finished: bool, message: str) -> None:
+    proc = start(tmp_path, aborting(tmp_path, finished=finished, message=message))
+    assert proc.wait(30) == 128 + signal.SIGABRT
+    recorded = read_record(tmp_path / "exit-rank-1", within=tmp_path)
+    assert recorded is not None and recorded[0] == -signal.SIGABRT
+    assert "kept at 0" not in (tmp_path / "logs" / "rank-1.log").read_text()
+
+
+def test_a_linked_record_does_not_count(tmp_path: Path) -> None:
+    (tmp_path / "elsewhere").write_text("1")
+    layout.AttemptLayout(tmp_path).rank_finished(1).symlink_to(tmp_path / "elsewhere")
+    proc = start(tmp_path, aborting(tmp_path, finished=False, message=TERMINATE))
+    assert proc.wait(30) == 128 + signal.SIGABRT

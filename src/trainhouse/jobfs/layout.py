@@ -14,6 +14,7 @@ back. Each name below is defined once and used by every writer and reader::
     HOME/jobs/<id>/attempts/<n>/tmp/            TMPDIR of the attempt's processes
     HOME/jobs/<id>/attempts/<n>/exit-launcher   "CODE TIME" of torchrun (its supervisor writes it)
     HOME/jobs/<id>/attempts/<n>/exit-rank-<N>   "CODE TIME" of each rank (its wrapper writes it)
+    HOME/jobs/<id>/attempts/<n>/finished-rank-<N>  the rank's run ended cleanly (the SDK writes it)
     HOME/jobs/<id>/attempts/<n>/metrics-spool/  metric batches the SDK could not send
 
 A Ray node keeps the same attempt layout under a directory of its own (``--ray-node-dir``).
@@ -56,6 +57,9 @@ LAUNCHER = "launcher"
 LAUNCHER_LOG = "launcher.log"
 LAUNCHER_EXIT = "exit-launcher"
 RANK_EXIT_PREFIX = "exit-rank-"
+#: the SDK's word that a rank of a multi-rank run finished cleanly, its process group left
+#: (the rank wrapper reads it: trainhouse.executors.node.rank.teardown_abort)
+RANK_FINISHED_PREFIX = "finished-rank-"
 SPOOL_DIR = "metrics-spool"
 #: every process of an attempt carries this variable (see trainhouse.executors.node.markers)
 MARKER_ENV = "TRAINHOUSE_RUN_MARKER"
@@ -108,6 +112,9 @@ class AttemptLayout:
 
     def rank_exit(self, rank: int | str) -> Path:
         return self.dir / f"{RANK_EXIT_PREFIX}{rank}"
+
+    def rank_finished(self, rank: int | str) -> Path:
+        return self.dir / f"{RANK_FINISHED_PREFIX}{rank}"
 
     def rank_exits(self, *, within: Path) -> dict[str, Path]:
         """Rank (as text) -> its exit record, for every rank that wrote one (a regular file),

@@ -20,6 +20,7 @@ Under the server the sink, the stop signal and the registry share one
 from __future__ import annotations
 
 import atexit
+import contextlib
 import logging
 import os
 import sys
@@ -33,7 +34,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from trainhouse.core.datasets import ENV_PREFIX as DATASET_ENV_PREFIX
 from trainhouse.core.defaults import DEFAULT_KEEP_LAST
 from trainhouse.core.flows import INPUT_PREFIX
-from trainhouse.jobfs.layout import CHECKPOINT_URL_ENV, JobEnv
+from trainhouse.jobfs.layout import CHECKPOINT_URL_ENV, AttemptLayout, JobEnv
 from trainhouse.sdk._distributed import DistributedContext, connect
 from trainhouse.sdk._metrics import finite_or_none
 from trainhouse.sdk._preempt import NeverStop, Preemption, ServerStop, StopSignal
@@ -192,6 +193,7 @@ class Run:
         self.job_id: int | None = job.job_id if job is not None else None
         self.attempt = job.attempt if job is not None else 1
         self.standalone = job is None
+        self._attempt_dir = job.attempt_dir if job is not None else None
         self.hparams: dict[str, Any] = dict(hparams or {})
         # the keys the script declares (its defaults): spec keys outside them are flagged
         self._script_keys = sorted(str(k) for k in self.hparams) if hparams else None
@@ -399,6 +401,23 @@ class Run:
         self._dist.close(failed=failed)
         if ckpt_error is not None and not failed:
             raise ckpt_error
+        if not failed:
+            self._record_clean_finish()
+
+    def _record_clean_finish(self) -> None:
+        """Tell the rank wrapper that this rank's run ended cleanly, its process group left.
+
+        torch 2.13's gloo keeps worker threads (held by a DDP module that outlives the group)
+        that free their last work after the script ends; one that reaches for the GIL while
+        the interpreter tears down aborts the process ("terminate called without an active
+        exception"). The wrapper keeps such a rank's exit at 0, saying so in its log, only
+        after this record and only for that abort (:mod:`trainhouse.executors.node.rank`).
+        """
+        if self._attempt_dir is None or self.world_size <= 1:
+            return
+        path = AttemptLayout(Path(self._attempt_dir)).rank_finished(self.rank)
+        with contextlib.suppress(OSError):
+            path.write_text(f"{time.time():.6f}")
 
     def __enter__(self) -> Run:
         return self

@@ -24,6 +24,7 @@ import contextlib
 import os
 import select
 import signal
+import stat
 import struct
 import subprocess
 import sys
@@ -34,6 +35,7 @@ LOG_DIR_ENV = "TRAINHOUSE_LOG_DIR"
 ATTEMPT_DIR_ENV = "TRAINHOUSE_ATTEMPT_DIR"
 ATTEMPT_ENV = "TRAINHOUSE_ATTEMPT"
 RANK_EXIT_PREFIX = "exit-rank-"
+RANK_FINISHED_PREFIX = "finished-rank-"
 PYTHON_ENV = "TRAINHOUSE_PYTHON"  # trainhouse.core.envspec.PYTHON_ENV
 
 
@@ -43,6 +45,11 @@ PIECE = 1 << 16  # bytes copied from the pipe at a time
 #: after the user's process exits, what its children still write is copied until the pipe
 #: has been quiet this long (a daemon grandchild keeping it open never holds the rank up)
 QUIET_AFTER_EXIT = 1.0
+#: what libstdc++ prints when a thread of torch is unwound through code that may not throw: a
+#: gloo worker thread that reaches for the GIL while the interpreter tears down (see
+#: :func:`teardown_abort`)
+TEARDOWN_ABORT = b"terminate called without an active exception"
+TAIL = 512  # bytes of the rank's last output kept to look for it
 
 
 def log_name(rank: str) -> str:
@@ -62,10 +69,12 @@ class TimedLog:
         # where the next write lands (the log is opened O_APPEND, and only this rank's wrapper
         # writes it while the attempt runs): its size once, then counted, no syscall per piece
         self.offset = os.fstat(log).st_size
+        self.tail = b""  # the last TAIL bytes written
 
     def write(self, data: bytes) -> None:
         if not data:
             return
+        self.tail = (self.tail + data[-TAIL:])[-TAIL:]
         at = self.offset
         view = memoryview(data)
         while view:  # a short write (a full disk) goes on with the rest
@@ -108,6 +117,29 @@ def record(path: str | os.PathLike[str], code: int) -> None:
         os.replace(tmp, path)
     except OSError:
         pass
+
+
+def teardown_abort(code: int, rank: str, attempt_dir: str, tail: bytes) -> bool:
+    """Whether a rank's SIGABRT is torch's abort in the interpreter's teardown after its run
+    finished cleanly, which keeps its exit at 0.
+
+    With torch 2.13 and gloo, a DDP module outlives the process group the SDK destroyed, and
+    with it the group's worker threads; one that frees its last work (whose saved thread state
+    holds a Python object) after the script has ended waits for the GIL, and when it gets it
+    while the interpreter finalizes, CPython ends the thread by unwinding it through C++ code
+    that may not throw: libstdc++ aborts the process. All three must hold: the rank was killed
+    by SIGABRT, the SDK recorded that its run had finished cleanly
+    (``finished-rank-N``, written after the group was left), and the rank's last output is
+    libstdc++'s message for exactly that. Any other abort, or one before the record, stays a
+    failure. (A job that writes the record itself gains nothing it could not get by exiting 0.)
+    """
+    if code != -signal.SIGABRT or TEARDOWN_ABORT not in tail:
+        return False
+    try:
+        st = os.lstat(os.path.join(attempt_dir, f"{RANK_FINISHED_PREFIX}{rank}"))
+    except OSError:
+        return False
+    return stat.S_ISREG(st.st_mode)
 
 
 def _argv(argv: list[str]) -> list[str]:
@@ -163,6 +195,13 @@ def main(argv: list[str]) -> int:
             finally:
                 os.close(read_end)
             code = child.wait()
+            if teardown_abort(code, rank, attempt_dir, out.tail):
+                out.write(
+                    f"trainhouse: rank {rank} aborted in the interpreter's teardown after its run "
+                    "had finished cleanly (torch's gloo worker threads outlive the script); its "
+                    "exit is kept at 0\n".encode()
+                )
+                code = 0
         finally:
             if write_end >= 0:
                 os.close(write_end)
