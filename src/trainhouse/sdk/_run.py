@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from trainhouse.core.datasets import ENV_PREFIX as DATASET_ENV_PREFIX
 from trainhouse.core.defaults import DEFAULT_KEEP_LAST
 from trainhouse.core.flows import INPUT_PREFIX
-from trainhouse.jobfs.layout import CHECKPOINT_URL_ENV, AttemptLayout, JobEnv
+from trainhouse.jobfs.layout import CHECKPOINT_URL_ENV, JobEnv
 from trainhouse.sdk._distributed import DistributedContext, connect
 from trainhouse.sdk._metrics import finite_or_none
 from trainhouse.sdk._preempt import NeverStop, Preemption, ServerStop, StopSignal
@@ -193,7 +193,7 @@ class Run:
         self.job_id: int | None = job.job_id if job is not None else None
         self.attempt = job.attempt if job is not None else 1
         self.standalone = job is None
-        self._attempt_dir = job.attempt_dir if job is not None else None
+        self._attempt_layout = job.attempt_layout if job is not None else None
         self.hparams: dict[str, Any] = dict(hparams or {})
         # the keys the script declares (its defaults): spec keys outside them are flagged
         self._script_keys = sorted(str(k) for k in self.hparams) if hparams else None
@@ -413,9 +413,9 @@ class Run:
         exception"). The wrapper keeps such a rank's exit at 0, saying so in its log, only
         after this record and only for that abort (:mod:`trainhouse.executors.node.rank`).
         """
-        if self._attempt_dir is None or self.world_size <= 1:
+        if self._attempt_layout is None or self.world_size <= 1:
             return
-        path = AttemptLayout(Path(self._attempt_dir)).rank_finished(self.rank)
+        path = self._attempt_layout.rank_finished(self.rank)
         with contextlib.suppress(OSError):
             path.write_text(f"{time.time():.6f}")
 
