@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -83,6 +84,9 @@ def test_server_side_errors_and_exit_codes(server: Server, tmp_path: Path) -> No
     result = server.cli("submit", str(failing))
     assert result.returncode == 5, result.stdout + result.stderr
     assert "FAILED" in result.stdout and "rank 0 exited with code 5" in result.stdout
+    submitted = re.search(r"submitted job (\d+)", result.stdout)
+    assert submitted, result.stdout
+    assert f"dashboard: {server.url}/#/jobs/{submitted[1]}\n" in result.stdout  # the job's page
     # the failure's last lines (its traceback) are printed once, not again in the summary
     assert result.stdout.count("ValueError: broken on purpose") == 1, result.stdout
 

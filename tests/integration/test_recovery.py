@@ -10,6 +10,7 @@ import sys
 import time
 from pathlib import Path
 
+import httpx
 import pytest
 
 from tests.support.jobs import (
@@ -178,9 +179,9 @@ def test_a_rank_killed_after_a_save_the_server_never_heard_of_loses_no_step(
         assert_clean_stop(srv)
 
 
-def test_demo_runs_end_to_end(tmp_path: Path) -> None:
+def test_demo_runs_end_to_end_and_keeps_its_server(tmp_path: Path) -> None:
     url = f"http://127.0.0.1:{free_port()}"
-    result = subprocess.run(
+    demo = subprocess.Popen(
         [
             sys.executable,
             "-m",
@@ -192,18 +193,47 @@ def test_demo_runs_end_to_end(tmp_path: Path) -> None:
             url,
             "--set",
             "hparams.epochs=2",
+            "--keep",
         ],
-        capture_output=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
         text=True,
-        timeout=300,
         cwd=REPO,
         env={**os.environ, "COLUMNS": "200"},
     )
-    assert result.returncode == 0, result.stdout + result.stderr
-    out = result.stdout
-    assert "COMPLETED" in out and "validation accuracy" in out
+    out = ""
+    try:
+        assert demo.stdout is not None
+        for line in demo.stdout:  # until the demo says its server stays
+            out += line
+            if "press Ctrl-C to stop it" in line:
+                break
+        assert "press Ctrl-C to stop it" in out, out
+        started = re.search(r"starting a trainhouse server at (http://127\.0\.0\.1:\d+)", out)
+        assert started, out
+        url = started[1]  # nothing answered at --url: the demo started its own server
+        assert "COMPLETED" in out and "validation accuracy" in out
+        assert f"dashboard: {url}/#/jobs/1" in out  # printed on submit
+        assert f"the job's page on the dashboard: {url}/#/jobs/1" in out
+        # the server is still there after the job ended: the dashboard and the job answer
+        with httpx.Client(base_url=url, timeout=30) as http:
+            assert "trainhouse" in http.get("/").text
+            assert http.get("/api/v1/jobs/1").json()["state"] == "COMPLETED"
+        time.sleep(1)
+        assert demo.poll() is None  # still waiting for Ctrl-C
+        demo.send_signal(signal.SIGINT)  # a terminal's Ctrl-C (the server has its own session)
+        rest, _ = demo.communicate(timeout=120)
+        out += rest
+    finally:
+        if demo.poll() is None:
+            demo.kill()
+            demo.wait()
+    assert demo.returncode == 0, out  # the job's result, not the Ctrl-C
     assert "trainhouse checkpoints 1" in out and "the demo server has stopped" in out
+    assert "exited by itself" not in out
     assert (tmp_path / "demo" / "jobs" / "1" / "checkpoints").is_dir()
+    with pytest.raises(httpx.TransportError):  # and the Ctrl-C stopped it
+        httpx.get(url + "/api/v1/health", timeout=5)
 
 
 def test_stopped_server_requeues_its_jobs_and_leaves_no_process(tmp_path: Path) -> None:

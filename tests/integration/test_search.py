@@ -189,6 +189,7 @@ def test_a_preempted_trial_resumes_without_doubling_its_history(tmp_path: Path) 
         out, err = follow.communicate(timeout=300)
         assert follow.returncode == 0, out + err
         assert "submitted search 1" in out and "best: trial 0" in out, out
+        assert f"dashboard: {srv.url}/#/searches/1" in out  # the search's page
         with srv.client as c:
             view = c.search(search_id)
             (trial,) = view["trials"]

@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -145,6 +146,7 @@ def test_serve_with_a_model_reference_starts_a_service(monkeypatch: pytest.Monke
     first = runner.invoke(app, ["serve", "m@prod", "--replicas", "2"])
     assert first.exit_code == 0, first.output
     assert "service m: m@prod (version 3), job 7, queued" in first.output
+    assert "dashboard: http://x/#/services/m" in first.output  # the service's page
     second = runner.invoke(app, ["serve", "--name", "rt", "m@prod"])
     assert second.exit_code == 0, second.output
     assert runner.invoke(app, ["serve", "list", "--json"]).exit_code == 0
@@ -319,7 +321,9 @@ def test_ctrl_c_right_after_submit_detaches(
     job: Any = {"id": 7, "name": "long", "state": "RUNNING"}
     with pytest.raises(typer.Exit) as ended:
         try:
-            jobs.follow_job(object(), job, "submitted job 7", as_json=False, detach=False)  # type: ignore[arg-type]
+            jobs.follow_job(
+                SimpleNamespace(url="http://x"), job, "submitted job 7", as_json=False, detach=False
+            )  # type: ignore[arg-type]
         except KeyboardInterrupt:
             pytest.fail("the Ctrl-C ended the command instead of detaching")
     assert ended.value.exit_code == 0

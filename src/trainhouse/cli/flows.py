@@ -19,6 +19,7 @@ from trainhouse.cli.render import (
     console,
     err_console,
     errors,
+    page_url,
     print_json,
     state,
 )
@@ -98,7 +99,8 @@ def submit_flow(
                     f"submitted flow [bold]{flow['id']}[/] ({flow['name']}): {jobs} to {c.url}",
                     highlight=False,
                 )
-                console.print(f"  dashboard: {c.url.rstrip('/')}/#/flows/{flow['id']}")
+                page = page_url(c.url, f"flows/{flow['id']}")
+                console.print(f"  dashboard: {page}", highlight=False)
             if detach:
                 console.print(f"follow it with: trainhouse flows show {flow['id']}")
                 return

@@ -29,6 +29,7 @@ from trainhouse.cli.render import (
     exit_words,
     fail,
     fmt_value,
+    page_url,
     placement_words,
     print_json,
     state,
@@ -153,6 +154,8 @@ def follow_job(c: Client, job: Job, said: str, *, as_json: bool, detach: bool) -
     try:
         if not as_json:
             console.print(said, highlight=False)
+            page = page_url(c.url, f"jobs/{job['id']}")
+            console.print(f"  dashboard: {page}", highlight=False)
         if detach:
             console.print(f"follow it with: trainhouse logs {job['id']} -f")
             return

@@ -117,3 +117,11 @@ def exit_words(code: int | None) -> str:
         except ValueError:
             return str(code)
     return str(code)
+
+
+def page_url(server_url: str, route: str) -> str:
+    """The dashboard's page of a thing: ``http://HOST:PORT/#/jobs/7`` for ``route`` ``jobs/7``
+    (a name in the route is quoted: ``services/digits%20v2``)."""
+    from urllib.parse import quote
+
+    return f"{server_url.rstrip('/')}/#/{quote(route, safe='/')}"

@@ -23,6 +23,7 @@ from trainhouse.cli.render import (
     err_console,
     errors,
     fmt_value,
+    page_url,
     print_json,
 )
 
@@ -74,6 +75,8 @@ def submit_search(
             f"once) to {c.url}",
             highlight=False,
         )
+        page = page_url(c.url, f"searches/{search['id']}")
+        out.print(f"  dashboard: {page}", highlight=False)
         if detach:
             out.print(f"follow it with: trainhouse search show {search['id']}")
             return

@@ -15,7 +15,7 @@ from typer.core import TyperGroup
 
 from trainhouse.cli import options
 from trainhouse.cli.options import Json, Url
-from trainhouse.cli.render import ago, console, err_console, errors, print_json
+from trainhouse.cli.render import ago, console, err_console, errors, page_url, print_json
 
 if TYPE_CHECKING:
     from trainhouse.client.records import Service
@@ -97,6 +97,8 @@ def start(
                 f"service {found['name']}: {found['model']}@{found['ref']} "
                 f"(version {found['target_version']}), job {found['job_id']}, {found['state']}"
             )
+            page = page_url(c.url, f"services/{found['name']}")
+            console.print(f"  dashboard: {page}", highlight=False)
         if wait:
             if not as_json:
                 err_console.print(f"waiting for {found['replicas']} replica(s) to answer ...")

@@ -10,6 +10,7 @@ starts one in a child process (:class:`~trainhouse.client.serverprocess.ServerPr
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -24,7 +25,7 @@ from trainhouse.cli.options import (
     settings_default,
     url_option,
 )
-from trainhouse.cli.render import console, errors
+from trainhouse.cli.render import console, errors, page_url
 from trainhouse.core.errors import ServerUnreachable
 from trainhouse.executors.registry import EXECUTORS
 
@@ -388,9 +389,21 @@ def demo(
     home: Annotated[Path | None, home_option(show_default=False)] = None,
     set_: Annotated[list[str] | None, typer.Option("--set", help="Override key=value")] = None,
     url: Annotated[str | None, url_option("Use this running server")] = None,
+    keep: Annotated[
+        bool | None,
+        typer.Option(
+            "--keep/--no-keep",
+            help="Keep the server the demo started running after the job, until Ctrl-C, to look "
+            "around the dashboard  [default: --keep in a terminal, --no-keep otherwise]",
+            show_default=False,
+        ),
+    ] = None,
 ) -> None:
-    """The quick start: start a server, train the digits example, show the results."""
-    run_demo(example, home, set_ or [], url)
+    """The quick start: start a server, train the digits example, show the results, and keep
+    the server (and its dashboard) running until Ctrl-C."""
+    if keep is None:
+        keep = sys.stdin.isatty() and sys.stdout.isatty()
+    run_demo(example, home, set_ or [], url, keep=keep)
 
 
 def example_dir() -> Path:
@@ -406,7 +419,12 @@ def example_dir() -> Path:
 
 
 def run_demo(
-    example: Path | None, home: Path | None, overrides: list[str], url: str | None
+    example: Path | None,
+    home: Path | None,
+    overrides: list[str],
+    url: str | None,
+    *,
+    keep: bool = False,
 ) -> None:
     from trainhouse.cli.follow import Follower
     from trainhouse.cli.jobs import result_code, summary
@@ -426,6 +444,7 @@ def run_demo(
         c.close()
         port = DEFAULT_PORT if url is None and port_free("127.0.0.1", DEFAULT_PORT) else free_port()
         background = ServerProcess(home, port)
+        background.own_session = True
         console.print(
             f"starting a trainhouse server at {background.url} "
             f"(state in {home}, log in {background.log})"
@@ -433,7 +452,7 @@ def run_demo(
         with errors():
             background.start()
         c = Client(background.url)
-    code = 1
+    code, finished = 1, False
     try:
         with errors():
             job = c.submit(spec_file, overrides=overrides)
@@ -442,15 +461,23 @@ def run_demo(
                 f"{job['spec']['resources']['procs_per_node']} DDP ranks over gloo",
                 highlight=False,
             )
+            page = page_url(c.url, f"jobs/{job['id']}")
+            console.print(f"  dashboard: {page}", highlight=False)
             final = Follower(c, job["id"]).run()
             summary(final)
             acc = (final.get("latest_metrics") or {}).get("val_acc")
             if acc is not None:
                 console.print(f"[bold]validation accuracy: {acc:.3f}[/]")
-            code = result_code(final)
+            code, finished = result_code(final), True
+            console.print(f"the job's page on the dashboard: {page}", highlight=False)
+        if background is not None and keep:
+            _keep_serving(background, home)
     except KeyboardInterrupt:
-        console.print("\ninterrupted")
-        code = 130
+        if finished:  # Ctrl-C on the kept server: the demo's result stays the job's
+            console.print()
+        else:
+            console.print("\ninterrupted")
+            code = 130
     finally:
         c.close()
         if background is not None:
@@ -460,3 +487,18 @@ def run_demo(
                 f"with `trainhouse server --home {home}` to look around (`trainhouse ps --all`)."
             )
     raise typer.Exit(code)
+
+
+def _keep_serving(background: ServerProcess, home: Path) -> None:
+    """After the demo's job: the server goes on, for the dashboard, until Ctrl-C (raised
+    here as KeyboardInterrupt) or until it exits by itself."""
+    console.print(
+        f"\nthe demo server keeps running at {background.url} (the dashboard; state in {home}): "
+        "press Ctrl-C to stop it",
+        highlight=False,
+    )
+    exited = background.wait()
+    render.err_console.print(
+        f"the demo server exited by itself (code {exited}); see {background.log}",
+        highlight=False,
+    )

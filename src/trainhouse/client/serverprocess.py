@@ -35,6 +35,9 @@ class ServerProcess:
         self.args = args
         self.log = log or home / "server.log"
         self.proc: subprocess.Popen[bytes] | None = None
+        # in a session of its own, a terminal's Ctrl-C reaches only the process that started
+        # it, which then stops the server with SIGTERM (what ``demo`` wants)
+        self.own_session = False
 
     @property
     def url(self) -> str:
@@ -71,6 +74,7 @@ class ServerProcess:
                 stderr=subprocess.STDOUT,
                 stdin=self.stdin(),
                 env=self.environment(),
+                start_new_session=self.own_session,
             )
         deadline = time.monotonic() + timeout
         with Client(self.url) as client:
@@ -94,6 +98,11 @@ class ServerProcess:
             return self.log.read_text(errors="replace")[-chars:]
         except OSError:
             return ""
+
+    def wait(self) -> int | None:
+        """Block until the server exits (a Ctrl-C raises KeyboardInterrupt here); its exit
+        code, or None if it never started."""
+        return None if self.proc is None else self.proc.wait()
 
     def stop(self, *, timeout: float = 60) -> int | None:
         """SIGTERM (the server stops its jobs and requeues them), SIGKILL past ``timeout``."""
