@@ -9,7 +9,7 @@ PYTEST_ARGS ?=
 # this process
 TEST_WORKERS ?= 2
 
-.PHONY: venv demo test test-unit check format bench clean
+.PHONY: venv demo test test-unit check format bench screenshots clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -42,6 +42,10 @@ format: venv
 
 bench: venv
 	$(PY) bench/overhead.py
+
+# the README's pictures of the dashboard (docs/img/), taken again of a real server
+screenshots: venv
+	$(PY) -m tests.support.screenshots docs/img
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache
