@@ -244,3 +244,14 @@ def test_numbers_x_axes_and_one_legend(server: Server, page: Page, tmp_path: Pat
         points = api(server, f"/jobs/{job_id}/metrics", name="loss")["series"][0]["points"]
         assert trace["x"] == pytest.approx([p[2] - started for p in points], abs=1e-6)
         assert all(x >= 0 for x in trace["x"])
+
+    # a job that is not there says so in the legend; the numbers are the others'
+    page.goto(f"{server.url}/#/compare?ids=999,{a}")
+    expect(page.get_by_test_id("compare-numbers").get_by_test_id("numbers-row")).to_have_count(1)
+    assert row_order(page) == [a]
+    expect(page.locator("[data-testid=compare-legend-item][data-job-id='999']")).to_contain_text(
+        "999"
+    )
+    expect(
+        page.locator("[data-testid=compare-legend-item][data-job-id='999'] .error")
+    ).to_be_visible()

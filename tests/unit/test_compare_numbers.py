@@ -80,6 +80,34 @@ def test_a_metrics_goal_from_its_name(name: str, goal: str | None) -> None:
     assert goal_from_name(name) == goal
 
 
+def test_the_stores_summaries_on_both_backends(store: Store) -> None:
+    j = job(store)
+    points = [MetricPoint(s, "loss", 10.0 - s) for s in range(8)]
+    points += [MetricPoint(s, "loss", 100.0, rank=1) for s in range(12)]  # a rank's: not the job's
+    points += [MetricPoint(3, "acc", math.inf), MetricPoint(5, "acc", 0.5)]
+    store.metrics.add(j, points)
+    got = {s.name: s for s in store.metrics.summaries(j, last=3)}
+    assert list(got) == ["acc", "loss"]
+    loss = got["loss"]
+    assert (loss.last_step, loss.last_value, loss.min_value, loss.max_value) == (7, 3.0, 3.0, 10.0)
+    assert loss.tail_mean == pytest.approx(4.0) and loss.tail_count == 3
+    acc = got["acc"]  # infinity is stored as null: no value, out of the extremes and the mean
+    assert (acc.last_value, acc.min_value, acc.max_value) == (0.5, 0.5, 0.5)
+    assert (acc.tail_mean, acc.tail_count) == (0.5, 1)
+    # a resume from step 4 drops the later points of the earlier attempt: the numbers follow
+    store.metrics.add(j, [MetricPoint(5, "loss", 0.25, attempt=2)], resume=(2, 4))
+    loss = {s.name: s for s in store.metrics.summaries(j, last=10)}["loss"]
+    assert (loss.last_step, loss.last_value, loss.min_value, loss.max_value) == (
+        5,
+        0.25,
+        0.25,
+        10.0,
+    )
+    assert loss.tail_mean == pytest.approx((10 + 9 + 8 + 7 + 6 + 0.25) / 6)
+    assert loss.tail_count == 6
+    assert store.metrics.summaries(job(store), last=10) == []
+
+
 def test_final_best_min_max_and_the_last_n_mean(api: TestClient) -> None:
     store = services(api).store
     a, b = job(store, "a"), job(store, "b")

@@ -216,10 +216,11 @@ export function comparePage(view, query) {
           s.error = err.message;
         }
       }
-      if (!numbersFinal) {
-        const ended = [...sources.values()].every((s) => s.error || (s.job && TERMINAL.has(s.job.state)));
+      const readable = ids.filter((id) => !sources.get(id).error); // the others say why in the legend
+      if (!numbersFinal && readable.length) {
+        const ended = readable.every((id) => TERMINAL.has(sources.get(id).job.state));
         try {
-          numbersState.data = await api(`/runs/compare?ids=${ids.join(",")}&last=${last}`);
+          numbersState.data = await api(`/runs/compare?ids=${readable.join(",")}&last=${last}`);
           numbersState.error = null;
           numbersFinal = ended;
         } catch (err) {
@@ -230,7 +231,7 @@ export function comparePage(view, query) {
         drawNumbers();
       }
       draw();
-      return busy || !numbersFinal;
+      return busy || (!numbersFinal && readable.length > 0);
     }, POLL_MS * 1.5);
   } else {
     draw();
