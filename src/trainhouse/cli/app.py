@@ -13,7 +13,7 @@ client, the spec, the server and the store load inside the commands that use the
 - :mod:`~trainhouse.cli.spec`: ``spec``
 - :mod:`~trainhouse.cli.jobs`: ``submit``, ``ps``, ``show``, ``cancel``
 - :mod:`~trainhouse.cli.outputs`: ``logs``, ``metrics``, ``checkpoints``
-- :mod:`~trainhouse.cli.runs`: ``tag``, ``note``, ``archive``, ``delete``
+- :mod:`~trainhouse.cli.runs`: ``tag``, ``note``, ``archive``, ``delete``, ``compare``
 - :mod:`~trainhouse.cli.lineage`: ``resume``, ``clone``
 - :mod:`~trainhouse.cli.top`: ``top``
 - :mod:`~trainhouse.cli.models`: ``models list/show/register/alias/download/delete``
@@ -89,6 +89,11 @@ COMMANDS: dict[str, Listed] = {
     ),
     "delete": Listed(
         "runs", "Delete ended jobs for good: their logs, checkpoints, metrics and records."
+    ),
+    "compare": Listed(
+        "runs",
+        "Jobs side by side in numbers: per metric, each job's final value, best (lower or\n"
+        "higher, by the metric's goal), min, max and the mean of its last N points.",
     ),
     "resume": Listed(
         "lineage",

@@ -1,5 +1,5 @@
-"""The commands about reading experiments: ``tag``, ``note``, ``archive`` and ``delete``
-(``ps --columns --where`` lists them: :mod:`trainhouse.cli.jobs`)."""
+"""The commands about reading experiments: ``tag``, ``note``, ``archive``, ``delete`` and
+``compare`` (``ps --columns --where`` lists them: :mod:`trainhouse.cli.jobs`)."""
 
 from __future__ import annotations
 
@@ -8,10 +8,11 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.table import Table
 
 from trainhouse.cli import options
 from trainhouse.cli.options import Json, Url
-from trainhouse.cli.render import console, errors, fail, print_json
+from trainhouse.cli.render import console, errors, fail, fmt_value, print_json
 
 app = typer.Typer()  # merged into the root: its commands are top-level
 
@@ -139,3 +140,47 @@ def delete(
                 )
     if as_json:
         print_json(results)
+
+
+@app.command()
+def compare(
+    job_ids: Annotated[list[int], typer.Argument(metavar="JOB...")],
+    last: Annotated[
+        int,
+        typer.Option("--last", "-n", min=1, help="The mean is of each series' last N points"),
+    ] = 10,
+    metric: Annotated[
+        list[str] | None, typer.Option("--metric", "-m", help="Only this metric (repeatable)")
+    ] = None,
+    as_json: Json = False,
+    url: Url = None,
+) -> None:
+    """Jobs side by side in numbers: per metric, each job's final value, best (lower or
+    higher, by the metric's goal), min, max and the mean of its last N points."""
+    with errors(), options.client(url) as c:
+        data = c.compare(job_ids, last=last)
+    if metric:
+        data["metrics"] = [m for m in data["metrics"] if m["name"] in metric]
+    if as_json:
+        print_json(data)
+        return
+    if not data["metrics"]:
+        console.print("these jobs have reported no metrics" + (" of those names" if metric else ""))
+        return
+    table = Table(box=None, header_style="bold")
+    for col in ("METRIC", "JOB", "FINAL", "STEP", "BEST", "MIN", "MAX", f"MEAN(LAST {last})"):
+        table.add_column(col, justify="left" if col in ("METRIC", "BEST") else "right")
+    for m in data["metrics"]:
+        goal = f" ({m['goal']}, by {m['goal_from']})" if m["goal"] else ""
+        for i, r in enumerate(m["runs"]):
+            table.add_row(
+                (m["name"] + goal) if i == 0 else "",
+                str(r["job_id"]),
+                fmt_value(r["final"]),
+                str(r["final_step"]),
+                "-" if m["goal"] is None else fmt_value(r["best"]),
+                fmt_value(r["min"]),
+                fmt_value(r["max"]),
+                fmt_value(r["last_mean"]),
+            )
+    console.print(table)

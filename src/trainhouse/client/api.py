@@ -35,6 +35,7 @@ from trainhouse.client.frames import JobList, Metrics
 from trainhouse.client.logs import LogCalls
 from trainhouse.client.logs import _sse as _sse  # tests read streams with it from here
 from trainhouse.client.records import (
+    Comparison,
     Deleted,
     DryRun,
     Health,
@@ -297,6 +298,15 @@ class Client(
     def run_columns(self) -> RunColumns:
         """What a runs table can show: ``{"hparams", "metrics", "projects", "tags"}``."""
         result: RunColumns = self._json("GET", "/runs/columns")
+        return result
+
+    def compare(self, job_ids: list[int], *, last: int = 10) -> Comparison:
+        """The jobs' numbers per metric: ``{"job_ids", "last", "metrics": [{"name", "goal",
+        "goal_from", "runs": [{"job_id", "final", "final_step", "best", "min", "max",
+        "last_mean", "last_count"}]}]}`` (``best`` by the metric's goal; ``last_mean``: the
+        mean of the last ``last`` points)."""
+        params = {"ids": ",".join(map(str, job_ids)), "last": str(last)}
+        result: Comparison = self._json("GET", "/runs/compare", params=params)
         return result
 
     def set_priority(self, job_id: int, priority: str) -> Job:

@@ -1,4 +1,5 @@
-"""The names and units of the resource series (the ``system_metrics`` table's ``name``).
+"""The names and units of the resource series (the ``system_metrics`` table's ``name``), and
+the goal a logged metric's name suggests (:func:`goal_from_name`).
 
 A node's CPU and memory and each job's are trainhouse's (Prometheus-style, base units); a GPU's
 follow NVIDIA DCGM's field names and units (MiB, W, degrees C, percent), as dcgm-exporter names
@@ -7,6 +8,9 @@ and how, is :data:`trainhouse.jobfs.nvml.GPU_METRICS`.
 """
 
 from __future__ import annotations
+
+import re
+from typing import Literal
 
 __all__ = [
     "CPU_PERCENT",
@@ -20,6 +24,7 @@ __all__ = [
     "POWER_USAGE",
     "PROCESSES",
     "RSS",
+    "goal_from_name",
 ]
 
 # a node's
@@ -36,3 +41,41 @@ GPU_TEMP = "DCGM_FI_DEV_GPU_TEMP"  # degrees C
 RSS = "rss_bytes"  # resident memory; pages shared between processes count in each
 PROCESSES = "processes"
 GPU_MEMORY = "gpu_memory_bytes"  # per GPU, of the job's PIDs (NVML)
+
+
+# -- a logged metric's goal, guessed from its name (the compare page's "best") ---------------
+# words that name something to bring down, or up; matched as whole words of the name
+# (val_loss, train/error, top1_acc, eval-F1); the lower words first: "accuracy_loss" is a loss
+_LOWER = ("loss", "error", "err", "wer", "cer", "mse", "mae", "rmse", "perplexity", "ppl")
+_HIGHER = (
+    "acc",
+    "accuracy",
+    "f1",
+    "precision",
+    "recall",
+    "auc",
+    "auroc",
+    "map",
+    "iou",
+    "miou",
+    "bleu",
+    "rouge",
+    "r2",
+    "reward",
+    "return",
+    "score",
+    "dice",
+)
+
+
+def goal_from_name(name: str) -> Literal["min", "max"] | None:
+    """Whether a logged metric is better lower (``"min"``: loss, error, perplexity) or higher
+    (``"max"``: accuracy, F1, AUC, reward), guessed from the words of its name; None when the
+    name says neither (``lr``, ``epoch``)."""
+    words = set(re.split(r"[^a-z0-9]+", name.lower()))
+    words |= {w.rstrip("0123456789") for w in words}  # acc1 -> acc (f1 and r2 stay too)
+    if words & set(_LOWER):
+        return "min"
+    if words & set(_HIGHER):
+        return "max"
+    return None

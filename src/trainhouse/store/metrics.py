@@ -48,7 +48,7 @@ from trainhouse.core.reports import INT64, MAX_SERIES, Columns, columns_from_poi
 from trainhouse.store import rollup
 from trainhouse.store import series as reads
 from trainhouse.store import tables as t
-from trainhouse.store.series import SeriesInfo, SeriesPoints
+from trainhouse.store.series import SeriesInfo, SeriesPoints, SeriesSummary
 
 if TYPE_CHECKING:
     from trainhouse.store.database import Database
@@ -558,6 +558,11 @@ class MetricRepo:
         """The first ``limit`` points of one series past ``after_step`` (step, value, wall
         time), in step order: every point, a page at a time."""
         return reads.page(self.db.engine, job_id, info, after_step=after_step, limit=limit)
+
+    def summaries(self, job_id: int, *, last: int) -> list[SeriesSummary]:
+        """The job's own series in numbers (last point, extremes, the mean of the last
+        ``last`` points), by name."""
+        return reads.summaries(self.db.engine, job_id, last=last)
 
     def count(self, job_id: int) -> int:
         return reads.count(self.db.engine, job_id)

@@ -233,6 +233,54 @@ def legacy_points(
         ]
 
 
+@dataclass(frozen=True)
+class SeriesSummary:
+    """One of a job's own series in numbers: its last point, its extremes (finite values;
+    None if it has none) and the mean of the finite values among its last ``last`` points."""
+
+    name: str
+    last_step: int
+    last_value: float | None
+    min_value: float | None
+    max_value: float | None
+    tail_mean: float | None
+    tail_count: int  # the finite values the mean is of (fewer than asked: a short series)
+
+
+# the runs table's summary (kept at ingest: trainhouse.store.metrics) and, per series, the
+# last points by the unique index, newest first
+_TAIL = (
+    "(SELECT {f} FROM (SELECT m.value AS v FROM metrics AS m WHERE m.job_id = s.job_id "
+    "AND m.name = s.name AND m.rank = -1 ORDER BY m.step DESC LIMIT :last) AS tail)"
+)
+_SUMMARIES = (
+    "SELECT s.name, s.last_step, s.last_value, s.min_value, s.max_value, "
+    f"{_TAIL.format(f='avg(v)')}, {_TAIL.format(f='count(v)')} "
+    "FROM metric_summaries AS s WHERE s.job_id = :job ORDER BY s.name"
+)
+
+
+def summaries(engine: Engine, job_id: int, *, last: int) -> list[SeriesSummary]:
+    """The job's own series (rank None) summed up, by name; ``last``: the points averaged."""
+    rows = _fetch(engine, _SUMMARIES, {"job": job_id, "last": last})
+    return [
+        SeriesSummary(
+            name=n,
+            last_step=int(step),
+            last_value=_float(final),
+            min_value=_float(lo),
+            max_value=_float(hi),
+            tail_mean=_float(mean),
+            tail_count=int(count),
+        )
+        for n, step, final, lo, hi, mean, count in rows
+    ]
+
+
+def _float(value: Any) -> float | None:
+    return None if value is None else float(value)
+
+
 def count(engine: Engine, job_id: int) -> int:
     with engine.connect() as conn:
         return int(

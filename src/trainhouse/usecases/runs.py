@@ -1,5 +1,6 @@
 """The runs table's writes and helpers: tags, notes, archiving, deleting a job, the columns a
-table can show, and the hparams a run reports it used (with the spec's keys it never reads).
+table can show, the hparams a run reports it used (with the spec's keys it never reads), and
+the compare page's numbers (:func:`compare`: each run's final, best and last-N mean per metric).
 
 The list itself is :func:`trainhouse.usecases.jobs.page` (``where``, ``columns``, ``sort``,
 ``project``, ``tags``, ``archived``). Archiving and deleting are audited, each in the
@@ -16,13 +17,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from trainhouse.core.errors import InvalidQuery, StoreError
+from trainhouse.core.errors import InvalidQuery, NotFound, StoreError
+from trainhouse.core.metricnames import goal_from_name
 from trainhouse.core.records import Job
 from trainhouse.core.runquery import suggest
 from trainhouse.core.spec import check_tags
 from trainhouse.core.spec.model import check_reported_hparams
 from trainhouse.jobfs import jobfiles
-from trainhouse.usecases import audit, models
+from trainhouse.usecases import audit, callers, models
 from trainhouse.usecases.access import Principal
 from trainhouse.usecases.runtime import Runtime
 
@@ -34,6 +36,7 @@ __all__ = [
     "archive",
     "change_tags",
     "columns",
+    "compare",
     "delete",
     "report_hparams",
     "set_note",
@@ -178,3 +181,83 @@ def report_hparams(
             if text not in seen:  # once, not at every attempt
                 rt.store.jobs.add_event(job.id, text)
     return Hparams(unread=unread, warnings=warnings)
+
+
+# -- compare ---------------------------------------------------------------------------------
+MAX_COMPARED = 50  # jobs in one comparison
+DEFAULT_LAST = 10  # points the last-N mean is of
+MAX_LAST = 100_000
+
+
+def _goals(rt: Runtime, jobs: list[Job]) -> dict[str, tuple[str, str]]:
+    """The metrics whose goal the jobs state, ``name -> (mode, source)``: the metric a search
+    optimises (its trials'), then the one ``checkpoints:`` ranks by (``keep_best``); of two
+    jobs that disagree, the first compared."""
+    found: dict[str, tuple[str, str]] = {}
+    searched: dict[int, tuple[str, str] | None] = {}
+    for job in jobs:
+        if job.search_id is None:
+            continue
+        if job.search_id not in searched:
+            try:
+                spec = rt.store.searches.get(job.search_id).spec.search
+            except (NotFound, ValueError):  # gone, or a spec this version no longer reads
+                spec = None
+            searched[job.search_id] = None if spec is None else (spec.metric, spec.mode)
+        target = searched[job.search_id]
+        if target is not None:
+            found.setdefault(target[0], (target[1], f"search {job.search_id}'s metric"))
+    for job in jobs:
+        try:
+            policy = job.spec.checkpoints
+        except ValueError:
+            continue
+        if policy.metric:
+            found.setdefault(policy.metric, (policy.mode, f"job {job.id}'s checkpoints.metric"))
+    return found
+
+
+def compare(
+    rt: Runtime, p: Principal, job_ids: list[int], *, last: int = DEFAULT_LAST
+) -> dict[str, Any]:
+    """Each job's own series in numbers, per metric: the final value (at the last step), the
+    best, the smallest and the largest, and the mean of the last ``last`` points.
+
+    "best" follows the metric's goal: the one a search of these jobs optimises, the one their
+    ``checkpoints.metric`` ranks by, or else the one its name suggests
+    (:func:`~trainhouse.core.metricnames.goal_from_name`: loss, error -> min; accuracy, F1 ->
+    max); each metric says which (``goal``, ``goal_from``), and has no best when none is known
+    (``goal`` null: min and max are there). Every job must be one ``p`` may read."""
+    ids = list(dict.fromkeys(job_ids))
+    if not ids:
+        raise InvalidQuery("name the jobs to compare: ids=1,2")
+    if len(ids) > MAX_COMPARED:
+        raise InvalidQuery(f"at most {MAX_COMPARED} jobs can be compared at once, not {len(ids)}")
+    if not 1 <= last <= MAX_LAST:
+        raise InvalidQuery(f"last must be between 1 and {MAX_LAST}, not {last}")
+    jobs = [callers.readable_job(rt, p, i) for i in ids]
+    goals = _goals(rt, jobs)
+    metrics: dict[str, list[dict[str, Any]]] = {}
+    for job in jobs:
+        for s in rt.store.metrics.summaries(job.id, last=last):
+            metrics.setdefault(s.name, []).append(
+                {
+                    "job_id": job.id,
+                    "final": s.last_value,
+                    "final_step": s.last_step,
+                    "min": s.min_value,
+                    "max": s.max_value,
+                    "last_mean": s.tail_mean,
+                    "last_count": s.tail_count,
+                }
+            )
+    out = []
+    for name in sorted(metrics):
+        goal, source = goals.get(name, (None, None))
+        if goal is None:
+            goal = goal_from_name(name)
+            source = None if goal is None else "its name"
+        for run in metrics[name]:
+            run["best"] = None if goal is None else run[goal]
+        out.append({"name": name, "goal": goal, "goal_from": source, "runs": metrics[name]})
+    return {"job_ids": ids, "last": last, "metrics": out}

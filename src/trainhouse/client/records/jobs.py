@@ -214,6 +214,37 @@ class RunColumns(TypedDict):
     tags: list[str]
 
 
+class RunNumbers(TypedDict):
+    """``RunNumbersOut``: one job's numbers for one metric (``best``: by the metric's goal)."""
+
+    job_id: int
+    final: float | None
+    final_step: int
+    best: float | None
+    min: float | None
+    max: float | None
+    last_mean: float | None
+    last_count: int
+
+
+class MetricNumbers(TypedDict):
+    """``MetricNumbersOut``: a metric's goal (``"min"``, ``"max"`` or None), where it comes
+    from, and the numbers of each job that logged it."""
+
+    name: str
+    goal: str | None
+    goal_from: str | None
+    runs: list[RunNumbers]
+
+
+class Comparison(TypedDict):
+    """``CompareOut``: ``GET /runs/compare``, the jobs' numbers per metric."""
+
+    job_ids: list[int]
+    last: int
+    metrics: list[MetricNumbers]
+
+
 # -- metrics ---------------------------------------------------------------------------------
 class MetricSeries(TypedDict):
     """``SeriesOut``: a series with its points, ``(step, value, wall_time)``."""

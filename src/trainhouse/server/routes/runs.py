@@ -1,6 +1,7 @@
 """The runs table's writes and helpers: tags, notes, archiving, deleting a job, the columns a
-table can show, and the hparams a run reports it used (with the spec's keys it never reads).
-The work is :mod:`trainhouse.usecases.runs`'s; these routes parse, call and render.
+table can show, the hparams a run reports it used (with the spec's keys it never reads), and
+the compare page's numbers (``GET /runs/compare``). The work is
+:mod:`trainhouse.usecases.runs`'s; these routes parse, call and render.
 
 The list itself is ``GET /jobs`` (:mod:`trainhouse.server.routes.jobs`) with ``where``,
 ``columns``, ``sort``, ``project``, ``tag`` and ``archived``.
@@ -10,12 +11,15 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Depends, Query
 
+from trainhouse.core.errors import InvalidQuery
 from trainhouse.core.records import Job
-from trainhouse.server.auth import reporting_job, signed_in, writable_job, writer
+from trainhouse.core.reports import INT64
+from trainhouse.server.auth import caller, reporting_job, signed_in, writable_job, writer
 from trainhouse.server.deps import runtime
 from trainhouse.server.routes.jobs import job_out
 from trainhouse.server.schemas import (
     ArchiveIn,
+    CompareOut,
     DeletedOut,
     HparamsIn,
     HparamsOut,
@@ -38,6 +42,30 @@ def run_columns(p: Principal = Depends(signed_in), rt: Runtime = Depends(runtime
     first; with ``--job-visibility list``, from the caller's own jobs unless an admin), the
     projects and the tags."""
     return RunColumnsOut(**runs.columns(rt, p))
+
+
+@router.get("/runs/compare", response_model=CompareOut)
+def compare(
+    ids: str = Query(
+        ..., max_length=1000, description="The jobs, by id, comma-separated (at most 50)"
+    ),
+    last: int = Query(
+        runs.DEFAULT_LAST, ge=1, le=runs.MAX_LAST, description="The points last_mean is of"
+    ),
+    p: Principal = Depends(caller),
+    rt: Runtime = Depends(runtime),
+) -> CompareOut:
+    """Each job's own series in numbers, per metric: the final value, the best (by the
+    metric's goal: a search's or ``checkpoints.metric``'s mode, else its name's: loss -> min,
+    accuracy -> max; ``goal_from`` says which), the smallest, the largest, and the mean of the
+    last ``last`` points."""
+    try:
+        job_ids = [int(i) for i in ids.replace(" ", "").split(",") if i]
+    except ValueError:
+        raise InvalidQuery(f"ids must be job ids separated by commas, not {ids!r}") from None
+    if any(not 1 <= i <= INT64 for i in job_ids):
+        raise InvalidQuery("job ids are positive integers")
+    return CompareOut(**runs.compare(rt, p, job_ids, last=last))
 
 
 @router.post("/jobs/{job_id}/tags", response_model=TagsOut)

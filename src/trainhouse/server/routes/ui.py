@@ -47,6 +47,7 @@ STATIC_FILES = (
     "jobs.js",
     "job.js",
     "compare.js",
+    "comparetable.js",
     "runs.js",
     "cluster.js",
     "search.js",

@@ -89,6 +89,7 @@ from trainhouse.server.schemas.models import (
 )
 from trainhouse.server.schemas.runs import (
     ArchiveIn,
+    CompareOut,
     DeletedOut,
     HparamsIn,
     HparamsOut,
@@ -135,6 +136,7 @@ __all__ = [
     "CheckpointSource",
     "CloneIn",
     "CloneOut",
+    "CompareOut",
     "CorruptIn",
     "DataCacheOut",
     "DatasetAddOut",

@@ -3,7 +3,7 @@ hparams a run reported, and the columns a table can show."""
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, Field
 
@@ -57,3 +57,32 @@ class RunColumnsOut(BaseModel):
     metrics: list[str]
     projects: list[str]
     tags: list[str]
+
+
+class RunNumbersOut(BaseModel):
+    job_id: int
+    final: float | None = Field(description="The value at the last step (null: not finite)")
+    final_step: int
+    best: float | None = Field(description="min or max, as the metric's goal says; null: no goal")
+    min: float | None = Field(description="The smallest finite value")
+    max: float | None = Field(description="The largest finite value")
+    last_mean: float | None = Field(description="The mean of the finite values of the last points")
+    last_count: int = Field(description="How many values last_mean is of")
+
+
+class MetricNumbersOut(BaseModel):
+    name: str
+    goal: Literal["min", "max"] | None = Field(
+        description="Lower or higher is better; null: unknown"
+    )
+    goal_from: str | None = Field(
+        description="Where the goal comes from: a search's metric, a job's checkpoints.metric, "
+        "or the metric's name"
+    )
+    runs: list[RunNumbersOut] = Field(description="The jobs that logged it, in the order asked")
+
+
+class CompareOut(BaseModel):
+    job_ids: list[int]
+    last: int = Field(description="The points last_mean is of (at most)")
+    metrics: list[MetricNumbersOut]

@@ -35,7 +35,8 @@ export function drawChart(el, title, traces, opts) {
     return;
   }
   const smoothing = opts.smoothing || 0;
-  const multi = traces.length > 1;
+  // a chart of several traces has its own legend, unless the page has one for all its charts
+  const multi = traces.length > 1 && opts.legend !== false;
   // Plotly.react sees a data array as changed only when it is a new array: a live series
   // grows in place (MetricSeries pushes the points it polls), so each draw hands plotly
   // copies, or the chart and its axes would stay as first drawn until the next full read
