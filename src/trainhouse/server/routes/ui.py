@@ -54,6 +54,7 @@ STATIC_FILES = (
     "services.js",
     "datasets.js",
     "flows.js",
+    "artifacts.js",
     "style.css",
     "favicon.svg",
 )
