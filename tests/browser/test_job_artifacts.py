@@ -28,7 +28,9 @@ def test_the_jobs_artifacts_are_listed_shown_and_downloaded(
 ) -> None:
     script = artifact_job().replace(
         "run.finish()",
-        f"open('page.html', 'w').write({HOSTILE!r})\nrun.log_artifact('page.html')\nrun.finish()",
+        f"open('page.html', 'w').write({HOSTILE!r})\nrun.log_artifact('page.html')\n"
+        "open('weights.bin', 'wb').write(bytes(range(256)))\nrun.log_artifact('weights.bin')\n"
+        "run.finish()",
     )
     spec = write_job(tmp_path, script, "name: keeper\nentrypoint: python train.py\n")
     job = server.cli_json("submit", str(spec))
@@ -45,13 +47,13 @@ def test_the_jobs_artifacts_are_listed_shown_and_downloaded(
     assert page.url.endswith(f"/#/jobs/{job_id}")
 
     rows = page.get_by_test_id("artifact-row")
-    expect(rows).to_have_count(5)
-    expect(page.get_by_test_id("artifacts-summary")).to_contain_text("5 files")
+    expect(rows).to_have_count(6)
+    expect(page.get_by_test_id("artifacts-summary")).to_contain_text("6 files")
     sizes = {
         rows.nth(i).get_attribute("data-path"): rows.nth(i)
         .get_by_test_id("artifact-size")
         .inner_text()
-        for i in range(5)
+        for i in range(6)
     }
     assert sizes == {
         "figs/plots/curve.png": f"{len(png(8, 6))} B",
@@ -59,6 +61,7 @@ def test_the_jobs_artifacts_are_listed_shown_and_downloaded(
         "mlflow/notes.txt": "19 B",
         "notes.txt": "19 B",
         "page.html": f"{len(HOSTILE)} B",
+        "weights.bin": "256 B",
     }
 
     def open_artifact(path: str) -> None:
@@ -74,10 +77,14 @@ def test_the_jobs_artifacts_are_listed_shown_and_downloaded(
     expect(page.get_by_test_id("artifact-text")).to_have_text(HOSTILE)
     expect(page.locator("#planted")).to_have_count(0)
     assert page.evaluate("window.pwned") is None
+    # a binary file: no view, a download
+    open_artifact("weights.bin")
+    expect(page.get_by_test_id("artifact-error")).to_contain_text("neither text nor a PNG")
     # a CSV as a table
     open_artifact("figs/plots/table.csv")
     table = page.get_by_test_id("artifact-table")
     expect(table.locator("th")).to_have_text(["step", "loss"])
+    assert table.locator("th").first.inner_text() == "step"  # as written, not upper-cased
     expect(table.locator("tbody tr")).to_have_count(2)
     # a PNG as an image the browser decoded
     open_artifact("figs/plots/curve.png")

@@ -124,11 +124,15 @@ def open_artifact(rt: Runtime, job: Job, path: str, *, inline: bool = False) -> 
         raise
 
     def chunks() -> Iterator[bytes]:
+        """The bytes, never more than the size announced (a file the job keeps writing
+        meanwhile is cut there; the client's size check sees one that shrank)."""
         with fh:
-            if head:
+            if inline:
                 yield head
                 return
-            while data := fh.read(CHUNK):
+            left = size
+            while left > 0 and (data := fh.read(min(CHUNK, left))):
+                left -= len(data)
                 yield data
 
     return Opened(names[-1], len(head) if inline else size, content_type, chunks())

@@ -102,8 +102,8 @@ export function artifactsCard(view, jobId, jobNow) {
       return;
     }
     const rows = files.map((a) => h("tr", { testid: "artifact-row", "data-path": a.path },
-      h("td", { class: "mono" }, a.kind === "file" ? a.path
-        : h("a", { href: "#", testid: "artifact-open", onclick: (ev) => { ev.preventDefault(); show(a); } }, a.path)),
+      h("td", { class: "mono" },
+        h("a", { href: "#", testid: "artifact-open", title: "show it here", onclick: (ev) => { ev.preventDefault(); show(a); } }, a.path)),
       h("td", { class: "num", testid: "artifact-size", title: `${a.size} bytes` }, fmtBytes(a.size)),
       h("td", {}, a.kind),
       h("td", {}, fmtTime(a.mtime)),
