@@ -46,6 +46,9 @@ SINGLE_BACKEND = {
     "test_bring_your_own.py": "the mlflow client, TensorBoard's event files and bare torchrun "
     "scripts are under test; the store's side of MLflow (migration 0010, tracked runs, params, "
     "tags, experiments) runs on both backends in tests/unit/test_tracking_store.py",
+    "test_artifacts.py": "a real job's run.log_artifact, the mlflow client and the CLI are "
+    "under test, one server for the module; the store's side (an experiment naming the "
+    "project) runs in tests/unit/test_artifacts.py",
     "test_envs.py": "job environments: the processes and the cache on disk are under test, not "
     "the store",
     "test_search.py": "real trial processes, each search tens of seconds: the ASHA search "

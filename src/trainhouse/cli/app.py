@@ -13,6 +13,7 @@ client, the spec, the server and the store load inside the commands that use the
 - :mod:`~trainhouse.cli.spec`: ``spec``
 - :mod:`~trainhouse.cli.jobs`: ``submit``, ``ps``, ``show``, ``cancel``
 - :mod:`~trainhouse.cli.outputs`: ``logs``, ``metrics``, ``checkpoints``
+- :mod:`~trainhouse.cli.artifacts`: ``artifacts``
 - :mod:`~trainhouse.cli.runs`: ``tag``, ``note``, ``archive``, ``delete``, ``compare``
 - :mod:`~trainhouse.cli.lineage`: ``resume``, ``clone``
 - :mod:`~trainhouse.cli.top`: ``top``
@@ -77,6 +78,10 @@ COMMANDS: dict[str, Listed] = {
     "checkpoints": Listed(
         "outputs",
         "A job's checkpoints with step, size and digest; --download STEP DIR fetches one.",
+    ),
+    "artifacts": Listed(
+        "artifacts",
+        "A job's artifacts with their sizes; --download PATH DIR fetches a file or directory.",
     ),
     "tag": Listed("runs", "Add tags to a job (or take them off); with none, print its tags."),
     "note": Listed(

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, overload
 
 from trainhouse.client.admin import AdminCalls
+from trainhouse.client.artifacts import ArtifactCalls
 from trainhouse.client.base import DEFAULT_URL, default_url, load_and_pack
 from trainhouse.client.checkpoints import CheckpointCalls
 from trainhouse.client.credentials import current_user
@@ -71,6 +72,7 @@ if TYPE_CHECKING:
 class Client(
     LogCalls,
     CheckpointCalls,
+    ArtifactCalls,
     SearchCalls,
     AdminCalls,
     ModelsAndServices,

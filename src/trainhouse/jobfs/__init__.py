@@ -6,6 +6,7 @@
 :mod:`.jobfiles`      opening what a job's processes wrote: no link followed, regular files only,
                       bounded reads
 :mod:`.joblogs`       reading logs: byte ranges, last lines, timestamps, every rank interleaved
+:mod:`.artifacts`     a job's artifacts: path rules, the confined listing, one opened, sniffed
 :mod:`.workdir`       packing and safely unpacking workdirs
 :mod:`.storage`       checkpoint storage: a directory or any fsspec URL; the digest algorithms
 :mod:`.envcache`      the cache of job environments on one node (ready, in use, LRU removal)

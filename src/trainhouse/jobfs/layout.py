@@ -9,7 +9,7 @@ back. Each name below is defined once and used by every writer and reader::
     HOME/jobs/<id>/checkpoints/                 written by the SDK, registered with the server
     HOME/jobs/<id>/cache/                       compilers' caches, kept across attempts
     HOME/jobs/<id>/tensorboard/                 TensorBoard event files (TRAINHOUSE_TENSORBOARD_DIR)
-    HOME/jobs/<id>/artifacts/                   MLflow artifacts, written by the server only
+    HOME/jobs/<id>/artifacts/                   artifacts (MLflow's, run.log_artifact's)
     HOME/jobs/<id>/attempts/<n>/workdir/        a fresh copy of the uploaded code per attempt
     HOME/jobs/<id>/attempts/<n>/tmp/            TMPDIR of the attempt's processes
     HOME/jobs/<id>/attempts/<n>/exit-launcher   "CODE TIME" of torchrun (its supervisor writes it)
@@ -162,7 +162,8 @@ class JobLayout:
 
     @property
     def artifacts(self) -> Path:
-        """The job's MLflow artifacts (the server writes them; see server/mlflow)."""
+        """The job's artifacts: MLflow's and ``run.log_artifact``'s (the server writes them:
+        server/mlflow; read through jobfs/artifacts)."""
         return self.root / "artifacts"
 
     def attempt(self, number: int) -> AttemptLayout:

@@ -194,6 +194,7 @@ class Run:
         self.attempt = job.attempt if job is not None else 1
         self.standalone = job is None
         self._attempt_layout = job.attempt_layout if job is not None else None
+        self._job = job
         self.hparams: dict[str, Any] = dict(hparams or {})
         # the keys the script declares (its defaults): spec keys outside them are flagged
         self._script_keys = sorted(str(k) for k in self.hparams) if hparams else None
@@ -361,6 +362,18 @@ class Run:
         if message is not None:
             raise ModelError(f"rank 0: {message}")
         return record
+
+    # -- artifacts -------------------------------------------------------------------------
+    def log_artifact(
+        self, path: str | os.PathLike[str], artifact_path: str | None = None
+    ) -> list[str]:
+        """Keep the file ``path`` (or every file below the directory ``path``, under its name)
+        with the job, below ``artifact_path`` among its artifacts: listed on the job's page,
+        fetched with ``trainhouse artifacts``; standalone, copied into ``./artifacts/``. Any
+        rank may call it. Returns the artifact paths (``sdk/_artifacts.py``)."""
+        from trainhouse.sdk._artifacts import log_artifact
+
+        return log_artifact(self._job, path, artifact_path)
 
     # -- stopping --------------------------------------------------------------------------
     def should_stop(self) -> bool:

@@ -25,6 +25,7 @@ from trainhouse.server.mlflow import create_app as create_mlflow_app
 from trainhouse.server.mlflow import set_runtime as set_mlflow_runtime
 from trainhouse.server.routes import (
     accounts,
+    artifacts,
     datasets,
     envs,
     flows,
@@ -152,6 +153,7 @@ def create_app(settings: Settings, *, executor: Executor | None = None) -> FastA
     app.include_router(logs.router, prefix="/api/v1")  # before jobs: /logs/stream
     app.include_router(runs.router, prefix="/api/v1")  # before jobs: DELETE /jobs/{id}
     app.include_router(jobs.router, prefix="/api/v1")
+    app.include_router(artifacts.router, prefix="/api/v1")
     app.include_router(lineage.router, prefix="/api/v1")
     app.include_router(report.router, prefix="/api/v1")
     app.include_router(searches.router, prefix="/api/v1")

@@ -7,6 +7,10 @@ server is a job of kind "tracked" (:data:`~trainhouse.core.records.TRACKED`), ma
 in one transaction and never scheduled (:meth:`JobRepo.list` leaves it out by default). Params
 and tags live in ``run_values``: a param, once logged, keeps its value (MLflow's rule), a tag is
 replaced. Experiment ``0``, "Default", always exists and is not stored.
+
+A job's MLflow experiment names its project (the runs table's ``project``) when its spec names
+none: the spec's ``project:`` first, then the experiment the run is in (the latest it moved
+to; "Default" is the ``default`` project), else ``default`` (:func:`project_name`).
 """
 
 from __future__ import annotations
@@ -76,6 +80,28 @@ def job_name(run_name: str) -> str:
     """A job name (the spec's rules) for an MLflow run name: other characters become ``-``."""
     name = _NOT_NAME.sub("-", run_name.strip()).strip("-._")[:128]
     return name if name and name[0].isascii() and name[0].isalnum() else f"run-{name}"[:128]
+
+
+def project_name(experiment: str) -> str:
+    """The project (the spec's rules) a job takes from its MLflow experiment's name: other
+    characters become ``-``; the "Default" experiment (or a name with nothing left) is the
+    ``default`` project."""
+    if experiment == DEFAULT_EXPERIMENT:
+        return "default"
+    name = _NOT_NAME.sub("-", experiment.strip()).strip("-._")[:128]
+    if not name:
+        return "default"
+    return name if name[0].isascii() and name[0].isalnum() else f"mlflow-{name}"[:128]
+
+
+def _follow_experiment(conn: Connection, job: Job, experiment: Experiment) -> None:
+    """A job whose spec names no project (``default``) takes its experiment's name as its
+    project (the runs table's); a project the spec names wins."""
+    if job.spec.project != "default":
+        return
+    conn.execute(
+        update(t.jobs).where(t.jobs.c.id == job.id).values(project=project_name(experiment.name))
+    )
 
 
 def _now_ms() -> int:
@@ -150,7 +176,7 @@ class TrackingRepo:
         """A tracked run: a job of kind "tracked", RUNNING from the start (never scheduled),
         with its MLflow row and tags, in one transaction. ``token_hash`` is what its metric
         reports are checked against (:mod:`trainhouse.ingest.groupcommit`)."""
-        self.experiment(experiment_id)
+        project = project_name(self.experiment(experiment_id).name)
         now = time.time()
         name = job_name(run_name)
         spec = JobSpec(name=name, entrypoint="mlflow")  # what it was: a run logged to us
@@ -173,6 +199,8 @@ class TrackingRepo:
                     reason="an MLflow run logged to this server (tracked, not launched)",
                     token_hash=token_hash,
                     kind=TRACKED,
+                    # the experiment's name is the project (the column's default otherwise)
+                    **({"project": project} if project != "default" else {}),
                 )
                 .returning(t.jobs.c.id)
             ).scalar_one()
@@ -247,11 +275,13 @@ class TrackingRepo:
             fields["end_time"] = end_time
         if run_name:
             fields["run_name"] = run_name
-        if experiment_id is not None:
-            self.experiment(experiment_id)
-            fields["experiment_id"] = experiment_id
+        moved_to = self.experiment(experiment_id) if experiment_id is not None else None
+        if moved_to is not None:
+            fields["experiment_id"] = moved_to.id
         now = time.time()
         with self.db.transaction() as conn:
+            if moved_to is not None:
+                _follow_experiment(conn, job, moved_to)
             if fields:
                 conn.execute(
                     update(t.mlflow_runs).where(t.mlflow_runs.c.job_id == job.id).values(**fields)

@@ -1,5 +1,5 @@
 """What the client's calls return: the JSON objects of the REST API as ``TypedDict``s, one
-module per noun (``jobs``, ``system``, ``accounts``, ``searches``, ``registry``,
+module per noun (``jobs``, ``artifacts``, ``system``, ``accounts``, ``searches``, ``registry``,
 ``datasets``, ``flows``), all of them importable from here.
 
 Each record mirrors one response model of the server (:mod:`trainhouse.server.schemas`, or a
@@ -25,6 +25,7 @@ from trainhouse.client.records.accounts import (
     UserList,
     WhoAmI,
 )
+from trainhouse.client.records.artifacts import Artifact, ArtifactList
 from trainhouse.client.records.datasets import (
     CachedVersion,
     DataCache,
@@ -103,6 +104,8 @@ from trainhouse.client.records.system import (
 )
 
 __all__ = [
+    "Artifact",
+    "ArtifactList",
     "Attempt",
     "AuditEntry",
     "AuditPage",

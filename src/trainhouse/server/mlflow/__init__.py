@@ -7,6 +7,8 @@ caller: :mod:`.access`; the wire format: :mod:`.protocol`; the work, and who may
 It is an app of its own, mounted at ``/mlflow`` and at ``/mlflow/jobs/<id>`` (a job's scope),
 so that every error it answers is in MLflow's shape (``{"error_code", "message"}``): an unknown
 route is a 404 ``ENDPOINT_NOT_FOUND``, never a 5xx (the client retries those for minutes).
+A browser that follows the client's "View run at ..." link (``/mlflow/jobs/<id>/#/...``) is
+sent to the job's page.
 """
 
 from __future__ import annotations
@@ -15,12 +17,12 @@ import logging
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, RedirectResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from trainhouse.core.errors import MlflowError, ServerBusy, TrainhouseError
 from trainhouse.server.mlflow import artifacts, tracking
-from trainhouse.server.mlflow.protocol import from_trainhouse
+from trainhouse.server.mlflow.protocol import from_trainhouse, missing
 from trainhouse.usecases.errors import Unstorable
 from trainhouse.usecases.runtime import Runtime
 
@@ -80,6 +82,22 @@ def create_app() -> FastAPI:
     async def _internal_error(_request: Request, exc: Exception) -> JSONResponse:
         log.exception("internal error in the MLflow API")
         return _answer(MlflowError(500, "INTERNAL_ERROR", "internal server error; see its log"))
+
+    @app.get("/", include_in_schema=False)
+    @app.get("/jobs/{job_id}", include_in_schema=False)
+    @app.get("/jobs/{job_id}/", include_in_schema=False)
+    async def _ui(request: Request) -> RedirectResponse:
+        """MLflow's "View run at <tracking URI>/#/experiments/E/runs/R" link: a job's scope
+        lands on the job's page; the server's own scope on the dashboard, whose route for
+        ``#/experiments/E/runs/R`` (the fragment a browser keeps across the redirect) is the
+        job's page too."""
+        top = request.scope.get("root_path", "").removesuffix("/mlflow")
+        raw = request.path_params.get("job_id")
+        if raw is None:
+            return RedirectResponse(f"{top}/", status_code=303)
+        if not (raw.isascii() and raw.isdigit() and len(raw) <= 18):
+            raise missing(f"job {raw[:40]!r} does not exist")
+        return RedirectResponse(f"{top}/#/jobs/{int(raw)}", status_code=303)
 
     for prefix in ("", "/jobs/{job_id}"):
         app.include_router(tracking.router, prefix=prefix)

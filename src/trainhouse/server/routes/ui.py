@@ -55,6 +55,7 @@ STATIC_FILES = (
     "services.js",
     "datasets.js",
     "flows.js",
+    "artifacts.js",
     "style.css",
     "favicon.svg",
 )

@@ -6,6 +6,7 @@ noun; every name is importable from here (``from trainhouse.server.schemas impor
 - :mod:`~trainhouse.server.schemas.runs`: tags, notes, archiving, deletion, hparams, columns
 - :mod:`~trainhouse.server.schemas.metrics`: series and the SDK's report
 - :mod:`~trainhouse.server.schemas.checkpoints`: checkpoints and their files
+- :mod:`~trainhouse.server.schemas.artifacts`: a job's artifacts
 - :mod:`~trainhouse.server.schemas.system`: health, nodes, resource series
 - :mod:`~trainhouse.server.schemas.searches`: searches and trials
 - :mod:`~trainhouse.server.schemas.datasets`: datasets, versions, manifests
@@ -21,6 +22,7 @@ from trainhouse.core.modelrecord import (
     SignatureOut,
     TensorSpec,
 )
+from trainhouse.server.schemas.artifacts import ArtifactListOut, ArtifactOut
 from trainhouse.server.schemas.checkpoints import (
     CheckpointFileOut,
     CheckpointFilesOut,
@@ -125,6 +127,8 @@ __all__ = [
     "NO_NUL",
     "AliasIn",
     "ArchiveIn",
+    "ArtifactListOut",
+    "ArtifactOut",
     "AttemptOut",
     "CachedVersionOut",
     "CheckpointFileOut",

@@ -18,6 +18,8 @@ import { servicePage, servicesPage } from "./services.js";
 
 const ROUTES = [
   [/^\/jobs\/(\d+)$/, "jobs", (view, m) => jobPage(view, Number(m[1]))],
+  // MLflow's own link to a run (/mlflow/#/experiments/E/runs/R lands here): the run is job R
+  [/^\/experiments\/\d+\/runs\/(\d+)$/, "jobs", (view, m) => jobPage(view, Number(m[1]))],
   [/^\/jobs$/, "jobs", (view, _m, q) => jobsPage(view, q)],
   [/^\/compare$/, "compare", (view, _m, q) => comparePage(view, q)],
   [/^\/queue$/, "queue", (view) => queuePage(view)],

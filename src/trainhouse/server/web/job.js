@@ -1,5 +1,5 @@
 // A job's page (#/jobs/<id>): state, cancel, datasets, its flow (what it waits for, reads and
-// promotes), metrics, system, logs, attempts, checkpoints.
+// promotes), metrics, system, logs, attempts, checkpoints, artifacts (artifacts.js).
 import { experimentCard } from "./runs.js";
 import { ChartGrid, MetricSeries, chartControls, drawSystem, systemSeries } from "./charts.js";
 import {
@@ -25,6 +25,7 @@ import {
   toYaml,
   worldSize,
 } from "./core.js";
+import { artifactsCard } from "./artifacts.js";
 import { jobDatasets } from "./datasets.js";
 import { jobFlowFacts } from "./flows.js";
 import { AnsiRenderer, LogView } from "./logs.js";
@@ -449,6 +450,8 @@ export function jobPage(view, jobId) {
     return !(job && TERMINAL.has(job.state));
   }, POLL_MS * 2.5);
 
+  const artifacts = artifactsCard(view, jobId, () => job);
+
   const root = h("section", { class: "page job" },
     h("div", { class: "job-head" },
       h("div", { class: "title-line" }, title, state, subState),
@@ -468,6 +471,7 @@ export function jobPage(view, jobId) {
       logBody),
     h("section", { class: "card" }, h("h2", {}, "Attempts"), attemptsBox),
     h("section", { class: "card" }, h("h2", {}, "Checkpoints"), ckptBox),
+    artifacts.el,
     h("section", { class: "card" }, h("h2", {}, "Events"), eventsBox),
     h("section", { class: "card" }, h("div", { class: "card-head" }, h("h2", {}, "Spec"), specToggle), specPre));
   return root;
