@@ -40,7 +40,8 @@ COMMANDS: dict[str, Listed] = {
     "server": Listed("server", "Run the trainhouse server in the foreground."),
     "demo": Listed(
         "server",
-        "The quick start: start a server, train the digits example, show the results.",
+        "The quick start: start a server, train the digits example, show the results, and keep\n"
+        "the server (and its dashboard) running until Ctrl-C.",
     ),
     "queue": Listed(
         "queue", "Waiting jobs in the scheduler's decision order, each with why it waits."
