@@ -83,8 +83,11 @@ def test_server_side_errors_and_exit_codes(server: Server, tmp_path: Path) -> No
     result = server.cli("submit", str(failing))
     assert result.returncode == 5, result.stdout + result.stderr
     assert "FAILED" in result.stdout and "rank 0 exited with code 5" in result.stdout
-    # the failure's last lines (its traceback) are printed once, not again in the summary
+    # the failure's last lines (its traceback) are printed once, in the final summary after
+    # its "last lines:" (which ended the summary, empty)
     assert result.stdout.count("ValueError: broken on purpose") == 1, result.stdout
+    summary = result.stdout[result.stdout.index("  reason: ") :]
+    assert "; last lines:\n" in summary and "    ValueError: broken on purpose" in summary
 
 
 def test_ctrl_c_detaches_without_killing(server: Server, tmp_path: Path) -> None:
