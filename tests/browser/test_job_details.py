@@ -63,6 +63,7 @@ def test_a_failed_jobs_page_reads_as_written(server: Server, page: Page, tmp_pat
     expect(digest).to_contain_text("blake3:")
     expect(page.get_by_test_id("checkpoints-table")).not_to_contain_text("sha256")
 
+    expect(page.get_by_test_id("job-exit")).to_have_text("1")
     reason = page.get_by_test_id("job-reason")
     expect(reason).to_contain_text("ValueError: a bad hparam, on purpose")
     shown = reason.inner_text()
@@ -92,4 +93,6 @@ def test_a_canceled_attempt_says_it_was_canceled(
     page.goto(f"{server.url}/#/jobs/{job['id']}")
     expect(page.get_by_test_id("job-state")).to_have_text("CANCELED")
     expect(page.get_by_test_id("attempt-exit")).to_have_text("canceled; ranks exited cleanly")
+    # the job's summary says it too, not the launcher's signal as a number
+    expect(page.get_by_test_id("job-exit")).to_have_text("canceled; ranks exited cleanly")
     expect(page.get_by_test_id("attempts-table")).not_to_contain_text("SIGTERM")

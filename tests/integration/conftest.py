@@ -40,6 +40,10 @@ SINGLE_BACKEND = {
     "the processes, the RNG and sampler states and the weights are under test; the store's side "
     "of a killed rank (its attempt's end, the restart from the checkpoint, every step stored "
     "once) runs on both backends in test_training.py and test_recovery.py",
+    "test_faults.py::test_the_same_error_twice_is_not_restarted_again": "real ranks failing "
+    "alike and otherwise: the failure analysis and the loop's decision are under test; the "
+    "attempts' rows (log tails, results) are stored and read back on both backends in "
+    "test_training.py",
     "test_integrations.py": "the Hugging Face Trainer and Lightning jobs: the integrations "
     "(their callbacks, checkpoint copies and resume) are under test, not the store, whose side "
     "of a killed rank and a resume runs on both backends in test_training.py",

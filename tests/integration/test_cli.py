@@ -87,8 +87,11 @@ def test_server_side_errors_and_exit_codes(server: Server, tmp_path: Path) -> No
     submitted = re.search(r"submitted job (\d+)", result.stdout)
     assert submitted, result.stdout
     assert f"dashboard: {server.url}/#/jobs/{submitted[1]}\n" in result.stdout  # the job's page
-    # the failure's last lines (its traceback) are printed once, not again in the summary
+    # the failure's last lines (its traceback) are printed once, in the final summary after
+    # its "last lines:" (which ended the summary, empty)
     assert result.stdout.count("ValueError: broken on purpose") == 1, result.stdout
+    summary = result.stdout[result.stdout.index("  reason: ") :]
+    assert "; last lines:\n" in summary and "    ValueError: broken on purpose" in summary
 
 
 def test_ctrl_c_detaches_without_killing(server: Server, tmp_path: Path) -> None:

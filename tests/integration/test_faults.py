@@ -35,6 +35,57 @@ def test_a_missing_module_fails_at_once_and_show_says_why(server: Server, tmp_pa
     assert "last lines of rank" in shown and "ModuleNotFoundError" in shown
 
 
+BAD_HPARAM = """
+import os
+
+lr = {lr!r}
+print("attempt", os.environ["TRAINHOUSE_ATTEMPT"], "starts", flush=True)
+float(lr)  # a bad hparam: ValueError, the same on every attempt
+"""
+
+CHANGING = """
+import os
+
+attempt = os.environ["TRAINHOUSE_ATTEMPT"]
+raise ValueError(f"attempt {attempt} went wrong its own way")
+"""
+
+
+def test_the_same_error_twice_is_not_restarted_again(server: Server, tmp_path: Path) -> None:
+    """A deterministic error (a bad hparam) restarts once, and when the next attempt's log
+    ends in the same exception the job fails, its restarts left unused; the reason says so and
+    quotes the last lines. An error that changes is restarted while max_restarts lasts."""
+    spec = write_job(
+        tmp_path / "same",
+        BAD_HPARAM.format(lr="fast"),
+        "name: same\nentrypoint: python train.py\nmax_restarts: 3\n"
+        "resources: {procs_per_node: 2}\n",
+    )
+    job = server.cli_json("submit", str(spec), "--detach")
+    final = server.wait(job["id"], {"FAILED", "COMPLETED"})
+    said = "ValueError: could not convert string to float: 'fast'"
+    assert final["state"] == "FAILED" and final["restarts"] == 1, final["reason"]
+    assert len(final["attempt_history"]) == 2
+    assert (
+        f"; not restarted: the same error as attempt 1 ({said}); last lines:\n" in (final["reason"])
+    )
+    assert final["reason"].rstrip().endswith(said)  # the real last lines, not an empty list
+    second = final["attempt_history"][1]
+    assert second["failure"] == "user" and said in second["log_tail"]
+
+    changing = write_job(
+        tmp_path / "changing",
+        CHANGING,
+        "name: changing\nentrypoint: python train.py\nmax_restarts: 2\n"
+        "resources: {procs_per_node: 1}\n",
+    )
+    job = server.cli_json("submit", str(changing), "--detach")
+    final = server.wait(job["id"], {"FAILED", "COMPLETED"})
+    assert final["state"] == "FAILED" and final["restarts"] == 2, final["reason"]
+    assert "max_restarts (2) used up; last lines:\n" in final["reason"]
+    assert final["reason"].endswith("ValueError: attempt 3 went wrong its own way")
+
+
 NUL_SCRIPT = """
 import sys
 sys.stdout.buffer.write(b"dumping state \\x00\\x00\\xff done\\n")

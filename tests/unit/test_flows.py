@@ -319,9 +319,14 @@ def test_a_flow_is_submitted_whole_runs_in_order_and_resumes_what_did_not_comple
         listed = api.get("/api/v1/flows").json()
         assert listed["total"] == 1 and listed["flows"][0]["id"] == flow["id"]
 
-        # resume: the failed and the canceled steps run again, the completed one does not
-        resumed = api.post(f"/api/v1/flows/{flow['id']}/resume")
+        # resume: the failed and the canceled steps run again, the completed one does not;
+        # with auth off each says the local user the client named resumed it
+        resumed = api.post(f"/api/v1/flows/{flow['id']}/resume", json={"by": "carol"})
         assert resumed.status_code == 200, resumed.text
+        for step in ("train", "evaluate"):
+            events = _job(api, jobs[step])["events"]
+            (back,) = [e for e in events if e["from_state"] in ("FAILED", "CANCELED")]
+            assert back["to_state"] == "QUEUED" and back["reason"].startswith("resumed by carol ")
         wait_launched(api, jobs["train"])
         _fake(api).end(jobs["train"], 0)
         wait_launched(api, jobs["evaluate"])

@@ -6,21 +6,46 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from fastapi.testclient import TestClient
 
-from tests.support.api import app_client, error_of, services, submit, wait_launched, wait_state
+from tests.support.api import (
+    BASE_URL,
+    InProcessTransport,
+    app_client,
+    error_of,
+    services,
+    submit,
+    wait_launched,
+    wait_state,
+)
 from tests.support.api import workdir as packed
 from tests.support.records import old_store
 from tests.support.team import Team, make_team, refused
+from trainhouse.client import Client
+from trainhouse.core.wire import CLIENT_HEADERS
 from trainhouse.errors import InvalidTransition, StoreError
 from trainhouse.lifecycle import JobState
 from trainhouse.store import Store
 
 SPEC = "name: lin\nentrypoint: python train.py\nmax_restarts: 0\nhparams: {lr: 0.1}\n"
+
+
+@contextmanager
+def in_process_client(api: TestClient) -> Iterator[Client]:
+    """The Python client, its requests answered by ``api`` in this process."""
+    client = Client(BASE_URL)
+    client._http.close()
+    client._http = httpx.Client(
+        base_url=f"{BASE_URL}/api/v1", headers=CLIENT_HEADERS, transport=InProcessTransport(api)
+    )
+    with client:
+        yield client
 
 
 @pytest.fixture
@@ -79,6 +104,48 @@ def test_a_failed_job_resumes_as_the_same_job(api: TestClient, tmp_path: Path) -
     refused_ = api.post(f"/api/v1/jobs/{job_id}/resume")
     assert refused_.status_code == 409
     assert "it completed; `trainhouse clone" in error_of(refused_)["message"]
+
+
+def reason_of_last_resume(api: TestClient, job_id: int) -> str:
+    events = api.get(f"/api/v1/jobs/{job_id}").json()["events"]
+    (last,) = [e for e in events if e["from_state"] in ("FAILED", "CANCELED")][-1:]
+    return str(last["reason"])
+
+
+def test_a_resume_names_the_local_user_without_auth(
+    api: TestClient, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With auth off the resumer is the name the client sends (its local user), else the
+    owner: never "anonymous". Each resumed attempt is ended before the next resume."""
+    job_id = run_and_end(api, SPEC, tmp_path, 3)["id"]
+    fake = services(api).scheduler.executor
+
+    def fail_again() -> None:
+        wait_launched(api, job_id)
+        fake.end(job_id, 1)  # type: ignore[attr-defined]
+        wait_state(api, job_id, {"FAILED"})
+
+    # the Python client (as `trainhouse resume` uses it) sends its process's user
+    monkeypatch.setenv("LOGNAME", "carol")
+    with in_process_client(api) as client:
+        assert client.resume(job_id)["resumes"] == 1
+    assert reason_of_last_resume(api, job_id) == "resumed by carol from its checkpoint of step 10"
+    fail_again()
+
+    # no name sent (the dashboard's button): the job's owner
+    assert api.post(f"/api/v1/jobs/{job_id}/resume").status_code == 200
+    assert reason_of_last_resume(api, job_id) == "resumed by tester from its checkpoint of step 10"
+    fail_again()
+
+    # a name is a short line of text
+    for bad in ("", "a\nb", "x" * 129):
+        resp = api.post(f"/api/v1/jobs/{job_id}/resume", json={"by": bad})
+        assert resp.status_code == 422, resp.text
+    resp = api.post(f"/api/v1/jobs/{job_id}/resume", json={"by": "dave", "as": "root"})
+    assert resp.status_code == 422, resp.text
+    resp = api.post(f"/api/v1/jobs/{job_id}/resume", json={"by": "dave"})
+    assert resp.status_code == 200, resp.text
+    assert reason_of_last_resume(api, job_id) == "resumed by dave from its checkpoint of step 10"
 
 
 def test_resume_is_refused_with_a_reason(api: TestClient, tmp_path: Path) -> None:
@@ -245,8 +312,11 @@ def test_only_the_owner_or_an_admin_resumes(team: Team) -> None:
     team.rt.store.checkpoints.add(job["id"], attempt=1, step=3, path="p", size=1, sha256="0" * 64)
     assert "may not change it" in refused(team.post("bob", f"/jobs/{job['id']}/resume"))
     assert "viewer" in refused(team.post("vera", f"/jobs/{job['id']}/resume"))
-    resumed = team.post("root", f"/jobs/{job['id']}/resume")
+    # with auth on the token's user resumes: a name claimed in the body is ignored
+    resumed = team.post("root", f"/jobs/{job['id']}/resume", json={"by": "mallory"})
     assert resumed.status_code == 200 and resumed.json()["resumes"] == 1
+    events = team.get("alice", f"/jobs/{job['id']}").json()["events"]
+    assert events[-1]["reason"] == "resumed by root from its checkpoint of step 3"
     # a reader may clone: the clone is theirs
     clone = team.post("bob", f"/jobs/{job['id']}/clone")
     assert clone.status_code == 201 and clone.json()["owner"] == "bob"

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from trainhouse.core.records import Job
+from trainhouse.core.records import Attempt, Job
 from trainhouse.executors.base import Exit
 from trainhouse.lifecycle import (
     TRANSITIONS,
@@ -20,7 +20,7 @@ from trainhouse.lifecycle import (
     JobState,
     StopReason,
 )
-from trainhouse.scheduler.failures import Failure
+from trainhouse.scheduler.failures import Failure, last_exception, repeated
 from trainhouse.scheduler.outcome import (
     Outcome,
     lost,
@@ -151,6 +151,68 @@ def test_a_permanent_failure_is_never_restarted() -> None:
     out = decide(job(spec={"max_restarts": 5}), Exit(7, 1, 2, {"0": 2}), f)
     assert out.state is JobState.FAILED and out.exit_code == 2
     assert "; not restarted: exit code 2" in out.attempt.reason
+
+
+TRACEBACK = """step 3 loss 0.5
+Traceback (most recent call last):
+  File "/h/jobs/7/attempts/{n}/workdir/train.py", line 5, in <module>
+    lr = float(run.hparams["lr"])
+         ^^^^^^^^^^^^^^^^^^^^^^^^
+ValueError: could not convert string to float: 'fast'
+[W1206 ProcessGroup.cpp:123] Warning: destroy_process_group() was not called
+"""
+
+
+def test_the_last_exception_is_the_tracebacks_last_line() -> None:
+    said = "ValueError: could not convert string to float: 'fast'"
+    assert last_exception(TRACEBACK.format(n=1)) == said  # not the warning after it
+    chained = (
+        "Traceback (most recent call last):\n  File 'a.py'\nKeyError: 'x'\n\nDuring handling "
+        "of the above exception, another exception occurred:\n\nTraceback (most recent call "
+        "last):\n  File 'a.py', line 3\n    raise RuntimeError\nRuntimeError\n"
+    )
+    assert last_exception(chained) == "RuntimeError"
+    # its head cut off by the tail (a deep stack): the named exception under an indented line
+    assert last_exception('    f()\n  File "x.py", line 9\n    g()\nmod.BadThing: no\n') is None
+    assert last_exception('  File "x.py", line 9\n    g()\ntorch.OutOfMemoryError: 2 GiB\n') == (
+        "torch.OutOfMemoryError: 2 GiB"
+    )
+    # the same error in another attempt's directory, at another address, reads the same
+    moved = (
+        "Traceback (most recent call last):\n  x\nOSError: /h/attempts/{n}/w <obj at 0x7f{n}a2b3c4>"
+    )
+    assert last_exception(moved.format(n=1)) == last_exception(moved.format(n=2))
+    assert last_exception(moved.format(n=1)) == "OSError: /h/attempts/*/w <obj at 0x?>"
+    for none in ("", "just output\nexit 1\n", "Traceback (most recent call last):\n  x\n"):
+        assert last_exception(none) is None
+    huge = "Traceback (most recent call last):\n  x\nValueError: " + "v" * 1_000_000
+    assert len(last_exception(huge) or "") == 500  # bounded, as quoted in the reason
+
+
+def attempt(number: int, tail: str | None, result: AttemptResult = AttemptResult.FAILED) -> Attempt:
+    return Attempt(job_id=7, number=number, started_at=1.0, result=result, log_tail=tail)
+
+
+def test_the_same_error_twice_is_not_restarted_again() -> None:
+    now = failure(log_tail=TRACEBACK.format(n=3))
+    marked = repeated(now, attempt(2, TRACEBACK.format(n=2)))
+    said = "ValueError: could not convert string to float: 'fast'"
+    assert marked.permanent == f"the same error as attempt 2 ({said})"
+    out = decide(job(spec={"max_restarts": 5}, restarts=1), Exit(7, 3, 1, {"0": 1}), marked)
+    assert out.state is JobState.FAILED and out.exit_code == 1
+    assert f"; not restarted: the same error as attempt 2 ({said}); last lines:\n" in out.reason
+    assert out.reason.endswith("Warning: destroy_process_group() was not called")
+    # another error, no earlier failure, no exception, or not the code's failure: unchanged
+    other = TRACEBACK.format(n=2).replace("'fast'", "'slow'")
+    assert repeated(now, attempt(2, other)) is now
+    assert repeated(now, None) is now
+    assert repeated(now, attempt(2, None)) is now
+    plain = failure(log_tail="exit 1")
+    assert repeated(plain, attempt(2, "exit 1")) is plain
+    kill = failure(FailureKind.INFRA, code=-9, log_tail=TRACEBACK.format(n=3))
+    assert repeated(kill, attempt(2, TRACEBACK.format(n=2))) is kill
+    typo = failure(log_tail=TRACEBACK.format(n=3), permanent="exit code 2 is in no_restart_on")
+    assert repeated(typo, attempt(2, TRACEBACK.format(n=2))).permanent == typo.permanent
 
 
 def test_a_lost_attempt_is_an_infrastructure_failure() -> None:

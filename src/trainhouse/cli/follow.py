@@ -90,10 +90,12 @@ class Follower:
                     f"job {self.job_id}: {first}", style="yellow", highlight=False, markup=False
                 )
                 continue
+            if ev["to_state"] == "FAILED":  # its last lines come once, in the final summary
+                first = first.removesuffix("; last lines:")
             progress.console.print(
                 f"job {self.job_id}: {state(ev['to_state'])} {first}", highlight=False
             )
-            if ev["to_state"] in ("FAILED", "RESTARTING") and len(reason) > 1:
+            if ev["to_state"] == "RESTARTING" and len(reason) > 1:
                 for line in reason[1:]:
                     progress.console.print(f"    {line}", highlight=False, markup=False)
         self._seen_events = len(events)

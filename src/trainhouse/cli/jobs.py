@@ -201,9 +201,12 @@ def summary(job: JobDetail) -> None:
         console.print(f"  final metrics (step {job.get('last_step')}): {shown}", highlight=False)
     reason = job.get("reason")
     if job["state"] == "FAILED" and reason:
-        # its first line: the rest (the failing rank's last lines) was printed as it failed
-        first = reason.splitlines()[0]
+        # with the failing rank's last lines after its "last lines:" (the follower printed the
+        # failure's first line only, so they are shown once, here at the end)
+        first, *rest = reason.splitlines()
         console.print(f"  reason: {first}", highlight=False, markup=False)
+        for line in rest:
+            console.print(f"    {line}", highlight=False, markup=False)
     where = job.get("job_dir")  # null unless the caller is an admin
     logs = f"   ({where}/logs)" if where else ""
     checkpoints = f"   ({where}/checkpoints)" if where else ""

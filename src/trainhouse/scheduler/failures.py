@@ -6,18 +6,20 @@ kernel's OOM killer, a node was lost, a rank vanished without recording its exit
 counted apart: ``max_restarts`` bounds the job's own failures, the server's
 ``max_infra_restarts`` the others. Some failures cannot fix themselves (a syntax error, a missing
 module, CUDA out of memory, a full disk): those match the spec's ``no_restart_on`` and fail the
-job at once.
+job at once. Nor can an error that repeats: an attempt whose log ends in the same exception as
+the previous failed attempt's (:func:`last_exception`, :func:`repeated`) is not restarted again.
 """
 
 from __future__ import annotations
 
 import re
 import signal
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from trainhouse.core.datasets import STAGING_FAILED_CODE, STAGING_FAILED_LINE, STAGING_RETRY_CODE
 from trainhouse.core.envspec import BUILD_FAILED_CODE
 from trainhouse.core.lifecycle import FailureKind
+from trainhouse.core.records import Attempt
 from trainhouse.core.spec import NoRestart
 from trainhouse.executors.base import Exit
 from trainhouse.jobfs.joblogs import read_log
@@ -31,6 +33,14 @@ TAIL_LINES = 20
 #: restarts per job after infrastructure failures (``trainhouse server --max-infra-restarts``)
 DEFAULT_MAX_INFRA_RESTARTS = 20
 SCAN_BYTES = 256 * 1024
+TRACEBACK_HEAD = "Traceback (most recent call last):"
+EXCEPTION_CHARS = 500  # of the exception line quoted and compared
+# a traceback's last line: the exception's (dotted) name, maybe ": its message"
+_EXCEPTION = re.compile(r"[A-Za-z_][\w.]{0,200}(?:: .*)?")
+_NAMED = re.compile(r"[A-Za-z_][\w.]{0,200}(?:Error|Exception|Exit|Interrupt)(?:: .*)?")
+# what differs between two attempts failing alike: their directories, object addresses
+_ATTEMPT_DIR = re.compile(r"([/\\]attempts[/\\])\d+(?=[/\\])")
+_ADDRESS = re.compile(r"\b0x[0-9a-fA-F]{6,16}\b")
 
 
 @dataclass(frozen=True)
@@ -144,3 +154,46 @@ def analyse(ended: Exit, files: JobLayout, ranks: int, policy: NoRestart) -> Fai
                     permanent = f"the log matches {pattern!r}: {line[:300]}"
                     break
     return Failure(kind, rank, code, summary, tail, permanent)
+
+
+def last_exception(tail: str) -> str | None:
+    """The exception the last Python traceback in ``tail`` (a rank's last lines) ended with,
+    as its last line reads (``ValueError: bad lr``, at most :data:`EXCEPTION_CHARS`); None
+    when the tail shows none. It is the first line after the last ``Traceback (most recent
+    call last):`` that is not indented; a tail that lost the traceback's head (a deep stack)
+    ends it at the last ``XxxError: ...`` line under an indented one. An attempt's directory
+    in it reads ``attempts/*`` and an object's address ``0x?``: the same error in two
+    attempts reads the same."""
+    lines = tail.splitlines()
+    found: str | None = None
+    heads = [i for i, line in enumerate(lines) if line.strip() == TRACEBACK_HEAD]
+    if heads:
+        for line in lines[heads[-1] + 1 :]:
+            if line[:1].isspace() or not line.strip():
+                continue
+            if _EXCEPTION.fullmatch(line.rstrip()):
+                found = line
+            break
+    else:
+        for i in range(len(lines) - 1, 0, -1):
+            if _NAMED.fullmatch(lines[i].rstrip()) and lines[i - 1][:1].isspace():
+                found = lines[i]
+                break
+    if found is None:
+        return None
+    found = _ATTEMPT_DIR.sub(r"\1*", found.strip()[:EXCEPTION_CHARS])
+    return _ADDRESS.sub("0x?", found)
+
+
+def repeated(failure: Failure, previous: Attempt | None) -> Failure:
+    """``failure`` marked permanent when it is the job's code failing with the same exception
+    (:func:`last_exception`) as ``previous``, the job's last failed attempt before it: a
+    deterministic error (a bad hparam) that one more restart would only repeat."""
+    if failure.kind is not FailureKind.USER or failure.permanent is not None:
+        return failure
+    if previous is None or not previous.log_tail:
+        return failure
+    now = last_exception(failure.log_tail)
+    if now is None or now != last_exception(previous.log_tail):
+        return failure
+    return replace(failure, permanent=f"the same error as attempt {previous.number} ({now})")

@@ -33,7 +33,7 @@ from trainhouse.jobfs.layout import JobEnv, JobLayout
 from trainhouse.jobfs.storage import open_storage
 from trainhouse.jobfs.workdir import extract
 from trainhouse.scheduler import outcome
-from trainhouse.scheduler.failures import DEFAULT_MAX_INFRA_RESTARTS, analyse
+from trainhouse.scheduler.failures import DEFAULT_MAX_INFRA_RESTARTS, analyse, repeated
 from trainhouse.scheduler.fairshare import DEFAULT_ENTRY_SECONDS, DEFAULT_HALF_LIFE, UsageLedger
 from trainhouse.scheduler.incremental import Scheduler
 from trainhouse.scheduler.policy import (
@@ -47,7 +47,7 @@ from trainhouse.scheduler.policy import (
     decide,
 )
 from trainhouse.scheduler.resources import Demand
-from trainhouse.store import BlobStore, Job, Store
+from trainhouse.store import Attempt, BlobStore, Job, Store
 
 __all__ = ["SchedulerConfig", "SchedulerLoop"]
 
@@ -236,11 +236,21 @@ class SchedulerLoop(BackgroundLoop):
         if outcome.needs_analysis(job, ended):
             spec = job.spec
             failure = analyse(ended, layout, spec.resources.procs, spec.no_restart_on)
+            failure = repeated(failure, self._last_failed(job.id, ended.attempt))
         self._apply(
             job,
             ended.attempt,
             outcome.outcome(job, ended, failure, max_infra_restarts=self.config.max_infra_restarts),
         )
+
+    def _last_failed(self, job_id: int, attempt: int) -> Attempt | None:
+        """The job's last failed attempt before ``attempt`` (across resumes), if any."""
+        failed = [
+            a
+            for a in self.store.jobs.attempts(job_id)
+            if a.number < attempt and a.result == AttemptResult.FAILED
+        ]
+        return failed[-1] if failed else None
 
     def _apply(self, job: Job, attempt: int, out: outcome.Outcome) -> None:
         """Record how the attempt ended and move its job where the outcome says."""

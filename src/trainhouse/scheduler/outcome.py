@@ -19,7 +19,9 @@ otherwise: a failure                   failed        RESTARTING -> QUEUED while 
                                                      lasts (max_restarts for the code's
                                                      failures, max_infra_restarts for the
                                                      infrastructure's) and restarting can
-                                                     help (no_restart_on); else FAILED
+                                                     help (no_restart_on, not the same
+                                                     error as the last failed attempt's:
+                                                     failures.repeated); else FAILED
 =====================================  ============  =========================================
 
 :func:`lost` is the outcome of an attempt no executor knows any more (an infrastructure

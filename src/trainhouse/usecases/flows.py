@@ -34,6 +34,7 @@ from trainhouse.jobfs.workdir import human_size
 from trainhouse.store.flows import manifest_of
 from trainhouse.usecases import audit
 from trainhouse.usecases.access import Principal
+from trainhouse.usecases.lineage import acting_name
 from trainhouse.usecases.runtime import Runtime
 from trainhouse.usecases.submission import (
     accepted_spec,
@@ -252,9 +253,11 @@ def cancel(rt: Runtime, p: Principal, flow_id: int) -> FlowView:
     return _view(rt, flow)
 
 
-def resume(rt: Runtime, p: Principal, flow_id: int) -> FlowView:
+def resume(rt: Runtime, p: Principal, flow_id: int, by: str | None = None) -> FlowView:
     """Run again the steps that did not complete (each from its latest checkpoint, or from the
-    start), in one transaction; the completed steps and their models stay as they are."""
+    start), in one transaction; the completed steps and their models stay as they are. Each
+    step's reason names who resumed it (:func:`~trainhouse.usecases.lineage.acting_name` of
+    ``by``, the name a client claims)."""
     flow = _writable(rt, p, flow_id)
     view = _view(rt, flow)
     missing = [s for s in flow.jobs if s not in view.jobs]
@@ -267,11 +270,12 @@ def resume(rt: Runtime, p: Principal, flow_id: int) -> FlowView:
         raise InvalidTransition(
             f"flow {flow_id} is {view.state}: no step failed or was canceled, nothing to resume"
         )
+    doer = acting_name(p, by, flow.owner)
     with rt.store.transaction():
         for job in again:
             loadable = [c for c in rt.store.checkpoints.list(job.id) if c.corrupt is None]
             step = max((c.step for c in loadable), default=None)
-            rt.store.jobs.resume(job.id, by=p.name, checkpoint_step=step)
+            rt.store.jobs.resume(job.id, by=doer, checkpoint_step=step)
         audit.record(rt, p, "flow.resume", f"flow:{flow_id}", jobs=[j.id for j in again])
     rt.scheduler.wake()
     return _view(rt, flow)

@@ -23,7 +23,16 @@ from trainhouse.usecases.access import Principal
 from trainhouse.usecases.runtime import Runtime
 from trainhouse.usecases.submission import accepted_spec, check_entrypoint
 
-__all__ = ["clone", "resume"]
+__all__ = ["acting_name", "clone", "resume"]
+
+
+def acting_name(p: Principal, claimed: str | None, owner: str) -> str:
+    """Who a resume names as its doer: with auth on the token's user (a claim is ignored);
+    with auth off the local user the client says it runs as, else the owner of what is
+    resumed (the dashboard sends no name)."""
+    if p.authenticated:
+        return p.name
+    return claimed or owner
 
 
 def _loadable(rt: Runtime, job_id: int) -> list[Checkpoint]:
@@ -31,10 +40,11 @@ def _loadable(rt: Runtime, job_id: int) -> list[Checkpoint]:
     return [c for c in rt.store.checkpoints.list(job_id) if c.corrupt is None]
 
 
-def resume(rt: Runtime, p: Principal, job: Job) -> Job:
+def resume(rt: Runtime, p: Principal, job: Job, by: str | None = None) -> Job:
     """Send ``job`` (one the caller may write), CANCELED or FAILED, back to the queue, to
     continue from its latest good checkpoint: the same job, its attempts and restart counters
-    going on (``resumes`` + 1). Refused (409) for a job in any other state or without a
+    going on (``resumes`` + 1); its reason names who resumed it (:func:`acting_name` of
+    ``by``, the name a client claims). Refused (409) for a job in any other state or without a
     checkpoint, and for one that could no longer run on this server."""
     job_id = job.id
     if job.state not in RESUMABLE:
@@ -63,7 +73,9 @@ def resume(rt: Runtime, p: Principal, job: Job) -> Job:
         raise ResourceError(f"job {job_id} can no longer run on this server: {reason}")
     latest = max(loadable, key=lambda c: (c.step, c.id))
     with rt.store.transaction():
-        resumed = rt.store.jobs.resume(job_id, by=p.name, checkpoint_step=latest.step)
+        resumed = rt.store.jobs.resume(
+            job_id, by=acting_name(p, by, job.owner), checkpoint_step=latest.step
+        )
         audit.record(rt, p, "job.resume", f"job:{job_id}", owner=job.owner, step=latest.step)
     rt.scheduler.wake()
     return resumed

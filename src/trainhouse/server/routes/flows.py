@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, File, Form, Path, Query, UploadFile
+from fastapi import APIRouter, Body, Depends, File, Form, Path, Query, UploadFile
 from fastapi.responses import StreamingResponse
 from pydantic import ValidationError
 
@@ -16,6 +16,7 @@ from trainhouse.server.auth import reporting_job, signed_in, writer
 from trainhouse.server.deps import runtime
 from trainhouse.server.schemas.common import NO_NUL
 from trainhouse.server.schemas.flows import FlowIn, FlowListOut, FlowOut, FlowStepOut
+from trainhouse.server.schemas.jobs import ResumeIn
 from trainhouse.usecases import flows, jobs
 from trainhouse.usecases.access import Principal
 from trainhouse.usecases.runtime import Runtime
@@ -117,10 +118,15 @@ def cancel(
 
 @router.post("/flows/{flow_id}/resume", response_model=FlowOut)
 def resume(
-    flow_id: FlowId, p: Principal = Depends(writer), rt: Runtime = Depends(runtime)
+    flow_id: FlowId,
+    body: ResumeIn = Body(default_factory=ResumeIn),
+    p: Principal = Depends(writer),
+    rt: Runtime = Depends(runtime),
 ) -> FlowOut:
-    """Run again the steps that failed or were canceled; completed steps stay."""
-    return flow_out(flows.resume(rt, p, flow_id), rt, p)
+    """Run again the steps that failed or were canceled; completed steps stay. Each step's
+    reason names who resumed it: the token's user, or with auth off ``by`` (the client's
+    local user; absent, the flow's owner)."""
+    return flow_out(flows.resume(rt, p, flow_id, by=body.by), rt, p)
 
 
 @router.get("/jobs/{job_id}/inputs/{key}/manifest")

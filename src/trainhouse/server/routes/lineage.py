@@ -15,7 +15,7 @@ from trainhouse.core.records import Job
 from trainhouse.server.auth import readable_job, writable_job, writer
 from trainhouse.server.deps import runtime
 from trainhouse.server.routes.jobs import job_out
-from trainhouse.server.schemas import CloneIn, JobOut
+from trainhouse.server.schemas import CloneIn, JobOut, ResumeIn
 from trainhouse.usecases import lineage
 from trainhouse.usecases.access import Principal
 from trainhouse.usecases.runtime import Runtime
@@ -25,14 +25,17 @@ router = APIRouter(tags=["jobs"])
 
 @router.post("/jobs/{job_id}/resume", response_model=JobOut)
 def resume(
+    body: ResumeIn = Body(default_factory=ResumeIn),
     job: Job = Depends(writable_job),
     p: Principal = Depends(writer),
     rt: Runtime = Depends(runtime),
 ) -> JobOut:
     """Send a CANCELED or FAILED job back to the queue, to continue from its latest good
     checkpoint: the same job, its attempts and restart counters going on (``resumes`` + 1).
-    Refused (409) for a job in any other state or without a checkpoint."""
-    return job_out(lineage.resume(rt, p, job), rt)
+    Refused (409) for a job in any other state or without a checkpoint. The reason names who
+    resumed it: the token's user, or with auth off ``by`` (the client's local user; absent,
+    the job's owner)."""
+    return job_out(lineage.resume(rt, p, job, by=body.by), rt)
 
 
 @router.post("/jobs/{job_id}/clone", response_model=JobOut, status_code=201)

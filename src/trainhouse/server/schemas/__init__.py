@@ -2,7 +2,8 @@
 noun; every name is importable from here (``from trainhouse.server.schemas import JobOut``).
 
 - :mod:`~trainhouse.server.schemas.common`: row ids, integer bounds, ``NO_NUL``, the error body
-- :mod:`~trainhouse.server.schemas.jobs`: jobs, attempts, events, clones, log ranks
+- :mod:`~trainhouse.server.schemas.jobs`: jobs, attempts, events, resumes, clones, log
+  ranks
 - :mod:`~trainhouse.server.schemas.runs`: tags, notes, archiving, deletion, hparams, columns
 - :mod:`~trainhouse.server.schemas.metrics`: series and the SDK's report
 - :mod:`~trainhouse.server.schemas.checkpoints`: checkpoints and their files
@@ -65,6 +66,7 @@ from trainhouse.server.schemas.jobs import (
     JobOut,
     LogRanksOut,
     PromotionOut,
+    ResumeIn,
     UpstreamOut,
 )
 from trainhouse.server.schemas.metrics import (
@@ -185,6 +187,7 @@ __all__ = [
     "Rank",
     "ReportIn",
     "ReportOut",
+    "ResumeIn",
     "RowId",
     "RunColumnsOut",
     "SavedModelRecord",

@@ -1,5 +1,5 @@
 """The bodies of the job routes: a job, its attempts and events, the job page and the list,
-clones (``POST /jobs/{id}/clone``), and the ranks a job has logs of."""
+resumes and clones (``POST /jobs/{id}/resume``, ``/clone``), and the ranks a job has logs of."""
 
 from __future__ import annotations
 
@@ -97,6 +97,21 @@ class CloneOut(BaseModel):
     name: str
     state: JobState
     cloned_step: int | None
+
+
+class ResumeIn(BaseModel):
+    """``POST /jobs/{id}/resume`` and ``POST /flows/{id}/resume``: who asks (auth off only)."""
+
+    model_config = {"extra": "forbid"}
+
+    by: str | None = Field(
+        None,
+        min_length=1,
+        max_length=128,
+        pattern=r"^[^\x00-\x1f\x7f]+$",
+        description="The local user resuming (the client sends its user's name); ignored when "
+        "auth is on: the token's user resumes. Null: the job's (or the flow's) owner",
+    )
 
 
 class CloneIn(BaseModel):

@@ -50,6 +50,14 @@ function attemptExit(a) {
   return clean ? `${stopped}; ranks exited cleanly` : stopped;
 }
 
+/** How an ended job's processes ended: its last attempt's words when it was stopped (a
+ * canceled job's launcher got SIGTERM; its ranks may all have exited 0), else its exit code. */
+function jobExit(job) {
+  const last = (job.attempt_history || []).at(-1);
+  const stopped = last && TERMINAL.has(job.state) && (last.result === "canceled" || last.result === "pruned");
+  return stopped ? attemptExit(last) : exitText(job.exit_code);
+}
+
 export function attemptsTable(job) {
   const rows = (job.attempt_history || []).map((a) => h("tr", { testid: "attempt-row" },
     h("td", { class: "num" }, String(a.number)),
@@ -331,7 +339,7 @@ export function jobPage(view, jobId) {
       ...kv("Submitted", fmtTime(job.created_at)),
       ...kv("Started", fmtTime(job.started_at)),
       ...kv(ended ? "Ended" : "Running for", ended ? fmtTime(job.ended_at) : running === null ? "—" : fmtDuration(running)),
-      ...kv("Exit code", job.exit_code ?? "—"),
+      ...kv("Exit code", jobExit(job), "job-exit"),
       ...kv("Resources", resourcesText(job.spec)),
       ...kv("Placement", placementText(job.placement)),
       ...kv("Latest metrics", metricsText(job.latest_metrics, 8)),
