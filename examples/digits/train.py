@@ -14,6 +14,7 @@ With ``--set hparams.save_model=NAME`` it saves the trained model to the registr
 
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Callable
 
@@ -37,6 +38,35 @@ DEFAULTS = {
     # a model name: at the end, save the trained model to the registry (run.save_model)
     "save_model": "",
 }
+
+
+# what each hparam must be: a bad one ends the run with exit code 2, which trainhouse never
+# restarts (no_restart_on's default exit codes): another attempt would fail the same way
+RULES: dict[str, tuple[type, Callable[[float], bool], str]] = {
+    "epochs": (int, lambda v: v >= 1, "a whole number of epochs, at least 1"),
+    "lr": (float, lambda v: 0 < v < 10, "a learning rate above 0 and below 10"),
+    "batch_size": (int, lambda v: v >= 1, "a whole number, at least 1"),
+    "seed": (int, lambda v: v >= 0, "a whole number, 0 or more"),
+    "checkpoint_every": (int, lambda v: v >= 0, "steps between checkpoints (0: each epoch)"),
+}
+
+
+def check_hparams(hp: dict) -> None:
+    """Exit with code 2, naming each bad hparam, before any work is done."""
+    bad = []
+    for key, (kind, ok, wanted) in RULES.items():
+        value = hp.get(key)
+        try:
+            number = kind(value)
+            valid = number == float(value) and ok(number) if kind is int else ok(number)
+        except (TypeError, ValueError):
+            valid = False
+        if not valid:
+            bad.append(f"hparams.{key} must be {wanted}, got {value!r}")
+    if bad:
+        print("bad hparams (not restarted: it would fail the same way):", file=sys.stderr)
+        print("\n".join(f"  {line}" for line in bad), file=sys.stderr, flush=True)
+        raise SystemExit(2)
 
 
 class DigitsCNN(nn.Module):
@@ -127,6 +157,7 @@ def evaluate(
 def main() -> None:
     with trainhouse.init(hparams=DEFAULTS) as run:
         hp = run.hparams
+        check_hparams(hp)
         torch.manual_seed(int(hp["seed"]))
         batch_size = int(hp["batch_size"])
         train_loader, sampler, val_loader = loaders(

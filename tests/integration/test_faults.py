@@ -86,6 +86,17 @@ def test_the_same_error_twice_is_not_restarted_again(server: Server, tmp_path: P
     assert final["reason"].endswith("ValueError: attempt 3 went wrong its own way")
 
 
+def test_the_digits_example_refuses_a_bad_hparam_in_one_attempt(server: Server) -> None:
+    """The example (max_restarts: 1) checks its hparams first: a bad one exits with code 2,
+    which is never restarted, so it fails once, naming the hparam (it ran twice)."""
+    job = server.cli_json("submit", str(EXAMPLE), "--set", "hparams.lr=-0.1", "--detach")
+    final = server.wait(job["id"], {"FAILED", "COMPLETED"})
+    assert final["state"] == "FAILED" and final["restarts"] == 0, final["reason"]
+    assert len(final["attempt_history"]) == 1
+    assert "exit code 2 is in no_restart_on.exit_codes" in final["reason"]
+    assert "hparams.lr must be a learning rate above 0 and below 10, got -0.1" in final["reason"]
+
+
 NUL_SCRIPT = """
 import sys
 sys.stdout.buffer.write(b"dumping state \\x00\\x00\\xff done\\n")
