@@ -18,7 +18,7 @@ import typer
 from rich.table import Table
 from rich.text import Text
 
-from trainhouse.cli import fit, options
+from trainhouse.cli import options
 from trainhouse.cli.options import Json, Url
 from trainhouse.cli.render import (
     EXIT_BAD_INPUT,
@@ -38,6 +38,7 @@ from trainhouse.cli.render import (
 from trainhouse.core.lifecycle import TERMINAL
 
 if TYPE_CHECKING:
+    from trainhouse.cli import fit
     from trainhouse.client import Client
     from trainhouse.client.records import Job, JobDetail
 
@@ -277,6 +278,8 @@ def ps(
         ended = all_ or where is not None
         console.print("no jobs" + ("" if ended else " queued or running (--all shows ended ones)"))
         return
+    from trainhouse.cli import fit  # what a table needs, once there are jobs to show
+
     fit.render(console, ps_columns(jobs, chosen))
 
 
@@ -307,6 +310,8 @@ _CHOSEN_RANK = 5  # the columns asked for outlast the default ones
 def ps_columns(jobs: list[Job], chosen: list[str]) -> list[fit.Column]:
     """``ps``'s columns: the default ones, the ``chosen`` ones, then the scheduler's REASON
     (unless chosen where the user put it)."""
+    from trainhouse.cli import fit
+
     heads = ["ID", "NAME", "OWNER", "STATE", "PRIORITY", "RANKS", "STEPS", "SUBMITTED"]
     cols = [
         fit.Column(h, keep=h in ("ID", "STEPS"), rank=_RANK.get(h, _CHOSEN_RANK)) for h in heads
@@ -355,7 +360,9 @@ def cell(job: Job, field: str) -> str:
     if isinstance(value, bool):
         return str(value).lower()
     if isinstance(value, float):
-        return fit.number(value)
+        from trainhouse.cli.fit import number
+
+        return number(value)
     return str(value)
 
 
