@@ -193,3 +193,14 @@ def test_note_and_reason_in_the_query_language(api: TestClient) -> None:
     unknown = get(columns="notes")
     assert unknown.status_code == 422 and "did you mean 'note'" in unknown.text
     assert unknown.json()["error"]["message"].startswith("columns: unknown field 'notes'")
+
+
+def test_project_moves_jobs(api: TestClient, monkeypatch: pytest.MonkeyPatch) -> None:
+    rt = services(api)
+    a, b = new_job(rt.store, spec=WAIT), new_job(rt.store, spec=WAIT)
+    monkeypatch.setattr(cli_options, "client", lambda url=None: in_process(api))
+    out = CliRunner().invoke(cli_app, ["project", str(a), str(b), "--to", "vision"])
+    assert out.exit_code == 0 and f"job {b} is now in project vision" in out.output, out.output
+    assert {rt.store.jobs.get(j).project for j in (a, b)} == {"vision"}
+    bad = CliRunner().invoke(cli_app, ["project", str(a), "--to", "no spaces"])
+    assert bad.exit_code == 2 and "a project is 1 to 128 letters" in bad.output, bad.output

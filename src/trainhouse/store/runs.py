@@ -473,6 +473,10 @@ class RunsRepo:
                 conn.execute(insert(g), [{"job_id": job_id, "tag": tag} for tag in new])
             return self._tags(conn, [job_id])[job_id]
 
+    def set_project(self, job_id: int, project: str) -> None:
+        """Move the job to ``project`` (already checked)."""
+        self._set(job_id, project=project)
+
     def set_note(self, job_id: int, note: str | None) -> None:
         if note is not None and len(note) > MAX_NOTE:
             raise StoreError(f"a note has at most {MAX_NOTE} characters, got {len(note)}")
