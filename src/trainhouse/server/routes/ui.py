@@ -48,6 +48,7 @@ STATIC_FILES = (
     "job.js",
     "compare.js",
     "runs.js",
+    "runactions.js",
     "cluster.js",
     "search.js",
     "models.js",
