@@ -56,10 +56,11 @@ def test_fit_drops_whole_columns_lowest_rank_first_and_never_the_kept_ones() -> 
     shown, dropped = fit.fit(cols, 200)
     assert [c.head for c, _ in shown] == ["ID", "NAME", "OWNER", "STEPS", "REASON"] and not dropped
     assert [w for _, w in shown] == [5, 11, 8, 7, 38]
-    # the prose wraps before anything goes: 5+11+8+7+16 and four gaps of 2 = 55
-    shown, dropped = fit.fit(cols, 55)
-    assert not dropped and dict((c.head, w) for c, w in shown)["REASON"] == 16
-    shown, dropped = fit.fit(cols, 54)  # then the lowest rank goes: OWNER (3), then REASON (4)
+    # the prose wraps before anything goes: 5+11+8+7 and its floor, and four gaps of 2
+    narrowest = 5 + 11 + 8 + 7 + fit.WRAP_FLOOR + 4 * 2
+    shown, dropped = fit.fit(cols, narrowest)
+    assert not dropped and dict((c.head, w) for c, w in shown)["REASON"] == fit.WRAP_FLOOR
+    shown, dropped = fit.fit(cols, narrowest - 1)  # then the lowest rank: OWNER (3), REASON (4)
     assert [c.head for c in dropped] == ["OWNER"]
     shown, dropped = fit.fit(cols, 30)
     assert [c.head for c in dropped] == ["OWNER", "REASON"]

@@ -19,7 +19,7 @@ from rich.table import Table
 from rich.text import Text
 
 GAP = 2  # characters between two columns
-WRAP_FLOOR = 16  # the narrowest a prose column wraps to before it is dropped instead
+WRAP_FLOOR = 24  # the narrowest a prose column wraps to before it is dropped instead
 
 
 def number(value: float) -> str:

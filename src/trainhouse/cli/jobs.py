@@ -225,7 +225,7 @@ def ps(
             "--columns",
             "-c",
             help="More columns: hparams.<key>, metrics.<series>.<last|min|max>, "
-            "datasets.<key>, project, tag",
+            "datasets.<key>, project, tag, note (your note; the scheduler's word is REASON)",
         ),
     ] = None,
     where: Annotated[
