@@ -205,3 +205,15 @@ def test_project_moves_jobs(api: TestClient, monkeypatch: pytest.MonkeyPatch) ->
     assert {rt.store.jobs.get(j).project for j in (a, b)} == {"vision"}
     bad = CliRunner().invoke(cli_app, ["project", str(a), "--to", "no spaces"])
     assert bad.exit_code == 2 and "a project is 1 to 128 letters" in bad.output, bad.output
+
+
+def test_a_frame_keeps_job_fields_chosen_as_columns(api: TestClient) -> None:
+    rt = services(api)
+    job = new_job(rt.store, spec={**WAIT, "project": "vision", "hparams": {"lr": 0.1}})
+    rt.store.runs.set_note(job, "kept")
+    with in_process(api) as client:
+        frame = client.jobs(columns="project,note,hparams.lr,tag").to_pandas()
+    assert frame["project"].tolist() == ["vision"]  # not the (absent) values' None
+    assert frame["note"].tolist() == ["kept"]
+    assert frame["hparams.lr"].tolist() == [0.1]
+    assert "tag" not in frame and frame["tags"].tolist() == [[]]
