@@ -19,8 +19,10 @@ from trainhouse.cli import options as cli_options
 from trainhouse.cli.app import app as cli_app
 from trainhouse.client import Client
 from trainhouse.core.records import MetricPoint
+from trainhouse.core.runquery import parse
 from trainhouse.core.wire import CLIENT_HEADERS
 from trainhouse.lifecycle import JobState
+from trainhouse.store import Store
 
 
 @pytest.mark.parametrize(
@@ -217,3 +219,23 @@ def test_a_frame_keeps_job_fields_chosen_as_columns(api: TestClient) -> None:
     assert frame["note"].tolist() == ["kept"]
     assert frame["hparams.lr"].tolist() == [0.1]
     assert "tag" not in frame and frame["tags"].tolist() == [[]]
+
+
+def test_a_filter_on_the_note_in_sql(store: Store) -> None:
+    """On SQLite and PostgreSQL: ``~`` any case, ``=`` and ``!=`` (a job without a note is
+    not equal to one), and only the private owner's notes when the caller may not read all."""
+    noted = new_job(store, owner="ann", spec=WAIT)
+    other = new_job(store, owner="bob", spec=WAIT)
+    plain = new_job(store, owner="ann", spec=WAIT)
+    store.runs.set_note(noted, "Baseline: 100% of the _data_")
+    store.runs.set_note(other, "baseline too")
+
+    def ids(where: str, private: str | None = None) -> list[int]:
+        page = store.runs.page(where=parse(where), archived=None, limit=10, private=private)
+        return sorted(j.id for j in page.jobs)
+
+    assert ids("note ~ BASELINE") == sorted([noted, other])
+    assert ids("note ~ '100%'") == [noted] and ids("note ~ '_data_'") == [noted]
+    assert ids("note = 'baseline too'") == [other]
+    assert ids("note != 'baseline too'") == sorted([noted, plain])
+    assert ids("note ~ baseline", private="ann") == [noted]
