@@ -100,7 +100,7 @@ def test_the_commands_and_their_order() -> None:
     assert list(root.commands) == [  # type: ignore[attr-defined]
         *("server", "demo", "queue", "set-priority", "login", "logout", "whoami", "spec"),
         *("submit", "ps", "show", "cancel", "logs", "metrics", "checkpoints", "artifacts"),
-        *("tag", "note", "archive", "delete", "compare"),
+        *("tag", "note", "project", "archive", "delete", "compare"),
         *("resume", "clone", "top"),
         *("models", "datasets", "flows", "admin", "db", "envs", "search", "serve"),
     ]

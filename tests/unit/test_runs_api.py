@@ -124,6 +124,16 @@ def test_tags_note_archive_and_delete(api: TestClient, tmp_path: Path) -> None:
     assert api.get(f"/api/v1/jobs/{a}").json()["note"] == "## why\nlr too **high**"
     assert api.put(f"/api/v1/jobs/{a}/note", json={"note": "x\x00"}).status_code == 422
 
+    # moved to another project: the list's project filter follows; a bad name is refused
+    resp = api.put(f"/api/v1/jobs/{a}/project", json={"project": "nlp"})
+    assert resp.status_code == 200 and resp.json()["project"] == "nlp", resp.text
+    nlp = api.get("/api/v1/jobs", params={"all": "true", "project": "nlp"}).json()["jobs"]
+    assert sorted(j["id"] for j in nlp) == sorted([a, _c])
+    for bad in ("", "no spaces", "-dash", "x" * 129):
+        resp = api.put(f"/api/v1/jobs/{a}/project", json={"project": bad})
+        assert resp.status_code == 422, (bad, resp.text)
+    assert api.get(f"/api/v1/jobs/{a}").json()["project"] == "nlp"
+
     resp = api.post(f"/api/v1/jobs/{waiting}/archive", json={"archived": True})
     assert resp.status_code == 409 and "only an ended job" in resp.json()["error"]["message"]
     assert api.post(f"/api/v1/jobs/{a}/archive", json={}).json()["archived"] is True
@@ -281,6 +291,19 @@ def test_who_may_read_and_change_what(team: Team) -> None:
     assert team.get("root", "/jobs", params={"where": "hparams.lr > 0"}).json()["total"] == 2
 
     bob_job = ids["bob"]
+    # a note is text only who may read the job sees: a filter on it sees her own jobs only
+    assert team.api.put(
+        f"/api/v1/jobs/{bob_job}/note", json={"note": "secret plan"}, headers=team.h("bob")
+    ).is_success
+    found = team.get("alice", "/jobs", params={"all": "true", "where": "note ~ secret"})
+    assert found.json()["total"] == 0
+    found = team.get("root", "/jobs", params={"all": "true", "where": "note ~ secret"})
+    assert [j["id"] for j in found.json()["jobs"]] == [bob_job]
+    refused(
+        team.api.put(
+            f"/api/v1/jobs/{bob_job}/project", json={"project": "x"}, headers=team.h("alice")
+        )
+    )
     refused(team.post("alice", f"/jobs/{bob_job}/tags", json={"add": ["x"]}))
     refused(
         team.api.put(f"/api/v1/jobs/{bob_job}/note", json={"note": "x"}, headers=team.h("alice"))

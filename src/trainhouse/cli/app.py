@@ -14,7 +14,7 @@ client, the spec, the server and the store load inside the commands that use the
 - :mod:`~trainhouse.cli.jobs`: ``submit``, ``ps``, ``show``, ``cancel``
 - :mod:`~trainhouse.cli.outputs`: ``logs``, ``metrics``, ``checkpoints``
 - :mod:`~trainhouse.cli.artifacts`: ``artifacts``
-- :mod:`~trainhouse.cli.runs`: ``tag``, ``note``, ``archive``, ``delete``, ``compare``
+- :mod:`~trainhouse.cli.runs`: ``tag``, ``note``, ``project``, ``archive``, ``delete``, ``compare``
 - :mod:`~trainhouse.cli.lineage`: ``resume``, ``clone``
 - :mod:`~trainhouse.cli.top`: ``top``
 - :mod:`~trainhouse.cli.models`: ``models list/show/register/alias/download/delete``
@@ -89,6 +89,7 @@ COMMANDS: dict[str, Listed] = {
         "runs",
         "Set a job's note (markdown, shown on its page and by `show`); with no text, print it.",
     ),
+    "project": Listed("runs", "Move jobs to another project (the runs table filters by it)."),
     "archive": Listed(
         "runs",
         "Archive ended jobs: kept, but left out of `ps` and the job list (`ps --archived`).",

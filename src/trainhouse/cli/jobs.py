@@ -16,10 +16,12 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.table import Table
+from rich.text import Text
 
 from trainhouse.cli import options
 from trainhouse.cli.options import Json, Url
 from trainhouse.cli.render import (
+    EXIT_BAD_INPUT,
     EXIT_CANCELED,
     ago,
     console,
@@ -37,6 +39,7 @@ from trainhouse.cli.render import (
 from trainhouse.core.lifecycle import TERMINAL
 
 if TYPE_CHECKING:
+    from trainhouse.cli import fit
     from trainhouse.client import Client
     from trainhouse.client.records import Job, JobDetail
 
@@ -228,7 +231,7 @@ def ps(
             "--columns",
             "-c",
             help="More columns: hparams.<key>, metrics.<series>.<last|min|max>, "
-            "datasets.<key>, project, tag",
+            "datasets.<key>, project, tag, note (your note; the scheduler's word is REASON)",
         ),
     ] = None,
     where: Annotated[
@@ -255,8 +258,12 @@ def ps(
     as_json: Json = False,
     url: Url = None,
 ) -> None:
-    """List jobs (queued and running; --all or --where for ended ones too)."""
-    chosen = [c.strip() for c in (columns or "").split(",") if c.strip()]
+    """List jobs (queued and running; --all or --where for ended ones too).
+
+    REASON is the scheduler's word on why a job waits or how it ended; NOTE (``-c note``) is
+    the note you wrote (``trainhouse note``). Columns that do not fit the terminal are left
+    out whole, and named under the table; ids, progress and numbers are never cut."""
+    chosen = _chosen(columns)
     with errors(), options.client(url) as c:
         jobs = c.jobs(
             all=all_,
@@ -277,11 +284,49 @@ def ps(
         ended = all_ or where is not None
         console.print("no jobs" + ("" if ended else " queued or running (--all shows ended ones)"))
         return
-    table = Table(box=None, header_style="bold")
+    from trainhouse.cli import fit  # what a table needs, once there are jobs to show
+
+    fit.render(console, ps_columns(jobs, chosen))
+
+
+def _chosen(columns: str | None) -> list[str]:
+    """``--columns``' fields, each checked (an unknown one fails naming the fields there
+    are), each once, in order."""
+    from trainhouse.core.runquery import parse_field
+
+    out: list[str] = []
+    for raw in (columns or "").split(","):
+        name = "tag" if raw.strip() == "tags" else raw.strip()
+        if not name:
+            continue
+        try:
+            name = str(parse_field(name))
+        except ValueError as e:
+            fail(f"--columns: {e}", EXIT_BAD_INPUT)
+        if name not in out:
+            out.append(name)
+    return out
+
+
+# how readily a column is left out when the terminal is narrow: the lowest rank goes first
+_RANK = {"RANKS": 0, "PRIORITY": 1, "SUBMITTED": 2, "OWNER": 3, "REASON": 4, "NAME": 8, "STATE": 9}
+_CHOSEN_RANK = 5  # the columns asked for outlast the default ones
+
+
+def ps_columns(jobs: list[Job], chosen: list[str]) -> list[fit.Column]:
+    """``ps``'s columns: the default ones, the ``chosen`` ones, then the scheduler's REASON
+    (unless chosen where the user put it)."""
+    from trainhouse.cli import fit
+
     heads = ["ID", "NAME", "OWNER", "STATE", "PRIORITY", "RANKS", "STEPS", "SUBMITTED"]
-    heads += [k.upper() if "." not in k else k for k in chosen]
-    for col in (*heads, "NOTE"):
-        table.add_column(col, no_wrap=col != "NOTE", overflow="fold")
+    cols = [
+        fit.Column(h, keep=h in ("ID", "STEPS"), rank=_RANK.get(h, _CHOSEN_RANK)) for h in heads
+    ]
+    for k in chosen:
+        head = k.upper() if "." not in k else k
+        cols.append(fit.Column(head, wrap=k in ("note", "reason"), rank=_CHOSEN_RANK))
+    if "reason" not in chosen:
+        cols.append(fit.Column("REASON", wrap=True, rank=_RANK["REASON"]))
     for j in jobs:
         res = j["spec"].get("resources") or {"nodes": 1}
         ranks = res["nodes"] * (res.get("procs_per_node") or 1)
@@ -290,30 +335,41 @@ def ps(
             step += f"/{j['total_steps']}"
         reason = (j.get("reason") or "").splitlines()[0] if j.get("reason") else ""
         quiet = j["state"] in ("RUNNING", "COMPLETED") and not reason.startswith("staging")
-        note = "" if quiet else reason
-        table.add_row(
+        values: list[str | Text] = [
             str(j["id"]),
             j["name"],
             j["owner"],
-            state(j["state"]),
+            Text.from_markup(state(j["state"])),
             j["priority"],
             str(ranks),
             step,
             ago(j["created_at"]),
-            *(cell(j, k) for k in chosen),
-            note,
-        )
-    console.print(table)
+            *(("" if quiet else reason) if k == "reason" else cell(j, k) for k in chosen),
+        ]
+        if "reason" not in chosen:
+            values.append("" if quiet else reason)
+        for col, value in zip(cols, values, strict=True):
+            col.add(value)
+    return cols
 
 
 def cell(job: Job, field: str) -> str:
-    """A chosen column's value in ``ps``'s table ("-": none)."""
+    """A chosen column's value in ``ps``'s table ("-": none); the note's first line."""
     if field == "tag" or field == "tags":
         return ",".join(job.get("tags") or []) or "-"
+    if field == "note":
+        note = (job.get("note") or "").strip()
+        return note.splitlines()[0] if note else "-"
     value = job.get(field) if "." not in field else (job.get("values") or {}).get(field)
     if value is None:
         return "-"
-    return fmt_value(value) if isinstance(value, float) else str(value)
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, float):
+        from trainhouse.cli.fit import number
+
+        return number(value)
+    return str(value)
 
 
 @app.command()

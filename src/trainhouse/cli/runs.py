@@ -1,5 +1,5 @@
-"""The commands about reading experiments: ``tag``, ``note``, ``archive``, ``delete`` and
-``compare`` (``ps --columns --where`` lists them: :mod:`trainhouse.cli.jobs`)."""
+"""The commands about reading experiments: ``tag``, ``note``, ``project``, ``archive``,
+``delete`` and ``compare`` (``ps --columns --where`` lists them: :mod:`trainhouse.cli.jobs`)."""
 
 from __future__ import annotations
 
@@ -81,6 +81,24 @@ def note(
         console.print(job.get("note") or f"job {job_id} has no note", highlight=False, markup=False)
     else:
         console.print(f"job {job_id}: note {'cleared' if not text else 'saved'}")
+
+
+@app.command()
+def project(
+    job_ids: Annotated[list[int], typer.Argument(metavar="JOB...")],
+    name: Annotated[str, typer.Option("--to", help="The project they move to")],
+    as_json: Json = False,
+    url: Url = None,
+) -> None:
+    """Move jobs to another project (the runs table filters by it)."""
+    done = []
+    with errors(), options.client(url) as c:
+        for job_id in job_ids:
+            done.append(c.set_project(job_id, name))
+            if not as_json:
+                console.print(f"job {job_id} is now in project {name}", highlight=False)
+    if as_json:
+        print_json([{"job_id": j["id"], "project": j["project"]} for j in done])
 
 
 @app.command()

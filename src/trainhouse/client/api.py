@@ -285,6 +285,11 @@ class Client(
         result: Job = self._json("PUT", f"/jobs/{job_id}/note", json={"note": note})
         return result
 
+    def set_project(self, job_id: int, project: str) -> Job:
+        """Move a job to another project."""
+        result: Job = self._json("PUT", f"/jobs/{job_id}/project", json={"project": project})
+        return result
+
     def archive(self, job_id: int, *, archived: bool = True) -> Job:
         """Archive an ended job (out of the default list, kept), or bring it back."""
         result: Job = self._json("POST", f"/jobs/{job_id}/archive", json={"archived": archived})

@@ -67,15 +67,19 @@ class JobList(list[Job]):
 
     def to_pandas(self, *, hparams: bool = True) -> pandas.DataFrame:
         """A row per job: its fields (times as UTC timestamps), then each chosen column
-        (``hparams.lr``, ``metrics.val_loss.min``), then, with ``hparams``, every hparam the
-        run used (``hparams.<key>``, nested keys joined with dots) not already a column."""
+        (``hparams.lr``, ``metrics.val_loss.min``, ``note``: the job's own), then, with
+        ``hparams``, every hparam the run used (``hparams.<key>``, nested keys joined with
+        dots) not already a column."""
         pd = _pandas()
         rows = []
         for job in self:
             row = {k: job.get(k) for k in JOB_COLUMNS}
             values = job.get("values") or {}
             for column in self.columns:
-                row[column] = values.get(column)
+                if "." in column:
+                    row[column] = values.get(column)
+                elif column not in row and column != "tag":  # a job's own field: note, reason
+                    row[column] = job.get(column)
             if hparams:
                 used = job.get("hparams")
                 if used is None:

@@ -12,7 +12,9 @@ Fields (:func:`parse_field`, also what ``columns`` and ``sort`` name):
 
 - the job's own: ``id``, ``name``, ``owner``, ``state``, ``priority``, ``project``, ``tag``
   (a job matches ``tag = x`` when x is one of its tags), ``created_at``, ``started_at``,
-  ``ended_at``, ``restarts``, ``last_step``;
+  ``ended_at``, ``restarts``, ``last_step``; ``note`` (the user's note, ``trainhouse note``: a
+  filter with ``=``, ``!=`` or ``~``, not a sort key) and ``reason`` (the scheduler's words on
+  why a job waits or how it ended: a column only);
 - ``hparams.KEY``: the hyperparameter the run used (nested keys joined with dots);
 - ``metrics.NAME.last``, ``.min``, ``.max``: a summary of the job's own series NAME (which may
   itself hold dots: the last part is the summary);
@@ -35,8 +37,10 @@ from trainhouse.core.errors import QueryError
 
 __all__ = [
     "AGGREGATES",
+    "DISPLAY_ONLY_FIELDS",
     "JOB_FIELDS",
     "MAX_QUERY",
+    "TEXT_JOB_FIELDS",
     "And",
     "Compare",
     "Field",
@@ -68,7 +72,14 @@ JOB_FIELDS = (
     "ended_at",
     "restarts",
     "last_step",
+    "note",
+    "reason",
 )
+# what a column may show but a filter or a sort may not name: the scheduler's reason changes
+# with every tick (what is shown is the live one, not a stored one)
+DISPLAY_ONLY_FIELDS = frozenset({"reason"})
+# long prose: a filter (``note ~ baseline``), never a sort key
+TEXT_JOB_FIELDS = frozenset({"note", "reason"})
 NUMERIC_JOB_FIELDS = frozenset(
     {"id", "created_at", "started_at", "ended_at", "restarts", "last_step"}
 )
@@ -291,6 +302,14 @@ class _Parser:
             field = parse_field(token.text)
         except ValueError as e:
             raise QueryError(str(e), self.text, token.column, token.text) from None
+        if field.kind == "job" and field.key in DISPLAY_ONLY_FIELDS:
+            raise QueryError(
+                f"{field.key!r} is a column, not a filter: it is the scheduler's word of the "
+                "moment (the user's note is 'note')",
+                self.text,
+                token.column,
+                token.text,
+            )
         self.terms += 1
         if self.terms > MAX_TERMS:
             raise self.error(f"more than {MAX_TERMS} comparisons", token)

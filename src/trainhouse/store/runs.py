@@ -41,7 +41,17 @@ from sqlalchemy.sql.elements import ColumnElement
 from trainhouse.core.errors import InvalidQuery, NotFound, StoreError
 from trainhouse.core.lifecycle import JobState
 from trainhouse.core.records import Job
-from trainhouse.core.runquery import NUMERIC_JOB_FIELDS, And, Compare, Field, In, Node, Not, Op
+from trainhouse.core.runquery import (
+    NUMERIC_JOB_FIELDS,
+    TEXT_JOB_FIELDS,
+    And,
+    Compare,
+    Field,
+    In,
+    Node,
+    Not,
+    Op,
+)
 from trainhouse.core.spec import PRIORITY_TIERS
 from trainhouse.store import tables as t
 from trainhouse.store.jobrows import hparam_rows, job_filters, job_from_row
@@ -177,6 +187,13 @@ class _Compiler:
             if op == "~":
                 return _has_tag(_compare(t.job_tags.c.tag, "~", value))
             raise InvalidQuery(f"tag compares with = , != , ~ or in, not {op!r}")
+        if key in TEXT_JOB_FIELDS:
+            # the user's note: text only who may read the job sees
+            if op not in ("=", "!=", "~"):
+                raise InvalidQuery(f"{key} compares with =, !=, ~ or in, not {op!r}")
+            text = str(int(value)) if isinstance(value, float) and value.is_integer() else value
+            cond = _compare(func.coalesce(t.jobs.c[key], ""), op, str(text))
+            return self.readable(cond)
         if key in NUMERIC_JOB_FIELDS:
             if op == "~":
                 raise InvalidQuery(f"{key} is a number: compare it with =, !=, <, <=, >, >=")
@@ -211,6 +228,8 @@ def _sort_key(
     if field.kind == "job":
         if field.key == "tag":
             raise InvalidQuery("a job's tags are not a sort key")
+        if field.key in TEXT_JOB_FIELDS:
+            raise InvalidQuery(f"a job's {field.key} is not a sort key")
         return _job_column(field), None, None
     if field.kind == "datasets":
         raise InvalidQuery(f"{field} is not a sort key (filter on it: --where '{field} = NAME@N')")
@@ -453,6 +472,10 @@ class RunsRepo:
             if new:
                 conn.execute(insert(g), [{"job_id": job_id, "tag": tag} for tag in new])
             return self._tags(conn, [job_id])[job_id]
+
+    def set_project(self, job_id: int, project: str) -> None:
+        """Move the job to ``project`` (already checked)."""
+        self._set(job_id, project=project)
 
     def set_note(self, job_id: int, note: str | None) -> None:
         if note is not None and len(note) > MAX_NOTE:

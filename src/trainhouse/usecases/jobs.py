@@ -176,16 +176,21 @@ def page(
         if owner is not None and owner != p.name:
             raise Forbidden(f"{p.name!r} may list only their own jobs, not {owner!r}'s")
         owner = p.name
+    # each error names what it is about ("where: ...", "columns: ..."): the dashboard shows it
+    # under that box
+    try:
+        fields: list[Field] = parse_fields(columns) if columns else []
+    except ValueError as e:
+        raise InvalidQuery(f"columns: {e}") from None
+    if len(fields) > MAX_COLUMNS:
+        raise InvalidQuery(f"columns: at most {MAX_COLUMNS} columns, got {len(fields)}")
     try:
         tree = parse_query(where) if where else None
-        fields: list[Field] = parse_fields(columns) if columns else []
         sort_field = parse_field(sort)
     except QueryError as e:
         raise InvalidQuery(f"where: {e}") from None
     except ValueError as e:
         raise InvalidQuery(str(e)) from None
-    if len(fields) > MAX_COLUMNS:
-        raise InvalidQuery(f"at most {MAX_COLUMNS} columns, got {len(fields)}")
     if states is None and not all and tree is None and archived != "only":
         states = [s for s in JobState if not s.terminal]
     private = None if p.is_admin or visibility == "all" or p.is_job else p.name

@@ -4,7 +4,7 @@ the compare page's numbers (:func:`compare`: each run's final, best and last-N m
 
 The list itself is :func:`trainhouse.usecases.jobs.page` (``where``, ``columns``, ``sort``,
 ``project``, ``tags``, ``archived``). Archiving and deleting are audited, each in the
-transaction of its change; tags, notes and reported hparams are not.
+transaction of its change; tags, notes, projects and reported hparams are not.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import re
 import stat
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,7 +23,7 @@ from trainhouse.core.metricnames import goal_from_name
 from trainhouse.core.records import Job
 from trainhouse.core.runquery import suggest
 from trainhouse.core.spec import check_tags
-from trainhouse.core.spec.model import check_reported_hparams
+from trainhouse.core.spec.model import PROJECT_PATTERN, check_reported_hparams
 from trainhouse.jobfs import jobfiles
 from trainhouse.usecases import audit, callers, models
 from trainhouse.usecases.access import Principal
@@ -40,6 +41,7 @@ __all__ = [
     "delete",
     "report_hparams",
     "set_note",
+    "set_project",
 ]
 
 
@@ -60,6 +62,18 @@ def change_tags(rt: Runtime, job: Job, *, add: list[str], remove: list[str]) -> 
     except ValueError as e:
         raise InvalidQuery(str(e)) from None
     return rt.store.runs.change_tags(job.id, add=added, remove=removed)
+
+
+def set_project(rt: Runtime, job: Job, project: str) -> Job:
+    """Move ``job`` (one the caller may write) to ``project`` (a name as a spec's
+    ``project:`` takes); the job after. Its spec keeps the project it was submitted with."""
+    if len(project) > 128 or not re.match(PROJECT_PATTERN, project):
+        raise InvalidQuery(
+            f"a project is 1 to 128 letters, digits, '.', '_' or '-' (a letter or digit first), "
+            f"got {project[:140]!r}"
+        )
+    rt.store.runs.set_project(job.id, project)
+    return rt.store.jobs.get(job.id)
 
 
 def set_note(rt: Runtime, job: Job, note: str) -> Job:

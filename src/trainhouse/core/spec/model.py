@@ -34,6 +34,7 @@ def tier_rank(priority: str) -> int:
 MAX_SPEC_BYTES = 256 * 1024  # the YAML or JSON text, UTF-8
 MAX_SPEC_DEPTH = 32  # nested mappings and lists
 MAX_TAGS = 32
+PROJECT_PATTERN = r"^[A-Za-z0-9][\w.\-]*$"  # a project's name (at most 128 characters)
 TAG = re.compile(r"^[A-Za-z0-9][\w.\-]{0,63}$", re.ASCII)
 MAX_HPARAMS_BYTES = 64 * 1024  # hparams serialized as JSON (passed to ranks in the environment)
 MAX_ENV_VARS = 256
@@ -353,7 +354,7 @@ class JobSpec(_Strict):
         "default",
         min_length=1,
         max_length=128,
-        pattern=r"^[A-Za-z0-9][\w.\-]*$",
+        pattern=PROJECT_PATTERN,
         description="The project the job belongs to (the runs table filters by it)",
     )
     tags: list[str] = Field(

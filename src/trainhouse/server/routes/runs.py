@@ -1,6 +1,6 @@
-"""The runs table's writes and helpers: tags, notes, archiving, deleting a job, the columns a
-table can show, the hparams a run reports it used (with the spec's keys it never reads), and
-the compare page's numbers (``GET /runs/compare``). The work is
+"""The runs table's writes and helpers: tags, notes, projects, archiving, deleting a job, the
+columns a table can show, the hparams a run reports it used (with the spec's keys it never
+reads), and the compare page's numbers (``GET /runs/compare``). The work is
 :mod:`trainhouse.usecases.runs`'s; these routes parse, call and render.
 
 The list itself is ``GET /jobs`` (:mod:`trainhouse.server.routes.jobs`) with ``where``,
@@ -25,6 +25,7 @@ from trainhouse.server.schemas import (
     HparamsOut,
     JobOut,
     NoteIn,
+    ProjectIn,
     RunColumnsOut,
     TagsIn,
     TagsOut,
@@ -86,6 +87,17 @@ def set_note(
 ) -> JobOut:
     """Replace the job's note (markdown; an empty one clears it)."""
     return job_out(runs.set_note(rt, job, body.note), rt)
+
+
+@router.put("/jobs/{job_id}/project", response_model=JobOut)
+def set_project(
+    body: ProjectIn,
+    job: Job = Depends(writable_job),
+    rt: Runtime = Depends(runtime),
+) -> JobOut:
+    """Move the job to another project (the owner or an admin; its spec keeps the project it
+    was submitted with)."""
+    return job_out(runs.set_project(rt, job, body.project), rt)
 
 
 @router.post("/jobs/{job_id}/archive", response_model=JobOut)

@@ -49,6 +49,7 @@ STATIC_FILES = (
     "compare.js",
     "comparetable.js",
     "runs.js",
+    "runactions.js",
     "cluster.js",
     "search.js",
     "models.js",

@@ -24,6 +24,12 @@ class NoteIn(BaseModel):
     note: str = Field(max_length=65536, pattern=NO_NUL, description="Markdown; empty clears it")
 
 
+class ProjectIn(BaseModel):
+    project: str = Field(
+        min_length=1, max_length=128, description="The project the job moves to (as a spec's)"
+    )
+
+
 class ArchiveIn(BaseModel):
     archived: bool = True
 
