@@ -29,6 +29,7 @@ from __future__ import annotations
 import base64
 import binascii
 import math
+import re
 import struct
 import zlib
 from dataclasses import dataclass
@@ -60,6 +61,8 @@ MAX_TABLE_COLUMNS = 50
 #: characters of one cell, or of a column's name
 MAX_CELL = 1000
 MAX_CAPTION = 1000
+#: an MLflow table's JSON file read at most
+MAX_TABLE_FILE = 4 * MiB
 #: media items per job (an image, a histogram or a table at one step each)
 MAX_MEDIA_ITEMS = 10_000
 #: bytes of media per job (PNG files, histograms and tables as stored)
@@ -458,3 +461,63 @@ def _base64(value: object, field: str) -> bytes:
         return base64.b64decode(value, validate=True)
     except (binascii.Error, ValueError):
         raise InvalidMedia(f"{field} is not valid base64") from None
+
+
+# -- what MLflow's client uploads ------------------------------------------------------------
+
+# mlflow.log_image(image, key=, step=): images/<key>+step+<n>+timestamp+<ms>+<uuid>.png (older
+# clients: % for +); a / in the key is ~ (older: #); the +compressed.webp copy is left alone
+_MLFLOW_IMAGE = re.compile(
+    r"(?P<key>.+?)[+%]step[+%](?P<step>\d{1,18})[+%]timestamp[+%]\d{1,18}[+%][0-9a-fA-F-]{1,64}\.png"
+)
+
+
+def mlflow_image(parts: list[str]) -> tuple[str, int] | None:
+    """The key and step of an artifact path MLflow's ``log_image(key=, step=)`` writes (its
+    components below the run's root), or None for any other path."""
+    if len(parts) != 2 or parts[0] != "images":
+        return None
+    match = _MLFLOW_IMAGE.fullmatch(parts[1])
+    if match is None:
+        return None
+    return match["key"].replace("~", "/").replace("#", "/"), int(match["step"])
+
+
+def mlflow_tables(tag_value: str) -> list[str]:
+    """The table artifacts a run's ``mlflow.loggedArtifacts`` tag lists (``log_table`` sets it:
+    ``[{"path": "preds.json", "type": "table"}, ...]``); nothing for any other value."""
+    try:
+        listed = orjson.loads(tag_value)
+    except orjson.JSONDecodeError:
+        return []
+    if not isinstance(listed, list):
+        return []
+    return [
+        e["path"]
+        for e in listed[:100]
+        if isinstance(e, dict)
+        and e.get("type") == "table"
+        and isinstance(e.get("path"), str)
+        and e["path"].endswith(".json")
+    ]
+
+
+def mlflow_table(data: bytes) -> dict[str, Any]:
+    """A table ``log_table`` wrote (pandas' ``orient="split"`` JSON: columns and data) checked."""
+    try:
+        value = orjson.loads(data)
+    except orjson.JSONDecodeError:
+        raise InvalidMedia("an MLflow table must be JSON") from None
+    if not isinstance(value, dict):
+        raise InvalidMedia("an MLflow table must be a JSON object of columns and data")
+    columns, rows = value.get("columns"), value.get("data")
+    if isinstance(columns, list):
+        columns = [_text(c) for c in columns]
+    if isinstance(rows, list) and len(rows) <= MAX_TABLE_ROWS:
+        # a cell that is no scalar (an image column's {"type": "image", ...}) as its JSON
+        rows = [[_text(c) for c in r] if isinstance(r, list) else r for r in rows]
+    return check_table(columns, rows)
+
+
+def _text(cell: object) -> object:
+    return orjson.dumps(cell).decode() if isinstance(cell, (dict, list)) else cell
