@@ -1,5 +1,5 @@
 // A job's page (#/jobs/<id>): state, cancel, datasets, its flow (what it waits for, reads and
-// promotes), metrics, system, logs, attempts, checkpoints.
+// promotes), metrics, media (media.js), system, logs, attempts, checkpoints.
 import { experimentCard } from "./runs.js";
 import { ChartGrid, MetricSeries, chartControls, drawSystem, systemSeries } from "./charts.js";
 import {
@@ -28,6 +28,7 @@ import {
 import { jobDatasets } from "./datasets.js";
 import { jobFlowFacts } from "./flows.js";
 import { AnsiRenderer, LogView } from "./logs.js";
+import { jobMedia } from "./media.js";
 
 export function resourcesText(spec) {
   const r = (spec && spec.resources) || {};
@@ -449,6 +450,8 @@ export function jobPage(view, jobId) {
     return !(job && TERMINAL.has(job.state));
   }, POLL_MS * 2.5);
 
+  const mediaSection = jobMedia(view, jobId, () => !!(job && TERMINAL.has(job.state)));
+
   const root = h("section", { class: "page job" },
     h("div", { class: "job-head" },
       h("div", { class: "title-line" }, title, state, subState),
@@ -460,6 +463,7 @@ export function jobPage(view, jobId) {
     experiment.el,
     h("section", { class: "card", testid: "metrics-section" },
       h("div", { class: "card-head" }, h("h2", {}, "Metrics"), controls), metricsNote, metricsGrid),
+    mediaSection,
     sysSection,
     h("section", { class: "card", testid: "logs-section" },
       h("div", { class: "card-head" }, h("h2", {}, "Logs"), logTabs, h("span", { class: "spacer" }),
