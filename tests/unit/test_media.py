@@ -7,6 +7,8 @@ from __future__ import annotations
 import base64
 import io
 import struct
+import threading
+import time
 import tracemalloc
 import zlib
 from typing import Any
@@ -275,6 +277,32 @@ def test_the_store_bounds_a_jobs_media_and_replaces_a_repeated_step(store: Store
     assert raw == b"y" * 5 and item.kind == "histogram" and data["count"] == 2
     store.jobs.transition(job, JobState.CANCELED, reason="test")
     assert store.runs.delete(job)["job_media"] == 2
+
+
+def test_concurrent_items_cannot_overshoot_the_bound(store: Store) -> None:
+    """The second of two items stored at once for a job one short of its bound waits for the
+    first's transaction, then counts its item too: it is refused."""
+    job = new_job(store, spec=WAIT)
+    store.media.add(job, key="a", step=0, kind="table", data=b"{}", max_items=2)
+    outcome: list[object] = []
+
+    def second() -> None:
+        try:
+            outcome.append(
+                store.media.add(job, key="late", step=0, kind="table", data=b"{}", max_items=2)
+            )
+        except InvalidMedia as exc:
+            outcome.append(exc)
+
+    with store.transaction():  # the first, held open
+        store.media.add(job, key="early", step=0, kind="table", data=b"{}", max_items=2)
+        thread = threading.Thread(target=second)
+        thread.start()
+        time.sleep(1.0)
+        assert thread.is_alive() and outcome == []  # it waits for the first to commit
+    thread.join(timeout=60)
+    assert len(outcome) == 1 and isinstance(outcome[0], InvalidMedia), outcome
+    assert [i.key for i in store.media.list(job)] == ["a", "early"]
 
 
 # -- the routes ---------------------------------------------------------------------------

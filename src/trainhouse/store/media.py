@@ -129,7 +129,13 @@ class MediaRepo:
         return _item(row)
 
     def _lock(self, conn: Connection, job_id: int) -> None:
-        if self.db.dialect != "sqlite":
+        """Wait for the transactions storing media before this one to commit: their items
+        are counted then. SQLite: a write first (which begins the transaction and takes the
+        database's write lock, waited for); PostgreSQL: :data:`MEDIA_LOCK` for the job."""
+        if self.db.dialect == "sqlite":
+            jobs = t.jobs.c
+            conn.execute(t.jobs.update().where(jobs.id == job_id).values(id=jobs.id))
+        else:
             conn.execute(
                 text("SELECT pg_advisory_xact_lock(:a, :b)"),
                 {"a": MEDIA_LOCK, "b": job_id & 0x7FFFFFFF},
