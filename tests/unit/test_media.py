@@ -173,6 +173,7 @@ def test_the_sdk_takes_arrays_tensors_and_pil_images(value: Any, shape: tuple[in
         (np.zeros((9000, 2)), "1 to 8192 pixels a side"),
         (np.full((2, 2), 300), "0 to 255"),
         (b"GIF89a", "must be a PNG"),
+        (np.random.default_rng(0).integers(0, 256, (2048, 2048, 3)), "at most 4194304 bytes"),
     ],
 )
 def test_the_sdk_refuses_what_is_no_image_at_the_call(value: Any, message: str) -> None:
@@ -378,6 +379,8 @@ def test_a_standalone_run_checks_its_media_and_prints_a_line(
         run.log_table("preds", [[1, "cat"]], ["id", "label"], step=4)
         with pytest.raises(ValueError, match="row 0 has 1 cells"):
             run.log_table("bad", [[1]], ["a", "b"])
+        with pytest.raises(ValueError, match="a media key must be a string of 1 to 256"):
+            run.log_histogram("k" * 257, [1.0])
     out = capsys.readouterr().out
     assert "[trainhouse] step 3: w: histogram of 5 values" in out
     assert "[trainhouse] step 3: sample: image 6x4" in out

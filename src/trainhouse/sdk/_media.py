@@ -37,6 +37,7 @@ from trainhouse.core.media import (
     MAX_TABLE_ROWS,
     PNG_SIGNATURE,
 )
+from trainhouse.core.reports import MAX_NAME
 from trainhouse.core.wire import JSON_HEADERS, encode_json
 
 if TYPE_CHECKING:
@@ -144,7 +145,8 @@ class Image:
             raise ValueError("an image given as bytes or a path must be a PNG file")
         if len(png) > MAX_IMAGE_BYTES:
             raise ValueError(
-                f"an image may be at most {MAX_IMAGE_BYTES} bytes of PNG, got {len(png)}"
+                f"an image may be at most {MAX_IMAGE_BYTES} bytes of PNG, this one is more: "
+                "log a smaller one"
             )
         self.png = png
         self.caption = caption
@@ -265,8 +267,11 @@ class MediaLogger:
     def log(self, key: str, item: Media, step: int) -> None:
         if not self.is_main:
             return
-        if not isinstance(key, str) or not key:
-            raise ValueError(f"a media key must be a non-empty string, got {key!r}")
+        if not isinstance(key, str) or not 1 <= len(key) <= MAX_NAME or "\x00" in key:
+            raise ValueError(
+                f"a media key must be a string of 1 to {MAX_NAME} characters without NUL, "
+                f"got {repr(key)[:80]}"
+            )
         if self.api is None:
             print(f"[trainhouse] step {step}: {key}: {item.describe()}", flush=True)
             return
