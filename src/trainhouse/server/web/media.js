@@ -76,8 +76,12 @@ export function jobMedia(view, jobId, ended) {
 
   function render(item, value) {
     if (item.kind === "image") {
+      // a small image is scaled up by a whole factor (pixels kept sharp), a large one down to 480
+      const side = Math.max(item.width, item.height);
+      const scale = side >= 480 ? 480 / side : Math.max(1, Math.floor(192 / side));
       return h("figure", {},
-        h("img", { src: value, alt: item.caption || item.key, testid: "media-image", width: item.width, height: item.height,
+        h("img", { src: value, alt: item.caption || item.key, testid: "media-image",
+          width: Math.round(item.width * scale), height: Math.round(item.height * scale),
           "data-item": item.id, class: "media-image" }),
         item.caption ? h("figcaption", { class: "small muted" }, item.caption) : null);
     }
@@ -98,7 +102,7 @@ export function jobMedia(view, jobId, ended) {
       const head = h("div", { class: "media-head" }, h("strong", {}, key),
         item ? h("span", { class: "small muted", testid: "media-item-step" }, ` step ${item.step} · ${fmtBytes(item.size)}`) : null);
       const body = item ? render(item, await content(item)) : h("p", { class: "muted small" }, `nothing at or before step ${at}`);
-      return h("div", { class: `media-card media-${kind}`, testid: "media-card", "data-key": key }, head, body);
+      return h("div", { class: `media-card media-kind-${kind}`, testid: "media-card", "data-key": key }, head, body);
     }));
     if (turn === drawn) grid.replaceChildren(...cards); // a later move of the slider wins
   }
