@@ -18,13 +18,14 @@ from typing import TYPE_CHECKING, Any
 __version__ = "0.1.0"
 
 if TYPE_CHECKING:
-    from trainhouse.sdk import Run, init
+    from trainhouse.sdk import Histogram, Image, Run, Table, init
 
-__all__ = ["Run", "__version__", "init"]
+_SDK = ("Histogram", "Image", "Run", "Table", "init")
+__all__ = ["Histogram", "Image", "Run", "Table", "__version__", "init"]
 
 
 def __getattr__(name: str) -> Any:
-    if name in ("Run", "init"):
+    if name in _SDK:
         from trainhouse import sdk
 
         return getattr(sdk, name)
@@ -32,4 +33,4 @@ def __getattr__(name: str) -> Any:
 
 
 def __dir__() -> list[str]:
-    return sorted([*globals(), "Run", "init"])
+    return sorted([*globals(), *_SDK])

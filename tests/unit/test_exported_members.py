@@ -16,11 +16,14 @@ import pytest
 import trainhouse
 
 PUBLIC: dict[str, list[str]] = {
-    "trainhouse": ["Run", "__version__", "init"],
+    "trainhouse": ["Histogram", "Image", "Run", "Table", "__version__", "init"],
     "trainhouse.sdk": [
         "Checkpointer",
+        "Histogram",
+        "Image",
         "Run",
         "SaveHandle",
+        "Table",
         "init",
         "load_checkpoint",
         "load_model",
@@ -63,6 +66,7 @@ PUBLIC: dict[str, list[str]] = {
         "ExportFailed",
         "FlowError",
         "Forbidden",
+        "InvalidMedia",
         "InvalidMetrics",
         "InvalidQuery",
         "InvalidTracking",

@@ -21,7 +21,7 @@ def standalone(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 def test_public_surface_is_pinned() -> None:
-    assert trainhouse.__all__ == ["Run", "__version__", "init"]
+    assert trainhouse.__all__ == ["Histogram", "Image", "Run", "Table", "__version__", "init"]
 
 
 def test_standalone_run(standalone: Path, capsys: pytest.CaptureFixture[str]) -> None:

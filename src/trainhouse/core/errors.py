@@ -8,6 +8,7 @@
     │   └── UploadTooLarge          an uploaded workdir is over the server's limit (413)
     ├── BodyTooLarge                a request body is over its route's limit (413)
     ├── InvalidMetrics              a metric report or query breaks a rule (422)
+    ├── InvalidMedia                an image, histogram or table a job logs is refused (422)
     ├── InvalidQuery                a runs-table filter, sort or column is refused (422)
     │   └── QueryError              an expression that does not parse: where, and the token
     ├── UnsafeFile                  a file a job left is not a plain file to read (an OSError)
@@ -66,6 +67,7 @@ __all__ = [
     "ExportFailed",
     "FlowError",
     "Forbidden",
+    "InvalidMedia",
     "InvalidMetrics",
     "InvalidQuery",
     "InvalidTracking",
@@ -132,6 +134,14 @@ class BodyTooLarge(TrainhouseError):
 
 class InvalidMetrics(TrainhouseError):
     """A metric report or query breaks a rule; the message names the rule and the value."""
+
+    code = "invalid_request"
+    status = 422
+
+
+class InvalidMedia(TrainhouseError):
+    """An image, histogram or table a job logs breaks a rule (a bound, a PNG that is not one,
+    values none of which is finite); the message names the rule and the value."""
 
     code = "invalid_request"
     status = 422

@@ -1,4 +1,4 @@
-"""TensorBoard event files imported as metrics while a job runs.
+"""TensorBoard event files imported as metrics (and media) while a job runs.
 
 Every job's processes get ``TRAINHOUSE_TENSORBOARD_DIR`` (``HOME/jobs/<id>/tensorboard``,
 :mod:`trainhouse.jobfs.layout`). This service looks there every ``interval`` seconds for each
@@ -7,8 +7,10 @@ directory or below it) with the tensorboard package's own reader
 (``tensorboard.backend.event_processing.event_file_loader.EventFileLoader``, which also migrates TF1
 summaries), and stores each scalar as a point of the job's series named by its tag (``train/loss``;
 a file in a subdirectory ``sub/`` gives ``sub/train/loss``), at the event's step, through the report
-path (:mod:`trainhouse.ingest.groupcommit`): a step logged again replaces the value. When a job
-stops running, its files are read one last time.
+path (:mod:`trainhouse.ingest.groupcommit`): a step logged again replaces the value. Images
+and histograms become the job's media (:mod:`trainhouse.ingest.tbmedia`, checked as the SDK's
+are, stored :data:`MAX_MEDIA_PER_TICK` at a time). When a job stops running, its files are
+read one last time.
 
 The files are the job's, so hostile: each is opened through :mod:`trainhouse.jobfs.jobfiles` (walked
 from the home without following a link, a regular file with one link) and the reader is given
@@ -36,9 +38,12 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from trainhouse.core.background import BackgroundLoop
+from trainhouse.core.errors import InvalidMedia
 from trainhouse.core.lifecycle import JobState
+from trainhouse.core.media import Prepared
 from trainhouse.core.reports import INT64, MAX_NAME, Columns, Report, check_columns
 from trainhouse.ingest.groupcommit import Refused, ReportWriter
+from trainhouse.ingest.tbmedia import media_item
 from trainhouse.jobfs import jobfiles
 from trainhouse.jobfs.layout import JobLayout
 from trainhouse.store import Job, Store
@@ -57,6 +62,8 @@ MAX_DEPTH = 8
 MAX_POINTS_PER_TICK = 100_000
 #: points per report handed to the group commit
 REPORT_POINTS = 10_000
+#: images and histograms read from one file before they are stored (then the next few)
+MAX_MEDIA_PER_TICK = 16
 
 
 def available() -> bool:
@@ -70,6 +77,8 @@ class _File:
     loader: Any  # EventFileLoader
     prefix: str  # the subdirectory's path, with a trailing "/" (empty at the top)
     pending: list[tuple[int, str, float | None, float]] = field(default_factory=list)
+    media: list[Prepared] = field(default_factory=list)  # images and histograms read
+    refused: list[str] = field(default_factory=list)  # why an image or histogram was not
     dead: bool = False
 
 
@@ -177,12 +186,19 @@ class TensorBoardImport(BackgroundLoop):
         for rel, f in sorted(state.files.items()):
             if f.dead:
                 continue
+            room = MAX_POINTS_PER_TICK - len(points)
             try:
-                self._read(f, MAX_POINTS_PER_TICK - len(points))
+                while True:  # media are stored a few at a time: memory holds few images
+                    self._read(f, room)
+                    more = len(f.media) >= MAX_MEDIA_PER_TICK and len(f.pending) < room
+                    self._store_media(job, rel, f, state)
+                    if not more:
+                        break
             except Exception as exc:  # a hostile or corrupt file: left where it stopped
                 f.dead = True
                 log.warning("TensorBoard import: job %s's %s left: %s", job.id, rel, exc)
-            take = f.pending[: MAX_POINTS_PER_TICK - len(points)]
+                self._store_media(job, rel, f, state)
+            take = f.pending[:room]
             del f.pending[: len(take)]
             points.extend(take)
             if len(points) >= MAX_POINTS_PER_TICK:
@@ -240,15 +256,46 @@ class TensorBoardImport(BackgroundLoop):
             if not math.isfinite(wall):
                 wall = time.time()
             for value in event.summary.value:
-                scalar = _scalar(value)
-                if scalar is _NOT_SCALAR:
-                    continue
                 name = (f.prefix + value.tag)[:MAX_NAME]
                 if not name or "\x00" in name:
                     continue
+                scalar = _scalar(value)
+                if scalar is _NOT_SCALAR:
+                    try:
+                        item = media_item(value, name, step)
+                    except InvalidMedia as exc:
+                        f.refused.append(f"{name} at step {step}: {exc}")
+                        continue
+                    if item is not None:
+                        f.media.append(item)
+                    continue
                 f.pending.append((step, name, scalar, wall))  # type: ignore[arg-type]
-            if len(f.pending) >= room:
+            if len(f.pending) >= room or len(f.media) >= MAX_MEDIA_PER_TICK:
                 break
+
+    def _store_media(self, job: Job, rel: str, f: _File, state: _JobFiles) -> None:
+        """The images and histograms read from one file, stored as the job's media; one
+        refused (a bound, a PNG that is not one) is said in the server's log, once a key."""
+        items, f.media = f.media, []
+        refused, f.refused = f.refused, []
+        for item in items:
+            try:
+                self.store.media.add(
+                    job.id,
+                    key=item.key,
+                    step=item.step,
+                    kind=item.kind,
+                    data=item.data,
+                    width=item.width,
+                    height=item.height,
+                )
+            except InvalidMedia as exc:
+                refused.append(f"{item.key} at step {item.step}: {exc}")
+        for why in refused:
+            key = "media:" + why.split(" at step ", 1)[0]
+            if key not in state.warned:
+                state.warned.add(key)
+                log.warning("TensorBoard import: job %s's %s: %s not stored", job.id, rel, why)
 
     def _store(
         self, job: Job, points: list[tuple[int, str, float | None, float]]

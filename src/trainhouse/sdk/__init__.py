@@ -5,8 +5,19 @@ dependencies. The public modules are this one, :mod:`trainhouse.sdk.checkpoint` 
 :mod:`trainhouse.sdk.data`; modules whose names start with an underscore are internal.
 """
 
+from trainhouse.sdk._media import Histogram, Image, Table
 from trainhouse.sdk._model import load_model
 from trainhouse.sdk._run import Run, init
 from trainhouse.sdk.checkpoint import Checkpointer, SaveHandle, load_checkpoint
 
-__all__ = ["Checkpointer", "Run", "SaveHandle", "init", "load_checkpoint", "load_model"]
+__all__ = [
+    "Checkpointer",
+    "Histogram",
+    "Image",
+    "Run",
+    "SaveHandle",
+    "Table",
+    "init",
+    "load_checkpoint",
+    "load_model",
+]

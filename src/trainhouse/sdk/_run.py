@@ -36,6 +36,7 @@ from trainhouse.core.defaults import DEFAULT_KEEP_LAST
 from trainhouse.core.flows import INPUT_PREFIX
 from trainhouse.jobfs.layout import CHECKPOINT_URL_ENV, JobEnv
 from trainhouse.sdk._distributed import DistributedContext, connect
+from trainhouse.sdk._media import Histogram, Image, MediaLogger, Table
 from trainhouse.sdk._metrics import finite_or_none
 from trainhouse.sdk._preempt import NeverStop, Preemption, ServerStop, StopSignal
 from trainhouse.sdk._server import ServerLink
@@ -215,6 +216,7 @@ class Run:
             if parts.api is not None and self.is_main
             else None
         )
+        self._media = MediaLogger(parts.api, is_main=self.is_main)
         if total_steps is not None:
             self.set_total_steps(total_steps)
         self._report_hparams()
@@ -297,17 +299,62 @@ class Run:
 
         The main rank speaks for the job: on other ranks this records nothing unless
         ``all_ranks=True``, which keeps every rank's values tagged with its rank.
-        Buffered; sent in the background; never blocks on the network.
+        Buffered; sent in the background; never blocks on the network. A value that is an
+        :class:`~trainhouse.sdk.Image`, :class:`~trainhouse.sdk.Histogram` or
+        :class:`~trainhouse.sdk.Table` is logged as media (see :meth:`log_image`).
         """
         if step is None:
             step = self._step + 1
         step = int(step)
         if step > self._step:
             self._step = step
+        media = {k: v for k, v in metrics.items() if isinstance(v, (Image, Histogram, Table))}
+        for key, item in media.items():
+            self._media.log(str(key), item, step)
         if not self.is_main and not all_ranks:
             return
-        values = [(str(k), finite_or_none(_number(k, v))) for k, v in metrics.items()]
-        self._metrics.log(step, values, all_ranks=all_ranks)
+        values = [
+            (str(k), finite_or_none(_number(k, v))) for k, v in metrics.items() if k not in media
+        ]
+        if values:
+            self._metrics.log(step, values, all_ranks=all_ranks)
+
+    # -- media -----------------------------------------------------------------------------
+    def _media_step(self, step: int | None) -> int:
+        """``step``, or the run's current step (the last one logged; 0 before any)."""
+        if step is None:
+            return max(self._step, 0)
+        step = int(step)
+        if step < 0:
+            raise ValueError(f"step must be >= 0, got {step}")
+        self._step = max(self._step, step)
+        return step
+
+    def log_image(
+        self, key: str, image: Any, step: int | None = None, *, caption: str | None = None
+    ) -> None:
+        """Log an image under ``key`` at ``step`` (default: the current step): a numpy array
+        or tensor (H x W, H x W x C or C x H x W; uint8, or floats in [0, 1]), a PIL image, or
+        a PNG's bytes or path; sent as a PNG by the main rank, in the background."""
+        self._media.log(key, Image(image, caption), self._media_step(step))
+
+    def log_histogram(self, key: str, values: Any, step: int | None = None) -> None:
+        """Log the distribution of a tensor's (or array's) values under ``key`` at ``step``:
+        the server buckets them (64 buckets; NaN and infinities counted apart)."""
+        self._media.log(key, Histogram(values), self._media_step(step))
+
+    def log_table(
+        self,
+        key: str,
+        rows: list[list[Any]] | None = None,
+        columns: list[str] | None = None,
+        step: int | None = None,
+        *,
+        data: Any = None,
+    ) -> None:
+        """Log a small table under ``key`` at ``step``: ``rows`` of cells under ``columns``,
+        or ``data=`` a pandas DataFrame or a list of dicts (at most 1000 rows, 50 columns)."""
+        self._media.log(key, Table(columns, rows, data=data), self._media_step(step))
 
     # -- models ----------------------------------------------------------------------------
     def save_model(
@@ -410,6 +457,7 @@ class Run:
             log.error("trainhouse: %s", ckpt_error)
         if self._hparams_sender is not None:
             self._hparams_sender.close()
+        self._media.close()
         self._metrics.close()
         self._dist.close(failed=failed)
         if ckpt_error is not None and not failed:

@@ -32,6 +32,7 @@ from trainhouse.server.routes import (
     jobs,
     lineage,
     logs,
+    media,
     models,
     queue,
     report,
@@ -156,6 +157,7 @@ def create_app(settings: Settings, *, executor: Executor | None = None) -> FastA
     app.include_router(artifacts.router, prefix="/api/v1")
     app.include_router(lineage.router, prefix="/api/v1")
     app.include_router(report.router, prefix="/api/v1")
+    app.include_router(media.router, prefix="/api/v1")
     app.include_router(searches.router, prefix="/api/v1")
     app.include_router(models.router, prefix="/api/v1")
     app.include_router(datasets.router, prefix="/api/v1")

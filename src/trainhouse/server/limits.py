@@ -26,6 +26,9 @@ from trainhouse.core.errors import BodyTooLarge
 MiB = 1024 * 1024
 #: metric reports (``POST /api/v1/jobs/{id}/report``): up to 200,000 points per batch
 REPORT_LIMIT = 64 * MiB
+#: one image (4 MiB of PNG) or histogram (1,000,000 float32 values), base64 in JSON
+#: (``POST /api/v1/jobs/{id}/media``)
+MEDIA_LIMIT = 8 * MiB
 #: a prediction forwarded to a service's replica (``POST /api/v1/services/{name}/predict``)
 PREDICT_LIMIT = 8 * MiB
 #: everything not listed per route: forms, JSON bodies, cancel, priority, ...
@@ -154,6 +157,7 @@ def route_limits(
         # every step's archive together (a flow's steps usually share one workdir, sent once)
         ("POST", r"/api/v1/flows/?", upload),
         ("POST", r"/api/v1/jobs/[^/]+/report/?", REPORT_LIMIT),
+        ("POST", r"/api/v1/jobs/[^/]+/media/?", MEDIA_LIMIT),
         ("POST", r"/api/v1/services/[^/]+/predict/?", PREDICT_LIMIT),
         ("POST", r"/api/v1/datasets/[^/]+/upload/?", dataset_bytes + MiB),
         ("PUT", r"/mlflow(/jobs/[^/]+)?/api/2\.0/mlflow-artifacts/artifacts/.*", artifact_bytes),

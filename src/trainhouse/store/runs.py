@@ -512,6 +512,7 @@ class RunsRepo:
             t.job_after,
             t.job_inputs,
             t.report_batches,
+            t.job_media,
         )
         removed: dict[str, int] = {}
         with self.db.transaction() as conn:

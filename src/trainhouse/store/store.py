@@ -10,6 +10,7 @@ concern, each owning its tables:
 ``store.datasets``        datasets, their versions, the versions each job pins (:mod:`.datasets`)
 ``store.flows``           flows, the jobs a job waits for, the models it read (:mod:`.flows`)
 ``store.metrics``         metric series: ingest and downsampled reads (:mod:`.metrics`)
+``store.media``           images, histograms and tables jobs log (:mod:`.media`)
 ``store.quotas``          per-user limits and fair-share usage (:mod:`.quotas`)
 ``store.accounts``        users, API tokens (hashes), the audit log (:mod:`.accounts`)
 ``store.system``          resource samples of nodes and jobs (:mod:`.system`)
@@ -31,6 +32,7 @@ from trainhouse.store.database import Database, MigrateMode
 from trainhouse.store.datasets import DatasetRepo
 from trainhouse.store.flows import FlowRepo
 from trainhouse.store.jobs import JobRepo
+from trainhouse.store.media import MediaRepo
 from trainhouse.store.metrics import MetricRepo
 from trainhouse.store.models import ModelRepo
 from trainhouse.store.quotas import QuotaRepo
@@ -61,3 +63,4 @@ class Store(Database):
         self.services = ServiceRepo(self)
         self.datasets = DatasetRepo(self)
         self.flows = FlowRepo(self)
+        self.media = MediaRepo(self)

@@ -22,6 +22,7 @@ from sqlalchemy import (
     ForeignKey,
     Index,
     Integer,
+    LargeBinary,
     MetaData,
     PrimaryKeyConstraint,
     String,
@@ -615,4 +616,24 @@ promotions = Table(
     Column("decision", JobText),
     Column("decided_at", Float),
     Index("ix_promotions_model", "model"),
+)
+
+# images (PNG bytes), histograms and tables (JSON) a job logged, one per (key, step): a key
+# holds one kind; bounded per job in count and bytes (trainhouse.core.media, counted by
+# trainhouse.store.media in the transaction that stores one)
+job_media = Table(
+    "job_media",
+    metadata,
+    Column("id", _Id, primary_key=True, autoincrement=True),
+    Column("job_id", _Id, ForeignKey("jobs.id", ondelete="CASCADE"), nullable=False),
+    Column("key", String(256), nullable=False),
+    Column("step", BigInteger, nullable=False),
+    Column("kind", String(16), nullable=False),
+    Column("width", Integer),
+    Column("height", Integer),
+    Column("caption", JobText),
+    Column("size", Integer, nullable=False),
+    Column("data", LargeBinary, nullable=False),
+    Column("created_at", Float, nullable=False),
+    UniqueConstraint("job_id", "key", "step"),
 )

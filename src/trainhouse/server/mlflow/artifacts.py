@@ -5,7 +5,8 @@ tracking URI, so every path here starts with ``runs/<run id>/``. A name is a pla
 (no ``..``, ``.``, NUL or backslash, no name of an upload under way), checked here; where the
 files live and how they are written and read safely is
 :mod:`trainhouse.usecases.tracking.artifacts`. Not served: delete, multipart uploads, presigned
-URLs.
+URLs. An image ``log_image(key=, step=)`` uploads (``images/<key>+step+<n>+...png``) is checked
+as the SDK's images are and stored as the job's media too.
 """
 
 from __future__ import annotations
@@ -14,8 +15,11 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
+from trainhouse.core.errors import InvalidMedia
+from trainhouse.core.media import MAX_IMAGE_BYTES, mlflow_image, prepare_image
 from trainhouse.server.mlflow import access
 from trainhouse.server.mlflow.protocol import invalid, missing
+from trainhouse.usecases import media
 from trainhouse.usecases.runtime import Runtime
 from trainhouse.usecases.tracking import artifacts
 from trainhouse.usecases.tracking.artifacts import MAX_DEPTH
@@ -58,14 +62,29 @@ async def upload(path: str, request: Request) -> JSONResponse:
         raise invalid("an artifact needs a file name below runs/<run id>/")
     length = request.headers.get("content-length")
     declared = int(length) if length is not None and length.isdigit() else None
+    image = mlflow_image(parts)  # log_image(key=, step=): the job's media too
+    kept = bytearray() if image is not None else None
     started = await run_in_threadpool(artifacts.upload, rt, c, run, parts, declared)
     try:
         async for chunk in request.stream():
             if chunk:
+                if kept is not None:
+                    kept += chunk[: MAX_IMAGE_BYTES + 1 - len(kept)]
                 await run_in_threadpool(started.write, chunk)
+        item = None
+        if image is not None and kept is not None:
+            try:
+                item = prepare_image(image[0], image[1], bytes(kept))
+            except InvalidMedia as exc:  # refused before the artifact is in place
+                raise invalid(f"image {image[0]!r} at step {image[1]}: {exc}") from None
         await run_in_threadpool(started.finish)
     finally:
         started.close()
+    if item is not None:
+        try:
+            await run_in_threadpool(media.store_for_run, rt, c, run, item)
+        except InvalidMedia as exc:
+            raise invalid(f"image {item.key!r} at step {item.step} not shown: {exc}") from None
     return JSONResponse({})
 
 

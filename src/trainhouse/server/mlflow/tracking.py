@@ -39,9 +39,12 @@ from trainhouse.server.mlflow.protocol import (
     run_json,
     text,
 )
-from trainhouse.usecases import tracking
+from trainhouse.usecases import media, tracking
 from trainhouse.usecases.runtime import Runtime
 from trainhouse.usecases.tracking import runs
+
+#: the tag MLflow's log_table sets to the tables a run logged
+LOGGED_ARTIFACTS = "mlflow.loggedArtifacts"
 
 router = APIRouter()
 
@@ -185,6 +188,10 @@ async def set_tag(request: Request) -> JSONResponse:
     values = key_values([data], MAX_TAG_VAL_LENGTH, "Tag value")
     job = await _job_for_write(rt, c, data)
     await run_in_threadpool(runs.set_tags, rt, c, job, values)
+    if LOGGED_ARTIFACTS in values:  # log_table's: its tables become the job's media
+        refused = await run_in_threadpool(media.mlflow_tables, rt, c, job, values[LOGGED_ARTIFACTS])
+        if refused:
+            raise invalid("not shown as media: " + "; ".join(refused))
     return _ok()
 
 

@@ -46,6 +46,7 @@ STATIC_FILES = (
     "logs.js",
     "jobs.js",
     "job.js",
+    "media.js",
     "compare.js",
     "comparetable.js",
     "runs.js",

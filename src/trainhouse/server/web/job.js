@@ -1,5 +1,6 @@
 // A job's page (#/jobs/<id>): state, cancel, datasets, its flow (what it waits for, reads and
-// promotes), metrics, system, logs, attempts, checkpoints, artifacts (artifacts.js).
+// promotes), metrics, media (media.js), system, logs, attempts, checkpoints, artifacts
+// (artifacts.js).
 import { experimentCard } from "./runs.js";
 import { ChartGrid, MetricSeries, chartControls, drawSystem, systemSeries } from "./charts.js";
 import {
@@ -29,6 +30,7 @@ import { artifactsCard } from "./artifacts.js";
 import { jobDatasets } from "./datasets.js";
 import { jobFlowFacts } from "./flows.js";
 import { AnsiRenderer, LogView } from "./logs.js";
+import { jobMedia } from "./media.js";
 
 export function resourcesText(spec) {
   const r = (spec && spec.resources) || {};
@@ -459,6 +461,7 @@ export function jobPage(view, jobId) {
   }, POLL_MS * 2.5);
 
   const artifacts = artifactsCard(view, jobId, () => job);
+  const mediaSection = jobMedia(view, jobId, () => !!(job && TERMINAL.has(job.state)));
 
   const root = h("section", { class: "page job" },
     h("div", { class: "job-head" },
@@ -471,6 +474,7 @@ export function jobPage(view, jobId) {
     experiment.el,
     h("section", { class: "card", testid: "metrics-section" },
       h("div", { class: "card-head" }, h("h2", {}, "Metrics"), controls), metricsNote, metricsGrid),
+    mediaSection,
     sysSection,
     h("section", { class: "card", testid: "logs-section" },
       h("div", { class: "card-head" }, h("h2", {}, "Logs"), logTabs, h("span", { class: "spacer" }),
