@@ -29,6 +29,7 @@ from trainhouse.cli.render import (
     exit_words,
     fail,
     fmt_value,
+    job_state,
     placement_words,
     print_json,
     state,
@@ -289,7 +290,7 @@ def ps(
             str(j["id"]),
             j["name"],
             j["owner"],
-            state(j["state"]),
+            state(job_state(j)),
             j["priority"],
             str(ranks),
             step,
@@ -323,7 +324,7 @@ def show(
         print_json(job)
         return
     res = job["spec"]["resources"]
-    console.print(f"[bold]job {job['id']}[/] {job['name']}  {state(job['state'])}")
+    console.print(f"[bold]job {job['id']}[/] {job['name']}  {state(job_state(job))}")
     rows = [
         ("owner", job["owner"]),
         ("project", job.get("project") or "default"),
