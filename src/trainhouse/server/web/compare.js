@@ -8,6 +8,7 @@ import {
   TERMINAL,
   api,
   badge,
+  jobState,
   debounce,
   h,
   metricsText,
@@ -89,7 +90,7 @@ export function comparePage(view, query) {
     legend.replaceChildren(...[...sources].map(([id, s], i) => h("li", {},
       h("span", { class: "swatch", style: `background:${PALETTE[i % PALETTE.length]}` }),
       h("a", { href: `#/jobs/${id}` }, `#${id} ${s.job ? s.job.name : ""}`), " ",
-      s.job ? badge(s.job.state) : null,
+      s.job ? badge(jobState(s.job)) : null,
       s.error ? h("span", { class: "error" }, ` ${s.error}`) : null)));
     const jobs = [...sources.values()].map((s) => s.job).filter(Boolean);
     const hpKey = JSON.stringify(jobs.map((j) => [j.id, j.hparams, j.spec && j.spec.hparams]));
@@ -137,7 +138,7 @@ export function comparePage(view, query) {
           idsInput.value = [...chosen].join(",");
         } });
       return h("tr", { testid: "compare-pick-row" }, h("td", {}, box), h("td", { class: "num" }, String(j.id)),
-        h("td", {}, j.name), h("td", {}, j.owner), h("td", {}, badge(j.state)), h("td", {}, metricsText(j.latest_metrics)));
+        h("td", {}, j.name), h("td", {}, j.owner), h("td", {}, badge(jobState(j))), h("td", {}, metricsText(j.latest_metrics)));
     }));
     return false; // read once (and again when the name filter changes)
   }, POLL_MS);
