@@ -1,9 +1,10 @@
 """The Models pages' actions in real Chromium, on a server with auth on: the admin registers a
 job's saved model as a new model and its checkpoint (with a loader and declared inputs) as a
 version, points an alias and moves it, is refused deleting a version an alias names, deletes
-another, starts a service that follows the alias and stops it, each asked first (cancelling
-changes nothing). A viewer sees none of these actions; a member who does not own the model
-may start a service but neither change the model nor stop the admin's service.
+another, starts a service that follows the alias (the checkpoint's outputs are then known: its
+replica learned them) and stops it, each asked first (cancelling changes nothing). A viewer
+sees none of these actions; a member who does not own the model may start a service but
+neither change the model nor stop the admin's service.
 
 One server for the module; the viewer and the member look before the admin acts, so the tests
 run in file order, on one xdist worker.
@@ -32,15 +33,15 @@ SAVE_SCRIPT = textwrap.dedent(
     import torch
     import trainhouse
 
-    def load(weights):
+    def load(state):  # a checkpoint's state (its "model" entry) or a saved model's weights
         model = torch.nn.Linear(3, 2)
-        model.load_state_dict(weights)
+        model.load_state_dict(state.get("model", state))
         return model
 
     if __name__ == "__main__":
         with trainhouse.init() as run:
             model = torch.nn.Linear(3, 2)
-            run.checkpoint.save(model.state_dict(), step=4)
+            run.checkpoint.save({"model": model.state_dict()}, step=4)
             run.save_model("tiny", model, example_inputs=torch.zeros(2, 3), loader="train.py:load")
     """
 )
@@ -190,17 +191,34 @@ def test_the_admin_registers_aliases_deletes_serves_and_stops(
     with setup.client() as c:
         assert [v["version"] for v in c.model("tiny")["versions"]] == [1]
 
-    # a service that follows the alias
-    version(page, 1).get_by_test_id("version-serve").click()
+    # the checkpoint again (version 3), prod moved to it, and a service that follows prod
+    page.get_by_test_id("model-register").click()
+    page.get_by_test_id("register-job").fill(str(setup.job))
+    page.get_by_test_id("register-loader").fill("train.py:load")
+    page.get_by_test_id("register-inputs").fill("input:float32[B,3]")
+    page.get_by_test_id("model-dialog-confirm").click()
+    expect(page.get_by_test_id("model-message")).to_have_text("registered tiny version 3")
+    version(page, 3).get_by_test_id("version-alias").click()
+    page.get_by_test_id("alias-name").fill("prod")
+    page.get_by_test_id("model-dialog-confirm").click()
+    expect(version(page, 3).get_by_test_id("version-aliases")).to_have_text("prod")
+    version(page, 3).get_by_test_id("version-serve").click()
     page.get_by_test_id("serve-name").fill("tiny-svc")
     page.get_by_test_id("serve-ref").select_option("prod")
     dialog_says(page, "Start service tiny-svc serving tiny@prod with 1 replica(s)?")
     page.get_by_test_id("model-dialog-confirm").click()
     expect(page.get_by_test_id("model-message")).to_have_text(re.compile(r"^service tiny-svc "))
-    expect(version(page, 1).get_by_test_id("version-service")).to_have_text("tiny-svc")
+    expect(version(page, 3).get_by_test_id("version-service")).to_have_text(
+        re.compile(r"^tiny-svc")
+    )
     with setup.client() as c:
         started = c.service("tiny-svc")
     assert (started["model"], started["ref"], started["owner"]) == ("tiny", "prod", "admin")
+    # once served, the checkpoint's outputs are known: its replica ran it as it loaded it
+    expect(version(page, 3).get_by_test_id("version-signature")).to_have_text(
+        "input: float32[batch, 3] → output: float32[batch, 2]", timeout=180_000
+    )
+    expect(version(page, 3).get_by_test_id("version-service")).to_have_text("tiny-svc")
 
     # while it runs: a viewer sees it with no Stop, nor does a member who does not own it
     for who, token in (("vera (viewer)", setup.viewer), ("mo (member)", setup.member)):
@@ -209,13 +227,13 @@ def test_the_admin_registers_aliases_deletes_serves_and_stops(
         try:
             sign_in(other, setup.srv, token, who)
             other.goto(f"{setup.srv.url}/#/models/tiny")
-            expect(version(other, 1).get_by_test_id("version-service")).to_have_text("tiny-svc")
-            expect(version(other, 1).get_by_test_id("version-service-stop")).to_have_count(0)
+            expect(version(other, 3).get_by_test_id("version-service")).to_have_text("tiny-svc")
+            expect(version(other, 3).get_by_test_id("version-service-stop")).to_have_count(0)
         finally:
             context.close()
 
     # Stop, asked first: "Keep serving" changes nothing
-    stop = version(page, 1).get_by_test_id("version-service-stop")
+    stop = version(page, 3).get_by_test_id("version-service-stop")
     stop.click()
     dialog_says(page, "Stop service tiny-svc? Its replicas end; predictions get 503.")
     page.get_by_test_id("model-dialog-cancel").click()
@@ -229,4 +247,4 @@ def test_the_admin_registers_aliases_deletes_serves_and_stops(
     with setup.client() as c:
         job = c.wait(c.service("tiny-svc")["job_id"], timeout=120)
         assert job["state"] == "CANCELED", job
-    expect(version(page, 1).get_by_test_id("version-service")).to_have_count(0)
+    expect(version(page, 3).get_by_test_id("version-service")).to_have_count(0)
