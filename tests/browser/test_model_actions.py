@@ -2,7 +2,9 @@
 job's saved model as a new model and its checkpoint (with a loader and declared inputs) as a
 version, points an alias and moves it, is refused deleting a version an alias names, deletes
 another, starts a service that follows the alias (the checkpoint's outputs are then known: its
-replica learned them) and stops it, each asked first (cancelling changes nothing). A viewer
+replica learned them; a viewer's token predicts with it without the client's header, a
+cross-site page's request is refused) and stops it, each asked first (cancelling changes
+nothing). A viewer
 sees none of these actions; a member who does not own the model may start a service but
 neither change the model nor stop the admin's service.
 
@@ -17,6 +19,7 @@ import textwrap
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+import httpx
 import pytest
 from playwright.sync_api import Browser, Locator, Page, expect
 
@@ -219,6 +222,18 @@ def test_the_admin_registers_aliases_deletes_serves_and_stops(
         "input: float32[batch, 3] → output: float32[batch, 2]", timeout=180_000
     )
     expect(version(page, 3).get_by_test_id("version-service")).to_have_text("tiny-svc")
+    # an inference client predicts with its token alone (no X-Trainhouse-Request); a browser
+    # page of another site may not, token or not
+    url = f"{setup.srv.url}/api/v1/services/tiny-svc/predict"
+    token = {"Authorization": f"Bearer {setup.viewer}"}
+    body = {"inputs": [[0.5, -1.0, 2.0]]}
+    answer = httpx.post(url, json=body, headers=token, timeout=60)
+    assert answer.status_code == 200, answer.text
+    assert (answer.json()["version"], len(answer.json()["outputs"][0])) == (3, 2)
+    cross = {"Origin": "http://evil.example", "Sec-Fetch-Site": "cross-site"}
+    refused = httpx.post(url, json=body, headers={**token, **cross}, timeout=60)
+    assert refused.status_code == 403 and refused.json()["error"]["code"] == "cross_origin"
+    assert httpx.post(url, json=body, timeout=60).status_code == 403  # neither token nor header
 
     # while it runs: a viewer sees it with no Stop, nor does a member who does not own it
     for who, token in (("vera (viewer)", setup.viewer), ("mo (member)", setup.member)):
