@@ -13,10 +13,12 @@ from typing import Any
 
 import httpx
 import pytest
-from playwright.sync_api import Page, expect
+from playwright.sync_api import Browser, Page, expect
 
+from tests.support.dashboard import sign_in
 from tests.support.jobs import write_job
 from tests.support.servers import Server, assert_clean_stop, start_server
+from trainhouse.client import Client
 
 pytestmark = pytest.mark.browser
 
@@ -197,9 +199,9 @@ search:
 """
 
 
-def wait_search(srv: Server, search_id: int, done: Callable[[Any], bool]) -> Any:
+def wait_search(client: Client, search_id: int, done: Callable[[Any], bool]) -> Any:
     deadline = time.monotonic() + 240
-    while not done(view := api(srv, f"/searches/{search_id}")):
+    while not done(view := client.search(search_id)):
         assert time.monotonic() < deadline, view
         time.sleep(0.3)
     return view
@@ -213,15 +215,39 @@ def tick(e: int) -> str:
 
 
 def test_the_search_page_cancels_and_plots_a_log_hparam_on_a_log_axis(
-    tmp_path: Path, page: Page
+    tmp_path: Path, page: Page, browser: Browser
 ) -> None:
-    srv = start_server(tmp_path / "home", "--cpus", "2", "--cancel-grace", "1")
+    """Auth on, every job visible to everyone: the admin's search shows its Cancel button to
+    the admin only (a viewer and a member who does not own it see none)."""
+    srv = start_server(
+        tmp_path / "home",
+        *("--cpus", "2", "--cancel-grace", "1", "--auth", "--job-visibility", "all"),
+    )
+    admin = srv.admin_token()
+    client = Client(srv.url, token=admin)
     try:
-        spec = write_job(tmp_path, HOLDER, HELD_SPEC)
-        search_id = srv.cli_json("submit", str(spec), "--detach")["search_id"]
+        client.add_user("vera", "viewer")
+        client.add_user("mo", "member")
+        others = {
+            "vera (viewer)": str(client.create_token(user="vera")["secret"]),
+            "mo (member)": str(client.create_token(user="mo")["secret"]),
+        }
+        search_id = client.submit_search(write_job(tmp_path, HOLDER, HELD_SPEC))["id"]
         view = wait_search(
-            srv, search_id, lambda v: sum(t["steps_reported"] >= 3 for t in v["trials"]) >= 2
+            client, search_id, lambda v: sum(t["steps_reported"] >= 3 for t in v["trials"]) >= 2
         )
+        for who, token in others.items():
+            context = browser.new_context(viewport={"width": 1400, "height": 900})
+            try:
+                other = context.new_page()
+                sign_in(other, srv, token, who)
+                other.goto(f"{srv.url}/#/searches/{search_id}")
+                expect(other.get_by_test_id("search-state")).to_have_text("RUNNING")
+                expect(other.get_by_test_id("search-compare")).to_be_visible()
+                expect(other.get_by_test_id("search-cancel")).to_be_hidden()
+            finally:
+                context.close()
+        sign_in(page, srv, admin, "admin (admin)")
         page.goto(f"{srv.url}/#/searches/{search_id}")
         expect(page.get_by_test_id("search-state")).to_have_text("RUNNING")
         # the log_uniform hparam: log10 of each trial's value, ticks at the powers of ten
@@ -246,11 +272,12 @@ def test_the_search_page_cancels_and_plots_a_log_hparam_on_a_log_axis(
         expect(page.get_by_test_id("search-cancel-dialog")).to_be_visible()
         page.get_by_test_id("search-cancel-abort").click()
         expect(page.get_by_test_id("search-cancel-dialog")).to_be_hidden()
-        assert api(srv, f"/searches/{search_id}")["state"] == "RUNNING"
+        assert client.search(search_id)["state"] == "RUNNING"
         cancel.click()
         page.get_by_test_id("search-cancel-confirm").click()
         expect(page.get_by_test_id("search-state")).to_have_text("CANCELED", timeout=30000)
         expect(cancel).to_be_hidden()
-        wait_search(srv, search_id, lambda v: not v["trial_counts"].get("RUNNING"))
+        wait_search(client, search_id, lambda v: not v["trial_counts"].get("RUNNING"))
     finally:
+        client.close()
         assert_clean_stop(srv)
