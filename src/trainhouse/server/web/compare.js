@@ -1,5 +1,6 @@
 // The compare page (#/compare?ids=1,2): a metric of several jobs on one chart.
 import { hparamsTable } from "./runs.js";
+import { jobState } from "./search.js";
 import { ChartGrid, MetricSeries, chartControls } from "./charts.js";
 import {
   ApiError,
@@ -8,7 +9,6 @@ import {
   TERMINAL,
   api,
   badge,
-  jobState,
   debounce,
   h,
   metricsText,

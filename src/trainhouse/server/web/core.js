@@ -148,12 +148,6 @@ export function badge(state, testid) {
   return h("span", { class: `badge state-${String(state).toLowerCase()}`, testid }, state);
 }
 
-/** A job's state as lists show it: PRUNED for a search's trial its pruner stopped (the job
- * itself is COMPLETED: it ended early on purpose), else its state. */
-export function jobState(job) {
-  return job.state === "COMPLETED" && job.prune_requested ? "PRUNED" : job.state;
-}
-
 export function debounce(fn, ms) {
   let timer = null;
   return (...args) => {

@@ -6,11 +6,11 @@ import {
   badge,
   debounce,
   h,
-  jobState,
   metricsText,
   progressCell,
   timeCell,
 } from "./core.js";
+import { jobState } from "./search.js";
 
 export const JOB_COLUMNS = [
   { key: "select", label: "" },

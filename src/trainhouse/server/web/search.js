@@ -8,6 +8,13 @@ import { drawChart, plotlyText } from "./charts.js";
 
 const TRIAL_STATES = ["QUEUED", "RUNNING", "COMPLETED", "PRUNED", "FAILED"];
 
+/** A job's state as lists show it (the job list, the compare page): PRUNED for a search's
+ * trial its pruner stopped (the job itself is COMPLETED: it ended early on purpose), else its
+ * state. */
+export function jobState(job) {
+  return job.state === "COMPLETED" && job.prune_requested ? "PRUNED" : job.state;
+}
+
 function countsText(counts) {
   return TRIAL_STATES.map((s) => `${(counts || {})[s] || 0} ${s.toLowerCase()}`).join(" · ");
 }
