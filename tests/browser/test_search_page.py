@@ -5,17 +5,20 @@ to its search."""
 
 from __future__ import annotations
 
+import math
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-from playwright.sync_api import Page, expect
+from playwright.sync_api import Browser, Page, expect
 
+from tests.support.dashboard import sign_in
 from tests.support.jobs import write_job
 from tests.support.servers import Server, assert_clean_stop, start_server
+from trainhouse.client import Client
 
 pytestmark = pytest.mark.browser
 
@@ -155,3 +158,126 @@ def test_the_search_page_shows_trials_curves_and_the_best(
     )
     page.goto(f"{srv.url}/#/searches")
     expect(page.get_by_test_id("search-row")).to_have_count(1)
+    # a pruned trial's job (COMPLETED, stopped by the pruner) is PRUNED in the job list...
+    page.goto(f"{srv.url}/#/jobs?state=")
+    for trial in view["trials"]:
+        row = page.locator(f'[data-testid="job-row"][data-job-id="{trial["job_id"]}"]')
+        expect(row.get_by_test_id("state-badge")).to_have_text(trial["state"])
+    # ... in ps ...
+    listed = srv.cli("ps", "--all")
+    assert listed.returncode == 0, listed.stderr
+    shown = {line.split()[0]: line.split()[3] for line in listed.stdout.splitlines()[1:]}
+    assert shown == {str(t["job_id"]): t["state"] for t in view["trials"]}, listed.stdout
+    # ... and on the compare page, which "Compare these trials" opens with every trial's job
+    page.goto(f"{srv.url}/#/searches/{view['id']}")
+    expect(page.get_by_test_id("search-cancel")).to_be_hidden()  # it has ended
+    link = page.get_by_test_id("search-compare")
+    ids = ",".join(str(t["job_id"]) for t in view["trials"])
+    expect(link).to_have_attribute("href", f"#/compare?ids={ids}")
+    link.click()
+    expect(page).to_have_url(f"{srv.url}/#/compare?ids={ids}")
+    expect(page.locator(".page.compare .badge.state-pruned").first).to_have_text("PRUNED")
+    # nothing running: `search list` says how to see it
+    none = srv.cli("search", "list")
+    assert none.stdout.strip() == "no searches running (--all shows ended ones)", none.stdout
+
+
+# a trial that reports val_loss for 3 steps, then runs until it is canceled
+HOLDER = REPORTER.replace("for step in range(8):", "for step in range(3):") + "\ntime.sleep(600)\n"
+HELD_SPEC = """
+name: held-search
+entrypoint: python train.py
+hparams:
+  lr: {log_uniform: [1.0e-4, 1.0]}
+  width: 8
+search:
+  method: random
+  metric: val_loss
+  max_trials: 4
+  max_concurrent: 2
+  seed: 3
+"""
+
+
+def wait_search(client: Client, search_id: int, done: Callable[[Any], bool]) -> Any:
+    deadline = time.monotonic() + 240
+    while not done(view := client.search(search_id)):
+        assert time.monotonic() < deadline, view
+        time.sleep(0.3)
+    return view
+
+
+def tick(e: int) -> str:
+    """A power of ten as the axis writes it: 0.001, 1, 100; 1e-5 beyond four places."""
+    if abs(e) > 4:
+        return f"1e{e}"
+    return str(10**e) if e >= 0 else repr(10.0**e)
+
+
+def test_the_search_page_cancels_and_plots_a_log_hparam_on_a_log_axis(
+    tmp_path: Path, page: Page, browser: Browser
+) -> None:
+    """Auth on, every job visible to everyone: the admin's search shows its Cancel button to
+    the admin only (a viewer and a member who does not own it see none)."""
+    srv = start_server(
+        tmp_path / "home",
+        *("--cpus", "2", "--cancel-grace", "1", "--auth", "--job-visibility", "all"),
+    )
+    admin = srv.admin_token()
+    client = Client(srv.url, token=admin)
+    try:
+        client.add_user("vera", "viewer")
+        client.add_user("mo", "member")
+        others = {
+            "vera (viewer)": str(client.create_token(user="vera")["secret"]),
+            "mo (member)": str(client.create_token(user="mo")["secret"]),
+        }
+        search_id = client.submit_search(write_job(tmp_path, HOLDER, HELD_SPEC))["id"]
+        view = wait_search(
+            client, search_id, lambda v: sum(t["steps_reported"] >= 3 for t in v["trials"]) >= 2
+        )
+        for who, token in others.items():
+            context = browser.new_context(viewport={"width": 1400, "height": 900})
+            try:
+                other = context.new_page()
+                sign_in(other, srv, token, who)
+                other.goto(f"{srv.url}/#/searches/{search_id}")
+                expect(other.get_by_test_id("search-state")).to_have_text("RUNNING")
+                expect(other.get_by_test_id("search-compare")).to_be_visible()
+                expect(other.get_by_test_id("search-cancel")).to_be_hidden()
+            finally:
+                context.close()
+        sign_in(page, srv, admin, "admin (admin)")
+        page.goto(f"{srv.url}/#/searches/{search_id}")
+        expect(page.get_by_test_id("search-state")).to_have_text("RUNNING")
+        # the log_uniform hparam: log10 of each trial's value, ticks at the powers of ten
+        page.wait_for_function(
+            "() => { const el = document.querySelector('[data-testid=\"chart-parallel\"]');"
+            " return !!(el && el.data && el.data.length); }"
+        )
+        dims = page.evaluate(
+            """() => document.querySelector('[data-testid="chart-parallel"]').data[0].dimensions
+              .map((d) => ({ label: d.label, values: d.values, tickvals: d.tickvals || null,
+                             ticktext: d.ticktext || null }))"""
+        )
+        assert [d["label"] for d in dims] == ["lr (log)", "val_loss"], dims
+        lrs = [t["params"]["lr"] for t in view["trials"] if t["latest"] is not None]
+        assert dims[0]["values"] == pytest.approx([math.log10(v) for v in lrs])
+        low, high = math.floor(min(dims[0]["values"])), math.ceil(max(dims[0]["values"]))
+        assert dims[0]["tickvals"] == list(range(low, high + 1))
+        assert dims[0]["ticktext"] == [tick(e) for e in dims[0]["tickvals"]]
+        # Cancel, asked first: keeping it changes nothing, confirming cancels the search
+        cancel = page.get_by_test_id("search-cancel")
+        cancel.click()
+        expect(page.get_by_test_id("search-cancel-dialog")).to_be_visible()
+        page.get_by_test_id("search-cancel-abort").click()
+        expect(page.get_by_test_id("search-cancel-dialog")).to_be_hidden()
+        assert client.search(search_id)["state"] == "RUNNING"
+        cancel.click()
+        page.get_by_test_id("search-cancel-confirm").click()
+        expect(page.get_by_test_id("search-state")).to_have_text("CANCELED", timeout=30000)
+        expect(cancel).to_be_hidden()
+        wait_search(client, search_id, lambda v: not v["trial_counts"].get("RUNNING"))
+    finally:
+        client.close()
+        assert_clean_stop(srv)

@@ -159,6 +159,32 @@ def test_a_token_does_not_replace_the_header(team: Team) -> None:
     assert team.rt.store.jobs.count() == 0
 
 
+def test_an_inference_client_predicts_with_its_token_but_no_browser_may(team: Team) -> None:
+    """Predictions: a bearer token without a browser's sign is an inference client (curl,
+    requests) and passes the guard (here to the 404 of a service there is not); the same
+    request with a page's headers is refused, token or not, and a token opens no other write."""
+    path = "/api/v1/services/nothing/predict"
+    body = {"inputs": [[1.0]]}
+    passed = page_request(team.api, "POST", path, json=body, headers=team.h("vera"))
+    assert passed.status_code == 404, passed.text
+    assert "nothing" in error_of(passed)["message"]
+    unknown = page_request(
+        team.api, "POST", path, json=body, headers={"Authorization": "Bearer nonsense"}
+    )
+    assert unknown.status_code == 401, unknown.text  # the guard passes it, the token does not
+    for headers in (CROSS_SITE, SAME_SITE, {"Sec-Fetch-Site": "cross-site"}):
+        cross_origin(
+            page_request(team.api, "POST", path, json=body, headers={**headers, **team.h("vera")})
+        )
+    cross_origin(page_request(team.api, "POST", path, json=body))  # no token, no header
+    cross_origin(
+        page_request(
+            team.api, "POST", "/api/v1/services", json={"model": "m"}, headers=team.h("root")
+        )
+    )
+    cross_origin(page_request(team.api, "POST", "/api/v1/services/x/stop", headers=team.h("root")))
+
+
 # -- what goes through -----------------------------------------------------------------------
 def test_trainhouse_clients_and_the_servers_own_pages_write(
     api: TestClient, tmp_path: Path

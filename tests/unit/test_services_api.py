@@ -204,6 +204,48 @@ def test_a_service_is_a_job_of_replicas_placed_like_any_job(
     assert api.post("/api/v1/services/nothing/stop").status_code == 404
 
 
+def test_a_replica_tells_the_outputs_of_a_version_that_has_none(
+    served: tuple[TestClient, Path],
+) -> None:
+    """A checkpoint's signature has no outputs until a replica that serves it says what it
+    answers; the first report stays, a replica that is not ready or of another service's
+    model changes nothing, and what it says is checked like any spec."""
+    from sqlalchemy import update
+
+    from trainhouse.store import tables
+
+    api, _ = served
+    store = services(api).store
+    with store.transaction() as conn:  # what a checkpoint's record has: declared inputs only
+        conn.execute(
+            update(tables.model_versions).values(
+                signature={
+                    "inputs": [{"name": "x", "shape": [None, 4], "dtype": "float32"}],
+                    "outputs": [],
+                }
+            )
+        )
+    rt = start(api).json()
+    out = [{"name": "output", "shape": [None, 3], "dtype": "float32"}]
+    signature = lambda: api.get("/api/v1/models/tiny/versions/1").json()["signature"]  # noqa: E731
+    assert call(api, rt, version=1, state="loading", outputs=out).status_code == 200
+    assert signature()["outputs"] == []  # not ready: nothing learned yet
+    bad = call(api, rt, version=1, outputs=[{"name": "o", "shape": [None], "dtype": "Float!"}])
+    assert bad.status_code == 422
+    many = call(api, rt, version=1, outputs=out * 17)
+    assert many.status_code == 422
+    assert call(api, rt, version=1, outputs=out).status_code == 200
+    assert signature() == {
+        "inputs": [{"name": "x", "shape": [None, 4], "dtype": "float32"}],
+        "outputs": out,
+    }
+    other = [{"name": "y", "shape": [None, 9], "dtype": "int64"}]
+    assert call(api, rt, version=1, outputs=other).status_code == 200
+    assert signature()["outputs"] == out  # the first report stays
+    assert call(api, rt, version=7, outputs=other).status_code == 200  # no such version
+    assert signature()["outputs"] == out
+
+
 @pytest.mark.parametrize(
     ("url", "says"),
     [

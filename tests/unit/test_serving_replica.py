@@ -16,7 +16,7 @@ from starlette.testclient import TestClient
 from trainhouse.errors import ModelError
 from trainhouse.jobfs.storage import open_storage
 from trainhouse.sdk._model import write_model
-from trainhouse.serving.replica import build_app, load, loader_function
+from trainhouse.serving.replica import build_app, learn_outputs, load, loader_function
 
 
 @pytest.fixture(scope="module")
@@ -248,3 +248,25 @@ def test_one_odd_request_does_not_fail_its_batch() -> None:
         for answer, x in zip((answers[0], answers[2], answers[4]), good, strict=True):
             assert not isinstance(answer, BaseException), answer
             assert torch.allclose(torch.tensor(answer[0]), module(x), atol=1e-6)
+
+
+def test_a_replica_learns_the_outputs_of_a_model_whose_record_has_none() -> None:
+    """A checkpoint's record declares its inputs only: the replica runs the model on a batch
+    of them as it loads it and knows what it answers; a model that fails on them, answers no
+    tensor, or has no declared inputs leaves its outputs unknown (and still loads)."""
+    two = {"inputs": [{"name": "x", "shape": [None, 3], "dtype": "float32"}], "outputs": []}
+
+    class Pair(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            return x.sum(dim=1), x.long()
+
+    assert learn_outputs(torch.nn.Linear(3, 2), two, "cpu") == [
+        {"name": "output", "shape": [None, 2], "dtype": "float32"}
+    ]
+    assert learn_outputs(Pair(), two, "cpu") == [
+        {"name": "output_0", "shape": [None], "dtype": "float32"},
+        {"name": "output_1", "shape": [None, 3], "dtype": "int64"},
+    ]
+    assert learn_outputs(torch.nn.Linear(5, 2), two, "cpu") is None  # fails on the inputs
+    assert learn_outputs(lambda x: {"y": x}, two, "cpu") is None  # answers no tensor
+    assert learn_outputs(torch.nn.Linear(3, 2), {"inputs": [], "outputs": []}, "cpu") is None

@@ -31,6 +31,7 @@ from trainhouse.cli.render import (
     exit_words,
     fail,
     fmt_value,
+    job_state,
     page_url,
     placement_words,
     print_json,
@@ -339,7 +340,7 @@ def ps_columns(jobs: list[Job], chosen: list[str]) -> list[fit.Column]:
             str(j["id"]),
             j["name"],
             j["owner"],
-            Text.from_markup(state(j["state"])),
+            Text.from_markup(state(job_state(j))),
             j["priority"],
             str(ranks),
             step,
@@ -385,7 +386,7 @@ def show(
         print_json(job)
         return
     res = job["spec"]["resources"]
-    console.print(f"[bold]job {job['id']}[/] {job['name']}  {state(job['state'])}")
+    console.print(f"[bold]job {job['id']}[/] {job['name']}  {state(job_state(job))}")
     rows = [
         ("owner", job["owner"]),
         ("project", job.get("project") or "default"),

@@ -6,7 +6,7 @@ import json
 import signal
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any, NoReturn
 
@@ -74,11 +74,20 @@ STATE_STYLE = {
     "COMPLETED": "green",
     "FAILED": "red",
     "CANCELED": "dim",
+    "PRUNED": "dark_orange",
 }
 
 
 def state(s: str) -> str:
     return f"[{STATE_STYLE.get(s, 'white')}]{s}[/]"
+
+
+def job_state(job: Mapping[str, Any]) -> str:
+    """A job's state as listings show it: PRUNED for a search's trial its pruner stopped (the
+    job is COMPLETED: it ended early on purpose), else its state."""
+    if job["state"] == "COMPLETED" and job.get("prune_requested"):
+        return "PRUNED"
+    return str(job["state"])
 
 
 def fmt_value(v: float | None) -> str:

@@ -41,11 +41,21 @@ def _counts(search: Search) -> str:
     return ", ".join(f"{counts.get(k, 0)} {k.lower()}" for k in _COUNTED)
 
 
+def _cell(v: object) -> str:
+    """A trial's value in a table: "-" for none yet (a running trial's best), numbers in 4
+    significant digits, anything else (a categorical hparam) as it is."""
+    if v is None:
+        return "-"
+    if isinstance(v, float | int) and not isinstance(v, bool):
+        return fmt_value(float(v)) if isinstance(v, float) else str(v)
+    return str(v)
+
+
 def _best(search: SearchDetail) -> str:
     best = search.get("best")
     if not best:
         return "no trial completed yet"
-    params = " ".join(f"{k}={fmt_value(v)}" for k, v in best["params"].items())
+    params = " ".join(f"{k}={_cell(v)}" for k, v in best["params"].items())
     return (
         f"best: trial {best['number']} (job {best['job_id']}) "
         f"{search['metric']}={fmt_value(best['value'])}  {params}"
@@ -123,6 +133,9 @@ def list_(
     if as_json:
         print_json(found)
         return
+    if not found:
+        console.print("no searches" + ("" if all else " running (--all shows ended ones)"))
+        return
     table = Table("ID", "NAME", "OWNER", "STATE", "METHOD", "METRIC", "TRIALS", "CREATED")
     for s in found:
         counts = s.get("trial_counts") or {}
@@ -167,10 +180,10 @@ def show(
             str(t["number"]),
             str(t["job_id"]),
             t["state"],
-            *(fmt_value(t["params"].get(n)) for n in names),
-            fmt_value(t["latest"]),
-            fmt_value(t["best"]),
-            "" if t["last_step"] is None else str(t["last_step"]),
+            *(_cell(t["params"].get(n)) for n in names),
+            _cell(t["latest"]),
+            _cell(t["best"]),
+            "-" if t["last_step"] is None else str(t["last_step"]),
             duration(t["duration"]),
             t.get("reason") or "",
         )
@@ -201,8 +214,10 @@ def best(
     if ckpt:
         console.print(
             f"  checkpoint {ckpt['id']} at step {ckpt['step']}: {ckpt['path']}\n"
-            f"  download: trainhouse checkpoints {found['job_id']}",
+            f"  download it: trainhouse checkpoints {found['job_id']} "
+            f"--download {ckpt['step']} DIR",
             highlight=False,
+            markup=False,
         )
     else:
         console.print("  no checkpoint", highlight=False)

@@ -35,8 +35,15 @@ that sets one makes its request non-simple: the preflight is never granted, so i
 sent), or when it shows no browser's sign at all: no ``Origin`` and no ``Sec-Fetch-Site``
 (every browser in use sends ``Origin`` with a cross-origin POST or PUT, and ``Sec-Fetch-Site``
 with every request). A write with another site's ``Origin`` or a cross-site ``Sec-Fetch-Site``
-is refused there as everywhere. The rest of the API keeps the stricter rule: submitting a job
-runs code, and an MLflow write makes at most a tracked run, its metrics and its files.
+is refused there as everywhere.
+
+**Predictions** (``POST /api/v1/services/NAME/predict``, :mod:`trainhouse.server.predict`) are
+sent by inference clients, which carry a token but no ``X-Trainhouse-Request``. One passes when
+it carries ``Authorization: Bearer ...`` and shows no browser's sign (no ``Origin``, no
+``Sec-Fetch-Site``), or shows this server's own origin; one with another site's ``Origin`` or a
+cross-site ``Sec-Fetch-Site`` is refused, token or not. The token itself is checked after this
+guard, as on every route. The rest of the API keeps the stricter rule: submitting a job runs
+code, and an MLflow write makes at most a tracked run, its metrics and its files.
 
 Both rules hold whether auth is on or off. Requests other than HTTP (the lifespan) pass; the
 app has no WebSocket routes. The answers are the API's error shape::
@@ -65,6 +72,8 @@ _DEFAULT_PORTS = {"http": "80", "https": "443", "ws": "80", "wss": "443"}
 _CSRF_HEADER = CSRF_HEADER.lower().encode()
 #: the MLflow API's mount (trainhouse.server.mlflow): writes from non-browser clients pass
 MLFLOW_PREFIX = "/mlflow/"
+#: predictions (trainhouse.server.predict): a bearer token without a browser's sign passes
+PREDICT_PREFIX, PREDICT_SUFFIX = "/api/v1/services/", "/predict"
 
 
 def host_of(value: str) -> str:
@@ -166,8 +175,10 @@ class OriginGuard:
         """Why a write may come from another origin's page; None when it cannot."""
         if headers.get(_CSRF_HEADER) == ["1"]:
             return None
-        mlflow = scope["path"].startswith(MLFLOW_PREFIX)
-        if mlflow and any(a.startswith("Bearer ") for a in headers.get(b"authorization", [])):
+        path: str = scope["path"]
+        mlflow = path.startswith(MLFLOW_PREFIX)
+        bearer = any(a.startswith("Bearer ") for a in headers.get(b"authorization", []))
+        if mlflow and bearer:
             return None  # set by a program (a page that sets it must be preflighted: refused)
         own = origin_of(scope.get("scheme", "http"), host)
         origins = headers.get(b"origin", [])
@@ -183,6 +194,8 @@ class OriginGuard:
             return None  # a browser without Sec-Fetch-Site, on a page of this server
         if mlflow:
             return None  # no browser's sign at all: the mlflow client, curl
+        if bearer and path.startswith(PREDICT_PREFIX) and path.endswith(PREDICT_SUFFIX):
+            return None  # an inference client with its token (checked by the route's auth)
         return "shows neither (no Origin or Sec-Fetch-Site header)"
 
 

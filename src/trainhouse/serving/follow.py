@@ -63,6 +63,7 @@ class Follower:
         self.current: Loaded | None = None
         self.failed_version: int | None = None
         self.batcher: Batcher | None = None
+        self.told_outputs: int | None = None  # the version whose learned outputs it told
         self.interval = 1.0
         self.device = device_of(int(os.environ.get("LOCAL_RANK", rank)))
 
@@ -82,12 +83,25 @@ class Follower:
             "error": self.error,
             "stats": stats,
         }
+        learned = self._untold_outputs()
+        if learned is not None:
+            body["outputs"] = learned
         resp = self.http.post(f"/jobs/{self.job_id}/replicas", json=body)
         if resp.status_code != 200:
             raise RuntimeError(f"the server answered {resp.status_code}: {resp.text[:300]}")
+        if learned is not None and self.current is not None:
+            self.told_outputs = self.current.version
         target: dict[str, Any] = resp.json()
         self.interval = min(max(float(target.get("interval", 1.0)), 0.2), 10.0)
         return target
+
+    def _untold_outputs(self) -> list[dict[str, Any]] | None:
+        """The outputs this replica learned of the version it serves, until the server has
+        heard them once (it records them as that version's, when it has none)."""
+        current = self.current
+        if current is None or self.state != "ready" or current.version == self.told_outputs:
+            return None
+        return current.learned_outputs
 
     # -- a version's files -------------------------------------------------------------------
     def fetch(self, target: dict[str, Any]) -> tuple[Path, Path | None]:

@@ -72,6 +72,43 @@ class Loaded:
     name: str
     version: int
     device: str = "cpu"  # where the module's weights are; inputs go there, outputs come back
+    # the outputs this replica learned as it loaded a model whose record has none (a
+    # checkpoint's): told to the server, which records them as the version's
+    learned_outputs: list[dict[str, Any]] | None = None
+
+
+def learn_outputs(
+    module: Any, signature: dict[str, Any], device: str
+) -> list[dict[str, Any]] | None:
+    """What ``module`` answers for a batch of 2 examples of the signature's inputs (zeros):
+    each output's name, dtype and shape, the batch first; None when the signature declares no
+    inputs, or the model fails on them or answers something else than tensors (the first
+    prediction then says why)."""
+    import torch
+
+    specs = list(signature.get("inputs") or [])
+    if not specs:
+        return None
+    try:
+        batch = [
+            torch.zeros([2, *spec["shape"][1:]], dtype=getattr(torch, str(spec["dtype"])))
+            for spec in specs
+        ]
+        with torch.no_grad():
+            answer = module(*(t.to(device) for t in batch))
+    except Exception as exc:  # the job's code: anything may fail
+        print(
+            f"its outputs are not known: it failed on example inputs: {exc}"[:500], file=sys.stderr
+        )
+        return None
+    found = list(answer) if isinstance(answer, tuple | list) else [answer]
+    if not found or not all(isinstance(t, torch.Tensor) and t.dim() >= 1 for t in found):
+        return None
+    names = ["output"] if len(found) == 1 else [f"output_{i}" for i in range(len(found))]
+    return [
+        {"name": n, "shape": [None, *t.shape[1:]], "dtype": str(t.dtype).split(".")[-1]}
+        for n, t in zip(names, found, strict=True)
+    ][:16]
 
 
 def loader_function(workdir: Path, loader: str) -> Any:
@@ -127,7 +164,13 @@ def load(
         module.eval()
     if device != "cpu":
         module = module.to(device)
-    return Loaded(module, dict(record["signature"]), str(record["name"]), version, device)
+    signature = dict(record["signature"])
+    learned = None
+    if not signature.get("outputs"):
+        learned = learn_outputs(module, signature, device)
+        if learned:
+            signature["outputs"] = learned
+    return Loaded(module, signature, str(record["name"]), version, device, learned)
 
 
 @dataclass

@@ -29,6 +29,7 @@ __all__ = ["ModelRepo", "check_alias"]
 
 VersionList = list[ModelVersion]
 FileList = list[dict[str, Any]]  # ``ModelRepo.list`` shadows the builtin in the class
+SpecList = list[dict[str, Any]]  # a signature's inputs or outputs
 
 
 def check_alias(alias: str) -> str:
@@ -276,6 +277,30 @@ class ModelRepo:
                 )
                 same = number
         return self.version(name, int(same))
+
+    def learn_outputs(self, name: str, version: int, outputs: SpecList) -> bool:
+        """Record ``outputs`` as the signature's outputs of a version that has none yet (a
+        checkpoint, whose outputs a replica learns once it serves it); False when it had some
+        already (or there is no such version): the first report stays."""
+        with self.db.transaction() as conn:
+            model_id = self._model_id(conn, name)
+            row = conn.execute(
+                select(t.model_versions.c.id, t.model_versions.c.signature).where(
+                    t.model_versions.c.model_id == model_id, t.model_versions.c.version == version
+                )
+            ).first()
+            if row is None:
+                return False
+            signature = dict(row.signature or {})
+            if signature.get("outputs"):
+                return False
+            signature["outputs"] = outputs
+            conn.execute(
+                update(t.model_versions)
+                .where(t.model_versions.c.id == row.id)
+                .values(signature=signature)
+            )
+        return True
 
     def set_alias(self, name: str, alias: str, version: int) -> ModelVersion:
         """Point ``alias`` at ``version`` (made, or moved from where it was)."""

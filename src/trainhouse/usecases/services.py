@@ -194,10 +194,16 @@ def heartbeat(
     state: str,
     error: str | None,
     stats: dict[str, int],
+    outputs: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """A replica of ``job`` (the job whose credential called) says where it listens (a
     loopback address or one of its job's nodes) and what it serves; the answer is what its
-    service should serve now (``version`` null while its ref names none)."""
+    service should serve now (``version`` null while its ref names none). ``outputs``: what
+    the model of ``version`` answers, which the replica learned as it loaded it; recorded as
+    the signature's outputs of that version when it has none (a checkpoint's), for the
+    version the service serves only."""
+    if outputs and version is not None and state == "ready":
+        learn_outputs(rt, job, version, outputs)
     hosts = {placed.node for placed in job.placement}
     return rt.replicas.heartbeat(
         job,
@@ -210,6 +216,22 @@ def heartbeat(
         stats=stats,
         allowed_hosts=hosts,
     )
+
+
+def learn_outputs(rt: Runtime, job: Job, version: int, outputs: list[dict[str, Any]]) -> None:
+    """Record what a replica of ``job`` says version ``version`` of its model outputs, when
+    its service serves that version and its signature has no outputs yet (nothing happens
+    otherwise: the first report stays, and a replica changes no other version)."""
+    service = rt.store.services.of_job(job.id)
+    if service is None:
+        return
+    try:
+        found = rt.store.models.version(service.model, version)
+    except NotFound:
+        return
+    if found.signature.get("outputs"):
+        return
+    rt.store.models.learn_outputs(service.model, version, outputs)
 
 
 def _served_version(rt: Runtime, job: Job, version: int) -> tuple[ServiceRecord, ModelVersion]:

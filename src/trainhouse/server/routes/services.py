@@ -16,6 +16,7 @@ from fastapi import APIRouter, Depends, Path, Request
 from fastapi.responses import FileResponse, Response, StreamingResponse
 from pydantic import BaseModel, Field
 
+from trainhouse.core.modelrecord import TensorSpec
 from trainhouse.core.records import Job
 from trainhouse.core.spec import Priority
 from trainhouse.server.auth import reporting_job, signed_in, writer
@@ -72,6 +73,12 @@ class ReplicaIn(BaseModel):
     state: Literal["loading", "ready", "failed"]
     error: str | None = Field(None, max_length=2000)
     stats: ReplicaStats = Field(default_factory=ReplicaStats)
+    outputs: list[TensorSpec] | None = Field(
+        None,
+        max_length=16,
+        description="What the model of version answers (the replica ran it as it loaded it): "
+        "recorded as that version's outputs when its signature has none",
+    )
 
 
 class ReplicaOut(BaseModel):
@@ -219,6 +226,7 @@ def replica_heartbeat(
         state=body.state,
         error=body.error,
         stats=body.stats.model_dump(),
+        outputs=None if body.outputs is None else [o.model_dump() for o in body.outputs],
     )
 
 

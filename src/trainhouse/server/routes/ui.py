@@ -54,6 +54,7 @@ STATIC_FILES = (
     "cluster.js",
     "search.js",
     "models.js",
+    "modelactions.js",
     "services.js",
     "datasets.js",
     "flows.js",

@@ -2,6 +2,7 @@
 // all the charts (a click hides or shows a job), the x axis by step, time since each run's
 // start, or another logged metric (paired by step), and the jobs' numbers (comparetable.js).
 import { hparamsTable } from "./runs.js";
+import { jobState } from "./search.js";
 import { ChartGrid, MetricSeries, chartControls } from "./charts.js";
 import { numbersTable } from "./comparetable.js";
 import {
@@ -188,7 +189,7 @@ export function comparePage(view, query) {
             draw();
           } }, h("span", { class: "swatch", style: `background:${colors.get(id)}` })),
         h("a", { href: `#/jobs/${id}` }, `#${id} ${s.job ? s.job.name : ""}`), " ",
-        s.job ? badge(s.job.state) : null,
+        s.job ? badge(jobState(s.job)) : null,
         s.error ? h("span", { class: "error" }, ` ${s.error}`) : null);
     }));
     const jobs = [...sources.values()].map((s) => s.job).filter(Boolean);
@@ -253,7 +254,7 @@ export function comparePage(view, query) {
           idsInput.value = [...chosen].join(",");
         } });
       return h("tr", { testid: "compare-pick-row" }, h("td", {}, box), h("td", { class: "num" }, String(j.id)),
-        h("td", {}, j.name), h("td", {}, j.owner), h("td", {}, badge(j.state)), h("td", {}, metricsText(j.latest_metrics)));
+        h("td", {}, j.name), h("td", {}, j.owner), h("td", {}, badge(jobState(j))), h("td", {}, metricsText(j.latest_metrics)));
     }));
     return false; // read once (and again when the name filter changes)
   }, POLL_MS);

@@ -13,6 +13,7 @@ import {
   timeCell,
 } from "./core.js";
 import { actionPanel, mayChange } from "./runactions.js";
+import { jobState } from "./search.js";
 
 // the fixed columns, in order; the chosen ones come after the state. Any but the first two
 // (select, actions) may be hidden.
@@ -237,7 +238,7 @@ export function jobsPage(view, query) {
           title: "this job is a trial of a hyperparameter search" }, `search ${job.search_id}`)] : null),
       owner: () => h("td", { class: "col-owner" }, h("a", { href: "#", class: "plain", title: `only ${job.owner}'s jobs`,
         onclick: (e) => { e.preventDefault(); owner.value = job.owner; st.owner = job.owner; changed(); } }, job.owner)),
-      state: () => h("td", { class: "col-state", title: job.reason || "" }, badge(job.state, "state-badge")),
+      state: () => h("td", { class: "col-state", title: job.reason || "" }, badge(jobState(job), "state-badge")),
       priority: () => h("td", { class: "col-priority" }, job.priority),
       progress: () => h("td", { class: "col-progress" }, progressCell(job)),
       metrics: () => h("td", { class: "col-metrics", title: Object.entries(job.latest_metrics || {}).map(([k, v]) => `${k}: ${v}`).join("\n") },

@@ -1,10 +1,19 @@
 // Hyperparameter searches: the list (#/searches) and a search's page (#/searches/<id>): its
 // trials (sortable), best-so-far over trials, each trial's objective curve (pruned ones
-// marked), parallel coordinates of hparams against the objective, and hparam importances.
+// marked), parallel coordinates of hparams against the objective (a log_uniform hparam on a log
+// axis), and hparam importances; Cancel (its owner and admins, asked first) and a link that
+// compares its trials' jobs.
 import { PALETTE, POLL_MS, api, fmtDuration, fmtNum, h, kv, timeCell } from "./core.js";
 import { drawChart, plotlyText } from "./charts.js";
 
 const TRIAL_STATES = ["QUEUED", "RUNNING", "COMPLETED", "PRUNED", "FAILED"];
+
+/** A job's state as lists show it (the job list, the compare page): PRUNED for a search's
+ * trial its pruner stopped (the job itself is COMPLETED: it ended early on purpose), else its
+ * state. */
+export function jobState(job) {
+  return job.state === "COMPLETED" && job.prune_requested ? "PRUNED" : job.state;
+}
 
 function countsText(counts) {
   return TRIAL_STATES.map((s) => `${(counts || {})[s] || 0} ${s.toLowerCase()}`).join(" · ");
@@ -90,12 +99,38 @@ function drawCurves(el, curves, metric) {
   }, { responsive: true, displaylogo: false });
 }
 
+/** The dotted names of the spec's hparams sampled on a log scale ({log_uniform: [low, high]}). */
+export function logScaled(hparams, prefix = "") {
+  const found = new Set();
+  for (const [key, value] of Object.entries(hparams || {})) {
+    if (!value || typeof value !== "object" || Array.isArray(value)) continue;
+    if (Array.isArray(value.log_uniform)) found.add(prefix + key);
+    else for (const inner of logScaled(value, `${prefix}${key}.`)) found.add(inner);
+  }
+  return found;
+}
+
+/** A parallel-coordinates axis of positive values on a log scale: Plotly's parcoords has no
+ * log axis, so the values are log10 and the ticks (each power of ten in range) say the values. */
+function logAxis(label, vals) {
+  const logs = vals.map((v) => Math.log10(v));
+  const lo = Math.floor(Math.min(...logs));
+  const hi = Math.ceil(Math.max(...logs));
+  const ticks = [];
+  for (let e = lo; e <= hi; e += 1) ticks.push(e);
+  return { label: plotlyText(`${label} (log)`), values: logs, tickvals: ticks,
+    ticktext: ticks.map((e) => (Math.abs(e) <= 4 ? String(Number(`1e${e}`)) : `1e${e}`)),
+    range: [lo, hi] };
+}
+
 function drawParallel(el, view) {
   if (!window.Plotly) return;
   const rows = view.trials.filter((t) => t.value !== null || t.latest !== null);
   const names = [...new Set(view.trials.flatMap((t) => Object.keys(t.params)))].sort();
+  const logs = logScaled((view.spec || {}).hparams);
   const dims = names.map((name) => {
     const vals = rows.map((t) => t.params[name]);
+    if (logs.has(name) && vals.length && vals.every((v) => typeof v === "number" && v > 0)) return logAxis(name, vals);
     if (vals.every((v) => typeof v === "number")) return { label: plotlyText(name), values: vals };
     const cats = [...new Set(vals.map(String))].sort();
     return { label: plotlyText(name), values: vals.map((v) => cats.indexOf(String(v))), tickvals: cats.map((_, i) => i), ticktext: cats.map(plotlyText) };
@@ -122,6 +157,43 @@ export function searchPage(view, id) {
   const parallel = h("div", { class: "chart", testid: "chart-parallel" });
   const importances = h("div", { class: "chart", testid: "chart-importances" });
   let last = null;
+  let me = null;
+
+  // "compare these trials": the trials' jobs on the compare page (its table, curves, x axis)
+  const compareLink = h("a", { class: "button", testid: "search-compare", hidden: true }, "Compare these trials");
+  // Cancel: its owner and admins (anyone, auth off); viewers never see it; asked first
+  const message = h("span", { class: "muted", testid: "search-cancel-message" }, "");
+  const cancelBtn = h("button", { class: "danger", testid: "search-cancel", hidden: true,
+    onclick: () => { dialog.hidden = false; cancelBtn.hidden = true; } }, "Cancel search");
+  const dialog = h("span", { class: "confirm", testid: "search-cancel-dialog", hidden: true },
+    `Cancel search ${id}? No new trials start; its running trials are canceled.`,
+    h("button", { class: "danger", testid: "search-cancel-confirm", onclick: () => doCancel() }, "Yes, cancel it"),
+    h("button", { testid: "search-cancel-abort", onclick: () => { dialog.hidden = true; actions(); } }, "Keep searching"));
+  const mayCancel = (s) => Boolean(me) && (me.role === "open" || me.role === "admin" ||
+    (me.role === "member" && me.name === s.owner));
+
+  function actions() {
+    if (!last) return;
+    const ids = last.trials.map((t) => t.job_id);
+    compareLink.hidden = !ids.length;
+    compareLink.setAttribute("href", `#/compare?ids=${ids.join(",")}`);
+    const running = last.state === "RUNNING";
+    if (!running) dialog.hidden = true;
+    cancelBtn.hidden = !running || !mayCancel(last) || !dialog.hidden;
+  }
+
+  async function doCancel() {
+    dialog.hidden = true;
+    message.textContent = "canceling…";
+    try {
+      await api(`/searches/${id}/cancel`, { method: "POST" });
+      message.textContent = "";
+    } catch (err) {
+      message.textContent = `cancel refused: ${err.message}`;
+    }
+    actions();
+    view.wake();
+  }
 
   const render = () => {
     if (!last) return;
@@ -146,20 +218,24 @@ export function searchPage(view, id) {
         h("td", {}, h("span", { class: `badge state-${t.state}` }, t.state)),
         names.map((n) => h("td", { class: "num" }, t.params[n] === undefined ? "" : fmtNum(t.params[n]))),
         h("td", { class: "num", testid: "trial-value" }, t.value === null ? "" : fmtNum(t.value)),
-        h("td", { class: "num" }, t.latest === null ? "" : fmtNum(t.latest)),
-        h("td", { class: "num" }, t.best === null ? "" : fmtNum(t.best)),
+        h("td", { class: "num", testid: "trial-latest" }, t.latest === null ? "—" : fmtNum(t.latest)),
+        h("td", { class: "num", testid: "trial-best" }, t.best === null ? "—" : fmtNum(t.best)),
         h("td", { class: "num" }, t.last_step === null ? "" : String(t.last_step)),
         h("td", { class: "num" }, t.duration === null ? "" : fmtDuration(t.duration)))));
   };
 
   view.poll(async () => {
-    const [data, curveData, imp] = await Promise.all([
-      api(`/searches/${id}`), api(`/searches/${id}/curves`), api(`/searches/${id}/importances`)]);
+    const [data, curveData, imp, who] = await Promise.all([
+      api(`/searches/${id}`), api(`/searches/${id}/curves`), api(`/searches/${id}/importances`),
+      me ? Promise.resolve(me) : api("/whoami")]);
     if (!view.alive) return false;
     last = data;
+    me = who;
     document.title = `${data.name} · search ${id} · trainhouse`;
     head.replaceChildren(h("h1", {}, `Search ${id}: ${data.name}`),
-      h("span", { class: `badge state-${data.state}`, testid: "search-state" }, data.state));
+      h("span", { class: `badge state-${data.state}`, testid: "search-state" }, data.state),
+      h("span", { class: "actions" }, compareLink, cancelBtn, dialog, message));
+    actions();
     const top = data.best;
     facts.replaceChildren(
       ...kv("method", `${data.method} + ${data.early_stopping}`),
