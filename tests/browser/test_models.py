@@ -68,5 +68,8 @@ def test_the_models_pages_show_versions_aliases_lineage_and_signature(
     expect(version.get_by_test_id("version-signature")).to_have_text(
         "input: float32[batch, 3] → output: float32[batch, 2]"
     )
+    # at 1400 px every column, the actions last, is in view: long values wrap, never scroll
+    wrap = page.get_by_test_id("versions-table").locator("xpath=..")
+    assert wrap.evaluate("w => w.scrollWidth <= w.clientWidth"), "the versions table overflows"
     version.get_by_test_id("version-job").click()
     expect(page).to_have_url(f"{server.url}/#/jobs/{job['id']}")

@@ -49,15 +49,19 @@ def _job(page: Page) -> None:
     _charts(page, 2)
 
 
-@_page("dashboard-runs.png", "#/jobs")
+@_page("dashboard-runs.png", "#/jobs?columns=hparams.lr,metrics.val_acc.max,metrics.val_loss.min")
 def _runs(page: Page) -> None:
     expect(page.locator("table tbody tr").first).to_be_visible()
     expect(page.get_by_text("digits-cnn").first).to_be_visible()
+    expect(page.locator("td[data-field='metrics.val_acc.max']").first).not_to_be_empty()
 
 
 @_page("dashboard-compare.png", "#/compare?ids=1,2")
 def _compare(page: Page) -> None:
     _charts(page, 2)
+    numbers = page.get_by_test_id("numbers-row").first
+    expect(numbers).to_be_visible()
+    numbers.scroll_into_view_if_needed()  # the numbers table in view
 
 
 @_page("dashboard-models.png", f"#/models/{MODEL}")
