@@ -340,3 +340,54 @@ def _interrupting_import(ctrl_c: Any) -> Any:
         return real(name, *args, **kwargs)
 
     return fake
+
+
+@pytest.mark.parametrize("command", ["checkpoints", "artifacts", "models"])
+def test_downloads_report_progress_to_the_client_and_say_where(
+    command: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """``checkpoints --download``, ``artifacts --download`` and ``models download`` share one
+    progress bar: the client gets a callback that takes (done, total), and the command says
+    where the files went (or prints JSON)."""
+    from typer.testing import CliRunner
+
+    seen: list[tuple[int, int | None]] = []
+
+    class Fake:
+        url = "http://x"
+
+        def __enter__(self) -> Any:
+            return self
+
+        def __exit__(self, *exc: object) -> None:
+            pass
+
+        def _fetch(self, dest: Path, progress: Any) -> Path:
+            for done in (0, 512, 1024):
+                progress(done, 1024)
+                seen.append((done, 1024))
+            return dest / "got"
+
+        def download_checkpoint(self, job_id: int, step: Any, dest: Path, **kw: Any) -> Path:
+            return self._fetch(dest, kw["progress"])
+
+        def download_artifacts(self, job_id: int, path: str, dest: Path, **kw: Any) -> list[Path]:
+            return [self._fetch(dest, kw["progress"])]
+
+        def download_model(self, ref: str, dest: Path, **kw: Any) -> Path:
+            return self._fetch(dest, kw["progress"])
+
+    monkeypatch.setattr("trainhouse.cli.options.client", lambda url: Fake())
+    args = {
+        "checkpoints": ["checkpoints", "7", "--download", "latest", str(tmp_path)],
+        "artifacts": ["artifacts", "7", "--download", "notes.txt", str(tmp_path)],
+        "models": ["models", "download", "m@prod", str(tmp_path)],
+    }[command]
+    runner = CliRunner()
+    shown = runner.invoke(app, args)
+    assert shown.exit_code == 0, shown.output
+    assert str(tmp_path / "got") in shown.output.replace("\n", "")
+    assert seen == [(0, 1024), (512, 1024), (1024, 1024)]
+    as_json = runner.invoke(app, [*args, "--json"])
+    assert as_json.exit_code == 0, as_json.output
+    assert str(tmp_path / "got") in repr(json.loads(as_json.stdout))

@@ -63,29 +63,13 @@ def artifacts(
 
 
 def _download(job_id: int, path: str, dest: Path, url: str | None, as_json: bool) -> None:
-    from rich.progress import BarColumn, DownloadColumn, Progress, TransferSpeedColumn
-
     wanted = "" if path.strip() in (".", "/") else path
     with (
         errors(),
         options.client(url) as c,
-        Progress(
-            "[progress.description]{task.description}",
-            BarColumn(),
-            DownloadColumn(),
-            TransferSpeedColumn(),
-            console=render.err_console,
-            transient=True,
-            disable=as_json,
-        ) as bar,
+        render.download_progress(f"job {job_id} artifacts", quiet=as_json) as progress,
     ):
-        task = bar.add_task(f"job {job_id} artifacts", total=None)
-        got = c.download_artifacts(
-            job_id,
-            wanted,
-            dest,
-            progress=lambda done, total: bar.update(task, completed=done, total=total),
-        )
+        got = c.download_artifacts(job_id, wanted, dest, progress=progress)
     if as_json:
         print_json({"job_id": job_id, "paths": [str(p) for p in got]})
     else:

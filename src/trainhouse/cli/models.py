@@ -15,7 +15,7 @@ from rich.table import Table
 
 from trainhouse.cli import options
 from trainhouse.cli.options import Json, Url
-from trainhouse.cli.render import ago, console, errors, fmt_value, print_json
+from trainhouse.cli.render import ago, console, download_progress, errors, fmt_value, print_json
 
 if TYPE_CHECKING:
     from trainhouse.client.records import ModelVersion
@@ -200,20 +200,12 @@ def download(
     url: Url = None,
 ) -> None:
     """Fetch a version's files into DIR/NAME-vVERSION, checking each one's sha256."""
-    from rich.progress import BarColumn, DownloadColumn, Progress, TransferSpeedColumn
-
-    with errors(), options.client(url) as c:
-        if as_json:
-            path = c.download_model(ref, dest)
-        else:
-            columns = (BarColumn(), DownloadColumn(), TransferSpeedColumn())
-            with Progress(*columns, console=console, transient=True) as bar:
-                task = bar.add_task("download", total=None)
-                path = c.download_model(
-                    ref,
-                    dest,
-                    progress=lambda done, total: bar.update(task, completed=done, total=total),
-                )
+    with (
+        errors(),
+        options.client(url) as c,
+        download_progress(f"{ref}", quiet=as_json) as progress,
+    ):
+        path = c.download_model(ref, dest, progress=progress)
     if as_json:
         print_json({"path": str(path)})
         return

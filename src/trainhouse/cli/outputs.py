@@ -208,8 +208,6 @@ def checkpoints(
 
 
 def _download(job_id: int, step_text: str, dest: Path, url: str | None, as_json: bool) -> None:
-    from rich.progress import BarColumn, DownloadColumn, Progress, TransferSpeedColumn
-
     if step_text == "latest":
         step = None
     else:
@@ -223,23 +221,9 @@ def _download(job_id: int, step_text: str, dest: Path, url: str | None, as_json:
     with (
         errors(),
         options.client(url) as c,
-        Progress(
-            "[progress.description]{task.description}",
-            BarColumn(),
-            DownloadColumn(),
-            TransferSpeedColumn(),
-            console=render.err_console,
-            transient=True,
-            disable=as_json,
-        ) as bar,
+        render.download_progress(f"job {job_id} checkpoint", quiet=as_json) as progress,
     ):
-        task = bar.add_task(f"job {job_id} checkpoint", total=None)
-        path = c.download_checkpoint(
-            job_id,
-            step,
-            dest,
-            progress=lambda done, total: bar.update(task, completed=done, total=total),
-        )
+        path = c.download_checkpoint(job_id, step, dest, progress=progress)
     if as_json:
         print_json({"job_id": job_id, "path": str(path)})
     else:

@@ -6,7 +6,7 @@ import json
 import signal
 import sys
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any, NoReturn
 
@@ -134,3 +134,25 @@ def page_url(server_url: str, route: str) -> str:
     from urllib.parse import quote
 
     return f"{server_url.rstrip('/')}/#/{quote(route, safe='/')}"
+
+
+@contextmanager
+def download_progress(
+    what: str, *, quiet: bool = False
+) -> Iterator[Callable[[int, int | None], None]]:
+    """A transfer's progress bar on stderr (bytes, total, speed; gone once it ends, silent when
+    ``quiet``, for --json): yields the ``progress(done, total)`` callback the client's downloads
+    take."""
+    from rich.progress import BarColumn, DownloadColumn, Progress, TransferSpeedColumn
+
+    with Progress(
+        "[progress.description]{task.description}",
+        BarColumn(),
+        DownloadColumn(),
+        TransferSpeedColumn(),
+        console=err_console,
+        transient=True,
+        disable=quiet,
+    ) as bar:
+        task = bar.add_task(what, total=None)
+        yield lambda done, total: bar.update(task, completed=done, total=total)
