@@ -246,6 +246,48 @@ def test_a_replica_tells_the_outputs_of_a_version_that_has_none(
     assert signature()["outputs"] == out
 
 
+def test_a_replica_tells_no_outputs_of_a_version_its_service_does_not_serve(
+    served: tuple[TestClient, Path],
+) -> None:
+    """A replica runs its model owner's code: what it says a version outputs is recorded for
+    the version its service's ref names now, never for another version of the model (whose
+    signature would keep the first report for good)."""
+    from sqlalchemy import update
+
+    from trainhouse.store import tables
+
+    api, directory = served
+    store = services(api).store
+    maker = store.models.version("tiny", 1).job_id
+    record = write_model(
+        open_storage(directory.parent.parent.parent),
+        "tiny",
+        Net(),
+        example_inputs=(torch.randn(2, 4),),
+        metrics=None,
+        loader=None,
+        step=2,
+        attempt=1,
+        job_id=maker,
+    )
+    two = api.post(
+        f"/api/v1/jobs/{maker}/models",
+        json={"name": "tiny", "path": record["path"]},
+        headers={"Authorization": "Bearer maker"},
+    )
+    assert two.status_code == 201 and two.json()["version"] == 2, two.text
+    inputs = [{"name": "x", "shape": [None, 4], "dtype": "float32"}]
+    with store.transaction() as conn:  # both versions as checkpoints are: no outputs
+        conn.execute(
+            update(tables.model_versions).values(signature={"inputs": inputs, "outputs": []})
+        )
+    rt = start(api).json()  # serves prod: version 1
+    forged = [{"name": "forged", "shape": [None, 1], "dtype": "int8"}]
+    assert call(api, rt, version=2, outputs=forged).status_code == 200
+    assert api.get("/api/v1/models/tiny/versions/2").json()["signature"]["outputs"] == []
+    assert api.get("/api/v1/models/tiny/versions/1").json()["signature"]["outputs"] == []
+
+
 @pytest.mark.parametrize(
     ("url", "says"),
     [

@@ -222,16 +222,13 @@ def learn_outputs(rt: Runtime, job: Job, version: int, outputs: list[dict[str, A
     """Record what a replica of ``job`` says version ``version`` of its model outputs, when
     its service serves that version and its signature has no outputs yet (nothing happens
     otherwise: the first report stays, and a replica changes no other version)."""
-    service = rt.store.services.of_job(job.id)
-    if service is None:
-        return
     try:
-        found = rt.store.models.version(service.model, version)
-    except NotFound:
+        service, found = _served_version(rt, job, version)
+    except (NotFound, Forbidden):  # no service, or a version its ref does not name now
         return
     if found.signature.get("outputs"):
         return
-    rt.store.models.learn_outputs(service.model, version, outputs)
+    rt.store.models.learn_outputs(service.model, found.version, outputs)
 
 
 def _served_version(rt: Runtime, job: Job, version: int) -> tuple[ServiceRecord, ModelVersion]:
