@@ -129,7 +129,7 @@ def test_tags_note_archive_and_delete(api: TestClient, tmp_path: Path) -> None:
     assert resp.status_code == 200 and resp.json()["project"] == "nlp", resp.text
     nlp = api.get("/api/v1/jobs", params={"all": "true", "project": "nlp"}).json()["jobs"]
     assert sorted(j["id"] for j in nlp) == sorted([a, _c])
-    for bad in ("", "no spaces", "-dash", "x" * 129):
+    for bad in ("", "no spaces", "-dash", "x" * 129, "nlp\n"):
         resp = api.put(f"/api/v1/jobs/{a}/project", json={"project": bad})
         assert resp.status_code == 422, (bad, resp.text)
     assert api.get(f"/api/v1/jobs/{a}").json()["project"] == "nlp"

@@ -67,7 +67,7 @@ def change_tags(rt: Runtime, job: Job, *, add: list[str], remove: list[str]) -> 
 def set_project(rt: Runtime, job: Job, project: str) -> Job:
     """Move ``job`` (one the caller may write) to ``project`` (a name as a spec's
     ``project:`` takes); the job after. Its spec keeps the project it was submitted with."""
-    if len(project) > 128 or not re.match(PROJECT_PATTERN, project):
+    if len(project) > 128 or not re.fullmatch(PROJECT_PATTERN, project):
         raise InvalidQuery(
             f"a project is 1 to 128 letters, digits, '.', '_' or '-' (a letter or digit first), "
             f"got {project[:140]!r}"
