@@ -138,3 +138,39 @@ def test_what_mlflow_writes_is_recognised() -> None:
     assert media.mlflow_table(split)["rows"] == [[1, '{"type":"image","filepath":"p.png"}']]
     with pytest.raises(InvalidMedia, match="at most 1000 rows"):
         media.mlflow_table(b'{"columns": ["a"], "data": [' + b",".join([b"[1]"] * 1001) + b"]}")
+
+
+def test_a_histogram_of_huge_counts_is_refused_and_the_file_read_on(
+    api: TestClient, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A TensorBoard histogram whose counts pass 64 bits (1e300 values in a bucket) is refused
+    like any hostile one; the rest of its file (a scalar logged after it) is still imported."""
+    from tensorboard.compat.proto import event_pb2, summary_pb2, tensor_pb2, tensor_shape_pb2
+    from tensorboard.summary.writer.event_file_writer import EventFileWriter
+
+    job_id, directory, importer = running_job(api, tmp_path)
+    dims = [tensor_shape_pb2.TensorShapeProto.Dim(size=s) for s in (1, 3)]
+    huge = tensor_pb2.TensorProto(
+        dtype=2,
+        tensor_shape=tensor_shape_pb2.TensorShapeProto(dim=dims),
+        double_val=[0.0, 1.0, 1e300],
+    )
+    events = EventFileWriter(str(directory))
+    events.add_event(
+        event_pb2.Event(
+            step=1,
+            wall_time=1.0,
+            summary=summary_pb2.Summary(value=[hostile_value("counts", "histograms", huge)]),
+        )
+    )
+    loss = summary_pb2.Summary.Value(tag="loss", simple_value=0.5)
+    events.add_event(
+        event_pb2.Event(step=2, wall_time=2.0, summary=summary_pb2.Summary(value=[loss]))
+    )
+    events.close()
+    with caplog.at_level(logging.WARNING, logger="trainhouse.ingest.tensorboard"):
+        assert importer.tick() == 1  # the scalar after it
+    assert "counts at step 1: a histogram's count must be from 0 to" in caplog.text
+    assert api.get(f"/api/v1/jobs/{job_id}/media").json()["items"] == []
+    series = api.get(f"/api/v1/jobs/{job_id}/metrics").json()
+    assert "loss" in str(series)

@@ -317,8 +317,8 @@ def rebucket(low: float, high: float, limits: list[float], counts: list[float]) 
     total = 0
     previous = low
     for limit, count in zip(limits, counts, strict=True):
-        if not math.isfinite(count) or count < 0:
-            raise InvalidMedia(f"a histogram's count must be finite and >= 0, got {count}")
+        if not math.isfinite(count) or not 0 <= count <= INT64:
+            raise InvalidMedia(f"a histogram's count must be from 0 to {INT64}, got {count}")
         upper = min(max(limit, low), high) if math.isfinite(limit) else high
         middle = (previous + upper) / 2
         previous = upper
@@ -332,6 +332,8 @@ def rebucket(low: float, high: float, limits: list[float], counts: list[float]) 
         total += n
     if total == 0:
         raise InvalidMedia("a histogram needs at least one value")
+    if total > INT64:  # stored as JSON integers of 64 bits
+        raise InvalidMedia(f"a histogram's counts must add up to at most {INT64}, got {total}")
     return {
         "min": low,
         "max": high,
