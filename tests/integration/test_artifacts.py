@@ -112,3 +112,19 @@ def test_the_cli_lists_and_downloads_artifacts(kept: Kept, tmp_path: Path) -> No
     none = srv.cli("artifacts", "999")
     assert none.returncode != 0 and "999" in none.stderr
     assert json.loads(srv.cli("artifacts", job_id, "--json").stdout)["job_id"] == int(job_id)
+
+
+def test_a_download_never_removes_a_directory_in_its_way(kept: Kept, tmp_path: Path) -> None:
+    """The job chooses its artifacts' names: a file named like a directory already in DEST
+    (``src``, ``.git``) is refused with a clear error, the directory and what it holds kept
+    (the download once removed it, recursively, to put the file in its place)."""
+    srv, job_id = kept.server, str(kept.job["id"])
+    dest = tmp_path / "project"
+    (dest / "notes.txt").mkdir(parents=True)
+    (dest / "notes.txt" / "precious").write_text("the user's")
+    for path in ("notes.txt", "."):
+        got = srv.cli("artifacts", job_id, "--download", path, str(dest))
+        assert got.returncode != 0, got.stdout
+        assert "is a directory" in got.stderr and "Traceback" not in got.stderr, got.stderr
+        assert (dest / "notes.txt" / "precious").read_text() == "the user's"
+    assert sorted(p.name for p in dest.iterdir()) == ["notes.txt"]  # nothing else fetched

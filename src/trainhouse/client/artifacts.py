@@ -65,7 +65,9 @@ class ArtifactCalls(ClientBase):
         """Fetch the artifact file ``path`` (into ``dest`` under its name), or every file below
         the artifact directory ``path`` (into ``dest`` under the directory's name; ``""``: all
         of them); the local files, in order. Each is checked to hold the bytes listed and
-        takes its name only then. ``progress(done, total)`` in bytes, per file."""
+        takes its name only then; a file in ``dest`` of the same name is replaced, a directory
+        never (ClientError before anything is fetched). ``progress(done, total)`` in bytes,
+        per file."""
         chosen = _chosen(self.artifacts(job_id), path)
         if not chosen:
             raise ClientError(
@@ -74,6 +76,12 @@ class ArtifactCalls(ClientBase):
                 code="not_found",
             )
         base = Path(dest)
+        for _, _, local in chosen:  # the job chose the names: a file never replaces a directory
+            if (base / local).is_dir():
+                raise ClientError(
+                    f"{base / local} is a directory: artifact {local!r} is a file and would "
+                    "replace it; download into another directory"
+                )
         url = f"{self.url}/api/v1/jobs/{job_id}/artifacts/content"
         got: list[Path] = []
         for name, size, local in chosen:
