@@ -208,3 +208,26 @@ def test_a_name_pointed_at_the_server_gets_no_answer(server: Server, page: Page)
     # and outside a browser, to the server's own address
     resp = httpx.get(f"{server.url}/api/v1/jobs", headers={"Host": "attacker.example"})
     assert resp.status_code == 400 and resp.json()["error"]["code"] == "unknown_host"
+
+
+def test_a_page_of_another_site_cannot_frame_the_dashboard(
+    server: Server, browser: Browser, page: Page, sites: tuple[Site, Site]
+) -> None:
+    """Clickjacking: another site's page that frames the dashboard (under a decoy, to have its
+    visitor click a runs table row's "delete" and then "Yes") gets an empty frame; the server's
+    own pages are unaffected."""
+    attacker, _ = sites
+    attacker.page = (
+        f'<!doctype html><title>decoy</title><iframe id="dash" src="{server.url}/#/jobs" '
+        'width="1200" height="800"></iframe>'
+    ).encode()
+    context = browser.new_context()
+    try:
+        evil = context.new_page()
+        evil.goto(attacker.url + "/", wait_until="load")  # its frame has loaded too
+        assert len(evil.frames) == 2
+        assert evil.frame_locator("#dash").locator("header.top").count() == 0  # not drawn
+    finally:
+        context.close()
+    page.goto(server.url + "/#/jobs")  # the dashboard itself
+    assert page.locator("header.top").count() == 1

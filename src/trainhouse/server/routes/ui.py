@@ -10,7 +10,8 @@ its logo from Redocly's CDN, whatever its code's origin.)
 ``/static/lifecycle.js`` is made from :mod:`trainhouse.core.lifecycle`: the job states and the
 terminal set, spelled once, in Python.
 Responses carry an ETag (a revisit costs a 304) and the bundles are gzipped once, on their
-first request, for clients that accept it.
+first request, for clients that accept it. Neither page may be framed by another site
+(:data:`NO_FRAMING`).
 """
 
 from __future__ import annotations
@@ -133,9 +134,16 @@ _DAY = "public, max-age=86400"
 _VENDOR = "/static/vendor"
 
 
+#: the dashboard's and the reference's pages are never shown in another site's frame, where a
+#: decoy would have their visitor click "delete", "Yes" (clickjacking)
+NO_FRAMING = {"X-Frame-Options": "DENY", "Content-Security-Policy": "frame-ancestors 'none'"}
+
+
 @router.api_route("/", methods=["GET", "HEAD"])
 def index(request: Request) -> Response:
-    return _send(request, _web_file("index.html"), _REVALIDATE)
+    response = _send(request, _web_file("index.html"), _REVALIDATE)
+    response.headers.update(NO_FRAMING)
+    return response
 
 
 @router.api_route("/static/vendor/plotly.min.js", methods=["GET", "HEAD"])
@@ -155,7 +163,7 @@ def swagger_ui(request: Request) -> HTMLResponse:
     """The API reference, Swagger UI: its code from this server, no validator badge (it would
     send the API's description to validator.swagger.io)."""
     root = request.scope.get("root_path", "")
-    return get_swagger_ui_html(
+    response = get_swagger_ui_html(
         openapi_url=f"{root}/openapi.json",
         title="trainhouse API",
         swagger_js_url=f"{root}{_VENDOR}/swagger-ui-bundle.js",
@@ -163,6 +171,8 @@ def swagger_ui(request: Request) -> HTMLResponse:
         swagger_favicon_url=f"{root}/static/favicon.svg",
         swagger_ui_parameters={"validatorUrl": None},
     )
+    response.headers.update(NO_FRAMING)  # its "Try it out" sends writes
+    return response
 
 
 @router.api_route("/static/lifecycle.js", methods=["GET", "HEAD"])
