@@ -18,6 +18,7 @@ import pytest
 from tests.support.artifacts import artifact_job, png
 from tests.support.jobs import write_job
 from tests.support.servers import Server, assert_clean_stop, start_server
+from trainhouse.jobfs.layout import JobLayout
 
 pytestmark = pytest.mark.integration
 
@@ -128,3 +129,33 @@ def test_a_download_never_removes_a_directory_in_its_way(kept: Kept, tmp_path: P
         assert "is a directory" in got.stderr and "Traceback" not in got.stderr, got.stderr
         assert (dest / "notes.txt" / "precious").read_text() == "the user's"
     assert sorted(p.name for p in dest.iterdir()) == ["notes.txt"]  # nothing else fetched
+
+
+def test_names_a_job_chose_are_shown_as_text(kept: Kept, tmp_path: Path) -> None:
+    """An artifact's name is the job's: rich markup in it (``[/]``, ``[link=...]``) is printed as
+    it is, never read as markup (``[/]`` made the listing fail with a traceback), and a
+    terminal's control sequences (ESC) are shown escaped, never sent to the terminal."""
+    srv, job_id = kept.server, str(kept.job["id"])
+    root = JobLayout(srv.home, int(job_id)).artifacts
+    names = [
+        "odd[/]name.txt",
+        "[red]not red.txt",
+        "t\x1b]0;owned\x07.txt",
+    ]
+    for name in names:  # the first is a file "]name.txt" in a directory "odd["
+        (root / name).parent.mkdir(exist_ok=True)
+        (root / name).write_text("x")
+    try:
+        listed = srv.cli("artifacts", job_id)
+        assert listed.returncode == 0 and "Traceback" not in listed.stderr, listed.stderr
+        assert "odd[/]name.txt" in listed.stdout
+        assert "[red]not red.txt" in listed.stdout
+        assert "\x1b" not in listed.stdout and "\\x1b]0;owned\\x07.txt" in listed.stdout
+        got = srv.cli("artifacts", job_id, "--download", "[red]not red.txt", str(tmp_path))
+        assert got.returncode == 0 and "Traceback" not in got.stderr, got.stderr
+        assert "downloaded" in got.stdout and "[red]not red.txt" in got.stdout
+        assert (tmp_path / "[red]not red.txt").read_text() == "x"
+    finally:
+        for name in names:
+            (root / name).unlink()
+        (root / "odd[").rmdir()

@@ -4,17 +4,27 @@ directory of them, each checked to hold the bytes listed."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Annotated
 
 import typer
 from rich.table import Table
+from rich.text import Text
 
 from trainhouse.cli import options, render
 from trainhouse.cli.options import Json, Url
 from trainhouse.cli.render import ago, console, errors, print_json
 
 app = typer.Typer()  # merged into the root: its commands are top-level
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+def shown(name: str) -> Text:
+    """A name the job chose, as text: never rich markup, its control characters escaped
+    (``\\x1b``): an ESC would reach the terminal as a control sequence."""
+    return Text(_CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", name))
 
 
 @app.command()
@@ -50,7 +60,7 @@ def artifacts(
         for col in ("PATH", "SIZE", "KIND", "WRITTEN"):
             table.add_column(col, overflow="fold")
         for a in data["artifacts"]:
-            table.add_row(a["path"], human_size(a["size"]), a["kind"], ago(a["mtime"]))
+            table.add_row(shown(a["path"]), human_size(a["size"]), a["kind"], ago(a["mtime"]))
         console.print(table, highlight=False)
     if data["skipped"]:
         render.err_console.print(
@@ -74,4 +84,4 @@ def _download(job_id: int, path: str, dest: Path, url: str | None, as_json: bool
         print_json({"job_id": job_id, "paths": [str(p) for p in got]})
     else:
         for p in got:
-            console.print(f"downloaded {p}", highlight=False)
+            console.print(Text("downloaded ") + shown(str(p)), highlight=False)
