@@ -259,3 +259,30 @@ def test_the_client_and_the_compare_command(
     ]
     refused_bad = runner.invoke(cli_app, ["compare", str(a), "--last", "0"])
     assert refused_bad.exit_code != 0
+
+
+def test_the_compare_command_prints_metric_names_as_text(
+    api: TestClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A metric's name is the job's choice: rich markup in it is printed as it is ("[/]" made
+    the table fail with a traceback), a terminal's control sequence (ESC) escaped."""
+    store = services(api).store
+    a = job(store, "a")
+    log(store, a, "val[/]loss", [1.0, 0.5])
+    log(store, a, "[red]acc", [0.5, 0.75])
+    log(store, a, "t\x1b]0;owned", [1.0])
+
+    def in_process(url: str | None = None) -> Client:
+        client = Client(BASE_URL)
+        client._http.close()
+        client._http = httpx.Client(
+            base_url=f"{BASE_URL}/api/v1", headers=CLIENT_HEADERS, transport=InProcessTransport(api)
+        )
+        return client
+
+    monkeypatch.setattr(cli_options, "client", in_process)
+    table = CliRunner().invoke(cli_app, ["compare", str(a)], env={"COLUMNS": "200"})
+    assert table.exit_code == 0, table.output
+    assert "val[/]loss (min, by its name)" in table.output
+    assert "[red]acc (max, by its name)" in table.output
+    assert "\x1b" not in table.output and "t\\x1b]0;owned" in table.output

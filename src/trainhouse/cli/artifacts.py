@@ -4,7 +4,6 @@ directory of them, each checked to hold the bytes listed."""
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 from typing import Annotated
 
@@ -14,17 +13,9 @@ from rich.text import Text
 
 from trainhouse.cli import options, render
 from trainhouse.cli.options import Json, Url
-from trainhouse.cli.render import ago, console, errors, print_json
+from trainhouse.cli.render import ago, console, errors, print_json, shown
 
 app = typer.Typer()  # merged into the root: its commands are top-level
-
-_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
-
-
-def shown(name: str) -> Text:
-    """A name the job chose, as text: never rich markup, its control characters escaped
-    (``\\x1b``): an ESC would reach the terminal as a control sequence."""
-    return Text(_CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", name))
 
 
 @app.command()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import signal
 import sys
 import time
@@ -12,11 +13,22 @@ from typing import Any, NoReturn
 
 import typer
 from rich.console import Console
+from rich.text import Text
 
 from trainhouse.core.errors import ClientError, ServerUnreachable, TrainhouseError
 
 console = Console()
 err_console = Console(stderr=True)
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+def shown(name: str) -> Text:
+    """A name a job chose (an artifact's path, a metric's name), as text: never rich markup
+    (``[/]`` in it would fail the print), its control characters escaped (``\\x1b``): an ESC
+    would reach the terminal as a control sequence."""
+    return Text(_CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", name))
+
 
 # exit codes of the CLI (submit also returns the job's own exit code when it fails)
 EXIT_BAD_INPUT = 2

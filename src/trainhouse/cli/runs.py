@@ -12,7 +12,7 @@ from rich.table import Table
 
 from trainhouse.cli import options
 from trainhouse.cli.options import Json, Url
-from trainhouse.cli.render import console, errors, fail, fmt_value, print_json
+from trainhouse.cli.render import console, errors, fail, fmt_value, print_json, shown
 
 app = typer.Typer()  # merged into the root: its commands are top-level
 
@@ -192,7 +192,7 @@ def compare(
         goal = f" ({m['goal']}, by {m['goal_from']})" if m["goal"] else ""
         for i, r in enumerate(m["runs"]):
             table.add_row(
-                (m["name"] + goal) if i == 0 else "",
+                shown(m["name"] + goal) if i == 0 else "",
                 str(r["job_id"]),
                 fmt_value(r["final"]),
                 str(r["final_step"]),
