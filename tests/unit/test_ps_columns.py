@@ -239,3 +239,19 @@ def test_a_filter_on_the_note_in_sql(store: Store) -> None:
     assert ids("note = 'baseline too'") == [other]
     assert ids("note != 'baseline too'") == sorted([noted, plain])
     assert ids("note ~ baseline", private="ann") == [noted]
+
+
+def test_ps_shows_a_jobs_control_characters_escaped(
+    api: TestClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What a job wrote (its hparams' values, a reason taken from its last log line) reaches
+    ``ps`` as text with its control characters escaped: an ESC sequence (``ESC[2J`` clears the
+    screen, ``ESC]0;...`` sets the terminal's title) never reaches the terminal."""
+    rt = services(api)
+    job = new_job(rt.store, name="escapes", spec={**WAIT, "hparams": {"opt": "a\x1b[2Jb"}})
+    rt.store.jobs.transition(job, JobState.CANCELED, reason="boom \x1b]0;owned\x07 [/]")
+    monkeypatch.setattr(cli_options, "client", lambda url=None: in_process(api))
+    lines, _ = _ps(monkeypatch, 200, "--all", "--columns", "hparams.opt")
+    out = "\n".join(lines)
+    assert "\x1b" not in out and "\x07" not in out, out
+    assert "a\\x1b[2Jb" in out and "boom \\x1b]0;owned\\x07 [/]" in out, out

@@ -18,6 +18,8 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from trainhouse.cli.render import shown
+
 GAP = 2  # characters between two columns
 WRAP_FLOOR = 24  # the narrowest a prose column wraps to before it is dropped instead
 
@@ -51,7 +53,9 @@ class Column:
     rank: int = 0
 
     def add(self, cell: str | Text) -> None:
-        self.cells.append(cell if isinstance(cell, Text) else Text(cell))
+        """A cell: plain text is a job's or a user's words (a reason from its log, an hparam's
+        value), shown as text with its control characters escaped (:func:`.render.shown`)."""
+        self.cells.append(cell if isinstance(cell, Text) else shown(cell))
 
     def natural(self) -> int:
         """The width of its widest value (or its head)."""
