@@ -20,7 +20,7 @@ from fastapi.testclient import TestClient
 from PIL import Image as PILImage
 from torch.utils.tensorboard import SummaryWriter
 
-from tests.support.api import app_client, services, submit, wait_launched, workdir
+from tests.support.api import app_client, services, submit, wait_launched, wait_state, workdir
 from trainhouse.core import media
 from trainhouse.core.errors import InvalidMedia
 from trainhouse.ingest.tensorboard import TensorBoardImport
@@ -174,3 +174,33 @@ def test_a_histogram_of_huge_counts_is_refused_and_the_file_read_on(
     assert api.get(f"/api/v1/jobs/{job_id}/media").json()["items"] == []
     series = api.get(f"/api/v1/jobs/{job_id}/metrics").json()
     assert "loss" in str(series)
+
+
+def test_a_tick_reads_a_bounded_number_of_media_and_the_next_one_goes_on(
+    api: TestClient, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each image is checked (inflated) before it is stored: a job whose event files hold
+    thousands of them would hold the import, every other job's metrics waiting, for as long
+    as they take. A tick reads at most MAX_MEDIA_PER_JOB_TICK items of a job; the next tick
+    goes on where it stopped, and a job that ended has the rest read at the following ticks."""
+    from trainhouse.ingest import tensorboard
+
+    monkeypatch.setattr(tensorboard, "MAX_MEDIA_PER_JOB_TICK", 32)
+    job_id, directory, importer = running_job(api, tmp_path)
+    writer = SummaryWriter(str(directory))
+    for step in range(70):
+        writer.add_histogram("many", torch.randn(10), step)
+    writer.add_scalar("loss", 0.5, 70)
+    writer.close()
+
+    def stored() -> int:
+        return len(api.get(f"/api/v1/jobs/{job_id}/media").json()["items"])
+
+    importer.tick()
+    assert stored() == 32
+    importer.tick()
+    assert stored() == 64
+    services(api).scheduler.executor.end(job_id, 0)  # type: ignore[attr-defined]
+    wait_state(api, job_id, {"COMPLETED"})
+    importer.tick()  # its files read on after its end
+    assert stored() == 70

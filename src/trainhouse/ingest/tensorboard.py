@@ -9,8 +9,9 @@ summaries), and stores each scalar as a point of the job's series named by its t
 a file in a subdirectory ``sub/`` gives ``sub/train/loss``), at the event's step, through the report
 path (:mod:`trainhouse.ingest.groupcommit`): a step logged again replaces the value. Images
 and histograms become the job's media (:mod:`trainhouse.ingest.tbmedia`, checked as the SDK's
-are, stored :data:`MAX_MEDIA_PER_TICK` at a time). When a job stops running, its files are
-read one last time.
+are, stored :data:`MAX_MEDIA_PER_TICK` at a time, at most :data:`MAX_MEDIA_PER_JOB_TICK` of a
+job a tick: the next tick reads on). When a job stops running, its files are read one last
+time (over as many ticks as its media take).
 
 The files are the job's, so hostile: each is opened through :mod:`trainhouse.jobfs.jobfiles` (walked
 from the home without following a link, a regular file with one link) and the reader is given
@@ -64,6 +65,9 @@ MAX_POINTS_PER_TICK = 100_000
 REPORT_POINTS = 10_000
 #: images and histograms read from one file before they are stored (then the next few)
 MAX_MEDIA_PER_TICK = 16
+#: images and histograms of one job read in a tick (each image is inflated to be checked: a
+#: job with thousands would hold every other job's import); the next tick reads on
+MAX_MEDIA_PER_JOB_TICK = 256
 
 
 def available() -> bool:
@@ -88,6 +92,8 @@ class _JobFiles:
     warned: set[str] = field(default_factory=set)
     #: points read but not stored yet (the writer refused them): the first of the next tick
     unstored: list[tuple[int, str, float | None, float]] = field(default_factory=list)
+    #: a file stopped at the tick's bound on media: it is read on at the next tick
+    more_media: bool = False
 
 
 class TensorBoardImport(BackgroundLoop):
@@ -163,8 +169,8 @@ class TensorBoardImport(BackgroundLoop):
             except Exception:
                 log.exception("TensorBoard import: job %s's last events", job_id)
             state = self._jobs.get(job_id)
-            if state is not None and state.unstored:
-                continue  # its last points go at the next tick (it is still in _jobs)
+            if state is not None and (state.unstored or state.more_media):
+                continue  # its last points (media) go at the next tick (it is still in _jobs)
             self._close(job_id)
             if last is not None and last.ended_at is not None:
                 self._finished[job_id] = last.ended_at
@@ -183,16 +189,24 @@ class TensorBoardImport(BackgroundLoop):
         state = self._jobs.setdefault(job.id, _JobFiles())
         self._discover(job.id, directory, state)
         points, state.unstored = state.unstored, []
+        state.more_media = False
+        media_left = MAX_MEDIA_PER_JOB_TICK
         for rel, f in sorted(state.files.items()):
             if f.dead:
                 continue
+            if media_left <= 0:  # the rest at the next tick
+                state.more_media = True
+                break
             room = MAX_POINTS_PER_TICK - len(points)
             try:
                 while True:  # media are stored a few at a time: memory holds few images
                     self._read(f, room)
                     more = len(f.media) >= MAX_MEDIA_PER_TICK and len(f.pending) < room
+                    media_left -= len(f.media) + len(f.refused)
                     self._store_media(job, rel, f, state)
-                    if not more:
+                    if more and media_left <= 0:
+                        state.more_media = True
+                    if not more or media_left <= 0:
                         break
             except Exception as exc:  # a hostile or corrupt file: left where it stopped
                 f.dead = True
