@@ -20,6 +20,7 @@ from tests.support.api import BASE_URL, InProcessTransport, services
 from tests.support.records import WAIT, new_job
 from tests.support.team import Team, make_team, refused
 from trainhouse.cli import options as cli_options
+from trainhouse.cli import render
 from trainhouse.cli.app import app as cli_app
 from trainhouse.client import Client
 from trainhouse.core.metricnames import goal_from_name
@@ -281,6 +282,7 @@ def test_the_compare_command_prints_metric_names_as_text(
         return client
 
     monkeypatch.setattr(cli_options, "client", in_process)
+    monkeypatch.setattr(render.console, "width", 200)  # made once, at its import
     table = CliRunner().invoke(cli_app, ["compare", str(a)], env={"COLUMNS": "200"})
     assert table.exit_code == 0, table.output
     assert "val[/]loss (min, by its name)" in table.output
