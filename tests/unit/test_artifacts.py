@@ -12,6 +12,7 @@ import os
 import re
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
@@ -334,3 +335,20 @@ def test_a_standalone_run_keeps_artifacts_in_its_directory(
     assert (tmp_path / "artifacts" / "notes.txt").read_text() == "hi"
     assert (tmp_path / "artifacts" / "figs" / "plots" / "deep" / "a.csv").read_text() == "x\n1\n"
     assert not (tmp_path / "outside").exists()
+
+
+@pytest.mark.parametrize("size", ["12", -1, 1.5, True, None])
+def test_a_listing_whose_size_is_no_size_is_refused_by_the_client(
+    size: object, tmp_path: Path
+) -> None:
+    """The client checks a hostile server's listing: a size that is not a whole number of
+    bytes is a clear error before anything is fetched (int() raised or took it)."""
+    from trainhouse.client.artifacts import _chosen
+    from trainhouse.core.errors import ClientError
+
+    listing: Any = {"artifacts": [{"path": "notes.txt", "size": size}]}
+    with pytest.raises(ClientError, match=re.escape("listed artifact 'notes.txt' with no size")):
+        _chosen(listing, "")
+    assert _chosen({"artifacts": [{"path": "notes.txt", "size": 12}]}, "") == [  # type: ignore[typeddict-item]
+        ("notes.txt", 12, "notes.txt")
+    ]

@@ -38,11 +38,14 @@ def _chosen(listing: ArtifactList, path: str) -> list[tuple[str, int, str]]:
         if not parts:
             continue
         name = "/".join(parts)
+        size = a.get("size")
+        if type(size) is not int or size < 0:
+            raise ClientError(f"the server listed artifact {name!r} with no size: {size!r}")
         if name == prefix:
-            out.append((name, int(a["size"]), parts[-1]))
+            out.append((name, size, parts[-1]))
         elif not prefix or name.startswith(prefix + "/"):
             below = len(wanted) - 1 if wanted else 0
-            out.append((name, int(a["size"]), "/".join(parts[max(below, 0) :])))
+            out.append((name, size, "/".join(parts[max(below, 0) :])))
     return out
 
 
