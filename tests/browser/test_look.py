@@ -1,0 +1,82 @@
+"""How the dashboard looks to a person, in real Chromium against a real server and two small
+real jobs: in the browser's dark colour scheme every text the pages draw on a background of
+their own (compare's differing hparams, a job's spec, its log tabs, its tags) stays readable
+(WCAG's 4.5:1 contrast for body text)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from playwright.sync_api import Locator, Page, expect
+
+from tests.support.jobs import write_job
+from tests.support.servers import Server
+
+pytestmark = pytest.mark.browser
+
+SCRIPT = """
+import trainhouse
+
+with trainhouse.init(hparams={"lr": 0.1}) as run:
+    run.log({"loss": float(run.hparams["lr"])}, step=0)
+"""
+
+# the WCAG contrast ratio of an element's text against the first opaque background below it
+CONTRAST = """(el) => {
+    const rgb = (s) => (s.match(/[\\d.]+/g) || []).map(Number);
+    const lum = ([r, g, b]) => {
+        const c = [r, g, b].map((v) => {
+            v /= 255;
+            return v <= 0.03928 ? v / 12.92 : ((v + 0.055) / 1.055) ** 2.4;
+        });
+        return 0.2126 * c[0] + 0.7152 * c[1] + 0.0722 * c[2];
+    };
+    let bg = null;
+    for (let e = el; e && !bg; e = e.parentElement) {
+        const c = rgb(getComputedStyle(e).backgroundColor);
+        if (c.length === 3 || (c.length === 4 && c[3] > 0.9)) bg = c;
+    }
+    const fg = lum(rgb(getComputedStyle(el).color));
+    const back = lum(bg || [255, 255, 255]);
+    return (Math.max(fg, back) + 0.05) / (Math.min(fg, back) + 0.05);
+}"""
+
+
+def contrast(locator: Locator) -> float:
+    ratio: float = locator.evaluate(CONTRAST)
+    return ratio
+
+
+def test_dark_scheme_keeps_text_readable(server: Server, page: Page, tmp_path: Path) -> None:
+    ids = []
+    for lr in ("0.1", "0.2"):
+        spec = write_job(
+            tmp_path / f"lr{lr}",
+            SCRIPT,
+            "name: look\nentrypoint: python train.py\nresources: {procs_per_node: 1}\n",
+        )
+        ids.append(
+            server.cli_json("submit", str(spec), "--detach", "--set", f"hparams.lr={lr}")["id"]
+        )
+    for job in ids:
+        assert server.wait(job, {"COMPLETED", "FAILED"}, timeout=180)["state"] == "COMPLETED"
+    assert server.cli("tag", str(ids[0]), "baseline").returncode == 0
+    page.emulate_media(color_scheme="dark")
+
+    # compare: the hparam that differs is highlighted, and still readable
+    page.goto(f"{server.url}/#/compare?ids={ids[0]},{ids[1]}")
+    differs = page.locator("[data-testid=hparam-row].differs")
+    expect(differs).to_have_count(1)
+    for cell in (differs.locator("th"), differs.locator("td").first):
+        assert contrast(cell) >= 4.5, cell.inner_text()
+
+    # a job's page: its spec, its log tabs (chosen or not) and its tags
+    page.goto(f"{server.url}/#/jobs/{ids[0]}")
+    expect(page.get_by_test_id("job-spec")).to_contain_text("entrypoint")
+    assert contrast(page.get_by_test_id("job-spec")) >= 4.5
+    expect(page.get_by_test_id("log-tab-launcher")).to_be_visible()
+    for tab in page.get_by_test_id("log-tabs").locator("button").all():
+        assert contrast(tab) >= 4.5, tab.inner_text()
+    expect(page.get_by_test_id("tag")).to_contain_text("baseline")
+    assert contrast(page.get_by_test_id("tag")) >= 4.5
