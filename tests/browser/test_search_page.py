@@ -108,6 +108,8 @@ def test_the_search_page_shows_trials_curves_and_the_best(
     expect(page.get_by_test_id("search-state")).to_have_text("COMPLETED")
     rows = page.get_by_test_id("trial-row")
     expect(rows).to_have_count(4)
+    # the sampled hparam's column is headed by its name as written (case matters in it)
+    assert page.get_by_test_id("trial-sort-param:lr").inner_text() == "lr"
     for number, state in states.items():
         expect(page.locator(f'[data-testid="trial-row"][data-trial="{number}"]')).to_have_attribute(
             "data-state", state

@@ -203,7 +203,9 @@ export function searchPage(view, id) {
       ["best", "Best"], ["last_step", "Step"], ["duration", "Duration"]];
     thead.replaceChildren(...cols.map(([key, label]) => {
       const active = st.sort === key;
-      return h("th", { class: `sortable${active ? " sorted" : ""}`, testid: `trial-sort-${key}`,
+      // an hparam's name as written (case matters), not upper-cased as the other heads
+      const param = key.startsWith("param:") ? " as-written" : "";
+      return h("th", { class: `sortable${active ? " sorted" : ""}${param}`, testid: `trial-sort-${key}`,
         "aria-sort": active ? (st.order === "asc" ? "ascending" : "descending") : "none",
         onclick: () => {
           if (st.sort === key) st.order = st.order === "asc" ? "desc" : "asc";
