@@ -80,3 +80,38 @@ def test_dark_scheme_keeps_text_readable(server: Server, page: Page, tmp_path: P
         assert contrast(tab) >= 4.5, tab.inner_text()
     expect(page.get_by_test_id("tag")).to_contain_text("baseline")
     assert contrast(page.get_by_test_id("tag")) >= 4.5
+
+
+# each text piece of an element drawn on one line: [text, lines]
+LINES = """(el) => {
+    const found = [];
+    const walk = document.createTreeWalker(el, NodeFilter.SHOW_TEXT);
+    for (let node = walk.nextNode(); node; node = walk.nextNode()) {
+        const range = document.createRange();
+        range.selectNodeContents(node);
+        found.push([node.textContent, range.getClientRects().length]);
+    }
+    return found;
+}"""
+
+
+def test_chosen_column_heads_wrap_only_after_a_dot(
+    server: Server, page: Page, tmp_path: Path
+) -> None:
+    spec = write_job(
+        tmp_path / "heads",
+        SCRIPT,
+        "name: heads\nentrypoint: python train.py\nresources: {procs_per_node: 1}\n",
+    )
+    job = server.cli_json("submit", str(spec), "--detach")["id"]
+    assert server.wait(job, {"COMPLETED", "FAILED"}, timeout=180)["state"] == "COMPLETED"
+    fields = ["hparams.lr", "metrics.loss.min", "metrics.loss.last", "metrics.loss.max"]
+    page.set_viewport_size({"width": 1000, "height": 800})  # a narrow window: the heads wrap
+    page.goto(f"{server.url}/#/jobs?columns={','.join(fields)}")
+    expect(page.locator("td[data-field='metrics.loss.min']")).to_have_text("0.1")
+    for field in fields:
+        head = page.get_by_test_id(f"sort-{field}").or_(page.get_by_test_id(f"head-{field}"))
+        assert head.inner_text().replace("\n", "").startswith(field)
+        # "hparam" / "s.lr" was drawn: the name broken inside a word
+        pieces = [(text, lines) for text, lines in head.evaluate(LINES) if text.strip()]
+        assert all(lines == 1 for _text, lines in pieces), (field, pieces)
