@@ -95,7 +95,7 @@ LINES = """(el) => {
 }"""
 
 
-def test_chosen_column_heads_wrap_only_after_a_dot(
+def test_a_narrow_window_wraps_heads_after_dots_and_keeps_labels_by_values(
     server: Server, page: Page, tmp_path: Path
 ) -> None:
     spec = write_job(
@@ -115,3 +115,24 @@ def test_chosen_column_heads_wrap_only_after_a_dot(
         # "hparam" / "s.lr" was drawn: the name broken inside a word
         pieces = [(text, lines) for text, lines in head.evaluate(LINES) if text.strip()]
         assert all(lines == 1 for _text, lines in pieces), (field, pieces)
+
+    # the job's page in the same narrow window: each label of its summary beside its value
+    page.goto(f"{server.url}/#/jobs/{job}")
+    expect(page.get_by_test_id("job-state")).to_have_text("COMPLETED")
+    for width in (1000, 1400):
+        page.set_viewport_size({"width": width, "height": 800})
+        labels_beside_values(page.get_by_test_id("job-summary"))
+
+
+# each label of a <dl> and whether its value sits on its row, to its right
+PAIRED = """(dl) => [...dl.querySelectorAll(':scope > dt')].map((dt) => {
+    const dd = dt.nextElementSibling, a = dt.getBoundingClientRect();
+    const b = dd.getBoundingClientRect();
+    return [dt.innerText, a.top < b.bottom && b.top < a.bottom && b.left >= a.right];
+})"""
+
+
+def labels_beside_values(dl: Locator) -> None:
+    """Every label of ``dl`` has its own value beside it (not the next label's)."""
+    pairs: list[tuple[str, bool]] = dl.evaluate(PAIRED)
+    assert pairs and all(ok for _label, ok in pairs), pairs
