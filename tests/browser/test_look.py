@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from playwright.sync_api import Locator, Page, expect
 
+from tests.support.dashboard import labels_beside_values
 from tests.support.jobs import write_job
 from tests.support.servers import Server
 
@@ -122,17 +123,3 @@ def test_a_narrow_window_wraps_heads_after_dots_and_keeps_labels_by_values(
     for width in (1000, 1400):
         page.set_viewport_size({"width": width, "height": 800})
         labels_beside_values(page.get_by_test_id("job-summary"))
-
-
-# each label of a <dl> and whether its value sits on its row, to its right
-PAIRED = """(dl) => [...dl.querySelectorAll(':scope > dt')].map((dt) => {
-    const dd = dt.nextElementSibling, a = dt.getBoundingClientRect();
-    const b = dd.getBoundingClientRect();
-    return [dt.innerText, a.top < b.bottom && b.top < a.bottom && b.left >= a.right];
-})"""
-
-
-def labels_beside_values(dl: Locator) -> None:
-    """Every label of ``dl`` has its own value beside it (not the next label's)."""
-    pairs: list[tuple[str, bool]] = dl.evaluate(PAIRED)
-    assert pairs and all(ok for _label, ok in pairs), pairs

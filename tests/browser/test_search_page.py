@@ -15,7 +15,7 @@ import httpx
 import pytest
 from playwright.sync_api import Browser, Page, expect
 
-from tests.support.dashboard import sign_in
+from tests.support.dashboard import labels_beside_values, sign_in
 from tests.support.jobs import write_job
 from tests.support.servers import Server, assert_clean_stop, start_server
 from trainhouse.client import Client
@@ -108,6 +108,8 @@ def test_the_search_page_shows_trials_curves_and_the_best(
     expect(page.get_by_test_id("search-state")).to_have_text("COMPLETED")
     rows = page.get_by_test_id("trial-row")
     expect(rows).to_have_count(4)
+    # its facts read as a job's summary does: each label beside its value
+    labels_beside_values(page.get_by_test_id("search-facts"))
     # the sampled hparam's column is headed by its name as written (case matters in it)
     assert page.get_by_test_id("trial-sort-param:lr").inner_text() == "lr"
     for number, state in states.items():

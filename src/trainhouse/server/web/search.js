@@ -147,7 +147,7 @@ function drawParallel(el, view) {
 
 export function searchPage(view, id) {
   const head = h("div", { class: "toolbar" }, h("h1", {}, `Search ${id}`));
-  const facts = h("dl", { class: "kv", testid: "search-facts" });
+  const facts = h("dl", { class: "summary", testid: "search-facts" });
   const warning = h("p", { class: "error", testid: "search-warning", hidden: true });
   const st = { sort: "number", order: "asc" };
   const thead = h("tr");
@@ -257,18 +257,22 @@ export function searchPage(view, id) {
     drawParallel(parallel, data);
     if (imp.importances && window.Plotly) {
       const entries = Object.entries(imp.importances);
+      importances.classList.remove("chart-note");
       window.Plotly.react(importances, [{ type: "bar", orientation: "h", x: entries.map((e) => e[1]),
         y: entries.map((e) => plotlyText(e[0])) }],
       { title: { text: "hparam importances (Optuna)", font: { size: 13 } }, height: 220,
         margin: { l: 100, r: 14, t: 36, b: 30 }, paper_bgcolor: "rgba(0,0,0,0)", plot_bgcolor: "rgba(0,0,0,0)" },
       { responsive: true, displaylogo: false });
     } else {
+      importances.classList.add("chart-note");
       importances.textContent = `hparam importances appear once ${imp.needed} trials have completed (${imp.completed} so far)`;
     }
     return data.state === "RUNNING" || (data.trial_counts.RUNNING || 0) > 0;
   }, POLL_MS);
 
-  return h("section", { class: "page search" }, head, facts, warning,
-    h("div", { class: "table-wrap" }, h("table", { class: "grid", testid: "trials-table" }, h("thead", {}, thead), tbody)),
+  // the facts and the trials in cards, as a job's page has its summary
+  return h("section", { class: "page search" }, head, h("section", { class: "card" }, facts), warning,
+    h("section", { class: "card" },
+      h("div", { class: "table-wrap" }, h("table", { class: "grid", testid: "trials-table" }, h("thead", {}, thead), tbody))),
     h("div", { class: "charts" }, best, curves, parallel, importances));
 }
