@@ -110,6 +110,10 @@ def test_a_narrow_window_wraps_heads_after_dots_and_keeps_labels_by_values(
     page.set_viewport_size({"width": 1000, "height": 800})  # a narrow window: the heads wrap
     page.goto(f"{server.url}/#/jobs?columns={','.join(fields)}")
     expect(page.locator("td[data-field='metrics.loss.min']")).to_have_text("0.1")
+    # the header's live indicator: its dot and its word on one line (the word fell below)
+    expect(page.get_by_test_id("connection")).to_have_text("live")
+    lines = "(el) => el.getBoundingClientRect().height / parseFloat(getComputedStyle(el).fontSize)"
+    assert page.get_by_test_id("connection").evaluate(lines) < 2
     for field in fields:
         head = page.get_by_test_id(f"sort-{field}").or_(page.get_by_test_id(f"head-{field}"))
         assert head.inner_text().replace("\n", "").startswith(field)
