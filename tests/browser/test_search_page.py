@@ -181,6 +181,16 @@ def test_the_search_page_shows_trials_curves_and_the_best(
     link.click()
     expect(page).to_have_url(f"{srv.url}/#/compare?ids={ids}")
     expect(page.locator(".page.compare .badge.state-pruned").first).to_have_text("PRUNED")
+    # in the dark colour scheme its charts write in the page's light ink (dark grey on dark
+    # was unreadable)
+    page.goto("about:blank")  # away from compare's charts, then back in a fresh document
+    page.emulate_media(color_scheme="dark")
+    page.goto(f"{srv.url}/#/searches/{view['id']}")
+    ink = page.evaluate("getComputedStyle(document.documentElement).getPropertyValue('--ink')")
+    for chart in ("chart-best", "chart-curves", "chart-parallel"):
+        traces(page, chart)
+        color = page.get_by_test_id(chart).evaluate("(el) => el._fullLayout.font.color")
+        assert color == ink.strip(), (chart, color, ink)
     # nothing running: `search list` says how to see it
     none = srv.cli("search", "list")
     assert none.stdout.strip() == "no searches running (--all shows ended ones)", none.stdout

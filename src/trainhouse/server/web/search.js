@@ -4,7 +4,7 @@
 // axis), and hparam importances; Cancel (its owner and admins, asked first) and a link that
 // compares its trials' jobs.
 import { PALETTE, POLL_MS, api, fmtDuration, fmtNum, h, kv, timeCell } from "./core.js";
-import { drawChart, plotlyText } from "./charts.js";
+import { drawChart, pageColors, plotlyText } from "./charts.js";
 
 const TRIAL_STATES = ["QUEUED", "RUNNING", "COMPLETED", "PRUNED", "FAILED"];
 
@@ -92,10 +92,13 @@ function drawCurves(el, curves, metric) {
       marker: { size: c.steps.map((_, k) => (pruned && k === c.steps.length - 1 ? 9 : 0)), symbol: "x", color: "#e4572e" },
     };
   });
+  const { ink, grid } = pageColors(); // in the dark scheme too
   window.Plotly.react(el, data, {
+    font: { color: ink },
     title: { text: plotlyText(`${metric} by step (pruned trials dotted, x where stopped)`), font: { size: 13 }, x: 0.01, xanchor: "left" },
     height: 300, margin: { l: 56, r: 14, t: 40, b: 40 }, paper_bgcolor: "rgba(0,0,0,0)", plot_bgcolor: "rgba(0,0,0,0)",
-    showlegend: data.length <= 20, xaxis: { title: { text: "step" } }, uirevision: "curves",
+    showlegend: data.length <= 20, xaxis: { title: { text: "step" }, gridcolor: grid }, yaxis: { gridcolor: grid },
+    uirevision: "curves",
   }, { responsive: true, displaylogo: false });
 }
 
@@ -141,7 +144,7 @@ function drawParallel(el, view) {
     type: "parcoords",
     dimensions: dims,
     line: { color: objective, colorscale: "Viridis", reversescale: view.mode === "min", showscale: true },
-  }], { height: 300, margin: { l: 60, r: 60, t: 40, b: 24 }, paper_bgcolor: "rgba(0,0,0,0)" },
+  }], { height: 300, margin: { l: 60, r: 60, t: 40, b: 24 }, paper_bgcolor: "rgba(0,0,0,0)", font: { color: pageColors().ink } },
   { responsive: true, displaylogo: false });
 }
 
@@ -260,7 +263,7 @@ export function searchPage(view, id) {
       importances.classList.remove("chart-note");
       window.Plotly.react(importances, [{ type: "bar", orientation: "h", x: entries.map((e) => e[1]),
         y: entries.map((e) => plotlyText(e[0])) }],
-      { title: { text: "hparam importances (Optuna)", font: { size: 13 } }, height: 220,
+      { title: { text: "hparam importances (Optuna)", font: { size: 13 } }, height: 220, font: { color: pageColors().ink },
         margin: { l: 100, r: 14, t: 36, b: 30 }, paper_bgcolor: "rgba(0,0,0,0)", plot_bgcolor: "rgba(0,0,0,0)" },
       { responsive: true, displaylogo: false });
     } else {
