@@ -162,6 +162,13 @@ def test_the_search_page_shows_trials_curves_and_the_best(
     )
     page.goto(f"{srv.url}/#/searches")
     expect(page.get_by_test_id("search-row")).to_have_count(1)
+    # at 1000 px the list fits its card: no column runs off its right edge
+    page.set_viewport_size({"width": 1000, "height": 800})
+    wrap = page.get_by_test_id("searches-table").locator("xpath=..")
+    assert wrap.evaluate("(el) => el.scrollWidth <= el.clientWidth"), wrap.evaluate(
+        "(el) => [el.scrollWidth, el.clientWidth]"
+    )
+    page.set_viewport_size({"width": 1400, "height": 900})
     # a pruned trial's job (COMPLETED, stopped by the pruner) is PRUNED in the job list...
     page.goto(f"{srv.url}/#/jobs?state=")
     for trial in view["trials"]:

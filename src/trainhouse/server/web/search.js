@@ -32,16 +32,17 @@ export function searchesPage(view) {
         h("td", {}, h("span", { class: `badge state-${s.state}` }, s.state)),
         h("td", {}, `${s.method} + ${s.early_stopping}`),
         h("td", {}, `${s.mode} ${s.metric}`),
-        h("td", {}, countsText(s.trial_counts)),
+        h("td", { class: "wrap" }, countsText(s.trial_counts)),
         h("td", {}, timeCell(s.created_at))))
       : [h("tr", { class: "empty" }, h("td", { colspan: "8" },
         "No searches yet. Submit a spec with a search: block: trainhouse submit search.yaml"))]));
   }, POLL_MS);
   return h("section", { class: "page searches" },
     h("div", { class: "toolbar" }, h("h1", {}, "Searches")),
-    h("div", { class: "table-wrap" }, h("table", { class: "grid", testid: "searches-table" },
+    // in a card as the other lists; the trial counts wrap, so Submitted stays in view at 1000 px
+    h("section", { class: "card" }, h("div", { class: "table-wrap" }, h("table", { class: "grid", testid: "searches-table" },
       h("thead", {}, h("tr", {}, ["ID", "Name", "Owner", "State", "Method", "Objective", "Trials", "Submitted"]
-        .map((c) => h("th", {}, c)))), tbody)));
+        .map((c) => h("th", {}, c)))), tbody))));
 }
 
 /** The trials' rows sorted by one column (numbers as numbers, nulls last). */
