@@ -21,6 +21,7 @@ import trainhouse
 
 with trainhouse.init(hparams={"lr": 0.1}) as run:
     run.log({"loss": float(run.hparams["lr"])}, step=0)
+    run.log({"train_loss": 0.5, "val_loss": 0.25, "val_acc": 0.75, "epoch": 0}, step=1)
 """
 
 # the WCAG contrast ratio of an element's text against the first opaque background below it
@@ -112,8 +113,8 @@ def test_a_narrow_window_wraps_heads_after_dots_and_keeps_labels_by_values(
     expect(page.locator("td[data-field='metrics.loss.min']")).to_have_text("0.1")
     # the header's live indicator: its dot and its word on one line (the word fell below)
     expect(page.get_by_test_id("connection")).to_have_text("live")
-    lines = "(el) => el.getBoundingClientRect().height / parseFloat(getComputedStyle(el).fontSize)"
-    assert page.get_by_test_id("connection").evaluate(lines) < 2
+    tall = "(el) => el.getBoundingClientRect().height / parseFloat(getComputedStyle(el).fontSize)"
+    assert page.get_by_test_id("connection").evaluate(tall) < 2
     for field in fields:
         head = page.get_by_test_id(f"sort-{field}").or_(page.get_by_test_id(f"head-{field}"))
         assert head.inner_text().replace("\n", "").startswith(field)
@@ -121,6 +122,13 @@ def test_a_narrow_window_wraps_heads_after_dots_and_keeps_labels_by_values(
         pieces = [(text, lines) for text, lines in head.evaluate(LINES) if text.strip()]
         assert all(lines == 1 for _text, lines in pieces), (field, pieces)
 
+    # the list with its own columns fits a 1000 px window (Submitted ran off its right edge)
+    page.goto(f"{server.url}/#/jobs")
+    expect(page.get_by_test_id("job-row")).to_have_count(1)
+    wrap = page.get_by_test_id("jobs-table").locator("xpath=..")
+    assert wrap.evaluate("(el) => el.scrollWidth <= el.clientWidth"), wrap.evaluate(
+        "(el) => [el.scrollWidth, el.clientWidth]"
+    )
     # the job's page in the same narrow window: each label of its summary beside its value
     page.goto(f"{server.url}/#/jobs/{job}")
     expect(page.get_by_test_id("job-state")).to_have_text("COMPLETED")
