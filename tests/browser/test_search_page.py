@@ -302,3 +302,37 @@ def test_the_search_page_cancels_and_plots_a_log_hparam_on_a_log_axis(
     finally:
         client.close()
         assert_clean_stop(srv)
+
+
+# trials that report their objective once (one epoch): a curve of one point each
+ONCE_SPEC = """
+name: once-search
+entrypoint: python train.py
+hparams:
+  lr: {choice: [0.01, 0.02]}
+search:
+  method: grid
+  metric: val_loss
+  max_trials: 2
+  max_concurrent: 1
+"""
+
+
+def test_a_trial_that_reported_once_shows_as_a_dot(tmp_path: Path, page: Page) -> None:
+    srv = start_server(tmp_path / "home", "--cpus", "2")
+    try:
+        spec = write_job(tmp_path, REPORTER.replace("range(8)", "range(1)"), ONCE_SPEC)
+        search_id = srv.cli_json("submit", str(spec), "--detach")["search_id"]
+        deadline = time.monotonic() + 240
+        while api(srv, f"/searches/{search_id}")["state"] == "RUNNING":
+            assert time.monotonic() < deadline
+            time.sleep(0.3)
+        page.goto(f"{srv.url}/#/searches/{search_id}")
+        traces(page, "chart-curves")
+        # each curve's one point has a marker to see (a line of one point draws nothing)
+        drawn = page.get_by_test_id("chart-curves").evaluate(
+            "(el) => el._fullData.map((t) => [t.x.length, [t.marker.size].flat()[0]])"
+        )
+        assert len(drawn) == 2 and all(n == 1 and size > 0 for n, size in drawn), drawn
+    finally:
+        assert_clean_stop(srv)

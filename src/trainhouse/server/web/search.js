@@ -89,8 +89,11 @@ function drawCurves(el, curves, metric) {
       y: c.values,
       pruned,
       line: { color: pruned ? "#9aa0a6" : PALETTE[i % PALETTE.length], width: 1.4, dash: pruned ? "dot" : "solid" },
-      // a pruned trial's last reported point: where the pruner stopped it
-      marker: { size: c.steps.map((_, k) => (pruned && k === c.steps.length - 1 ? 9 : 0)), symbol: "x", color: "#e4572e" },
+      // a pruned trial's last reported point: where the pruner stopped it; a trial that reported
+      // once has no line to draw, so its one point is a dot
+      marker: pruned
+        ? { size: c.steps.map((_, k) => (k === c.steps.length - 1 ? 9 : 0)), symbol: "x", color: "#e4572e" }
+        : { size: c.steps.length === 1 ? 7 : 0, color: PALETTE[i % PALETTE.length] },
     };
   });
   const { ink, grid } = pageColors(); // in the dark scheme too
