@@ -134,6 +134,11 @@ def test_the_admin_registers_aliases_deletes_serves_and_stops(
     expect(page.get_by_test_id("model-dialog")).to_be_hidden()
     with setup.client() as c:
         assert [m["name"] for m in c.models()] == ["tiny"]
+    # and Escape closes it as Cancel does
+    page.get_by_test_id("model-register").click()
+    page.get_by_test_id("register-name").fill("copy")
+    page.get_by_test_id("register-name").press("Escape")
+    expect(page.get_by_test_id("model-dialog")).to_be_hidden()
     page.get_by_test_id("model-register").click()
     page.get_by_test_id("register-name").fill("copy")
     page.get_by_test_id("register-job").fill(str(setup.job))

@@ -186,6 +186,10 @@ def test_row_actions_tag_move_archive_and_delete_after_asking(setup: Setup, page
     expect(page.get_by_test_id("row-delete")).to_have_count(0)
     page.get_by_test_id("row-panel-close").click()
     expect(panel).to_be_hidden()
+    # Escape closes it too
+    row(page, setup.sweep[1]).get_by_test_id("row-actions").click()
+    page.get_by_test_id("row-tag-input").press("Escape")
+    expect(panel).to_be_hidden()
 
     row(page, a).get_by_test_id("row-actions").click()
     expect(page.get_by_test_id("row-panel-title")).to_contain_text(f"Job {a}")

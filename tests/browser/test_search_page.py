@@ -15,7 +15,7 @@ import httpx
 import pytest
 from playwright.sync_api import Browser, Page, expect
 
-from tests.support.dashboard import sign_in
+from tests.support.dashboard import labels_beside_values, sign_in
 from tests.support.jobs import write_job
 from tests.support.servers import Server, assert_clean_stop, start_server
 from trainhouse.client import Client
@@ -108,6 +108,10 @@ def test_the_search_page_shows_trials_curves_and_the_best(
     expect(page.get_by_test_id("search-state")).to_have_text("COMPLETED")
     rows = page.get_by_test_id("trial-row")
     expect(rows).to_have_count(4)
+    # its facts read as a job's summary does: each label beside its value
+    labels_beside_values(page.get_by_test_id("search-facts"))
+    # the sampled hparam's column is headed by its name as written (case matters in it)
+    assert page.get_by_test_id("trial-sort-param:lr").inner_text() == "lr"
     for number, state in states.items():
         expect(page.locator(f'[data-testid="trial-row"][data-trial="{number}"]')).to_have_attribute(
             "data-state", state
@@ -158,6 +162,13 @@ def test_the_search_page_shows_trials_curves_and_the_best(
     )
     page.goto(f"{srv.url}/#/searches")
     expect(page.get_by_test_id("search-row")).to_have_count(1)
+    # at 1000 px the list fits its card: no column runs off its right edge
+    page.set_viewport_size({"width": 1000, "height": 800})
+    wrap = page.get_by_test_id("searches-table").locator("xpath=..")
+    assert wrap.evaluate("(el) => el.scrollWidth <= el.clientWidth"), wrap.evaluate(
+        "(el) => [el.scrollWidth, el.clientWidth]"
+    )
+    page.set_viewport_size({"width": 1400, "height": 900})
     # a pruned trial's job (COMPLETED, stopped by the pruner) is PRUNED in the job list...
     page.goto(f"{srv.url}/#/jobs?state=")
     for trial in view["trials"]:
@@ -177,6 +188,16 @@ def test_the_search_page_shows_trials_curves_and_the_best(
     link.click()
     expect(page).to_have_url(f"{srv.url}/#/compare?ids={ids}")
     expect(page.locator(".page.compare .badge.state-pruned").first).to_have_text("PRUNED")
+    # in the dark colour scheme its charts write in the page's light ink (dark grey on dark
+    # was unreadable)
+    page.goto("about:blank")  # away from compare's charts, then back in a fresh document
+    page.emulate_media(color_scheme="dark")
+    page.goto(f"{srv.url}/#/searches/{view['id']}")
+    ink = page.evaluate("getComputedStyle(document.documentElement).getPropertyValue('--ink')")
+    for chart in ("chart-best", "chart-curves", "chart-parallel"):
+        traces(page, chart)
+        color = page.get_by_test_id(chart).evaluate("(el) => el._fullLayout.font.color")
+        assert color == ink.strip(), (chart, color, ink)
     # nothing running: `search list` says how to see it
     none = srv.cli("search", "list")
     assert none.stdout.strip() == "no searches running (--all shows ended ones)", none.stdout
@@ -280,4 +301,38 @@ def test_the_search_page_cancels_and_plots_a_log_hparam_on_a_log_axis(
         wait_search(client, search_id, lambda v: not v["trial_counts"].get("RUNNING"))
     finally:
         client.close()
+        assert_clean_stop(srv)
+
+
+# trials that report their objective once (one epoch): a curve of one point each
+ONCE_SPEC = """
+name: once-search
+entrypoint: python train.py
+hparams:
+  lr: {choice: [0.01, 0.02]}
+search:
+  method: grid
+  metric: val_loss
+  max_trials: 2
+  max_concurrent: 1
+"""
+
+
+def test_a_trial_that_reported_once_shows_as_a_dot(tmp_path: Path, page: Page) -> None:
+    srv = start_server(tmp_path / "home", "--cpus", "2")
+    try:
+        spec = write_job(tmp_path, REPORTER.replace("range(8)", "range(1)"), ONCE_SPEC)
+        search_id = srv.cli_json("submit", str(spec), "--detach")["search_id"]
+        deadline = time.monotonic() + 240
+        while api(srv, f"/searches/{search_id}")["state"] == "RUNNING":
+            assert time.monotonic() < deadline
+            time.sleep(0.3)
+        page.goto(f"{srv.url}/#/searches/{search_id}")
+        traces(page, "chart-curves")
+        # each curve's one point has a marker to see (a line of one point draws nothing)
+        drawn = page.get_by_test_id("chart-curves").evaluate(
+            "(el) => el._fullData.map((t) => [t.x.length, [t.marker.size].flat()[0]])"
+        )
+        assert len(drawn) == 2 and all(n == 1 and size > 0 for n, size in drawn), drawn
+    finally:
         assert_clean_stop(srv)

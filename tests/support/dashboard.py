@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 import httpx
-from playwright.sync_api import Page, expect
+from playwright.sync_api import Locator, Page, expect
 
 from tests.support.servers import Server
 
@@ -31,3 +31,17 @@ def sign_in(page: Page, srv: Server, token: str, who: str) -> None:
     page.get_by_test_id("signin-token").fill(token)
     page.get_by_test_id("signin-submit").click()
     expect(page.get_by_test_id("user")).to_contain_text(who)
+
+
+# each label of a <dl> and whether its value sits on its row, to its right
+PAIRED = """(dl) => [...dl.querySelectorAll(':scope > dt')].map((dt) => {
+    const dd = dt.nextElementSibling, a = dt.getBoundingClientRect();
+    const b = dd.getBoundingClientRect();
+    return [dt.innerText, a.top < b.bottom && b.top < a.bottom && b.left >= a.right];
+})"""
+
+
+def labels_beside_values(dl: Locator) -> None:
+    """Every label of ``dl`` has its own value beside it (not the next label's)."""
+    pairs: list[tuple[str, bool]] = dl.evaluate(PAIRED)
+    assert pairs and all(ok for _label, ok in pairs), pairs

@@ -28,6 +28,12 @@ export function plotlyText(text) {
  * (when opts.smoothing > 0) follow them, so el.data[0].x/y is always the first raw series.
  * The title and the traces' names are plain text (plotlyText).
  */
+/** The page's (light or dark) text and grid colours, for a chart drawn on it. */
+export function pageColors() {
+  const css = getComputedStyle(document.documentElement);
+  return { ink: css.getPropertyValue("--ink").trim() || "#1d2433", grid: css.getPropertyValue("--line").trim() || "#e2e5eb" };
+}
+
 export function drawChart(el, title, traces, opts) {
   if (!window.Plotly) {
     el.textContent = `${title}: the chart library (plotly.js) did not load`;
@@ -66,9 +72,7 @@ export function drawChart(el, title, traces, opts) {
       marker: { color: t.color || PALETTE[i % PALETTE.length], size: 5 },
     }));
   }
-  const css = getComputedStyle(document.documentElement); // the page's (light or dark) colours
-  const ink = css.getPropertyValue("--ink").trim() || "#1d2433";
-  const grid = css.getPropertyValue("--line").trim() || "#e2e5eb";
+  const { ink, grid } = pageColors();
   const layout = {
     title: { text: plotlyText(title), font: { size: 13 }, x: 0.01, xanchor: "left" },
     height: opts.height || 260,

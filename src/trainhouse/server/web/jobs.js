@@ -170,9 +170,11 @@ export function jobsPage(view, query) {
   const tbody = h("tbody", { testid: "job-rows" });
   const table = h("table", { class: "grid jobs-table", testid: "jobs-table" }, h("thead", {}, head), tbody);
 
+  // a chosen field's name (metrics.val_acc.max) may wrap after its dots, never inside a word
+  const label = (c) => (c.field ? c.label.split(/(?<=\.)/).flatMap((part, i) => (i ? [h("wbr"), part] : [part])) : c.label);
   const renderHead = () => {
     head.replaceChildren(...shownColumns().map((c) => {
-      if (!c.sort) return h("th", { class: `col-${c.key}`, "data-field": c.field ?? null, testid: c.field ? `head-${c.field}` : null }, c.label);
+      if (!c.sort) return h("th", { class: `col-${c.key}`, "data-field": c.field ?? null, testid: c.field ? `head-${c.field}` : null }, label(c));
       const active = st.sort === c.sort;
       return h("th", {
         class: `col-${c.key} sortable${active ? " sorted" : ""}`,
@@ -188,7 +190,7 @@ export function jobsPage(view, query) {
           renderHead();
           changed();
         },
-      }, c.label, h("span", { class: "arrow" }, active ? (st.order === "asc" ? " ▲" : " ▼") : ""));
+      }, label(c), h("span", { class: "arrow" }, active ? (st.order === "asc" ? " ▲" : " ▼") : ""));
     }));
   };
   renderHead();

@@ -40,7 +40,8 @@ export function parseInputs(text) {
 export class ModelDialog {
   constructor(done) {
     this.done = done;
-    this.box = h("div", { class: "confirm model-dialog", testid: "model-dialog", hidden: true, role: "dialog" });
+    this.box = h("div", { class: "confirm model-dialog", testid: "model-dialog", hidden: true, role: "dialog",
+      onkeydown: (e) => { if (e.key === "Escape") this.close(); } }); // Escape cancels, as Cancel does
     this.message = h("span", { class: "muted", testid: "model-message" }, "");
   }
 

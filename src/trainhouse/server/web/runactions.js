@@ -21,7 +21,8 @@ export function actionPanel(changed) {
   const body = h("div", { class: "row-panel-body" });
   const closeBtn = h("button", { class: "plain", testid: "row-panel-close", "aria-label": "close", title: "close",
     onclick: () => close() }, "×");
-  const el = h("div", { class: "row-panel card", testid: "row-panel", hidden: true },
+  const el = h("div", { class: "row-panel card", testid: "row-panel", hidden: true,
+    onkeydown: (e) => { if (e.key === "Escape") close(); } }, // Escape closes it, as × does
     h("div", { class: "row-panel-head" }, title, msg, h("span", { class: "spacer" }), closeBtn), body);
   let current = null;
 

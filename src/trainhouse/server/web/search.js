@@ -4,7 +4,7 @@
 // axis), and hparam importances; Cancel (its owner and admins, asked first) and a link that
 // compares its trials' jobs.
 import { PALETTE, POLL_MS, api, fmtDuration, fmtNum, h, kv, timeCell } from "./core.js";
-import { drawChart, plotlyText } from "./charts.js";
+import { drawChart, pageColors, plotlyText } from "./charts.js";
 
 const TRIAL_STATES = ["QUEUED", "RUNNING", "COMPLETED", "PRUNED", "FAILED"];
 
@@ -32,16 +32,17 @@ export function searchesPage(view) {
         h("td", {}, h("span", { class: `badge state-${s.state}` }, s.state)),
         h("td", {}, `${s.method} + ${s.early_stopping}`),
         h("td", {}, `${s.mode} ${s.metric}`),
-        h("td", {}, countsText(s.trial_counts)),
+        h("td", { class: "wrap" }, countsText(s.trial_counts)),
         h("td", {}, timeCell(s.created_at))))
       : [h("tr", { class: "empty" }, h("td", { colspan: "8" },
         "No searches yet. Submit a spec with a search: block: trainhouse submit search.yaml"))]));
   }, POLL_MS);
   return h("section", { class: "page searches" },
     h("div", { class: "toolbar" }, h("h1", {}, "Searches")),
-    h("div", { class: "table-wrap" }, h("table", { class: "grid", testid: "searches-table" },
+    // in a card as the other lists; the trial counts wrap, so Submitted stays in view at 1000 px
+    h("section", { class: "card" }, h("div", { class: "table-wrap" }, h("table", { class: "grid", testid: "searches-table" },
       h("thead", {}, h("tr", {}, ["ID", "Name", "Owner", "State", "Method", "Objective", "Trials", "Submitted"]
-        .map((c) => h("th", {}, c)))), tbody)));
+        .map((c) => h("th", {}, c)))), tbody))));
 }
 
 /** The trials' rows sorted by one column (numbers as numbers, nulls last). */
@@ -88,14 +89,20 @@ function drawCurves(el, curves, metric) {
       y: c.values,
       pruned,
       line: { color: pruned ? "#9aa0a6" : PALETTE[i % PALETTE.length], width: 1.4, dash: pruned ? "dot" : "solid" },
-      // a pruned trial's last reported point: where the pruner stopped it
-      marker: { size: c.steps.map((_, k) => (pruned && k === c.steps.length - 1 ? 9 : 0)), symbol: "x", color: "#e4572e" },
+      // a pruned trial's last reported point: where the pruner stopped it; a trial that reported
+      // once has no line to draw, so its one point is a dot
+      marker: pruned
+        ? { size: c.steps.map((_, k) => (k === c.steps.length - 1 ? 9 : 0)), symbol: "x", color: "#e4572e" }
+        : { size: c.steps.length === 1 ? 7 : 0, color: PALETTE[i % PALETTE.length] },
     };
   });
+  const { ink, grid } = pageColors(); // in the dark scheme too
   window.Plotly.react(el, data, {
+    font: { color: ink },
     title: { text: plotlyText(`${metric} by step (pruned trials dotted, x where stopped)`), font: { size: 13 }, x: 0.01, xanchor: "left" },
     height: 300, margin: { l: 56, r: 14, t: 40, b: 40 }, paper_bgcolor: "rgba(0,0,0,0)", plot_bgcolor: "rgba(0,0,0,0)",
-    showlegend: data.length <= 20, xaxis: { title: { text: "step" } }, uirevision: "curves",
+    showlegend: data.length <= 20, xaxis: { title: { text: "step" }, gridcolor: grid }, yaxis: { gridcolor: grid },
+    uirevision: "curves",
   }, { responsive: true, displaylogo: false });
 }
 
@@ -141,13 +148,13 @@ function drawParallel(el, view) {
     type: "parcoords",
     dimensions: dims,
     line: { color: objective, colorscale: "Viridis", reversescale: view.mode === "min", showscale: true },
-  }], { height: 300, margin: { l: 60, r: 60, t: 40, b: 24 }, paper_bgcolor: "rgba(0,0,0,0)" },
+  }], { height: 300, margin: { l: 60, r: 60, t: 40, b: 24 }, paper_bgcolor: "rgba(0,0,0,0)", font: { color: pageColors().ink } },
   { responsive: true, displaylogo: false });
 }
 
 export function searchPage(view, id) {
   const head = h("div", { class: "toolbar" }, h("h1", {}, `Search ${id}`));
-  const facts = h("dl", { class: "kv", testid: "search-facts" });
+  const facts = h("dl", { class: "summary", testid: "search-facts" });
   const warning = h("p", { class: "error", testid: "search-warning", hidden: true });
   const st = { sort: "number", order: "asc" };
   const thead = h("tr");
@@ -203,7 +210,9 @@ export function searchPage(view, id) {
       ["best", "Best"], ["last_step", "Step"], ["duration", "Duration"]];
     thead.replaceChildren(...cols.map(([key, label]) => {
       const active = st.sort === key;
-      return h("th", { class: `sortable${active ? " sorted" : ""}`, testid: `trial-sort-${key}`,
+      // an hparam's name as written (case matters), not upper-cased as the other heads
+      const param = key.startsWith("param:") ? " as-written" : "";
+      return h("th", { class: `sortable${active ? " sorted" : ""}${param}`, testid: `trial-sort-${key}`,
         "aria-sort": active ? (st.order === "asc" ? "ascending" : "descending") : "none",
         onclick: () => {
           if (st.sort === key) st.order = st.order === "asc" ? "desc" : "asc";
@@ -255,18 +264,22 @@ export function searchPage(view, id) {
     drawParallel(parallel, data);
     if (imp.importances && window.Plotly) {
       const entries = Object.entries(imp.importances);
+      importances.classList.remove("chart-note");
       window.Plotly.react(importances, [{ type: "bar", orientation: "h", x: entries.map((e) => e[1]),
         y: entries.map((e) => plotlyText(e[0])) }],
-      { title: { text: "hparam importances (Optuna)", font: { size: 13 } }, height: 220,
+      { title: { text: "hparam importances (Optuna)", font: { size: 13 } }, height: 220, font: { color: pageColors().ink },
         margin: { l: 100, r: 14, t: 36, b: 30 }, paper_bgcolor: "rgba(0,0,0,0)", plot_bgcolor: "rgba(0,0,0,0)" },
       { responsive: true, displaylogo: false });
     } else {
+      importances.classList.add("chart-note");
       importances.textContent = `hparam importances appear once ${imp.needed} trials have completed (${imp.completed} so far)`;
     }
     return data.state === "RUNNING" || (data.trial_counts.RUNNING || 0) > 0;
   }, POLL_MS);
 
-  return h("section", { class: "page search" }, head, facts, warning,
-    h("div", { class: "table-wrap" }, h("table", { class: "grid", testid: "trials-table" }, h("thead", {}, thead), tbody)),
+  // the facts and the trials in cards, as a job's page has its summary
+  return h("section", { class: "page search" }, head, h("section", { class: "card" }, facts), warning,
+    h("section", { class: "card" },
+      h("div", { class: "table-wrap" }, h("table", { class: "grid", testid: "trials-table" }, h("thead", {}, thead), tbody))),
     h("div", { class: "charts" }, best, curves, parallel, importances));
 }
