@@ -170,6 +170,11 @@ def test_the_admin_registers_aliases_deletes_serves_and_stops(
     expect(page.get_by_test_id("model-message")).to_contain_text("refused: inputs are declared")
     page.get_by_test_id("model-dialog-cancel").click()
 
+    # a version's buttons stand apart (they touched)
+    alias, serve = (version(page, 2).get_by_test_id(t) for t in ("version-alias", "version-serve"))
+    left, right = alias.bounding_box(), serve.bounding_box()
+    assert left and right and right["x"] - (left["x"] + left["width"]) >= 4, (left, right)
+
     # an alias: made on version 2, then moved to version 1 (the question says from where)
     version(page, 2).get_by_test_id("version-alias").click()
     page.get_by_test_id("alias-name").fill("prod")
