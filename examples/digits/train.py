@@ -43,7 +43,7 @@ DEFAULTS = {
 # what each hparam must be: a bad one ends the run with exit code 2, which trainhouse never
 # restarts (no_restart_on's default exit codes): another attempt would fail the same way
 RULES: dict[str, tuple[type, Callable[[float], bool], str]] = {
-    "epochs": (int, lambda v: v >= 1, "a whole number of epochs, at least 1"),
+    "epochs": (int, lambda v: v >= 0, "a whole number of epochs, 0 or more (0: no training)"),
     "lr": (float, lambda v: 0 < v < 10, "a learning rate above 0 and below 10"),
     "batch_size": (int, lambda v: v >= 1, "a whole number, at least 1"),
     "seed": (int, lambda v: v >= 0, "a whole number, 0 or more"),

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -181,6 +183,12 @@ def test_a_rank_killed_after_a_save_the_server_never_heard_of_loses_no_step(
 
 def test_demo_runs_end_to_end_and_keeps_its_server(tmp_path: Path) -> None:
     url = f"http://127.0.0.1:{free_port()}"
+    # a home as long as makes the old line naming it wrap inside "press Ctrl-C to stop it" at
+    # 200 columns (CI's home did: the test waited for the words unseen); a line stays whole now
+    base = Path(tempfile.mkdtemp(prefix="th-demo-", dir="/tmp"))
+    said = f"the demo server keeps running at {url} (the dashboard; state in "
+    home = base / ("x" * (200 - len(said) - len("): press Ctrl-C") - len(f"{base}//demo"))) / "demo"
+    assert len(f"{said}{home}): press Ctrl-C") == 200
     demo = subprocess.Popen(
         [
             sys.executable,
@@ -188,7 +196,7 @@ def test_demo_runs_end_to_end_and_keeps_its_server(tmp_path: Path) -> None:
             "trainhouse",
             "demo",
             "--home",
-            str(tmp_path / "demo"),
+            str(home),
             "--url",
             url,
             "--set",
@@ -225,13 +233,18 @@ def test_demo_runs_end_to_end_and_keeps_its_server(tmp_path: Path) -> None:
         rest, _ = demo.communicate(timeout=120)
         out += rest
     finally:
-        if demo.poll() is None:
-            demo.kill()
-            demo.wait()
+        if demo.poll() is None:  # a Ctrl-C first: the demo stops its server (a session apart)
+            demo.send_signal(signal.SIGINT)
+            try:
+                demo.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                demo.kill()
+                demo.wait()
     assert demo.returncode == 0, out  # the job's result, not the Ctrl-C
     assert "trainhouse checkpoints 1" in out and "the demo server has stopped" in out
     assert "exited by itself" not in out
-    assert (tmp_path / "demo" / "jobs" / "1" / "checkpoints").is_dir()
+    assert (home / "jobs" / "1" / "checkpoints").is_dir()
+    shutil.rmtree(base)
     with pytest.raises(httpx.TransportError):  # and the Ctrl-C stopped it
         httpx.get(url + "/api/v1/health", timeout=5)
 

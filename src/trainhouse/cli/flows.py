@@ -100,7 +100,7 @@ def submit_flow(
                     highlight=False,
                 )
                 page = page_url(c.url, f"flows/{flow['id']}")
-                console.print(f"  dashboard: {page}", highlight=False)
+                console.print(f"  dashboard: {page}", highlight=False, soft_wrap=True)
             if detach:
                 console.print(f"follow it with: trainhouse flows show {flow['id']}")
                 return

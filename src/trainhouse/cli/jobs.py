@@ -159,7 +159,7 @@ def follow_job(c: Client, job: Job, said: str, *, as_json: bool, detach: bool) -
         if not as_json:
             console.print(said, highlight=False)
             page = page_url(c.url, f"jobs/{job['id']}")
-            console.print(f"  dashboard: {page}", highlight=False)
+            console.print(f"  dashboard: {page}", highlight=False, soft_wrap=True)
         if detach:
             console.print(f"follow it with: trainhouse logs {job['id']} -f")
             return

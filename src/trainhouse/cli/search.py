@@ -86,7 +86,7 @@ def submit_search(
             highlight=False,
         )
         page = page_url(c.url, f"searches/{search['id']}")
-        out.print(f"  dashboard: {page}", highlight=False)
+        out.print(f"  dashboard: {page}", highlight=False, soft_wrap=True)
         if detach:
             out.print(f"follow it with: trainhouse search show {search['id']}")
             return

@@ -98,7 +98,7 @@ def start(
                 f"(version {found['target_version']}), job {found['job_id']}, {found['state']}"
             )
             page = page_url(c.url, f"services/{found['name']}")
-            console.print(f"  dashboard: {page}", highlight=False)
+            console.print(f"  dashboard: {page}", highlight=False, soft_wrap=True)
         if wait:
             if not as_json:
                 err_console.print(f"waiting for {found['replicas']} replica(s) to answer ...")

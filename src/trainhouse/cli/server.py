@@ -462,14 +462,16 @@ def run_demo(
                 highlight=False,
             )
             page = page_url(c.url, f"jobs/{job['id']}")
-            console.print(f"  dashboard: {page}", highlight=False)
+            console.print(f"  dashboard: {page}", highlight=False, soft_wrap=True)
             final = Follower(c, job["id"]).run()
             summary(final)
             acc = (final.get("latest_metrics") or {}).get("val_acc")
             if acc is not None:
                 console.print(f"[bold]validation accuracy: {acc:.3f}[/]")
             code, finished = result_code(final), True
-            console.print(f"the job's page on the dashboard: {page}", highlight=False)
+            console.print(
+                f"the job's page on the dashboard: {page}", highlight=False, soft_wrap=True
+            )
         if background is not None and keep:
             _keep_serving(background, home)
     except KeyboardInterrupt:
@@ -493,10 +495,11 @@ def _keep_serving(background: ServerProcess, home: Path) -> None:
     """After the demo's job: the server goes on, for the dashboard, until Ctrl-C (raised
     here as KeyboardInterrupt) or until it exits by itself."""
     console.print(
-        f"\nthe demo server keeps running at {background.url} (the dashboard; state in {home}): "
-        "press Ctrl-C to stop it",
+        f"\nthe demo server keeps running at {background.url} (the dashboard; state in {home})",
         highlight=False,
+        soft_wrap=True,  # an address stays whole, whatever the terminal's width
     )
+    console.print("press Ctrl-C to stop it", highlight=False)
     exited = background.wait()
     render.err_console.print(
         f"the demo server exited by itself (code {exited}); see {background.log}",
