@@ -165,6 +165,29 @@ def call(api: TestClient, service: dict[str, Any], **body: Any) -> Any:
     )
 
 
+def second_version(api: TestClient, directory: Path) -> None:
+    """Version 2 of ``tiny``, saved and registered by the job that made version 1."""
+    maker = services(api).store.models.version("tiny", 1).job_id
+    assert maker is not None
+    record = write_model(
+        open_storage(directory.parent.parent.parent),
+        "tiny",
+        Net(),
+        example_inputs=(torch.randn(2, 4),),
+        metrics=None,
+        loader=None,
+        step=2,
+        attempt=1,
+        job_id=maker,
+    )
+    two = api.post(
+        f"/api/v1/jobs/{maker}/models",
+        json={"name": "tiny", "path": record["path"]},
+        headers={"Authorization": "Bearer maker"},
+    )
+    assert two.status_code == 201 and two.json()["version"] == 2, two.text
+
+
 def test_a_service_is_a_job_of_replicas_placed_like_any_job(
     served: tuple[TestClient, Path],
 ) -> None:
@@ -258,24 +281,7 @@ def test_a_replica_tells_no_outputs_of_a_version_its_service_does_not_serve(
 
     api, directory = served
     store = services(api).store
-    maker = store.models.version("tiny", 1).job_id
-    record = write_model(
-        open_storage(directory.parent.parent.parent),
-        "tiny",
-        Net(),
-        example_inputs=(torch.randn(2, 4),),
-        metrics=None,
-        loader=None,
-        step=2,
-        attempt=1,
-        job_id=maker,
-    )
-    two = api.post(
-        f"/api/v1/jobs/{maker}/models",
-        json={"name": "tiny", "path": record["path"]},
-        headers={"Authorization": "Bearer maker"},
-    )
-    assert two.status_code == 201 and two.json()["version"] == 2, two.text
+    second_version(api, directory)
     inputs = [{"name": "x", "shape": [None, 4], "dtype": "float32"}]
     with store.transaction() as conn:  # both versions as checkpoints are: no outputs
         conn.execute(
@@ -468,25 +474,7 @@ def test_a_replica_downloads_only_the_version_it_is_told_to_serve(
     """Files and code go to a replica for the version its service's ref names now, never for
     another version of the model (an older one's code, say)."""
     api, directory = served
-    maker = services(api).store.models.version("tiny", 1).job_id
-    ckpt = directory.parent.parent.parent
-    record = write_model(
-        open_storage(ckpt),
-        "tiny",
-        Net(),
-        example_inputs=(torch.randn(2, 4),),
-        metrics=None,
-        loader=None,
-        step=2,
-        attempt=1,
-        job_id=maker,
-    )
-    two = api.post(
-        f"/api/v1/jobs/{maker}/models",
-        json={"name": "tiny", "path": record["path"]},
-        headers={"Authorization": "Bearer maker"},
-    )
-    assert two.status_code == 201 and two.json()["version"] == 2, two.text
+    second_version(api, directory)
     rt = start(api).json()
     url = f"/api/v1/jobs/{rt['job_id']}/replicas/versions"
     for path in ("2/files/model.json", "2/code"):
