@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from playwright.sync_api import Page, expect
 
-from tests.support.dashboard import api
+from tests.support.dashboard import api, chart_data
 from tests.support.jobs import write_job
 from tests.support.servers import Server
 
@@ -55,18 +55,6 @@ def submit(server: Server, tmp_path: Path, name: str, scale: float) -> dict[str,
         "submit", str(spec), "--detach", "--set", f"hparams.scale={scale}"
     )
     return job
-
-
-def chart_data(page: Page, testid: str) -> list[dict[str, Any]]:
-    """The traces plotly keeps on the chart element: [{x, y, name}, ...]."""
-    data: list[dict[str, Any]] = page.evaluate(
-        """(id) => {
-            const el = document.querySelector(`[data-testid="${id}"]`);
-            return el && el.data ? el.data.map((t) => ({x: t.x, y: t.y, name: t.name})) : [];
-        }""",
-        testid,
-    )
-    return data
 
 
 def cells(page: Page) -> dict[int, dict[tuple[str, str], str]]:

@@ -12,7 +12,7 @@ import httpx
 import pytest
 from playwright.sync_api import Page, expect
 
-from tests.support.dashboard import api, row_ids
+from tests.support.dashboard import api, chart_data, row_ids
 from tests.support.jobs import write_job
 from tests.support.servers import Server
 from trainhouse.jobfs.storage import new_hash
@@ -57,18 +57,6 @@ PARKED = """
 name: parked
 entrypoint: python train.py
 """
-
-
-def chart_data(page: Page, testid: str) -> list[dict[str, Any]]:
-    """The traces plotly keeps on the chart element: [{x: [...], y: [...], name}, ...]."""
-    data: list[dict[str, Any]] = page.evaluate(
-        """(id) => {
-            const el = document.querySelector(`[data-testid="${id}"]`);
-            return el && el.data ? el.data.map((t) => ({x: t.x, y: t.y, name: t.name})) : [];
-        }""",
-        testid,
-    )
-    return data
 
 
 def wait_chart(page: Page, testid: str, points: int) -> list[dict[str, Any]]:

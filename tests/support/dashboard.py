@@ -45,3 +45,15 @@ def labels_beside_values(dl: Locator) -> None:
     """Every label of ``dl`` has its own value beside it (not the next label's)."""
     pairs: list[tuple[str, bool]] = dl.evaluate(PAIRED)
     assert pairs and all(ok for _label, ok in pairs), pairs
+
+
+def chart_data(page: Page, testid: str) -> list[dict[str, Any]]:
+    """The traces plotly keeps on the chart element: [{x: [...], y: [...], name}, ...]."""
+    data: list[dict[str, Any]] = page.evaluate(
+        """(id) => {
+            const el = document.querySelector(`[data-testid="${id}"]`);
+            return el && el.data ? el.data.map((t) => ({x: t.x, y: t.y, name: t.name})) : [];
+        }""",
+        testid,
+    )
+    return data
