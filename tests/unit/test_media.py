@@ -386,3 +386,19 @@ def test_a_standalone_run_checks_its_media_and_prints_a_line(
     assert "[trainhouse] step 3: sample: image 6x4" in out
     assert "[trainhouse] step 4: preds: table 1x2" in out
     assert "[trainhouse] step 3: loss=1" in out
+
+
+def test_another_jobs_credential_cannot_log_media_to_a_job(api: TestClient) -> None:
+    """A job's credential writes its own job's media only: another job's token is refused, and
+    nothing is stored."""
+    rt = services(api)
+    job = new_job(rt.store, spec=WAIT)
+    other = new_job(rt.store, spec=WAIT)
+    rt.store.jobs.update(job, token_hash=hash_token("known"))
+    rt.store.jobs.update(other, token_hash=hash_token("other"))
+    image = {**Image(np.zeros((3, 5, 3), np.uint8)).payload(), "key": "img", "step": 2}
+    refused = api.post(
+        f"/api/v1/jobs/{job}/media", json=image, headers={"Authorization": "Bearer other"}
+    )
+    assert refused.status_code in (401, 403), refused.text
+    assert api.get(f"/api/v1/jobs/{job}/media").json()["items"] == []
