@@ -18,7 +18,7 @@ import typer
 from rich.table import Table
 from rich.text import Text
 
-from trainhouse.cli import options
+from trainhouse.cli import options, render
 from trainhouse.cli.options import Json, Url
 from trainhouse.cli.render import (
     EXIT_BAD_INPUT,
@@ -329,8 +329,7 @@ def ps_columns(jobs: list[Job], chosen: list[str]) -> list[fit.Column]:
     if "reason" not in chosen:
         cols.append(fit.Column("REASON", wrap=True, rank=_RANK["REASON"]))
     for j in jobs:
-        res = j["spec"].get("resources") or {"nodes": 1}
-        ranks = res["nodes"] * (res.get("procs_per_node") or 1)
+        ranks = render.ranks(j)
         step = "-" if j["last_step"] is None else str(j["last_step"] + 1)
         if j.get("total_steps"):
             step += f"/{j['total_steps']}"
@@ -342,7 +341,7 @@ def ps_columns(jobs: list[Job], chosen: list[str]) -> list[fit.Column]:
             j["owner"],
             Text.from_markup(state(job_state(j))),
             j["priority"],
-            str(ranks),
+            ranks,
             step,
             ago(j["created_at"]),
             *(("" if quiet else reason) if k == "reason" else cell(j, k) for k in chosen),

@@ -23,9 +23,8 @@ from trainhouse.scheduler.policy import (
     cost_rate,
     decide,
     free_capacity,
-    place,
 )
-from trainhouse.scheduler.resources import Demand
+from trainhouse.scheduler.resources import Demand, place
 
 
 @dataclass

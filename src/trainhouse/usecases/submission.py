@@ -35,7 +35,7 @@ def schedulable_spec(
     executor = rt.scheduler.executor
     # the inventory, busy or not (nodes() is what is free right now)
     reason = never_fits(executor.capacity(), job_spec.resources, multi_node=executor.multi_node)
-    if reason is None and job_spec.resources.nodes > 1 and not rt.settings.shared_checkpoints:
+    if reason is None and job_spec.resources.max_nodes > 1 and not rt.settings.shared_checkpoints:
         reason = (
             f"resources.nodes is {job_spec.resources.nodes}, but checkpoints are stored on the "
             "server's own disk (HOME/jobs/<id>/checkpoints), which the other nodes do not "

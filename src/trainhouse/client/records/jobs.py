@@ -87,6 +87,7 @@ class Job(TypedDict):
     kind: str
     search_id: int | None
     prune_requested: bool
+    resize_requested: bool
     resumes: int
     cloned_from: int | None
     cloned_step: int | None
