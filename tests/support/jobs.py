@@ -53,6 +53,66 @@ with trainhouse.init(hparams={"steps": 40}) as run:
             break
 """
 
+# an elastic job's script (unchanged under bare torchrun at any fixed size): DDP over gloo,
+# ResumableSampler, every sample each rank draws gathered on rank 0 and kept in the checkpoint,
+# the learning rate rescaled with the world size; at the end rank 0 prints, per epoch, how many
+# samples were seen and whether they were each sample exactly once
+ELASTIC = """
+import time
+
+import torch
+import torch.distributed as dist
+from torch.utils.data import DataLoader, TensorDataset
+
+import trainhouse
+from trainhouse.sdk.data import ResumableSampler
+
+with trainhouse.init(hparams={"epochs": 2, "n": 240, "batch": 4, "sleep": 0.1}) as run:
+    n, batch = int(run.hparams["n"]), int(run.hparams["batch"])
+    epochs, pause = int(run.hparams["epochs"]), float(run.hparams["sleep"])
+    data = TensorDataset(torch.arange(n))
+    sampler = ResumableSampler(data, seed=0, batch_size=batch)
+    state = run.checkpoint.load()
+    seen, step = {}, 0
+    if state:
+        sampler.load_state_dict(state["sampler"])
+        seen, step = state["seen"], state["step"] + 1
+    lr = 0.1 * run.world_size  # the linear scaling rule: a resized job rescales it
+    print(
+        f"rank {run.rank} attempt {run.attempt} world {run.world_size} resized {run.resized} "
+        f"previous {run.previous_world_size} epoch {sampler.epoch} lr {lr}",
+        flush=True,
+    )
+    run.set_total_steps(epochs * n // batch)
+    loader = DataLoader(data, batch_size=batch, sampler=sampler)
+    stopped = False
+    for epoch in range(sampler.epoch, epochs):
+        sampler.set_epoch(epoch)
+        for i, (x,) in enumerate(loader):
+            parts = [None] * run.world_size
+            if run.world_size > 1:
+                dist.all_gather_object(parts, x.tolist())
+            else:
+                parts = [x.tolist()]
+            if run.rank == 0:
+                seen.setdefault(str(epoch), []).extend(v for part in parts for v in part)
+            run.log({"world": run.world_size, "lr": lr}, step=step)
+            time.sleep(pause)
+            if run.should_stop():
+                position = sampler.state_dict(batches_done=i + 1)
+                run.checkpoint.save({"sampler": position, "seen": seen, "step": step}, step=step)
+                print(f"rank {run.rank} stops at step {step}: {run.stop_reason}", flush=True)
+                stopped = True
+                break
+            step += 1
+        if stopped:
+            break
+    if not stopped and run.rank == 0:
+        for e in range(epochs):
+            got = seen.get(str(e), [])
+            print(f"epoch {e}: {len(got)} samples, each once: {sorted(got) == list(range(n))}")
+"""
+
 # RESUMABLE's loop, but its first attempt holds right after the checkpoint of step hparams.hold
 # (a checkpoint every 5 steps): a test kills it there, between that save and its next flush
 HOLDING = """

@@ -194,6 +194,9 @@ def _dry_run(file: Path, overrides: list[str], as_json: bool, url: str | None) -
     if plan["preempts"]:
         jobs = ", ".join(str(j) for j in plan["preempts"])
         console.print(f"it would preempt job(s) {jobs}", highlight=False)
+    if plan.get("shrinks"):
+        jobs = ", ".join(str(j) for j in plan["shrinks"])
+        console.print(f"it would shrink elastic job(s) {jobs} at a checkpoint", highlight=False)
 
 
 def summary(job: JobDetail) -> None:
@@ -509,7 +512,16 @@ def show(
         )
     if job["attempt_history"]:
         att = Table(title="attempts", box=None, header_style="bold", title_justify="left")
-        for col in ("#", "STARTED", "DURATION", "RESULT", "EXIT", "FAILED RANK", "RANK EXIT CODES"):
+        for col in (
+            "#",
+            "STARTED",
+            "DURATION",
+            "RANKS",
+            "RESULT",
+            "EXIT",
+            "FAILED RANK",
+            "RANK EXIT CODES",
+        ):
             att.add_column(col, overflow="fold")
         att.add_column("REASON", overflow="fold", ratio=1)
         for a in job["attempt_history"]:
@@ -521,6 +533,9 @@ def show(
                 str(a["number"]),
                 ago(a["started_at"]),
                 duration((a["ended_at"] or time.time()) - a["started_at"]),
+                str(
+                    sum(int(p.get("procs", 1)) for p in (a.get("placement") or {}).get("nodes", []))
+                ),
                 result,
                 exit_words(a["exit_code"]),
                 "-" if a.get("failed_rank") is None else str(a["failed_rank"]),

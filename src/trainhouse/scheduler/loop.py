@@ -444,7 +444,7 @@ class SchedulerLoop(BackgroundLoop):
         snap, by_id = self.snapshot(queued=queued)  # leaves out what was canceled
         totals = cluster_totals(snap.nodes)
         self._advance_usage(snap.now, snap.running, totals)
-        if not snap.queued:
+        if not snap.queued and not any(r.demand is not None for r in snap.running):
             self.waiting = after
             self._write_reasons()
             return

@@ -186,6 +186,7 @@ class DryRun(TypedDict):
     would_start: bool
     placement: list[dict[str, Any]] | None
     preempts: list[int]
+    shrinks: list[int]
     position: int
     reason: str
 
