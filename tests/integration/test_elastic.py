@@ -6,6 +6,8 @@ preempted whole instead. Driven through the CLI, as a user would."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -13,6 +15,7 @@ from typing import Any
 import pytest
 
 from tests.support.jobs import ELASTIC, write_job
+from tests.support.processes import bare_env
 from tests.support.servers import Server, assert_clean_stop, start_server
 
 pytestmark = pytest.mark.integration
@@ -130,3 +133,33 @@ def test_an_elastic_job_is_never_shrunk_below_its_least_it_is_preempted(
     assert [ranks_of(a) for a in attempts] == [4, 4]  # never at 2, below its least of 3
     log = srv.cli("logs", str(job["id"]), "--rank", "0").stdout
     assert "epoch 0: 240 samples, each once: True" in log, log[-3000:]
+
+
+def test_the_elastic_script_runs_unchanged_under_bare_torchrun(tmp_path: Path) -> None:
+    """No server: the same script under ``torchrun`` at a fixed size (3 ranks, which divides
+    none of the sizes above), every sample of each epoch once."""
+    (tmp_path / "train.py").write_text(ELASTIC)
+
+    def torchrun(ranks: int) -> str:
+        proc = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--standalone",
+                f"--nproc-per-node={ranks}",
+                "train.py",
+            ],
+            cwd=tmp_path,
+            env=bare_env(tmp_path),
+            capture_output=True,
+            text=True,
+            timeout=240,
+        )
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        return proc.stdout
+
+    out = torchrun(3)
+    assert "rank 0 attempt 1 world 3 resized False previous None" in out
+    assert "epoch 0: 240 samples, each once: True" in out
+    assert "epoch 1: 240 samples, each once: True" in out

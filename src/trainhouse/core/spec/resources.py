@@ -4,11 +4,16 @@ rank), fixed or elastic (``MIN:MAX``, torchrun's form)."""
 from __future__ import annotations
 
 import re
+from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 _RANGE = re.compile(r"^\s*(\d+)\s*:\s*(\d+)\s*$")
-Size = int | str  # a fixed size, or "MIN:MAX" (an elastic one, torchrun's form)
+_ELASTIC = r"^\d+:\d+$"  # what the schema shows; parse_size checks the bounds
+# a fixed size, or "MIN:MAX" (an elastic one, torchrun's form)
+Nodes = Annotated[int, Field(ge=1, le=4096)] | Annotated[str, Field(pattern=_ELASTIC)]
+Procs = Annotated[int, Field(ge=1, le=1024)] | Annotated[str, Field(pattern=_ELASTIC)]
+Gpus = Annotated[int, Field(ge=0, le=1024)] | Annotated[str, Field(pattern=_ELASTIC)]
 
 
 def parse_size(value: object, *, low: int, high: int) -> int | str:
@@ -46,18 +51,18 @@ def size_range(value: int | str) -> tuple[int, int]:
 class Resources(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
-    nodes: Size = Field(
+    nodes: Nodes = Field(
         1,
         description="Machines the job spans; >1 needs a multi-node executor. MIN:MAX (such as "
         "1:4) makes the job elastic: it starts at the largest size that fits and the scheduler "
         "resizes it at checkpoints",
     )
-    procs_per_node: Size | None = Field(
+    procs_per_node: Procs | None = Field(
         None,
         description="torch.distributed ranks per node; default gpus_per_node or 1. MIN:MAX "
         "(such as 2:8) makes the job elastic (the local executor resizes this one)",
     )
-    gpus_per_node: Size = Field(
+    gpus_per_node: Gpus = Field(
         0,
         description="GPUs per node; 0 = CPU job. MIN:MAX makes a GPU job elastic, one GPU per "
         "rank (procs_per_node follows it)",
