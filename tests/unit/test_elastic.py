@@ -347,3 +347,17 @@ def test_elastic_decisions_keep_every_rule(scene: Snapshot) -> None:
             if rz.grow and running[rz.job].owner == "u"
         )
         assert after <= max(cap, before)
+
+
+def test_ps_shows_the_ranks_a_job_has_now_and_its_range() -> None:
+    from trainhouse.cli.render import ranks
+
+    spec = {"resources": {"nodes": 1, "procs_per_node": "2:8"}}
+    running = {"state": "RUNNING", "spec": spec, "placement": {"nodes": [{"procs": 4}]}}
+    assert ranks(running) == "4 (2:8)"
+    assert ranks({"state": "QUEUED", "spec": spec, "placement": None}) == "8 (2:8)"
+    wide = {"resources": {"nodes": "1:4", "procs_per_node": 2}}
+    assert ranks({"state": "QUEUED", "spec": wide}) == "8 (2:8)"
+    assert (
+        ranks({"state": "QUEUED", "spec": {"resources": {"nodes": 2, "procs_per_node": 3}}}) == "6"
+    )

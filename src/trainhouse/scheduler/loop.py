@@ -236,7 +236,9 @@ class SchedulerLoop(BackgroundLoop):
         failure = None
         if outcome.needs_analysis(job, ended):
             spec = job.spec
-            failure = analyse(ended, layout, spec.resources.procs, spec.no_restart_on)
+            # the ranks this attempt had (an elastic job's size changes between attempts)
+            procs = max((p.procs for p in job.placement), default=spec.resources.procs)
+            failure = analyse(ended, layout, procs, spec.no_restart_on)
             failure = repeated(failure, self._last_failed(job.id, ended.attempt))
         self._apply(
             job,
