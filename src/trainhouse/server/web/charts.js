@@ -23,13 +23,14 @@ export function plotlyText(text) {
   return String(text).replaceAll("&", "&amp;").replaceAll("<", "&lt;").replaceAll(">", "&gt;");
 }
 
-/** The page's (light or dark) text, grid and muted colours, for a chart drawn on it. */
+/** The page's (light or dark) text, grid, muted and accent colours, for a chart drawn on it. */
 export function pageColors() {
   const css = getComputedStyle(document.documentElement);
   return {
     ink: css.getPropertyValue("--ink").trim() || "#1d2433",
     grid: css.getPropertyValue("--line").trim() || "#e2e5eb",
     muted: css.getPropertyValue("--muted").trim() || "#6b7385",
+    accent: css.getPropertyValue("--accent").trim() || "#2b59c3",
   };
 }
 

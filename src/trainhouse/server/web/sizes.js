@@ -2,7 +2,7 @@
 // ranks each attempt ran, and its world size over time, the chart a job's page draws for an
 // elastic job or one whose attempts ran at different sizes (each resize marked, its reason on
 // hover).
-import { drawChart } from "./charts.js";
+import { drawChart, pageColors } from "./charts.js";
 import { TERMINAL, h } from "./core.js";
 
 /** [MIN, MAX] of a spec's size: 4 is [4, 4], "2:8" (an elastic one) is [2, 8]. */
@@ -135,6 +135,7 @@ export function sizeCard() {
     }
     el.hidden = false; // shown before drawing, so the chart gets its width
     const { traces, marks } = sizeSeries(job);
+    traces[0].color = pageColors().accent; // the page's own blue: a light one in the dark
     const [least, most] = worldRange(job.spec);
     const resized = marks.length;
     note.textContent = (isElastic(job.spec) ? `Elastic: ${least} to ${most} ranks. ` : "") +
@@ -142,7 +143,8 @@ export function sizeCard() {
     const top = Math.max(most, ...traces[0].y.filter((v) => v !== null));
     drawChart(chart, "ranks over time", traces, {
       smoothing: 0, log: false, legend: false, xType: "date", xTitle: "", marks, height: 240,
-      yaxis: { title: { text: "ranks" }, range: [0, top + 0.5], ...(top <= 12 ? { dtick: 1 } : { tickformat: "d" }) },
+      yaxis: { title: { text: "ranks" }, range: [-0.4, top + 0.6], // 0 clear of the time axis' labels
+         ...(top <= 12 ? { dtick: 1 } : { tickformat: "d" }) },
     });
   };
   return { el, update };
