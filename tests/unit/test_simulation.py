@@ -176,7 +176,9 @@ def elastic(nodes: int, procs: int, least_nodes: int, least_procs: int, cpp: int
 
 def useful_rank_seconds(result: SimResult, job: int) -> float:
     """The work a job's attempts did: ranks x (time held - setup), summed."""
-    return sum(a.ranks * (a.end - a.start - a.setup) for a in result.attempts if a.job == job)
+    return float(
+        sum(a.ranks * (a.end - a.start - a.setup) for a in result.attempts if a.job == job)
+    )
 
 
 def test_a_shrunk_and_regrown_job_keeps_its_work_and_runs_at_its_size() -> None:
