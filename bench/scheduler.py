@@ -31,8 +31,8 @@ Part 1: decision time
 
     A further row (``--elastic-sizes``, 10,000) times the same at a queue with elastic jobs
     (``--elastic-queued``, 15% of the queued jobs: multi-GPU jobs made elastic down to a quarter
-    or a half of their size by ``_scheduler_mix.elastic_demand``) and as large a share of the
-    multi-GPU running jobs elastic, each running at a size drawn from its range, with a
+    or a half of their size by ``_scheduler_mix.elastic_demand``) and 30% of the multi-GPU
+    running jobs elastic (about 10), each running at a size drawn from its range, with a
     ``resize_interval`` of 300 s: the walk tries an elastic job's larger sizes before its
     least, and the pass may shrink and grow running ones. The same target applies.
 
@@ -133,6 +133,7 @@ from trainhouse.scheduler.simulate import DEFAULT_RESIZE_INTERVAL as RESIZE_INTE
 # queue size -> target for the incremental path's median, ms
 TARGETS_MS: dict[int, float] = {10_000: 50.0, 100_000: 500.0}
 TICK = 30.0  # seconds between two snapshots
+RUNNING_ELASTIC = 0.3  # in part 1's elastic rows, the share of multi-GPU running jobs elastic
 
 
 # -- part 1: decision time -----------------------------------------------------------------
@@ -172,8 +173,10 @@ class Elastic:
 
     @classmethod
     def of(cls, seed: int, share: float) -> Elastic:
-        """``share`` of all queued jobs elastic, and of the multi-GPU running ones."""
-        return cls(random.Random(seed * 1_000_003 + 1), min(share / MULTI_GPU_SHARE, 1.0), share)
+        """``share`` of all queued jobs elastic, and ``RUNNING_ELASTIC`` of the multi-GPU
+        running ones."""
+        rng = random.Random(seed * 1_000_003 + 1)
+        return cls(rng, min(share / MULTI_GPU_SHARE, 1.0), RUNNING_ELASTIC)
 
 
 def running_set(
@@ -428,7 +431,7 @@ def print_decisions(p1: dict[str, Any]) -> None:
         print(
             f"  {row['label']} queued, per decision on average: {o['running']:.0f} running jobs "
             f"on {o['busy_gpus']:.0f} GPUs; {o['starts']:.1f} starts, "
-            f"{o['preemptions']:.1f} preemptions, {o['resizes']:.1f} resizes, "
+            f"{o['preemptions']:.1f} preemptions, {o['resizes']:.2f} resizes, "
             f"{o['waiting']:.0f} keep waiting; the incremental path's first call (building its "
             f"index) took {row['index_build_ms']:.0f} ms"
         )
