@@ -293,6 +293,44 @@ def test_a_simulated_day_is_the_same_with_either_path() -> None:
         assert a.gpu_seconds == b.gpu_seconds
 
 
+def test_a_simulated_day_with_elastic_jobs_is_the_same_with_either_path() -> None:
+    """Elastic starts, shrinks and growth, applied by the simulation (a resized job queued
+    again), decided alike by both paths."""
+    nodes = [Node(f"n{i}", 32, 1 << 34, tuple(Gpu(g) for g in range(8))) for i in range(4)]
+    resizes = 0
+    for seed in (1, 2):
+        rng = random.Random(seed + 100)
+        jobs = []
+        for job in sim_jobs(seed):
+            d = job.demand
+            if d.gpus > 1 and rng.random() < 0.5:  # elastic down to a quarter or a half
+                least = max(d.procs // rng.choice((2, 4)), 1)
+                d = Demand(
+                    d.nodes,
+                    d.cpus,
+                    d.gpus,
+                    d.procs,
+                    min_nodes=1,
+                    min_procs=least,
+                    cpus_per_proc=d.cpus // d.procs,
+                    gpus_per_proc=1,
+                )
+                # a declared max_runtime that holds at its least size, setup included (the
+                # policy reserves by it: an overdue job is taken to end at any moment)
+                if job.max_runtime is not None:
+                    job = replace(job, max_runtime=job.max_runtime * d.procs / least + 60.0)
+            jobs.append(replace(job, demand=d))
+        a = simulate(nodes, jobs, policy=decide, until=8 * 3600)
+        b = simulate(nodes, jobs, policy=Scheduler(), until=8 * 3600)
+        assert a.started == b.started
+        assert a.finished == b.finished
+        assert a.preemptions == b.preemptions
+        assert a.resizes == b.resizes
+        assert a.gpu_seconds == b.gpu_seconds
+        resizes += len(a.resizes)
+    assert resizes > 0
+
+
 def test_deltas_reported_by_the_caller_keep_the_index_exact() -> None:
     """Scheduler.queued/removed and decide(sync=False): what a caller that knows the changes
     does (no diff of the whole queue at each tick)."""
