@@ -22,12 +22,11 @@ import pytest
 from playwright.sync_api import Page, expect
 
 from tests.support.dashboard import api, chart_data, contrast, labels_beside_values
-from tests.support.jobs import ELASTIC, write_job
+from tests.support.jobs import shrink_and_grow_back
 from tests.support.servers import Server, assert_clean_stop, start_server
 
 pytestmark = pytest.mark.browser
 
-HIGH = "import time\nprint('high priority work', flush=True)\ntime.sleep(4)\n"
 CHART = "world-size-chart"
 # the card scrolls nothing sideways and its chart ends within it (plotly redraws on a resize)
 FITS = """(card) => {
@@ -51,34 +50,8 @@ def resized(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Resized]:
     root = tmp_path_factory.mktemp("resize-chart")
     srv = start_server(root / "home", "--cpus", "4")
     try:
-        spec = write_job(
-            root / "elastic",
-            ELASTIC,
-            """
-            name: elastic
-            entrypoint: python train.py
-            priority: low
-            resources: {procs_per_node: "2:4"}
-            resize_interval: 3s
-            preemption_grace: 60
-            hparams: {epochs: 3, sleep: 0.15}
-        """,
-        )
-        job = srv.cli_json("submit", str(spec), "--detach")
-        srv.wait_step(job["id"], 4)
-        high_spec = write_job(
-            root / "high",
-            HIGH,
-            """
-            name: urgent-eval
-            entrypoint: python train.py
-            priority: high
-            resources: {procs_per_node: 2}
-        """,
-        )
-        high = srv.cli_json("submit", str(high_spec), "--detach")
-        high_final = srv.wait(high["id"], {"COMPLETED", "FAILED"})
-        final = srv.wait(job["id"], {"COMPLETED", "FAILED"}, timeout=300)
+        run = shrink_and_grow_back(srv, root)
+        job, final, high_final = run.job, run.job, run.high
         assert high_final["state"] == "COMPLETED", high_final
         assert final["state"] == "COMPLETED", final
         results = [a["result"] for a in final["attempt_history"]]

@@ -14,13 +14,11 @@ from typing import Any
 
 import pytest
 
-from tests.support.jobs import ELASTIC, write_job
+from tests.support.jobs import ELASTIC, elastic_job, high_priority_job, shrink_and_grow_back
 from tests.support.processes import bare_env
 from tests.support.servers import Server, assert_clean_stop, start_server
 
 pytestmark = pytest.mark.integration
-
-HIGH = "import time\nprint('high priority work', flush=True)\ntime.sleep(4)\n"
 
 
 @pytest.fixture
@@ -34,46 +32,15 @@ def ranks_of(attempt: dict[str, Any]) -> int:
     return sum(int(p["procs"]) for p in (attempt["placement"] or {"nodes": []})["nodes"])
 
 
-def high_job(tmp_path: Path) -> Path:
-    return write_job(
-        tmp_path / "high",
-        HIGH,
-        """
-        name: urgent-eval
-        entrypoint: python train.py
-        priority: high
-        resources: {procs_per_node: 2}
-    """,
-    )
-
-
 def test_an_elastic_job_shrinks_for_priority_and_grows_back_seeing_every_sample(
     cpu_server: Server, tmp_path: Path
 ) -> None:
     srv = cpu_server
-    spec = write_job(
-        tmp_path / "elastic",
-        ELASTIC,
-        """
-        name: elastic
-        entrypoint: python train.py
-        priority: low
-        resources: {procs_per_node: "2:4"}
-        resize_interval: 3s
-        preemption_grace: 60
-        hparams: {epochs: 3, sleep: 0.15}
-    """,
-    )
-    job = srv.cli_json("submit", str(spec), "--detach")
-    srv.wait_step(job["id"], 4)
-    first = srv.cli_json("show", str(job["id"]))
+    run = shrink_and_grow_back(srv, tmp_path)
+    job, first, plan, final, high_final = run.job, run.first, run.plan, run.job, run.high
     assert ranks_of(first) == 4, first["placement"]  # its largest size: the 4 CPUs are free
-
-    plan = srv.cli_json("submit", str(high_job(tmp_path)), "--dry-run")
     assert not plan["would_start"] and plan["shrinks"] == [job["id"]] and plan["preempts"] == []
-    high = srv.cli_json("submit", str(high_job(tmp_path)), "--detach")
-    high_final = srv.wait(high["id"], {"COMPLETED", "FAILED"})
-    final = srv.wait(job["id"], {"COMPLETED", "FAILED"}, timeout=300)
+    high = high_final
     assert high_final["state"] == "COMPLETED", high_final
     assert final["state"] == "COMPLETED", final
 
@@ -95,7 +62,7 @@ def test_an_elastic_job_shrinks_for_priority_and_grows_back_seeing_every_sample(
     assert "attempt 3 world 4 resized True previous 2" in log
     # run.stop_reason says why: a resize, and which
     assert "stops at step" in log and ": resize: shrunk 4->2: job" in log, log[-3000:]
-    for epoch in range(3):
+    for epoch in range(4):
         assert f"epoch {epoch}: 240 samples, each once: True" in log, log[-3000:]
     steps = [p[0] for p in srv.cli_json("metrics", str(job["id"]))["series"][0]["points"]]
     assert steps == list(range(len(steps)))  # every step once, in order, across the resizes
@@ -108,22 +75,10 @@ def test_an_elastic_job_is_never_shrunk_below_its_least_it_is_preempted(
     cpu_server: Server, tmp_path: Path
 ) -> None:
     srv = cpu_server
-    spec = write_job(
-        tmp_path / "elastic",
-        ELASTIC,
-        """
-        name: wide
-        entrypoint: python train.py
-        priority: low
-        resources: {procs_per_node: "3:4"}
-        resize_interval: 3s
-        preemption_grace: 60
-        hparams: {epochs: 1, sleep: 0.1}
-    """,
-    )
-    job = srv.cli_json("submit", str(spec), "--detach")
-    srv.wait_step(job["id"], 3)
-    high = srv.cli_json("submit", str(high_job(tmp_path)), "--detach")
+    with srv.client as c:  # over HTTP: the high-priority job comes long before the end
+        job = c.submit(elastic_job(tmp_path, "3:4", epochs=2, sleep=0.2, name="wide"))
+        srv.wait_step(job["id"], 3)
+        high = c.submit(high_priority_job(tmp_path))
     assert srv.wait(high["id"], {"COMPLETED", "FAILED"})["state"] == "COMPLETED"
     final = srv.wait(job["id"], {"COMPLETED", "FAILED"}, timeout=300)
     assert final["state"] == "COMPLETED", final

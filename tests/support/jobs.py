@@ -8,11 +8,14 @@ from __future__ import annotations
 
 import contextlib
 import textwrap
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import psutil
 
 from tests.support.processes import marked_processes
+from tests.support.servers import Server
 from trainhouse.executors.node.torchrun import RANK_WRAPPER
 
 RANK_WRAPPER_FILE = RANK_WRAPPER[-1]
@@ -244,3 +247,66 @@ with trainhouse.init(hparams={"lr": 0.01, "steps": 16, "delay": 0.1, "hold_at": 
             print(f"stopped at step {step}: {run.stop_reason}", flush=True)
             break
 """
+
+
+# a job of another tier that needs 2 CPUs for a few seconds (what makes an elastic job shrink)
+HIGH_PRIORITY = "import time\nprint('high priority work', flush=True)\ntime.sleep(4)\n"
+
+
+def elastic_job(
+    root: Path, ranks: str = "2:4", *, epochs: int = 3, sleep: float = 0.15, name: str = "elastic"
+) -> Path:
+    """An ``ELASTIC`` job of ``low`` priority, ``procs_per_node: ranks``, resized no sooner than
+    every 3 s."""
+    return write_job(
+        root / name,
+        ELASTIC,
+        f"""
+        name: {name}
+        entrypoint: python train.py
+        priority: low
+        resources: {{procs_per_node: "{ranks}"}}
+        resize_interval: 3s
+        preemption_grace: 60
+        hparams: {{epochs: {epochs}, sleep: {sleep}}}
+    """,
+    )
+
+
+def high_priority_job(root: Path) -> Path:
+    """A ``HIGH_PRIORITY`` job of ``high`` priority on 2 ranks (2 CPUs)."""
+    return write_job(
+        root / "high",
+        HIGH_PRIORITY,
+        """
+        name: urgent-eval
+        entrypoint: python train.py
+        priority: high
+        resources: {procs_per_node: 2}
+    """,
+    )
+
+
+@dataclass(frozen=True)
+class ResizeRun:
+    """An elastic job shrunk for a high-priority job and grown back, as the server saw it."""
+
+    first: dict[str, Any]  # the elastic job at step 4 of its first attempt
+    plan: dict[str, Any]  # the high-priority job's dry run then
+    job: dict[str, Any]  # the elastic job, ended
+    high: dict[str, Any]  # the high-priority job, ended
+
+
+def shrink_and_grow_back(srv: Server, root: Path) -> ResizeRun:
+    """An ``elastic_job`` (2:4 ranks, low) on ``srv`` (4 CPUs) until its step 4, then a
+    ``high_priority_job`` (2 CPUs), both run to their end. The calls go over HTTP, without a
+    CLI's start-up, so the high-priority job comes long before the elastic job could end."""
+    with srv.client as c:
+        job = c.submit(elastic_job(root, epochs=4, sleep=0.2))
+        srv.wait_step(job["id"], 4)
+        first = dict(c.job(job["id"]))
+        plan = dict(c.dry_run(high_priority_job(root)))
+        high = c.submit(high_priority_job(root))
+    high_final = srv.wait(high["id"], {"COMPLETED", "FAILED"})
+    final = srv.wait(job["id"], {"COMPLETED", "FAILED"}, timeout=300)
+    return ResizeRun(first, plan, final, high_final)

@@ -25,10 +25,12 @@ then. Resizes count against no restart budget.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from trainhouse.core.cluster import Placement
 from trainhouse.core.spec import tier_rank
 from trainhouse.scheduler.resources import Demand, Free, place
 
@@ -36,6 +38,7 @@ if TYPE_CHECKING:
     from trainhouse.scheduler.policy import Decisions, QueuedJob, Quota, Reservation, RunningJob
 
 Size = tuple[int, int]  # (nodes, ranks per node)
+INF = math.inf
 
 
 @dataclass(frozen=True)
@@ -94,6 +97,31 @@ def larger_start(
             continue
         return s, nodes
     return None
+
+
+def start_larger(
+    job: QueuedJob,
+    free: dict[str, Free],
+    reservation: Reservation | None,
+    quota: Quota,
+    used: list[int],
+    now: float,
+    starts: list[tuple[int, tuple[Placement, ...]]],
+) -> bool:
+    """Start elastic ``job`` at :func:`larger_start`'s size, if it has one: its placements
+    go into ``starts``, what it takes out of ``free``, ``used`` (its owner's [cpus, gpus]) and
+    the reservation's spare room. Whether it started."""
+    end = now + job.max_runtime if job.max_runtime else INF
+    bigger = larger_start(job, free, reservation, quota, used, end)
+    if bigger is None:
+        return False
+    s, taken = bigger
+    if reservation is not None:
+        reservation.consume(s, taken, end)
+    starts.append((job.id, tuple(f.take(s) for f in taken)))
+    used[0] += s.nodes * s.cpus
+    used[1] += s.nodes * s.gpus
+    return True
 
 
 def _need_words(cpus: int, gpus: int) -> str:

@@ -34,7 +34,7 @@ from dataclasses import replace
 from heapq import heapify, heappop, heapreplace
 
 from trainhouse.core.spec import PRIORITY_TIERS, tier_rank
-from trainhouse.scheduler.elastic import larger_start
+from trainhouse.scheduler.elastic import start_larger
 from trainhouse.scheduler.policy import (
     DEFAULT_EXPECTED_RUNTIME,
     INF,
@@ -253,20 +253,12 @@ def walk(
     for position, job in enumerate(ordered, start=1):
         d = job.demand
         if d.elastic:  # the same rule as decide(): its largest size that starts now
-            end = now + job.max_runtime if job.max_runtime else INF
             quota = quotas.get(job.owner, default_quota)
-            bigger = larger_start(job, free, reservation, quota, used[job.owner], end)
-            if bigger is not None:
-                s, taken = bigger
-                if reservation is not None:
-                    reservation.consume(s, taken, end)
-                decisions.starts.append((job.id, tuple(f.take(s) for f in taken)))
+            if start_larger(job, free, reservation, quota, used[job.owner], now, decisions.starts):
                 fits.clear()
                 delays.clear()
                 gists.clear()
                 blocks.clear()
-                used[job.owner][0] += s.nodes * s.cpus
-                used[job.owner][1] += s.nodes * s.gpus
                 if reservation is not None and stuck(free, shapes, fits):
                     break
                 continue

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field, replace
 
 from trainhouse.core.cluster import Node, Placement
 from trainhouse.core.spec import tier_rank
-from trainhouse.scheduler.elastic import Resize, choose_shrinks, grows, larger_start
+from trainhouse.scheduler.elastic import Resize, choose_shrinks, grows, start_larger
 from trainhouse.scheduler.preemption import choose_victims
 from trainhouse.scheduler.resources import Demand, Free, place
 
@@ -333,17 +333,9 @@ def decide(snapshot: Snapshot) -> Decisions:
         where = f"queue position {position}"
         quota = snapshot.quotas.get(job.owner, snapshot.default_quota)
         if d.elastic:
-            end = now + job.max_runtime if job.max_runtime else INF
-            bigger = larger_start(job, free, reservation, quota, used[job.owner], end)
-            if bigger is not None:
-                s, taken = bigger
-                if reservation is not None:
-                    reservation.consume(s, taken, end)
-                decisions.starts.append((job.id, tuple(f.take(s) for f in taken)))
+            if start_larger(job, free, reservation, quota, used[job.owner], now, decisions.starts):
                 placements.clear()
                 blocks.clear()
-                used[job.owner][0] += s.nodes * s.cpus
-                used[job.owner][1] += s.nodes * s.gpus
                 continue
             job = replace(job, demand=d.smallest())  # the rest of the walk: at its least
             d = job.demand
