@@ -6,13 +6,15 @@ scheduling pass (nodes joining and leaving are followed), each offering what Ray
 plus what trainhouse's own placement groups hold there; custom resources become the node's
 labels.
 
-An attempt of a job of N nodes is a detached placement group of N bundles (``STRICT_SPREAD``,
-or ``STRICT_PACK`` for one node), each bundle pinned to the node the scheduler chose, and one
-detached :class:`~trainhouse.executors.ray.node.NodeAgent` actor per bundle, all named after
-the server's home, the job and the attempt. The actor of bundle *i* runs torchrun for node rank
-*i* (static rendezvous at a free port of node 0), so ranks see the same environment as under
-the local executor. A group Ray cannot place within ``--ray-placement-timeout`` is removed and
-the job goes back to the queue with that reason (no restart is counted).
+An attempt placed on N nodes is a detached placement group of N bundles (``STRICT_SPREAD``, or
+``STRICT_PACK`` for one node), each bundle pinned to the node the scheduler chose, and one
+detached :class:`~trainhouse.executors.ray.node.NodeAgent` actor per bundle, all named after the
+server's home, the job and the attempt; an elastic job's N and ranks per node are those of the
+attempt's placements (the size it was placed at), not its spec's largest. The actor of bundle
+*i* runs torchrun for node rank *i* (static rendezvous at a free port of node 0), so ranks see
+the same environment as under the local executor. A group Ray cannot place within
+``--ray-placement-timeout`` is removed and the job goes back to the queue with that reason (no
+restart is counted).
 
 The server polls every actor without blocking (one outstanding ``status`` call each): the
 ranks' log files grow on the nodes' disks and are appended to ``HOME/jobs/<id>/logs`` as they
@@ -53,6 +55,7 @@ from trainhouse.executors.ray.attempt import (
     node_name,
     pack,
     probe,
+    ranks_per_node,
     to_node,
 )
 from trainhouse.executors.ray.node import NodeAgent, boot_id
@@ -190,12 +193,12 @@ class RayExecutor:
 
     # -- launch ----------------------------------------------------------------------------
     def launch(self, launch: Launch) -> ProcessInfo:
-        res = launch.spec.resources
+        # the size it was placed at: an elastic job's may be below its spec's largest
         att = Attempt(
             launch.job_id,
             launch.attempt,
             launch.layout,
-            res.procs,
+            ranks_per_node(launch.placements),
             [Member(i) for i in range(len(launch.placements))],
         )
         att.bundles = [bundle(p) for p in launch.placements]
