@@ -70,9 +70,11 @@ from torch.utils.data import DataLoader, TensorDataset
 import trainhouse
 from trainhouse.sdk.data import ResumableSampler
 
-with trainhouse.init(hparams={"epochs": 2, "n": 240, "batch": 4, "sleep": 0.1}) as run:
+hparams = {"epochs": 2, "n": 240, "batch": 4, "sleep": 0.1, "every": 0}
+with trainhouse.init(hparams=hparams) as run:
     n, batch = int(run.hparams["n"]), int(run.hparams["batch"])
     epochs, pause = int(run.hparams["epochs"]), float(run.hparams["sleep"])
+    every = int(run.hparams["every"])  # steps between checkpoints (0: only when it stops)
     data = TensorDataset(torch.arange(n))
     sampler = ResumableSampler(data, seed=0, batch_size=batch)
     state = run.checkpoint.load()
@@ -83,7 +85,7 @@ with trainhouse.init(hparams={"epochs": 2, "n": 240, "batch": 4, "sleep": 0.1}) 
     lr = 0.1 * run.world_size  # the linear scaling rule: a resized job rescales it
     print(
         f"rank {run.rank} attempt {run.attempt} world {run.world_size} resized {run.resized} "
-        f"previous {run.previous_world_size} epoch {sampler.epoch} lr {lr}",
+        f"previous {run.previous_world_size} epoch {sampler.epoch} lr {lr} step {step}",
         flush=True,
     )
     run.set_total_steps(epochs * n // batch)
@@ -101,9 +103,11 @@ with trainhouse.init(hparams={"epochs": 2, "n": 240, "batch": 4, "sleep": 0.1}) 
                 seen.setdefault(str(epoch), []).extend(v for part in parts for v in part)
             run.log({"world": run.world_size, "lr": lr}, step=step)
             time.sleep(pause)
-            if run.should_stop():
+            stop = run.should_stop()
+            if stop or (every and (step + 1) % every == 0):
                 position = sampler.state_dict(batches_done=i + 1)
                 run.checkpoint.save({"sampler": position, "seen": seen, "step": step}, step=step)
+            if stop:
                 print(f"rank {run.rank} stops at step {step}: {run.stop_reason}", flush=True)
                 stopped = True
                 break

@@ -69,6 +69,7 @@ NODES_TTL = 1.0  # seconds one read of Ray's nodes serves nodes() calls
 PIDS_EVERY = 2.0  # seconds between two process lists of a node (for the resource monitor)
 START_TIMEOUT = 120.0  # seconds the actors get to unpack the code and start torchrun
 TEARDOWN_TIMEOUT = 10.0
+RELEASE_TIMEOUT = 2.0  # seconds a removed group's resources get to show as free in Ray's view
 UNRESPONSIVE = 60.0  # seconds a node may stay silent after SIGKILL before it counts as lost
 
 
@@ -143,13 +144,18 @@ class RayExecutor:
             if fresh or self._nodes is None or now - self._nodes[0] > NODES_TTL:
                 ray = _ray()
                 alive = [n for n in ray.nodes() if n.get("Alive")]
-                try:
-                    state: Any = importlib.import_module("ray._private.state")
-                    free: dict[str, dict[str, float]] = state.available_resources_per_node()
-                except Exception:  # a private API: without it, totals are offered
-                    free = {}
-                self._nodes = (now, alive, free)
+                self._nodes = (now, alive, self._free())
             return self._nodes[1], self._nodes[2]
+
+    @staticmethod
+    def _free() -> dict[str, dict[str, float]]:
+        """What Ray says is free on each node (node id -> resources; a resource none is left
+        of is left out); {} without the private API that says it (totals are offered)."""
+        try:
+            state: Any = importlib.import_module("ray._private.state")
+            return dict(state.available_resources_per_node())
+        except Exception:
+            return {}
 
     def _held(self) -> dict[str, dict[str, float]]:
         """Resources of trainhouse's placed bundles on each node (node id -> resources)."""
@@ -527,9 +533,54 @@ class RayExecutor:
                 with contextlib.suppress(Exception):
                     ray.kill(m.actor, no_restart=True)
         if att.pg is not None:
+            returned = self._returned(att)
+            before = self._free() if returned else {}
             with contextlib.suppress(Exception):
                 ray.util.remove_placement_group(att.pg)
+            self._await_free(before, returned)
+        with self._nodes_lock:
+            self._nodes = None  # the next pass offers what the attempt held
         return killed
+
+    @staticmethod
+    def _returned(att: Attempt) -> dict[str, dict[str, float]]:
+        """What removing the attempt's group gives back to each node it still has."""
+        out: dict[str, dict[str, float]] = {}
+        for m in att.members:
+            if m.node_id and m.lost is None and m.index < len(att.bundles):
+                slot = out.setdefault(m.node_id, {})
+                for key, value in att.bundles[m.index].items():
+                    slot[key] = slot.get(key, 0.0) + value
+        return out
+
+    def _await_free(
+        self, before: dict[str, dict[str, float]], returned: dict[str, dict[str, float]]
+    ) -> None:
+        """Wait (at most :data:`RELEASE_TIMEOUT`) until Ray's view of free resources shows what
+        a removed group ``returned`` on top of what was free ``before``: it lags the removal by
+        a report of each raylet (~0.1 s), and a scheduling pass that read it first would offer
+        the job's next attempt less than there is (an elastic job would start smaller)."""
+        if not before:
+            return
+        deadline = time.monotonic() + RELEASE_TIMEOUT
+        while True:
+            now = self._free()
+            if all(
+                node not in now  # the node left
+                or all(
+                    now[node].get(key, 0.0) >= before.get(node, {}).get(key, 0.0) + value - 1e-6
+                    for key, value in res.items()
+                )
+                for node, res in returned.items()
+            ):
+                return
+            if time.monotonic() > deadline:
+                log.info(
+                    "Ray's free resources did not show a removed group's within %gs",
+                    RELEASE_TIMEOUT,
+                )
+                return
+            time.sleep(0.02)
 
     def _sweep(self) -> None:
         """Remove this home's groups and actors that no tracked attempt owns (a previous
