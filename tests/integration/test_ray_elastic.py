@@ -10,6 +10,7 @@ itself)."""
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -34,7 +35,8 @@ pytestmark = [pytest.mark.ray, pytest.mark.xdist_group("ray-cluster")]
 __all__ = ["node_caches"]  # a fixture of tests.support.raycluster
 
 # batches of 6 samples: what every size (1, 2 or 3 ranks) consumes divides 240, so a resumed
-# epoch splits among any of them without padding (a repeated sample would show)
+# epoch splits among any of them without padding (a repeated sample would show); the test paces
+# it through its gate file (hparams.gate), so that each node joins and leaves with work left
 SPEC = """
 name: ray-elastic
 entrypoint: python train.py
@@ -42,7 +44,7 @@ resources: {nodes: "1:3", procs_per_node: 1, cpus_per_proc: 1}
 resize_interval: 3s
 preemption_grace: 60
 max_restarts: 0
-hparams: {epochs: 2, n: 240, batch: 6, sleep: 0.2, every: 4}
+hparams: {epochs: 2, n: 240, batch: 6, sleep: 0.05, every: 3, gate: GATE}
 """
 
 
@@ -60,6 +62,13 @@ def server(ray_cluster: RayCluster, tmp_path_factory: pytest.TempPathFactory) ->
         yield srv
     finally:
         assert_clean_stop(srv)
+
+
+def open_gate(gate: Path, upto: int | None) -> None:
+    """Let the job train up to step ``upto`` (None: to its end)."""
+    tmp = gate.with_suffix(".new")
+    tmp.write_text("" if upto is None else str(upto))
+    tmp.replace(gate)
 
 
 def nodes_of(record: dict[str, Any]) -> list[str]:
@@ -101,7 +110,9 @@ def started_at_step(log: str, attempt: int) -> int:
 def test_an_elastic_job_grows_onto_a_joining_node_and_restarts_smaller_when_one_leaves(
     server: Server, ray_cluster: RayCluster, tmp_path: Path
 ) -> None:
-    spec = write_job(tmp_path, ELASTIC, SPEC)
+    gate = tmp_path / "gate"
+    open_gate(gate, 6)
+    spec = write_job(tmp_path, ELASTIC, SPEC.replace("GATE", json.dumps(str(gate))))
     job = server.cli_json("submit", str(spec), "--detach")
     first = wait_training(server, job["id"], 1, 2)
     assert len(nodes_of(first)) == 2, first["placement"]  # the nodes there are: head, worker_a
@@ -115,12 +126,17 @@ def test_an_elastic_job_grows_onto_a_joining_node_and_restarts_smaller_when_one_
             time.sleep(0.3)
             log = rank0_log(server, job["id"])
         stopped = int(log.split("rank 0 stops at step ")[1].split(":")[0])
-        # the next attempt trains on all three nodes, past a checkpoint of its own (every 4 steps)
-        grown = wait_training(server, job["id"], 2, stopped + 6)
+        assert stopped <= 6, log[-3000:]
+        # the next attempt trains on all three nodes, past a checkpoint of its own (every 3
+        # steps), and waits at the gate
+        open_gate(gate, stopped + 4)
+        grown = wait_training(server, job["id"], 2, stopped + 4)
         assert [ray_cluster.worker_of(n) for n in nodes_of(grown)].count("worker_b") == 1, grown
         assert len(nodes_of(grown)) == 3, grown["placement"]
 
         ray_cluster.remove("worker_b")  # a node the job runs on leaves
+        wait_training(server, job["id"], 3, 0)
+        open_gate(gate, None)
         final = server.wait(job["id"], {"COMPLETED", "FAILED", "CANCELED"}, timeout=180)
         assert final["state"] == "COMPLETED", final["reason"]
     finally:
@@ -144,12 +160,22 @@ def test_an_elastic_job_grows_onto_a_joining_node_and_restarts_smaller_when_one_
     assert "rank 0 attempt 3 world 2 resized True previous 3" in log, log[-3000:]
     assert "resize: grew 2->3" in log, log[-3000:]  # run.stop_reason
     # each attempt resumed from the job's latest checkpoint: the grown one from the one it
-    # stopped at, the restart from one the grown attempt saved on its own
+    # stopped at, the restart from one the grown attempt saved (at most 3 steps before the gate)
     assert started_at_step(log, 2) == stopped + 1
-    assert started_at_step(log, 3) > stopped + 1, log[-3000:]
-    for epoch in range(2):
+    resumed = started_at_step(log, 3)
+    assert stopped + 1 < resumed <= stopped + 4, log[-3000:]
+    for epoch in range(2):  # seen by the last attempt only, each sample once
+        assert log.count(f"epoch {epoch}: ") == 1, log[-3000:]
         assert f"epoch {epoch}: 240 samples, each once: True" in log, log[-3000:]
-    steps = [p[0] for p in server.cli_json("metrics", str(job["id"]))["series"][0]["points"]]
-    assert steps == list(range(len(steps)))  # every step once, in order, across the attempts
+    # the stored series is the lineage of the final state: each step once, logged at the size
+    # of the attempt whose work it kept (the grown attempt's steps after its checkpoint were
+    # done again by the restart)
+    series = server.cli_json("metrics", str(job["id"]))["series"]
+    world = next(s for s in series if s["name"] == "world")["points"]
+    assert [p[0] for p in world] == list(range(len(world)))
+    sizes = [int(p[1]) for p in world]
+    assert sizes == [2] * (stopped + 1) + [3] * (resumed - stopped - 1) + [2] * (
+        len(world) - resumed
+    ), sizes
     wait_gone("processes of the job", marked_processes)
     wait_gone("node agents", agents)

@@ -57,9 +57,11 @@ with trainhouse.init(hparams={"steps": 40}) as run:
 """
 
 # an elastic job's script (unchanged under bare torchrun at any fixed size): DDP over gloo,
-# ResumableSampler, every sample each rank draws gathered on rank 0 and kept in the checkpoint,
-# the learning rate rescaled with the world size; at the end rank 0 prints, per epoch, how many
-# samples were seen and whether they were each sample exactly once
+# ResumableSampler, every sample each rank draws gathered on rank 0 and kept in the checkpoint
+# (saved when it stops, and every hparams.every steps if given), the learning rate rescaled with
+# the world size; at the end rank 0 prints, per epoch, how many samples were seen and whether
+# they were each sample exactly once. hparams.gate (optional) names a file that paces it: while
+# the file holds a step, no later step starts (the job waits, still answering should_stop)
 ELASTIC = """
 import time
 
@@ -70,11 +72,28 @@ from torch.utils.data import DataLoader, TensorDataset
 import trainhouse
 from trainhouse.sdk.data import ResumableSampler
 
-hparams = {"epochs": 2, "n": 240, "batch": 4, "sleep": 0.1, "every": 0}
+hparams = {"epochs": 2, "n": 240, "batch": 4, "sleep": 0.1, "every": 0, "gate": ""}
 with trainhouse.init(hparams=hparams) as run:
     n, batch = int(run.hparams["n"]), int(run.hparams["batch"])
     epochs, pause = int(run.hparams["epochs"]), float(run.hparams["sleep"])
     every = int(run.hparams["every"])  # steps between checkpoints (0: only when it stops)
+    gate = str(run.hparams["gate"])
+
+    def held(next_step):
+        # rank 0 reads the gate, every rank hears it: the same answer everywhere
+        if not gate:
+            return False
+        word = [-1]
+        if run.rank == 0:
+            try:
+                with open(gate) as fh:
+                    word = [int(fh.read().strip() or -1)]
+            except (OSError, ValueError):
+                pass
+        if run.world_size > 1:
+            dist.broadcast_object_list(word, src=0)
+        return 0 <= word[0] < next_step
+
     data = TensorDataset(torch.arange(n))
     sampler = ResumableSampler(data, seed=0, batch_size=batch)
     state = run.checkpoint.load()
@@ -104,6 +123,9 @@ with trainhouse.init(hparams=hparams) as run:
             run.log({"world": run.world_size, "lr": lr}, step=step)
             time.sleep(pause)
             stop = run.should_stop()
+            while not stop and held(step + 1):
+                time.sleep(0.1)
+                stop = run.should_stop()
             if stop or (every and (step + 1) % every == 0):
                 position = sampler.state_dict(batches_done=i + 1)
                 run.checkpoint.save({"sampler": position, "seen": seen, "step": step}, step=step)

@@ -32,11 +32,9 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import importlib
 import inspect
 import logging
 import signal
-import socket
 import threading
 import time
 from pathlib import Path
@@ -56,7 +54,13 @@ from trainhouse.executors.ray.attempt import (
     pack,
     probe,
     ranks_per_node,
-    to_node,
+)
+from trainhouse.executors.ray.inventory import (
+    Inventory,
+    Resources,
+    free_per_node,
+    held_by,
+    ray_module,
 )
 from trainhouse.executors.ray.node import NodeAgent, boot_id
 from trainhouse.jobfs import jobfiles
@@ -65,20 +69,10 @@ from trainhouse.jobfs.layout import LAUNCHER_LOG, JobLayout
 log = logging.getLogger(__name__)
 
 NAMESPACE = "trainhouse"
-NODES_TTL = 1.0  # seconds one read of Ray's nodes serves nodes() calls
 PIDS_EVERY = 2.0  # seconds between two process lists of a node (for the resource monitor)
 START_TIMEOUT = 120.0  # seconds the actors get to unpack the code and start torchrun
 TEARDOWN_TIMEOUT = 10.0
-RELEASE_TIMEOUT = 2.0  # seconds a removed group's resources get to show as free in Ray's view
 UNRESPONSIVE = 60.0  # seconds a node may stay silent after SIGKILL before it counts as lost
-
-
-def _ray() -> Any:
-    try:
-        import ray
-    except ImportError:
-        raise RayUnavailable("the Ray executor needs Ray: pip install 'trainhouse[ray]'") from None
-    return ray
 
 
 class RayExecutor:
@@ -95,7 +89,7 @@ class RayExecutor:
         placement_timeout: float = 60.0,
         node_dir: str | None = None,
     ) -> None:
-        ray = _ray()
+        ray = ray_module()
         if not address:
             raise RayUnavailable("the Ray executor needs --ray-address HOST:PORT")
         self.home = home
@@ -121,8 +115,7 @@ class RayExecutor:
         self._boot_id = boot_id()
         self._attempts: dict[int, Attempt] = {}
         self._lock = threading.RLock()
-        self._nodes: tuple[float, list[dict[str, Any]], dict[str, dict[str, float]]] | None = None
-        self._nodes_lock = threading.Lock()
+        self.inventory = Inventory(self._held)
         self._swept = False
 
     # -- names -----------------------------------------------------------------------------
@@ -136,66 +129,22 @@ class RayExecutor:
         return f"{self.home_id}:{job_id}:{attempt}:{index}"
 
     # -- inventory -------------------------------------------------------------------------
-    def _read_nodes(
-        self, *, fresh: bool = False
-    ) -> tuple[list[dict[str, Any]], dict[str, dict[str, float]]]:
-        with self._nodes_lock:
-            now = time.monotonic()
-            if fresh or self._nodes is None or now - self._nodes[0] > NODES_TTL:
-                ray = _ray()
-                alive = [n for n in ray.nodes() if n.get("Alive")]
-                self._nodes = (now, alive, self._free())
-            return self._nodes[1], self._nodes[2]
-
-    @staticmethod
-    def _free() -> dict[str, dict[str, float]]:
-        """What Ray says is free on each node (node id -> resources; a resource none is left
-        of is left out); {} without the private API that says it (totals are offered)."""
-        try:
-            state: Any = importlib.import_module("ray._private.state")
-            return dict(state.available_resources_per_node())
-        except Exception:
-            return {}
-
-    def _held(self) -> dict[str, dict[str, float]]:
+    def _held(self) -> Resources:
         """Resources of trainhouse's placed bundles on each node (node id -> resources)."""
-        held: dict[str, dict[str, float]] = {}
         with self._lock:
-            for att in self._attempts.values():
-                for m in att.members:
-                    if m.node_id and not m.lost and m.index < len(att.bundles):
-                        slot = held.setdefault(m.node_id, {})
-                        for key, value in att.bundles[m.index].items():
-                            slot[key] = slot.get(key, 0.0) + value
-        return held
+            return held_by(self._attempts.values())
 
     def capacity(self) -> list[Node]:
         """Every live node with everything it has (what a job could ever get)."""
-        raw, _ = self._read_nodes()
-        return [to_node(n, None) for n in raw]
+        return self.inventory.capacity()
 
     def nodes(self) -> list[Node]:
-        """Every live node with what is free for trainhouse: Ray's free resources plus what
-        trainhouse's own groups hold there (the scheduler subtracts those itself)."""
-        raw, free = self._read_nodes()
-        held = self._held()
-        out = []
-        for n in raw:
-            avail = free.get(n["NodeID"])
-            if avail is not None:
-                ours = held.get(n["NodeID"], {})
-                avail = {k: avail.get(k, 0.0) + ours.get(k, 0.0) for k in ("CPU", "GPU")}
-            out.append(to_node(n, avail))
-        return out
+        """Every live node with what is free for trainhouse (:mod:`.inventory`)."""
+        return self.inventory.nodes()
 
     def server_node(self) -> str:
         """The node the server itself runs on (its resource samples are named after it)."""
-        raw, _ = self._read_nodes()
-        ip = _ray().util.get_node_ip_address()
-        here = [n for n in raw if n.get("NodeManagerAddress") == ip]
-        head = [n for n in here if "node:__internal_head__" in (n.get("Resources") or {})]
-        chosen = (head or here)[:1]
-        return node_name(chosen[0]) if chosen else socket.gethostname()
+        return self.inventory.server_node()
 
     # -- launch ----------------------------------------------------------------------------
     def launch(self, launch: Launch) -> ProcessInfo:
@@ -224,12 +173,12 @@ class RayExecutor:
         return ProcessInfo(0, time.time())
 
     def _start(self, att: Attempt, launch: Launch) -> None:
-        ray = _ray()
+        ray = ray_module()
         from ray.util.placement_group import placement_group, placement_group_table
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         try:
-            by_name = {node_name(n): n["NodeID"] for n in self._read_nodes(fresh=True)[0]}
+            by_name = {node_name(n): n["NodeID"] for n in self.inventory.read(fresh=True)[0]}
             wanted = [by_name.get(p.node) for p in launch.placements]
             gone = [p.node for p, nid in zip(launch.placements, wanted, strict=True) if not nid]
             if gone:
@@ -327,7 +276,7 @@ class RayExecutor:
 
     def _wait(self, att: Attempt, refs: list[Any]) -> list[Any] | None:
         """The results of ``refs``; None (and the attempt aborted) if it is stopped first."""
-        ray = _ray()
+        ray = ray_module()
         deadline = time.monotonic() + START_TIMEOUT
         while True:
             if att.abort.is_set():
@@ -349,7 +298,7 @@ class RayExecutor:
     def adopt(self, job_id: int, attempt: int, info: ProcessInfo) -> bool:
         """Find a running attempt again by its names: its placement group and one actor per
         node, all started; False (its leftovers go with :meth:`kill_orphans`) otherwise."""
-        ray = _ray()
+        ray = ray_module()
         try:
             att = Attempt.load(job_id, attempt, JobLayout(self.home, job_id))
             att.pg = ray.util.get_placement_group(self.group_name(job_id, attempt))
@@ -425,7 +374,7 @@ class RayExecutor:
         return exits
 
     def _consume(self, refs: list[Any]) -> None:
-        ray = _ray()
+        ray = ray_module()
         if not refs:
             return
         done, rest = ray.wait(refs, num_returns=len(refs), timeout=0)
@@ -435,7 +384,7 @@ class RayExecutor:
         refs[:] = rest
 
     def _collect(self, att: Attempt) -> None:
-        ray = _ray()
+        ray = ray_module()
         pending = [m.pending for m in att.members if m.pending is not None]
         ready = set()
         if pending:
@@ -471,13 +420,12 @@ class RayExecutor:
         died, and stop the rest of the gang."""
         why = f"its actor died ({first_line(exc)})"
         with contextlib.suppress(Exception):
-            raw = next(n for n in _ray().nodes() if n["NodeID"] == m.node_id)
+            raw = next(n for n in ray_module().nodes() if n["NodeID"] == m.node_id)
             if not raw.get("Alive"):
                 why = f"{node_name(raw)} left the Ray cluster"
         m.lost = why
         m.pids = []
-        with self._nodes_lock:
-            self._nodes = None  # the scheduler must not place the restart there
+        self.inventory.forget()  # the scheduler must not place the restart there
         log.warning("job %s attempt %s: node %s lost: %s", att.job_id, att.number, m.index, why)
         self._fail_fast(att, f"node {m.index} was lost")
 
@@ -518,7 +466,7 @@ class RayExecutor:
 
     def _teardown(self, att: Attempt) -> int:
         """Clear every node of the attempt, end its actors, remove its group."""
-        ray = _ray()
+        ray = ray_module()
         self._consume(att.signals)
         live = [m for m in att.members if m.actor is not None and m.lost is None]
         killed = 0
@@ -533,59 +481,18 @@ class RayExecutor:
                 with contextlib.suppress(Exception):
                     ray.kill(m.actor, no_restart=True)
         if att.pg is not None:
-            returned = self._returned(att)
-            before = self._free() if returned else {}
+            returned = held_by([att])
+            before = free_per_node() if returned else {}
             with contextlib.suppress(Exception):
                 ray.util.remove_placement_group(att.pg)
-            self._await_free(before, returned)
-        with self._nodes_lock:
-            self._nodes = None  # the next pass offers what the attempt held
+            # what it held is offered at the next pass: Ray's view shows it free first
+            self.inventory.await_release(before, returned)
         return killed
-
-    @staticmethod
-    def _returned(att: Attempt) -> dict[str, dict[str, float]]:
-        """What removing the attempt's group gives back to each node it still has."""
-        out: dict[str, dict[str, float]] = {}
-        for m in att.members:
-            if m.node_id and m.lost is None and m.index < len(att.bundles):
-                slot = out.setdefault(m.node_id, {})
-                for key, value in att.bundles[m.index].items():
-                    slot[key] = slot.get(key, 0.0) + value
-        return out
-
-    def _await_free(
-        self, before: dict[str, dict[str, float]], returned: dict[str, dict[str, float]]
-    ) -> None:
-        """Wait (at most :data:`RELEASE_TIMEOUT`) until Ray's view of free resources shows what
-        a removed group ``returned`` on top of what was free ``before``: it lags the removal by
-        a report of each raylet (~0.1 s), and a scheduling pass that read it first would offer
-        the job's next attempt less than there is (an elastic job would start smaller)."""
-        if not before:
-            return
-        deadline = time.monotonic() + RELEASE_TIMEOUT
-        while True:
-            now = self._free()
-            if all(
-                node not in now  # the node left
-                or all(
-                    now[node].get(key, 0.0) >= before.get(node, {}).get(key, 0.0) + value - 1e-6
-                    for key, value in res.items()
-                )
-                for node, res in returned.items()
-            ):
-                return
-            if time.monotonic() > deadline:
-                log.info(
-                    "Ray's free resources did not show a removed group's within %gs",
-                    RELEASE_TIMEOUT,
-                )
-                return
-            time.sleep(0.02)
 
     def _sweep(self) -> None:
         """Remove this home's groups and actors that no tracked attempt owns (a previous
         server died between an attempt's end and its teardown)."""
-        ray = _ray()
+        ray = ray_module()
         prefix = f"th-{self.home_id}-"
         with self._lock:
             ours = {self.group_name(a.job_id, a.number) for a in self._attempts.values()}
@@ -617,7 +524,7 @@ class RayExecutor:
     def kill_orphans(self, job_id: int, attempt: int) -> int:
         """End whatever an attempt left on the cluster: its actors (clearing their nodes)
         and its placement group."""
-        ray = _ray()
+        ray = ray_module()
         att = Attempt(job_id, attempt, JobLayout(self.home, job_id), 1, [])
         nodes = 64  # how many actors to look for: the group knows (a lost node's is gone)
         with contextlib.suppress(Exception):
@@ -647,5 +554,5 @@ class RayExecutor:
                     m.lost = "no answer while the server shut down"
             exits.append(self._finish(att))
         with contextlib.suppress(Exception):
-            _ray().shutdown()
+            ray_module().shutdown()
         return exits
