@@ -34,13 +34,15 @@ from tests.support.servers import Server, assert_clean_stop
 pytestmark = [pytest.mark.ray, pytest.mark.xdist_group("ray-cluster")]
 __all__ = ["node_caches"]  # a fixture of tests.support.raycluster
 
-# batches of 6 samples: what every size (1, 2 or 3 ranks) consumes divides 240, so a resumed
-# epoch splits among any of them without padding (a repeated sample would show); the test paces
-# it through its gate file (hparams.gate), so that each node joins and leaves with work left
+# nodes of one CPU each: one rank per node, the least of its range (the executor runs the size
+# it was placed at, not the most its spec allows); batches of 6 samples: what 2 or 3 ranks
+# consume divides 240, so a resumed epoch splits among either without padding (a repeated
+# sample would show); the test paces it through its gate file (hparams.gate), so that each node
+# joins and leaves with work left
 SPEC = """
 name: ray-elastic
 entrypoint: python train.py
-resources: {nodes: "1:3", procs_per_node: 1, cpus_per_proc: 1}
+resources: {nodes: "1:3", procs_per_node: "1:2", cpus_per_proc: 1}
 resize_interval: 3s
 preemption_grace: 60
 max_restarts: 0
