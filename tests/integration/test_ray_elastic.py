@@ -79,8 +79,8 @@ def nodes_of(record: dict[str, Any]) -> list[str]:
 
 
 def wait_training(srv: Server, job_id: int, attempt: int, step: int) -> dict[str, Any]:
-    """Wait until ``attempt`` of the job runs and has reported ``step`` (steps only grow
-    within an attempt that started after the last one's checkpoint)."""
+    """Wait until ``attempt`` of the job runs and the job has reported ``step``; failing at
+    once if a later attempt started instead."""
     deadline = time.monotonic() + 120
     with srv.client as c:
         while True:
