@@ -88,7 +88,7 @@ def wait_training(srv: Server, job_id: int, attempt: int, step: int) -> dict[str
             running = job["attempts"] == attempt and job["state"] == "RUNNING"
             if running and (job.get("last_step") or 0) >= step:
                 return dict(job)
-            assert job["attempts"] <= attempt, history(job)
+            assert job["attempts"] <= attempt, history(dict(job))
             assert time.monotonic() < deadline, f"attempt {attempt} never reached step {step}"
             time.sleep(0.2)
 
