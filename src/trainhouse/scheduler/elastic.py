@@ -14,9 +14,10 @@ incremental :func:`~trainhouse.scheduler.incremental.walk` alike:
   takes; none is kept that the job can do without. A shrink for priority is not held by the
   job's ``resize_interval``.
 * **Grow** (:func:`grows`): a running elastic job below its largest size grows into capacity
-  left free once the pass has started what it could, when no job of higher or equal priority
-  waits for capacity (one waiting on its own quota does not count), its owner's quota allows,
-  and it has run at its size for ``resize_interval``.
+  left free once the pass has started what it could, when its owner's quota allows and it has
+  run at its size for ``resize_interval``, never into the room the pass reserved for a job of
+  its tier or higher (the first job that does not fit: a growth may take only what a job
+  behind that reservation could backfill; a job waiting on its own quota waits for no room).
 
 A resize is checkpoint first: the loop asks the job to stop (``run.should_stop()``, reason
 ``resize``) and its next attempt starts from that checkpoint at the size the start rule gives
@@ -259,18 +260,17 @@ def grows(
     quotas: Mapping[str, Quota],
     default_quota: Quota,
     now: float,
+    reservation: Reservation | None = None,
 ) -> list[Resize]:
     """Running elastic jobs that grow into ``free`` (what is left after this pass's starts,
-    taken from as jobs grow), higher tiers first, then the longest at their size."""
-    # the highest tier that waits for capacity (not for its own quota)
-    waiting_tier = max(
-        (
-            tier_rank(queued[job_id].priority)
-            for job_id, reason in decisions.waiting.items()
-            if job_id in queued and ": quota: " not in reason
-        ),
-        default=-1,
-    )
+    taken from as jobs grow), higher tiers first, then the longest at their size.
+
+    A job waits for capacity only behind the pass's ``reservation`` (the first job that did
+    not fit; one waiting on its own quota waits for no capacity): when that job's tier is as
+    high as the growing job's or higher, the growth takes only what a job behind the
+    reservation could backfill (room the reserved start does not need); otherwise it takes
+    what is free."""
+    head = tier_rank(reservation.job.priority) if reservation is not None else -1
     started = {job_id for job_id, _ in decisions.starts}
     shrinking = {p.victim for p in decisions.preemptions} | {r.job for r in decisions.resizes}
     used: dict[str, list[int]] = {}
@@ -293,26 +293,39 @@ def grows(
             and not r.stopping
             and r.id not in shrinking
             and r.id not in started
-            and tier_rank(r.priority) > waiting_tier
             and now - r.started_at >= r.resize_interval
             and world(current_size(r)) < r.demand.world
         ),
         key=lambda r: (-tier_rank(r.priority), r.started_at, r.id),
     )
     for r in candidates:
-        grown = _grow(r, free, quotas.get(r.owner, default_quota), used.setdefault(r.owner, [0, 0]))
+        guard = reservation if head >= tier_rank(r.priority) else None
+        quota = quotas.get(r.owner, default_quota)
+        grown = _grow(r, free, quota, used.setdefault(r.owner, [0, 0]), guard)
         if grown is not None:
             out.append(grown)
     return out
 
 
-def _grow(r: RunningJob, free: dict[str, Free], quota: Quota, used: list[int]) -> Resize | None:
-    """The largest size ``r`` can grow to on its own nodes and free ones (taken from ``free``
-    and ``used`` when it does)."""
+def _grow(
+    r: RunningJob, free: dict[str, Free], quota: Quota, used: list[int], guard: Reservation | None
+) -> Resize | None:
+    """The largest size ``r`` can grow to on its own nodes and free ones (taken from ``free``,
+    ``used`` and the ``guard`` reservation's spare room when it does), never delaying the
+    reserved start of ``guard``'s job."""
     assert r.demand is not None
     d = r.demand
     nodes, procs = current_size(r)
     own = {p.node: p for p in r.placements}
+    spare_room = guard.spare if guard is not None else {}
+    counted = guard is not None and guard.at != INF and r.end_estimate <= guard.at
+    if counted and any(n in spare_room for n in own):
+        return None  # the reservation counts on its end: a restart would put that off
+
+    def room(name: str, cpus: int, gpus: int) -> bool:
+        left = spare_room.get(name)
+        return left is None or (left[0] >= cpus and left[1] >= gpus)
+
     for size in d.sizes():
         n, p = size
         if world(size) <= nodes * procs:
@@ -321,13 +334,20 @@ def _grow(r: RunningJob, free: dict[str, Free], quota: Quota, used: list[int]) -
             continue  # it grows where it runs: no node given up, no fewer ranks on one
         more_cpus, more_gpus = (p - procs) * d.cpus_per_proc, (p - procs) * d.gpus_per_proc
         if any(
-            name not in free or free[name].cpus < more_cpus or len(free[name].gpus) < more_gpus
+            name not in free
+            or free[name].cpus < more_cpus
+            or len(free[name].gpus) < more_gpus
+            or not room(name, more_cpus, more_gpus)
             for name in own
         ):
             continue
         extra = d.at(1, p)
         spare = sorted(
-            (f for name, f in free.items() if name not in own and f.fits(extra)),
+            (
+                f
+                for name, f in free.items()
+                if name not in own and f.fits(extra) and room(name, extra.cpus, extra.gpus)
+            ),
             key=lambda f: (len(f.gpus), f.cpus, f.node.name),
         )[: n - nodes]
         if len(spare) < n - nodes:
@@ -340,8 +360,14 @@ def _grow(r: RunningJob, free: dict[str, Free], quota: Quota, used: list[int]) -
             f = free[name]
             f.cpus -= more_cpus
             f.gpus = sorted(f.gpus)[more_gpus:]
+            if name in spare_room:
+                spare_room[name][0] -= more_cpus
+                spare_room[name][1] -= more_gpus
         for f in spare:
             f.take(extra)
+            if f.node.name in spare_room:
+                spare_room[f.node.name][0] -= extra.cpus
+                spare_room[f.node.name][1] -= extra.gpus
         used[0] += cpus
         used[1] += gpus
         freed = _need_words(cpus, gpus)

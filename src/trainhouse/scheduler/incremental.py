@@ -323,7 +323,7 @@ def walk(
             gists[key] = gist
         waiting[job.id] = f"queue position {position}: {gist}"
     else:
-        decisions.resizes.extend(grow_into(snapshot, decisions, free))
+        decisions.resizes.extend(grow_into(snapshot, decisions, free, reservation))
         return decisions
     # Nothing more can start: a reservation stands and no queued shape fits. Every job after
     # ``position`` waits, for its quota or with its shape's reason in its tier.
@@ -354,7 +354,7 @@ def walk(
             )
             tail_gists[shape, rank] = gist
         waiting[job.id] = f"queue position {position}: {gist}"
-    decisions.resizes.extend(grow_into(snapshot, decisions, free))
+    decisions.resizes.extend(grow_into(snapshot, decisions, free, reservation))
     return decisions
 
 

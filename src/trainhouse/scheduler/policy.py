@@ -376,13 +376,19 @@ def decide(snapshot: Snapshot) -> Decisions:
             continue
         # the first job that does not fit: preempt for it, or reserve for it
         reservation = block_head(snapshot, job, free, decisions, where, block(d))
-    decisions.resizes.extend(grow_into(snapshot, decisions, free))
+    decisions.resizes.extend(grow_into(snapshot, decisions, free, reservation))
     return decisions
 
 
-def grow_into(snapshot: Snapshot, decisions: Decisions, free: dict[str, Free]) -> list[Resize]:
-    """The elastic jobs that grow into what a pass left ``free`` (none when no running job
-    is elastic, so a queue of fixed jobs pays nothing for them)."""
+def grow_into(
+    snapshot: Snapshot,
+    decisions: Decisions,
+    free: dict[str, Free],
+    reservation: Reservation | None,
+) -> list[Resize]:
+    """The elastic jobs that grow into what a pass left ``free`` without delaying the
+    ``reservation`` of a job of their tier or higher (none when no running job is elastic, so
+    a queue of fixed jobs pays nothing for them)."""
     if not any(r.demand is not None for r in snapshot.running):
         return []
     return grows(
@@ -393,6 +399,7 @@ def grow_into(snapshot: Snapshot, decisions: Decisions, free: dict[str, Free]) -
         snapshot.quotas,
         snapshot.default_quota,
         snapshot.now,
+        reservation,
     )
 
 
