@@ -24,6 +24,10 @@ gets the others SIGTERM at once and SIGKILL 5 s later; a lost node's ranks are r
 killed (SIGKILL) before any other rank ended, an infrastructure failure. Then every actor
 clears its node (nothing survives it: see :mod:`~trainhouse.executors.ray.node`) and the group
 is removed. A restarted server finds running attempts again by their names (:meth:`adopt`).
+
+With an autoscaler on the cluster, the scheduler asks it for the nodes waiting jobs lack
+(:meth:`launchable`, :meth:`request_capacity`: :mod:`~trainhouse.executors.ray.autoscale`), and
+the nodes that join and leave are kept as events (:meth:`cluster_view`).
 """
 
 from __future__ import annotations
@@ -40,7 +44,7 @@ import time
 from pathlib import Path
 from typing import Any, ClassVar
 
-from trainhouse.core.cluster import Node
+from trainhouse.core.cluster import Node, NodeType, Wants
 from trainhouse.core.errors import RayUnavailable
 from trainhouse.core.lifecycle import StopReason
 from trainhouse.executors.base import Exit, Launch, ProcessInfo
@@ -55,6 +59,7 @@ from trainhouse.executors.ray.attempt import (
     probe,
     to_node,
 )
+from trainhouse.executors.ray.autoscale import Autoscaler, NodeWatch
 from trainhouse.executors.ray.node import NodeAgent, boot_id
 from trainhouse.jobfs import jobfiles
 from trainhouse.jobfs.layout import LAUNCHER_LOG, JobLayout
@@ -120,6 +125,8 @@ class RayExecutor:
         self._nodes: tuple[float, list[dict[str, Any]], dict[str, dict[str, float]]] | None = None
         self._nodes_lock = threading.Lock()
         self._swept = False
+        self.autoscaler = Autoscaler(str(ray.get_runtime_context().gcs_address))
+        self.watch = NodeWatch()
 
     # -- names -----------------------------------------------------------------------------
     def group_name(self, job_id: int, attempt: int) -> str:
@@ -146,6 +153,7 @@ class RayExecutor:
                 except Exception:  # a private API: without it, totals are offered
                     free = {}
                 self._nodes = (now, alive, free)
+                self.watch.observe(alive, self.autoscaler.kinds())
             return self._nodes[1], self._nodes[2]
 
     def _held(self) -> dict[str, dict[str, float]]:
@@ -178,6 +186,20 @@ class RayExecutor:
                 avail = {k: avail.get(k, 0.0) + ours.get(k, 0.0) for k in ("CPU", "GPU")}
             out.append(to_node(n, avail))
         return out
+
+    # -- the autoscaler ----------------------------------------------------------------------
+    def launchable(self) -> tuple[list[NodeType], int | None]:
+        """The node types the cluster's autoscaler can launch and its cap on workers."""
+        return self.autoscaler.launchable(self._read_nodes()[0])
+
+    def request_capacity(self, wants: Wants) -> dict[int, str]:
+        """Ask the autoscaler for the waiting jobs' nodes; what each job waits for."""
+        return self.autoscaler.request(wants)
+
+    def cluster_view(self) -> dict[str, Any]:
+        """Nodes that joined and left lately, and what was asked of the autoscaler."""
+        self._read_nodes()
+        return {"node_events": self.watch.recent(), "autoscaler": self.autoscaler.view()}
 
     def server_node(self) -> str:
         """The node the server itself runs on (its resource samples are named after it)."""
