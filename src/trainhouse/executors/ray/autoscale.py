@@ -46,7 +46,8 @@ from trainhouse.executors.ray.attempt import node_name
 
 log = logging.getLogger(__name__)
 
-TYPES_TTL = 10.0  # seconds one read of the node types (and of which node is which) serves
+TYPES_TTL = 10.0  # seconds one read of the node types serves
+STATUS_TTL = 2.0  # seconds one read of which node is of which type serves
 EVENTS = 50  # node arrivals and departures kept
 REQUESTS = 20  # requests to the autoscaler kept
 UNLIMITED = 1_000_000  # a node group's max_count of -1
@@ -115,48 +116,54 @@ def monitor_config(gcs_address: str) -> Path | None:
 
 
 class NodeWatch:
-    """Nodes that joined and left between two reads of the live nodes."""
+    """Nodes that joined and left between two reads of the live nodes; each event's node type
+    as the autoscaler names it, once it does (a node joins before the GCS has its type)."""
 
     def __init__(self, clock: Callable[[], float] = time.time) -> None:
         self.clock = clock
         self.events: deque[dict[str, Any]] = deque(maxlen=EVENTS)
         self._known: dict[str, dict[str, Any]] | None = None
+        self._kinds: dict[str, str] = {}  # node id -> node type, of live nodes and events
         self._lock = threading.Lock()
 
     def observe(self, alive: Iterable[dict[str, Any]], kinds: dict[str, str]) -> None:
         now = self.clock()
         seen = {str(n["NodeID"]): n for n in alive}
         with self._lock:
+            self._kinds.update(kinds)
             known, self._known = self._known, seen
             if known is None:
                 return  # the first read: what was there is no event
-            for ids, what, raws in (
-                (seen.keys() - known.keys(), "joined", seen),
-                (known.keys() - seen.keys(), "left", known),
-            ):
-                for node_id in sorted(ids):
+            joined, left = sorted(seen.keys() - known.keys()), sorted(known.keys() - seen.keys())
+            for what, ids, raws in (("joined", joined, seen), ("left", left, known)):
+                for node_id in ids:
                     raw = raws[node_id]
                     res = raw.get("Resources") or {}
                     self.events.append(
                         {
                             "at": now,
+                            "node_id": node_id,
                             "node": node_name(raw),
                             "event": what,
-                            "node_type": kinds.get(node_id),
                             "cpus": int(res.get("CPU", 0)),
                             "gpus": int(res.get("GPU", 0)),
                         }
                     )
-                    log.info(
-                        "node %s (%s) %s the Ray cluster",
-                        node_name(raw),
-                        kinds.get(node_id) or "no type",
-                        what,
-                    )
+                    log.info("node %s %s the Ray cluster", node_name(raw), what)
+            keep = seen.keys() | {e["node_id"] for e in self.events}
+            self._kinds = {k: v for k, v in self._kinds.items() if k in keep}
 
     def recent(self) -> list[dict[str, Any]]:
+        """The events, oldest first (``at``, ``node``, ``event``, ``node_type``, ``cpus``,
+        ``gpus``)."""
         with self._lock:
-            return list(self.events)
+            return [
+                {
+                    **{k: v for k, v in e.items() if k != "node_id"},
+                    "node_type": self._kinds.get(e["node_id"]),
+                }
+                for e in self.events
+            ]
 
 
 class Autoscaler:
@@ -171,6 +178,7 @@ class Autoscaler:
         self._kinds: dict[str, str] = {}  # node id -> node type name
         self._launching: dict[str, int] = {}
         self._read_at: float | None = None
+        self._status_at: float | None = None
         self._sent: str | None = None  # the bundles last sent, as JSON
         self._asked: dict[int, tuple[str, int, float]] = {}  # job -> (type, new nodes, since)
         self.requests: deque[dict[str, Any]] = deque(maxlen=REQUESTS)
@@ -178,6 +186,7 @@ class Autoscaler:
 
     # -- reading Ray -------------------------------------------------------------------------
     def _read(self) -> None:
+        """The node types and the cluster's cap on workers."""
         types: list[NodeType] = []
         cap: int | None = None
         with contextlib.suppress(Exception):
@@ -192,9 +201,15 @@ class Autoscaler:
                     self.source = f"{path} (the head's autoscaling config)"
                 except (OSError, yaml.YAMLError, TypeError, ValueError) as exc:
                     log.warning("the autoscaling config %s cannot be read: %s", path, exc)
+        self._types, self._cap = types, cap
+        if not types:
+            self.source = ""
+
+    def _read_status(self) -> None:
+        """Which node is of which type, and how many of each are being launched."""
         kinds: dict[str, str] = {}
         launching: dict[str, int] = {}
-        if types:
+        if self._types:
             try:
                 sdk: Any = importlib.import_module("ray.autoscaler.v2.sdk")
                 status = sdk.get_cluster_status(self.gcs_address, timeout=5)
@@ -206,9 +221,15 @@ class Autoscaler:
                     )
             except Exception as exc:
                 log.debug("the cluster status cannot be read: %s", exc)
-        self._types, self._cap, self._kinds, self._launching = types, cap, kinds, launching
-        if not types:
-            self.source = ""
+            if not launching:  # autoscaler v1 tells it in its status in the GCS's store
+                with contextlib.suppress(Exception):
+                    kv: Any = importlib.import_module("ray.experimental.internal_kv")
+                    consts: Any = importlib.import_module("ray._private.ray_constants")
+                    raw = kv._internal_kv_get(consts.DEBUG_AUTOSCALING_STATUS)
+                    report = json.loads(raw or b"{}").get("autoscaler_report") or {}
+                    for kind, count in (report.get("pending_launches") or {}).items():
+                        launching[str(kind)] = int(count)
+        self._kinds, self._launching = kinds, launching
 
     def launchable(self, alive: list[dict[str, Any]]) -> tuple[list[NodeType], int | None]:
         """The node types the autoscaler can launch (each with how many are up now) and the
@@ -218,6 +239,9 @@ class Autoscaler:
             if self._read_at is None or now - self._read_at > TYPES_TTL:
                 self._read_at = now
                 self._read()
+            if self._status_at is None or now - self._status_at > STATUS_TTL:
+                self._status_at = now
+                self._read_status()
             ids = {str(n["NodeID"]) for n in alive}
             up: dict[str, int] = {}
             for node_id, kind in self._kinds.items():
