@@ -4,8 +4,8 @@ the requests for the waiting jobs' nodes, and the nodes that joined and left.
 **Node types.** Read from Ray itself, in this order: the cluster config an autoscaler reports
 to the GCS (``ray._private.state.state.get_cluster_config()``: each node group's resources and
 ``max_count``); else the autoscaling config the head's autoscaler (its ``monitor.py``) was
-started with, found by its command line (``--autoscaling-config=FILE``, ``--gcs-address`` the
-cluster's), when the server runs on the head, as it does under ``ray up``: its
+started with, found by its command line (``--autoscaling-config=FILE``, ``--gcs-address`` at
+the cluster's GCS port), when the server runs on the head, as it does under ``ray up``: its
 ``available_node_types`` (``resources``, ``max_workers``, the cluster's ``max_workers``; the
 head's type is left out unless it may launch workers). Ray 2.x's autoscalers do not report the
 GCS config themselves, so the file is what a ``ray up`` or ``ray start --head
@@ -100,7 +100,10 @@ def types_from_config(config: dict[str, Any]) -> tuple[list[NodeType], int | Non
 
 
 def monitor_config(gcs_address: str) -> Path | None:
-    """The autoscaling config file of the cluster's autoscaler, when it runs on this machine."""
+    """The autoscaling config file of the cluster's autoscaler, when it runs on this machine:
+    the one whose GCS has ``gcs_address``'s port (the host may be named otherwise: the
+    server may reach the head's GCS on 127.0.0.1, its autoscaler on the head's address)."""
+    port = gcs_address.rpartition(":")[2]
     for proc in psutil.process_iter(["cmdline"]):
         with contextlib.suppress(psutil.Error, OSError):
             argv = proc.info["cmdline"] or []
@@ -108,7 +111,7 @@ def monitor_config(gcs_address: str) -> Path | None:
                 continue
             flags = dict(a.split("=", 1) for a in argv if a.startswith("--") and "=" in a)
             path = flags.get("--autoscaling-config")
-            if not path or flags.get("--gcs-address") != gcs_address:
+            if not path or flags.get("--gcs-address", "").rpartition(":")[2] != port:
                 continue
             found = Path(path).expanduser()
             return found if found.is_absolute() else Path(proc.cwd()) / found
@@ -264,6 +267,8 @@ class Autoscaler:
         sent = json.dumps(bundles, sort_keys=True)
         now = self.clock()
         with self._lock:
+            if not self._types:
+                return {}  # no autoscaler: nothing is ever asked
             if sent != self._sent:
                 sdk: Any = importlib.import_module("ray.autoscaler.sdk")
                 sdk.request_resources(bundles=bundles)
