@@ -89,6 +89,15 @@ def gather(c: Client) -> dict[str, Any]:
 EVENTS_SHOWN = 8  # the latest node arrivals and departures a frame shows
 
 
+def bundles_text(bundles: list[dict[str, float]]) -> str:
+    """``2 x {CPU: 2}, 1 x {CPU: 8, GPU: 1}``: the bundles of a request, alike ones counted."""
+    counts: dict[str, int] = {}
+    for b in bundles:
+        key = "{" + ", ".join(f"{k}: {v:g}" for k, v in sorted(b.items())) + "}"
+        counts[key] = counts.get(key, 0) + 1
+    return ", ".join(f"{n} x {key}" for key, n in counts.items())
+
+
 def render_cluster(data: dict[str, Any]) -> list[Any]:
     """Nodes that joined and left lately, and what was asked of the cluster's autoscaler."""
     out: list[Any] = []
@@ -125,9 +134,7 @@ def render_cluster(data: dict[str, Any]) -> list[Any]:
             lines.append(f"  job {a['job']} waits for {what} of type {kind}, asked {since}")
         last = scaler["requests"][-1] if scaler["requests"] else None
         if last is not None:
-            asked = (
-                f"{len(last['bundles'])} bundle(s)" if last["bundles"] else "nothing (withdrawn)"
-            )
+            asked = bundles_text(last["bundles"]) if last["bundles"] else "nothing (withdrawn)"
             lines.append(f"  last request {ago(last['at'])}: {asked}")
         out += ["", "\n".join(lines)]
     return out
