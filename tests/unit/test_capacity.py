@@ -5,11 +5,12 @@ autoscaler can add. Decisions come from the real policy."""
 from __future__ import annotations
 
 from collections import Counter
+from typing import Any
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from trainhouse.core.cluster import Bundle, Gpu, Node, NodeType, Placement
+from trainhouse.core.cluster import Bundle, Gpu, Node, NodeType, Placement, Wants
 from trainhouse.scheduler.capacity import never_fits, potential_nodes, wants
 from trainhouse.scheduler.policy import QueuedJob, Quota, RunningJob, Snapshot, decide
 from trainhouse.scheduler.resources import Demand
@@ -33,9 +34,9 @@ def run(i: int, where: str, cpus: int, owner: str = "u", prio: str = "normal") -
     return RunningJob(i, (Placement(where, cpus, (), 1),), owner, prio, started_at=0.0)
 
 
-def snap(nodes: list[Node], queued: list[QueuedJob], **kw: object) -> Snapshot:
+def snap(nodes: list[Node], queued: list[QueuedJob], **kw: Any) -> Snapshot:
     kw.setdefault("running", ())
-    return Snapshot(tuple(nodes), queued=tuple(queued), now=100.0, **kw)  # type: ignore[arg-type]
+    return Snapshot(tuple(nodes), queued=tuple(queued), now=100.0, **kw)
 
 
 def ask(
@@ -193,3 +194,17 @@ def test_properties(
         <= 6
     )
     assert (w.bundles() == []) == (not w.jobs)
+
+
+def test_an_ask_is_kept_while_its_job_still_waits_for_the_nodes_being_launched() -> None:
+    # asked for 2 new nodes; one is up but its resources are not reported yet: no room seems left
+    first = snap([node("head", 0)], [job(1, cpus=2, nodes=2)])
+    before = wants(first, decide(first), [CPU2])
+    up = NodeType("cpu-2", 2, 0, max_workers=2, up=1)
+    s = snap([node("head", 0), node("w1", 0)], [job(1, cpus=2, nodes=2)])
+    now = wants(s, decide(s), [up])
+    assert not now.jobs and 1 in now.unmet
+    kept = now.keeping(before.jobs)
+    assert kept.jobs == before.jobs and kept.bundles() == before.bundles() and not kept.unmet
+    # placed, canceled or held by its quota: not in unmet, and its ask goes
+    assert Wants().keeping(before.jobs).bundles() == []

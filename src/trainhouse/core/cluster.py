@@ -10,7 +10,7 @@ only.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -165,6 +165,18 @@ class Wants:
     jobs: tuple[Want, ...] = ()
     held: tuple[Bundle, ...] = ()
     unmet: Mapping[int, str] = field(default_factory=dict)
+
+    def keeping(self, before: Sequence[Want]) -> Wants:
+        """These wants, with the asks of ``before`` kept for the jobs they found no room for: a
+        node the autoscaler launched for a job shows in the cluster's resources a little after
+        it shows as up, and one pass that sees it so must not withdraw what is being launched.
+        A job placed, canceled or held by its quota is not among them: its ask goes."""
+        kept = tuple(w for w in before if w.job in self.unmet)
+        if not kept:
+            return self
+        gone = {w.job for w in kept}
+        unmet = {job: why for job, why in self.unmet.items() if job not in gone}
+        return Wants((*self.jobs, *kept), self.held, unmet)
 
     def bundles(self) -> list[Bundle]:
         """The request: nothing when no job wants a node (the autoscaler's idle timeout then

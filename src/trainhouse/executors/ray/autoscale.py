@@ -41,7 +41,7 @@ from typing import Any
 import psutil
 import yaml
 
-from trainhouse.core.cluster import Bundle, NodeType, Wants
+from trainhouse.core.cluster import Bundle, NodeType, Want, Wants
 from trainhouse.executors.ray.attempt import node_name
 
 log = logging.getLogger(__name__)
@@ -184,6 +184,7 @@ class Autoscaler:
         self._status_at: float | None = None
         self._sent: str | None = None  # the bundles last sent, as JSON
         self._asked: dict[int, tuple[str, int, float]] = {}  # job -> (type, new nodes, since)
+        self._wanted: tuple[Want, ...] = ()  # what was asked for at the last call
         self.requests: deque[dict[str, Any]] = deque(maxlen=REQUESTS)
         self._lock = threading.Lock()
 
@@ -263,6 +264,8 @@ class Autoscaler:
     # -- asking --------------------------------------------------------------------------------
     def request(self, wants: Wants) -> dict[int, str]:
         """Send the request if it changed; each waiting job's note (what it waits for)."""
+        wants = wants.keeping(self._wanted)
+        self._wanted = wants.jobs
         bundles: list[Bundle] = wants.bundles()
         sent = json.dumps(bundles, sort_keys=True)
         now = self.clock()
@@ -278,11 +281,11 @@ class Autoscaler:
                     )
                 self._sent = sent
                 jobs = ", ".join(str(w.job) for w in wants.jobs)
+                unmet = "".join(f"; job {j}: {why}" for j, why in wants.unmet.items())
                 log.info(
-                    "asked the autoscaler for %s",
-                    f"{len(bundles)} bundle(s) for job(s) {jobs}"
-                    if bundles
-                    else "nothing (the request is withdrawn)",
+                    "asked the autoscaler for %s%s",
+                    f"{bundles} for job(s) {jobs}" if bundles else "nothing (withdrawn)",
+                    unmet,
                 )
             asked: dict[int, tuple[str, int, float]] = {}
             for w in wants.jobs:
