@@ -32,6 +32,8 @@ SIZES: list[tuple[tuple[int, int], float]] = [
     ((3, 8), 0.02),
     ((4, 8), 0.03),
 ]
+# the share of the mix's jobs with more than one GPU
+MULTI_GPU_SHARE = sum(w for (n, g), w in SIZES if n * g >= 2) / sum(w for _, w in SIZES)
 TIERS: list[tuple[str, float]] = [("low", 0.12), ("normal", 0.78), ("high", 0.09), ("urgent", 0.01)]
 
 
@@ -82,3 +84,28 @@ def make_users(rng: random.Random) -> Users:
     shares = {n: 2.0 for n in rng.sample(names, 4)}
     quotas = {n: Quota(gpus=rng.choice((16, 32, 64))) for n in rng.sample(names, 5)}
     return Users(names, weights, usage, shares, quotas)
+
+
+def elastic_demand(rng: random.Random, d: Demand) -> Demand:
+    """``d`` (a multi-GPU job of the mix, at its largest) made elastic down to a quarter or a
+    half of it: a one-node job in ranks per node (``procs_per_node: "2:8"``), a multi-node one
+    in nodes (``nodes: "1:4"``), one GPU and ``CPUS_PER_GPU`` cores a rank."""
+    part = rng.choice((0.25, 0.5))
+    if d.nodes == 1:
+        least_nodes, least_procs = 1, max(1, int(d.procs * part))
+    else:
+        least_nodes, least_procs = max(1, int(d.nodes * part)), d.procs
+    return Demand(
+        d.nodes,
+        d.cpus,
+        d.gpus,
+        d.procs,
+        min_nodes=least_nodes,
+        min_procs=least_procs,
+        cpus_per_proc=CPUS_PER_GPU,
+        gpus_per_proc=1,
+    )
+
+
+def multi_gpu(d: Demand) -> bool:
+    return bool(d.nodes * d.gpus >= 2)

@@ -8,9 +8,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from playwright.sync_api import Locator, Page, expect
+from playwright.sync_api import Page, expect
 
-from tests.support.dashboard import labels_beside_values
+from tests.support.dashboard import contrast, labels_beside_values
 from tests.support.jobs import write_job
 from tests.support.servers import Server
 
@@ -23,31 +23,6 @@ with trainhouse.init(hparams={"lr": 0.1}) as run:
     run.log({"loss": float(run.hparams["lr"])}, step=0)
     run.log({"train_loss": 0.5, "val_loss": 0.25, "val_acc": 0.75, "epoch": 0}, step=1)
 """
-
-# the WCAG contrast ratio of an element's text against the first opaque background below it
-CONTRAST = """(el) => {
-    const rgb = (s) => (s.match(/[\\d.]+/g) || []).map(Number);
-    const lum = ([r, g, b]) => {
-        const c = [r, g, b].map((v) => {
-            v /= 255;
-            return v <= 0.03928 ? v / 12.92 : ((v + 0.055) / 1.055) ** 2.4;
-        });
-        return 0.2126 * c[0] + 0.7152 * c[1] + 0.0722 * c[2];
-    };
-    let bg = null;
-    for (let e = el; e && !bg; e = e.parentElement) {
-        const c = rgb(getComputedStyle(e).backgroundColor);
-        if (c.length === 3 || (c.length === 4 && c[3] > 0.9)) bg = c;
-    }
-    const fg = lum(rgb(getComputedStyle(el).color));
-    const back = lum(bg || [255, 255, 255]);
-    return (Math.max(fg, back) + 0.05) / (Math.min(fg, back) + 0.05);
-}"""
-
-
-def contrast(locator: Locator) -> float:
-    ratio: float = locator.evaluate(CONTRAST)
-    return ratio
 
 
 def test_dark_scheme_keeps_text_readable(server: Server, page: Page, tmp_path: Path) -> None:

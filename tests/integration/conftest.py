@@ -29,6 +29,9 @@ BACKENDS = tuple(os.environ.get("TRAINHOUSE_TEST_BACKENDS", "sqlite,postgresql")
 SINGLE_BACKEND = {
     "test_ray.py": "Ray: a module-wide cluster and server; the executor, not the store, is "
     "under test, and each test costs tens of seconds",
+    "test_ray_elastic.py": "Ray: a module-wide cluster whose nodes join and leave under an "
+    "elastic job; the executor and the policy, not the store, are under test (the store's side "
+    "of resizes runs on both backends in test_elastic.py)",
     "test_recovery.py::test_demo_runs_end_to_end_and_keeps_its_server": "the demo is the "
     "embedded SQLite quick start",
     "test_chaos.py": "random SIGKILLs of ranks, launchers and the server: the processes are under "

@@ -1,57 +1,43 @@
 """The Ray executor on a real (local) Ray cluster: a head and two workers, told apart by custom
-resources, shared by every test of this module.
-
-The cluster is ``ray.cluster_utils.Cluster`` with small object stores, no dashboard, usage stats
-and auth off, fast node-death detection, and its own short temp dir (``RAY_TMPDIR``, so nothing
-lands in the machine's ``/tmp/ray`` and no bare ``ray.init()`` elsewhere can join it). Its
-teardown always runs, and never ``ray stop`` (which would end every Ray process on the machine).
-The trainhouse servers connect to it by address. Its nodes and the module's server hold the fake
-AWS credentials of :mod:`tests.support.s3` in their environment (a node's own credentials are
-what staging an ``s3://`` dataset reads), and that server takes datasets on loopback stores
-(``--dataset-allow-private``: moto's server).
-"""
+resources, shared by every test of this module (:mod:`tests.support.raycluster`: small object
+stores, no dashboard, fast node-death detection, a temp dir of its own, never ``ray stop``). Its
+nodes and the module's server hold the fake AWS credentials of :mod:`tests.support.s3` in their
+environment (a node's own credentials are what staging an ``s3://`` dataset reads), and that
+server takes datasets on loopback stores (``--dataset-allow-private``: moto's server)."""
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import os
-import shutil
 import signal
 import tempfile
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import psutil
 import pytest
 
 from tests.support.jobs import write_job
 from tests.support.processes import marked_processes
+from tests.support.raycluster import (
+    RayCluster,
+    agents,
+    node_base,
+    node_caches,
+    ray_server,
+    running_ray_cluster,
+    wait_gone,
+)
 from tests.support.s3 import CREDENTIALS, MotoS3, fsspec_io, moto_s3
-from tests.support.servers import Server, assert_clean_stop, start_server
+from tests.support.servers import Server, assert_clean_stop
 from tests.support.wheels import write_wheel
 from trainhouse.executors.ray.node import interface_of
 
 # one Ray cluster for the module: under pytest-xdist its tests stay on one worker
 pytestmark = [pytest.mark.ray, pytest.mark.xdist_group("ray-cluster")]
-__all__ = ["fsspec_io", "moto_s3"]  # fixtures of tests.support.s3
+__all__ = ["fsspec_io", "moto_s3", "node_caches"]  # fixtures of tests.support
 
-OBJECT_STORE = 80 * 1024 * 1024
-FAST_DEATH = {  # a removed node is declared dead in about 1.5 s (Ray's default: 15 s or more)
-    "health_check_initial_delay_ms": 0,
-    "health_check_period_ms": 500,
-    "health_check_failure_threshold": 3,
-    "prestart_worker_first_driver": False,
-    "enable_worker_prestart": False,
-}
-RAY_ENV = {
-    "RAY_USAGE_STATS_ENABLED": "0",
-    "RAY_AUTH_MODE": "disabled",
-    "RAY_DEDUP_LOGS": "0",
-}
 # AWS_* variables a developer's shell may hold that would point s3fs elsewhere
 AWS_UNSET = ("AWS_PROFILE", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_CONFIG_FILE")
 
@@ -114,115 +100,15 @@ max_restarts: 0
 """
 
 
-class RayCluster:
-    def __init__(self, tmp: Path) -> None:
-        from ray.cluster_utils import Cluster
-
-        self.tmp = tmp
-        self.cluster = Cluster(
-            initialize_head=True,
-            connect=False,
-            head_node_args={
-                "num_cpus": 2,
-                "resources": {"head": 1},
-                "include_dashboard": False,
-                "object_store_memory": OBJECT_STORE,
-                "_system_config": FAST_DEATH,
-            },
-        )
-        self.workers: dict[str, Any] = {}
-        for label in ("worker_a", "worker_b"):
-            self.add_worker(label)
-
-    @property
-    def address(self) -> str:
-        return str(self.cluster.address)
-
-    def add_worker(self, label: str) -> None:
-        self.workers[label] = self.cluster.add_node(
-            num_cpus=1, resources={label: 1}, object_store_memory=OBJECT_STORE
-        )
-
-    def worker_of(self, node_name: str) -> str | None:
-        """The label of the worker a trainhouse node name (``host-<node id[:8]>``) is."""
-        for label, node in self.workers.items():
-            if node_name.endswith(node.node_id[:8]):
-                return label
-        return None
-
-    def remove(self, label: str) -> None:
-        self.cluster.remove_node(self.workers.pop(label), allow_graceful=False)
-
-    def shutdown(self) -> None:
-        self.cluster.shutdown()
-
-
 @pytest.fixture(scope="module")
 def ray_cluster() -> Iterator[RayCluster]:
-    pytest.importorskip("ray")
-    # short (Ray's socket paths are limited to ~107 bytes) and outside the leak-checked TMPDIR
-    tmp = Path(tempfile.mkdtemp(prefix="th-ray-", dir="/tmp"))
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("RAY_TMPDIR", str(tmp))
-        for key, value in RAY_ENV.items():
-            mp.setenv(key, value)
-        # the nodes' own credentials (fake: moto takes any), inherited by every raylet and so
-        # by the node agents and the supervisors that stage s3:// datasets; and by the server
-        for key, value in CREDENTIALS.items():
-            mp.setenv(key, value)
-        for key in AWS_UNSET:
-            mp.delenv(key, raising=False)
-        cluster: RayCluster | None = None
-        try:
-            cluster = RayCluster(tmp)
-            yield cluster
-        finally:
-            if cluster is not None:
-                with contextlib.suppress(Exception):
-                    cluster.shutdown()
-            shutil.rmtree(tmp, ignore_errors=True)
-
-
-def ray_server(home: Path, cluster: RayCluster, *extra: str, port: int | None = None) -> Server:
-    return start_server(
-        home,
-        "--executor",
-        "ray",
-        "--ray-address",
-        cluster.address,
-        "--ray-placement-timeout",
-        "20",
-        *extra,
-        port=port,
-    )
-
-
-def node_base() -> Path:
-    """The nodes' directory (``--ray-node-dir``'s default): on one machine, every node's."""
-    return Path(tempfile.gettempdir()) / "trainhouse-ray"
-
-
-def remove_tree(path: Path) -> None:
-    """``shutil.rmtree`` of a tree with read-only directories (a dataset cache's views)."""
-    for sub, _dirs, _files in os.walk(path):  # no symlink followed
-        with contextlib.suppress(OSError):
-            os.chmod(sub, 0o755)
-    shutil.rmtree(path, ignore_errors=True)
-
-
-@pytest.fixture(autouse=True)
-def node_caches() -> Iterator[None]:
-    """A Ray node keeps its jobs' compilers' caches in ``caches/`` of its directory (by default
-    ``$TMPDIR/trainhouse-ray``) across attempts, on purpose, the jobs' environments in
-    ``envs/`` and the staged dataset versions in ``datacache/``; everything else there goes
-    with each attempt. The test leaves none behind."""
-    yield
-    base = node_base()
-    deadline = time.monotonic() + 15
-    while base.exists() and set(os.listdir(base)) - {"caches", "envs", "datacache"}:
-        assert time.monotonic() < deadline, f"attempts left {sorted(os.listdir(base))} behind"
-        time.sleep(0.2)
-    remove_tree(base)
+    """A head of 2 CPUs and two workers of 1. The nodes' own credentials (fake: moto takes
+    any) are inherited by every raylet and so by the node agents and the supervisors that
+    stage s3:// datasets; and by the server."""
+    with running_ray_cluster(
+        head_cpus=2, workers={"worker_a": 1, "worker_b": 1}, env=CREDENTIALS, unset=AWS_UNSET
+    ) as cluster:
+        yield cluster
 
 
 @pytest.fixture(scope="module")
@@ -239,23 +125,6 @@ def server(ray_cluster: RayCluster, tmp_path_factory: pytest.TempPathFactory) ->
         yield srv
     finally:
         assert_clean_stop(srv)
-
-
-def agents() -> list[psutil.Process]:
-    """Ray workers that run a trainhouse node agent (their process title names the actor)."""
-    found = []
-    for proc in psutil.process_iter(["pid"]):
-        with contextlib.suppress(psutil.Error):
-            if "NodeAgent" in " ".join(proc.cmdline()):
-                found.append(proc)
-    return found
-
-
-def wait_gone(what: str, probe: Any, timeout: float = 20) -> None:
-    deadline = time.monotonic() + timeout
-    while probe():
-        assert time.monotonic() < deadline, f"{what} still there: {probe()}"
-        time.sleep(0.2)
 
 
 def steps_of(srv: Server, job_id: int) -> list[int]:
@@ -289,8 +158,7 @@ def test_two_nodes_train_ddp(server: Server, ray_cluster: RayCluster, tmp_path: 
     assert "rank 0 world 2 node 0 local 0 attempt 1" in logs[0], logs[0]
     assert "rank 1 world 2 node 1 local 0 attempt 1" in logs[1], logs[1]
     # gloo and NCCL are told the interface of the node's Ray address, not left to the hostname
-    ip = ray_cluster.cluster.head_node.node_ip_address
-    interface = interface_of(ip)
+    interface = interface_of(ray_cluster.head_ip)
     assert interface is not None
     for log in logs:
         assert f"on {interface}/{interface}" in log, log

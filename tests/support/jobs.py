@@ -8,11 +8,14 @@ from __future__ import annotations
 
 import contextlib
 import textwrap
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import psutil
 
 from tests.support.processes import marked_processes
+from tests.support.servers import Server
 from trainhouse.executors.node.torchrun import RANK_WRAPPER
 
 RANK_WRAPPER_FILE = RANK_WRAPPER[-1]
@@ -51,6 +54,92 @@ with trainhouse.init(hparams={"steps": 40}) as run:
         if stop:
             print(f"rank {run.rank} yields at step {step}", flush=True)
             break
+"""
+
+# an elastic job's script (unchanged under bare torchrun at any fixed size): DDP over gloo,
+# ResumableSampler, every sample each rank draws gathered on rank 0 and kept in the checkpoint
+# (saved when it stops, and every hparams.every steps if given), the learning rate rescaled with
+# the world size; at the end rank 0 prints, per epoch, how many samples were seen and whether
+# they were each sample exactly once. hparams.gate (optional) names a file that paces it: while
+# the file holds a step, no later step starts (the job waits, still answering should_stop)
+ELASTIC = """
+import time
+
+import torch
+import torch.distributed as dist
+from torch.utils.data import DataLoader, TensorDataset
+
+import trainhouse
+from trainhouse.sdk.data import ResumableSampler
+
+hparams = {"epochs": 2, "n": 240, "batch": 4, "sleep": 0.1, "every": 0, "gate": ""}
+with trainhouse.init(hparams=hparams) as run:
+    n, batch = int(run.hparams["n"]), int(run.hparams["batch"])
+    epochs, pause = int(run.hparams["epochs"]), float(run.hparams["sleep"])
+    every = int(run.hparams["every"])  # steps between checkpoints (0: only when it stops)
+    gate = str(run.hparams["gate"])
+
+    def held(next_step):
+        # rank 0 reads the gate, every rank hears it: the same answer everywhere
+        if not gate:
+            return False
+        word = [-1]
+        if run.rank == 0:
+            try:
+                with open(gate) as fh:
+                    word = [int(fh.read().strip() or -1)]
+            except (OSError, ValueError):
+                pass
+        if run.world_size > 1:
+            dist.broadcast_object_list(word, src=0)
+        return 0 <= word[0] < next_step
+
+    data = TensorDataset(torch.arange(n))
+    sampler = ResumableSampler(data, seed=0, batch_size=batch)
+    state = run.checkpoint.load()
+    seen, step = {}, 0
+    if state:
+        sampler.load_state_dict(state["sampler"])
+        seen, step = state["seen"], state["step"] + 1
+    lr = 0.1 * run.world_size  # the linear scaling rule: a resized job rescales it
+    print(
+        f"rank {run.rank} attempt {run.attempt} world {run.world_size} resized {run.resized} "
+        f"previous {run.previous_world_size} epoch {sampler.epoch} lr {lr} step {step}",
+        flush=True,
+    )
+    run.set_total_steps(epochs * n // batch)
+    loader = DataLoader(data, batch_size=batch, sampler=sampler)
+    stopped = False
+    for epoch in range(sampler.epoch, epochs):
+        sampler.set_epoch(epoch)
+        for i, (x,) in enumerate(loader):
+            parts = [None] * run.world_size
+            if run.world_size > 1:
+                dist.all_gather_object(parts, x.tolist())
+            else:
+                parts = [x.tolist()]
+            if run.rank == 0:
+                seen.setdefault(str(epoch), []).extend(v for part in parts for v in part)
+            run.log({"world": run.world_size, "lr": lr}, step=step)
+            time.sleep(pause)
+            stop = run.should_stop()
+            while not stop and held(step + 1):
+                time.sleep(0.1)
+                stop = run.should_stop()
+            if stop or (every and (step + 1) % every == 0):
+                position = sampler.state_dict(batches_done=i + 1)
+                run.checkpoint.save({"sampler": position, "seen": seen, "step": step}, step=step)
+            if stop:
+                print(f"rank {run.rank} stops at step {step}: {run.stop_reason}", flush=True)
+                stopped = True
+                break
+            step += 1
+        if stopped:
+            break
+    if not stopped and run.rank == 0:
+        for e in range(epochs):
+            got = seen.get(str(e), [])
+            print(f"epoch {e}: {len(got)} samples, each once: {sorted(got) == list(range(n))}")
 """
 
 # RESUMABLE's loop, but its first attempt holds right after the checkpoint of step hparams.hold
@@ -184,3 +273,66 @@ with trainhouse.init(hparams={"lr": 0.01, "steps": 16, "delay": 0.1, "hold_at": 
             print(f"stopped at step {step}: {run.stop_reason}", flush=True)
             break
 """
+
+
+# a job of another tier that needs 2 CPUs for a few seconds (what makes an elastic job shrink)
+HIGH_PRIORITY = "import time\nprint('high priority work', flush=True)\ntime.sleep(4)\n"
+
+
+def elastic_job(
+    root: Path, ranks: str = "2:4", *, epochs: int = 3, sleep: float = 0.15, name: str = "elastic"
+) -> Path:
+    """An ``ELASTIC`` job of ``low`` priority, ``procs_per_node: ranks``, resized no sooner than
+    every 3 s."""
+    return write_job(
+        root / name,
+        ELASTIC,
+        f"""
+        name: {name}
+        entrypoint: python train.py
+        priority: low
+        resources: {{procs_per_node: "{ranks}"}}
+        resize_interval: 3s
+        preemption_grace: 60
+        hparams: {{epochs: {epochs}, sleep: {sleep}}}
+    """,
+    )
+
+
+def high_priority_job(root: Path) -> Path:
+    """A ``HIGH_PRIORITY`` job of ``high`` priority on 2 ranks (2 CPUs)."""
+    return write_job(
+        root / "high",
+        HIGH_PRIORITY,
+        """
+        name: urgent-eval
+        entrypoint: python train.py
+        priority: high
+        resources: {procs_per_node: 2}
+    """,
+    )
+
+
+@dataclass(frozen=True)
+class ResizeRun:
+    """An elastic job shrunk for a high-priority job and grown back, as the server saw it."""
+
+    first: dict[str, Any]  # the elastic job at step 4 of its first attempt
+    plan: dict[str, Any]  # the high-priority job's dry run then
+    job: dict[str, Any]  # the elastic job, ended
+    high: dict[str, Any]  # the high-priority job, ended
+
+
+def shrink_and_grow_back(srv: Server, root: Path) -> ResizeRun:
+    """An ``elastic_job`` (2:4 ranks, low) on ``srv`` (4 CPUs) until its step 4, then a
+    ``high_priority_job`` (2 CPUs), both run to their end. The calls go over HTTP, without a
+    CLI's start-up, so the high-priority job comes long before the elastic job could end."""
+    with srv.client as c:
+        job = c.submit(elastic_job(root, epochs=4, sleep=0.2))
+        srv.wait_step(job["id"], 4)
+        first = dict(c.job(job["id"]))
+        plan = dict(c.dry_run(high_priority_job(root)))
+        high = c.submit(high_priority_job(root))
+    high_final = srv.wait(high["id"], {"COMPLETED", "FAILED"})
+    final = srv.wait(job["id"], {"COMPLETED", "FAILED"}, timeout=300)
+    return ResizeRun(first, plan, final, high_final)

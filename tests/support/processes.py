@@ -73,3 +73,20 @@ def effective_caps(pid: int) -> int:
         if line.startswith("CapEff:"):
             return int(line.split()[1], 16)
     raise AssertionError(f"no CapEff in /proc/{pid}/status")
+
+
+def bare_env(tmp_path: Path) -> dict[str, str]:
+    """The environment of a script run outside any server (bare ``torchrun``): no
+    ``TRAINHOUSE_*`` or rank variables inherited, scratch files in ``tmp_path``, this
+    checkout's trainhouse on the path."""
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith("TRAINHOUSE_") and k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")
+    }
+    env.update(
+        TMPDIR=str(tmp_path),  # torchrun's and torch's scratch files stay in the test's dir
+        OMP_NUM_THREADS="1",
+        PYTHONPATH=str(Path(__file__).resolve().parents[2] / "src"),
+    )
+    return env

@@ -4,7 +4,8 @@ Random seeded sequences of snapshots (a cluster, running jobs on concrete GPUs, 
 changes a little from one decision to the next: arrivals, starts, cancels, priority changes,
 usage that moves) go through both: starts and where, preemptions, every reason and the order
 must be equal. The generator leans on the corners: tiny clusters (preemption, reservations and
-backfill on most steps), equal submission times, quotas, shares (0 too), stopping jobs.
+backfill on most steps), equal submission times, quotas, shares (0 too), stopping jobs, and
+elastic jobs queued and running (their starts, shrinks and growth must agree too).
 """
 
 from __future__ import annotations
@@ -52,6 +53,21 @@ def make_job(rng: random.Random, job_id: int, nodes: tuple[Node, ...], now: floa
         want,
         1,
     )
+    if rng.random() < 0.25:  # elastic: a range of ranks per node (and of nodes)
+        cpp = rng.randint(1, max(nodes[0].cpus // 8, 1))
+        gpp = 1 if gpus and rng.random() < 0.5 else 0
+        least, most = rng.randint(1, 2), rng.randint(2, 8)
+        least_nodes = rng.choice((1, 1, 2))
+        d = Demand(
+            least_nodes + rng.choice((0, 0, 1, 2)),
+            most * cpp,
+            most * gpp,
+            most,
+            min_nodes=least_nodes,
+            min_procs=min(least, most),
+            cpus_per_proc=cpp,
+            gpus_per_proc=gpp,
+        )
     return QueuedJob(
         job_id,
         rng.choice(PRIORITY_TIERS),
@@ -78,10 +94,25 @@ def make_running(rng: random.Random, nodes: tuple[Node, ...], now: float) -> tup
         slot[0] -= cpus
         started = now - rng.uniform(0, 5000)
         stopping = rng.random() < 0.1
+        elastic = None
+        procs = 1
+        if rng.random() < 0.3:  # elastic, one CPU a rank, running somewhere in its range
+            slot[1] = sorted(set(slot[1]) | set(taken))  # a CPU job: its GPUs go back
+            procs, taken = cpus, ()
+            elastic = Demand(
+                rng.choice((1, 1, 2)),
+                cpus + rng.randint(0, 4),
+                0,
+                cpus + rng.randint(0, 4),
+                min_nodes=1,
+                min_procs=rng.randint(1, cpus),
+                cpus_per_proc=1,
+            )
+            elastic = replace(elastic, cpus=elastic.procs)
         out.append(
             RunningJob(
                 10_000 + i,
-                (Placement(node.name, cpus, taken, 1),),
+                (Placement(node.name, cpus, taken, procs),),
                 rng.choice(OWNERS),
                 rng.choice(PRIORITY_TIERS),
                 started,
@@ -89,6 +120,8 @@ def make_running(rng: random.Random, nodes: tuple[Node, ...], now: float) -> tup
                 rng.choice((None, started + rng.uniform(0, now - started))),
                 stopping,
                 now + rng.uniform(0, 60) if stopping else None,
+                demand=elastic,
+                resize_interval=rng.choice((0.0, 300.0, 10_000.0)),
             )
         )
     return tuple(out)
@@ -146,6 +179,7 @@ def check_sequence(seed: int, steps: int = 8) -> None:
         assert got.order == expected.order
         assert got.starts == expected.starts
         assert got.preemptions == expected.preemptions
+        assert got.resizes == expected.resizes
         assert got.waiting == expected.waiting
         assert got == expected
         assert len(scheduler.index) == len(snap.queued)
@@ -257,6 +291,44 @@ def test_a_simulated_day_is_the_same_with_either_path() -> None:
         assert a.finished == b.finished
         assert a.preemptions == b.preemptions
         assert a.gpu_seconds == b.gpu_seconds
+
+
+def test_a_simulated_day_with_elastic_jobs_is_the_same_with_either_path() -> None:
+    """Elastic starts, shrinks and growth, applied by the simulation (a resized job queued
+    again), decided alike by both paths."""
+    nodes = [Node(f"n{i}", 32, 1 << 34, tuple(Gpu(g) for g in range(8))) for i in range(4)]
+    resizes = 0
+    for seed in (1, 2):
+        rng = random.Random(seed + 100)
+        jobs = []
+        for job in sim_jobs(seed):
+            d = job.demand
+            if d.gpus > 1 and rng.random() < 0.5:  # elastic down to a quarter or a half
+                least = max(d.procs // rng.choice((2, 4)), 1)
+                d = Demand(
+                    d.nodes,
+                    d.cpus,
+                    d.gpus,
+                    d.procs,
+                    min_nodes=1,
+                    min_procs=least,
+                    cpus_per_proc=d.cpus // d.procs,
+                    gpus_per_proc=1,
+                )
+                # a declared max_runtime that holds at its least size, setup included (the
+                # policy reserves by it: an overdue job is taken to end at any moment)
+                if job.max_runtime is not None:
+                    job = replace(job, max_runtime=job.max_runtime * d.procs / least + 60.0)
+            jobs.append(replace(job, demand=d))
+        a = simulate(nodes, jobs, policy=decide, until=8 * 3600)
+        b = simulate(nodes, jobs, policy=Scheduler(), until=8 * 3600)
+        assert a.started == b.started
+        assert a.finished == b.finished
+        assert a.preemptions == b.preemptions
+        assert a.resizes == b.resizes
+        assert a.gpu_seconds == b.gpu_seconds
+        resizes += len(a.resizes)
+    assert resizes > 0
 
 
 def test_deltas_reported_by_the_caller_keep_the_index_exact() -> None:

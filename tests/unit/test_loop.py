@@ -345,3 +345,24 @@ def test_an_attempt_that_ends_is_recorded_at_once_not_at_the_next_tick(tmp_path:
     finally:
         sched.stop()
         store.close()
+
+
+def test_a_failed_elastic_attempt_is_analysed_at_the_ranks_it_had(
+    loop: tuple[SchedulerLoop, FakeExecutor],
+) -> None:
+    """Regression: the analysis took the spec's most ranks (4), so an elastic attempt of 3
+    whose launcher failed after its ranks exited 0 read as "rank 3 vanished" (infra)."""
+    sched, ex = loop
+    holder = submit(sched)  # holds 1 of the node's 4 CPUs
+    spec = {"entrypoint": "python train.py", "resources": {"procs_per_node": "1:4"}}
+    job = sched.store.jobs.create(
+        name="e", owner="ann", priority="normal", spec=spec, archive_sha256=sched.digest
+    ).id  # type: ignore[attr-defined]
+    sched.tick()
+    assert ex.running() == {holder, job}
+    assert [p.procs for p in ex.launches[-1].placements] == [3]  # its largest size that fits
+    ex.exits.append(Exit(job, 1, 1, {"0": 0, "1": 0, "2": 0}))
+    sched.tick()
+    attempt = sched.store.jobs.attempt(job, 1)
+    assert "vanished" not in (attempt.reason or ""), attempt.reason
+    assert attempt.failure == "user" and "the launcher" in (attempt.reason or "")

@@ -1,6 +1,7 @@
-"""The Ray executor's pieces that need no cluster: Ray's nodes as scheduler nodes, what an
-attempt makes of its nodes' reports, the guard that outlives a node agent, the refusal of a
-multi-node job without shared checkpoints, and an unplaced attempt going back to the queue."""
+"""The Ray executor's pieces that need no cluster: Ray's nodes as scheduler nodes, the ranks per
+node of an attempt, what an attempt makes of its nodes' reports, the guard that outlives a node
+agent, the refusal of a multi-node job without shared checkpoints, and an unplaced attempt going
+back to the queue."""
 
 from __future__ import annotations
 
@@ -20,12 +21,19 @@ import pytest
 
 from tests.support.fakes import FakeExecutor
 from tests.support.records import stored_archive
-from trainhouse.core.cluster import Node
+from trainhouse.core.cluster import Node, Placement
 from trainhouse.errors import ResourceError
 from trainhouse.executors.base import Exit, Launch, ProcessInfo
-from trainhouse.executors.ray.attempt import Attempt, Member, node_name, pack, to_node
-from trainhouse.executors.ray.node import MARKER_ENV, interface_of, socket_interfaces
-from trainhouse.jobfs.layout import JobLayout
+from trainhouse.executors.ray.attempt import (
+    Attempt,
+    Member,
+    node_name,
+    pack,
+    ranks_per_node,
+    to_node,
+)
+from trainhouse.executors.ray.node import interface_of, socket_interfaces
+from trainhouse.jobfs.layout import MARKER_ENV, JobLayout
 from trainhouse.lifecycle import JobState
 from trainhouse.scheduler.failures import analyse
 from trainhouse.scheduler.loop import SchedulerLoop
@@ -126,6 +134,16 @@ def test_a_lost_node_is_an_infrastructure_failure_of_its_ranks(tmp_path: Path) -
     failure = analyse(ended, JobLayout(tmp_path, 7), 2, NoRestart())
     assert failure.kind == "infra", failure
     assert "left the Ray cluster" in (att.logs / "rank-2.log").read_text()
+
+
+def test_an_attempt_runs_the_ranks_it_was_placed_with() -> None:
+    """An elastic job's attempt runs at the size the scheduler placed it at (here 2 ranks on
+    each of 3 nodes), not at its spec's largest; torchrun's static rendezvous needs as many
+    ranks on every node."""
+    three = tuple(Placement(f"n{i}", cpus=2, procs=2) for i in range(3))
+    assert ranks_per_node(three) == 2
+    with pytest.raises(ValueError, match="n0: 2, n1: 2, n2: 3"):
+        ranks_per_node((*three[:2], Placement("n2", cpus=3, procs=3)))
 
 
 def test_a_killed_torchrun_takes_its_ranks_with_it(tmp_path: Path) -> None:

@@ -16,9 +16,8 @@ import pytest
 import torch
 
 import trainhouse
+from tests.support.processes import bare_env
 from trainhouse.sdk.checkpoint._sharded import RNG_FILE
-
-REPO = Path(__file__).resolve().parents[2]
 
 # Every scenario runs in one torchrun of 2 ranks (starting one costs seconds); each rank writes
 # what it saw to result-RANK.json.
@@ -152,20 +151,6 @@ DIST_SCRIPT = textwrap.dedent(
 )
 
 
-def _env(tmp_path: Path) -> dict[str, str]:
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith("TRAINHOUSE_") and k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")
-    }
-    env.update(
-        TMPDIR=str(tmp_path),  # torchrun's and torch's scratch files stay in the test's dir
-        OMP_NUM_THREADS="1",
-        PYTHONPATH=str(REPO / "src"),
-    )
-    return env
-
-
 # one torchrun of two ranks serves the module: under pytest-xdist its tests stay on one worker
 pytestmark = pytest.mark.xdist_group("two-ranks")
 
@@ -184,7 +169,7 @@ def two_ranks(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
             "scenarios.py",
         ],
         cwd=tmp,
-        env=_env(tmp),
+        env=bare_env(tmp),
         capture_output=True,
         text=True,
         timeout=240,
@@ -274,7 +259,7 @@ def test_a_killed_background_save_is_never_complete(
     proc = subprocess.Popen(
         [sys.executable, "kill.py"],
         cwd=tmp_path,
-        env=_env(tmp_path),
+        env=bare_env(tmp_path),
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,

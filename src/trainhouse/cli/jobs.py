@@ -18,7 +18,7 @@ import typer
 from rich.table import Table
 from rich.text import Text
 
-from trainhouse.cli import options
+from trainhouse.cli import options, render
 from trainhouse.cli.options import Json, Url
 from trainhouse.cli.render import (
     EXIT_BAD_INPUT,
@@ -194,6 +194,9 @@ def _dry_run(file: Path, overrides: list[str], as_json: bool, url: str | None) -
     if plan["preempts"]:
         jobs = ", ".join(str(j) for j in plan["preempts"])
         console.print(f"it would preempt job(s) {jobs}", highlight=False)
+    if plan.get("shrinks"):
+        jobs = ", ".join(str(j) for j in plan["shrinks"])
+        console.print(f"it would shrink elastic job(s) {jobs} at a checkpoint", highlight=False)
 
 
 def summary(job: JobDetail) -> None:
@@ -329,8 +332,7 @@ def ps_columns(jobs: list[Job], chosen: list[str]) -> list[fit.Column]:
     if "reason" not in chosen:
         cols.append(fit.Column("REASON", wrap=True, rank=_RANK["REASON"]))
     for j in jobs:
-        res = j["spec"].get("resources") or {"nodes": 1}
-        ranks = res["nodes"] * (res.get("procs_per_node") or 1)
+        ranks = render.ranks(j)
         step = "-" if j["last_step"] is None else str(j["last_step"] + 1)
         if j.get("total_steps"):
             step += f"/{j['total_steps']}"
@@ -342,7 +344,7 @@ def ps_columns(jobs: list[Job], chosen: list[str]) -> list[fit.Column]:
             j["owner"],
             Text.from_markup(state(job_state(j))),
             j["priority"],
-            str(ranks),
+            ranks,
             step,
             ago(j["created_at"]),
             *(("" if quiet else reason) if k == "reason" else cell(j, k) for k in chosen),
@@ -510,7 +512,16 @@ def show(
         )
     if job["attempt_history"]:
         att = Table(title="attempts", box=None, header_style="bold", title_justify="left")
-        for col in ("#", "STARTED", "DURATION", "RESULT", "EXIT", "FAILED RANK", "RANK EXIT CODES"):
+        for col in (
+            "#",
+            "STARTED",
+            "DURATION",
+            "RANKS",
+            "RESULT",
+            "EXIT",
+            "FAILED RANK",
+            "RANK EXIT CODES",
+        ):
             att.add_column(col, overflow="fold")
         att.add_column("REASON", overflow="fold", ratio=1)
         for a in job["attempt_history"]:
@@ -522,6 +533,9 @@ def show(
                 str(a["number"]),
                 ago(a["started_at"]),
                 duration((a["ended_at"] or time.time()) - a["started_at"]),
+                str(
+                    sum(int(p.get("procs", 1)) for p in (a.get("placement") or {}).get("nodes", []))
+                ),
                 result,
                 exit_words(a["exit_code"]),
                 "-" if a.get("failed_rank") is None else str(a["failed_rank"]),

@@ -78,7 +78,7 @@ def _follow_logs(
         )
 
     res = c.job(job_id)["spec"]["resources"]
-    prefix = rank is None and int(res["nodes"]) * int(res["procs_per_node"] or 1) > 1
+    prefix = rank is None and render.most(res["nodes"]) * render.most(res["procs_per_node"]) > 1
     partial: dict[str, bool] = {}  # a rank's last text did not end its line
     pattern = re.compile(grep) if grep else None
     for event in c.stream_logs(

@@ -122,6 +122,33 @@ def placement_words(placement: dict[str, Any] | None) -> str:
     return "; ".join(parts)
 
 
+def most(size: object) -> int:
+    """The largest value of a spec's size: ``4`` or an elastic ``"2:8"`` (8)."""
+    if size is None:
+        return 1
+    return int(str(size).rsplit(":", 1)[-1])
+
+
+def ranks(job: Mapping[str, Any]) -> str:
+    """A job's ranks: where it runs, the ranks it has now; an elastic job's range after them
+    (``4 (2:8)``)."""
+    res = (job.get("spec") or {}).get("resources") or {}
+    nodes = (
+        ((job.get("placement") or {}).get("nodes") or []) if job.get("state") == "RUNNING" else []
+    )
+    if nodes:
+        now = sum(int(p.get("procs", 1)) for p in nodes)
+    else:
+        now = most(res.get("nodes", 1)) * most(res.get("procs_per_node"))
+    elastic = ":" in str(res.get("nodes", "")) or ":" in str(res.get("procs_per_node", ""))
+    if not elastic:
+        return str(now)
+    least = int(str(res.get("nodes", 1)).split(":")[0]) * int(
+        str(res.get("procs_per_node") or 1).split(":")[0]
+    )
+    return f"{now} ({least}:{most(res.get('nodes', 1)) * most(res.get('procs_per_node'))})"
+
+
 def exit_words(code: int | None) -> str:
     """An exit code as people read it: a negative one (killed by a signal) names the signal
     (``SIGTERM``), as does 128+N from a shell; others stay numbers."""

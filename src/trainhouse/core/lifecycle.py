@@ -101,6 +101,7 @@ class AttemptResult(StrEnum):
     UNPLACED = "unplaced"  # the executor could not place it; back to the queue, no restart
     LOST = "lost"  # no executor knew it any more (the server was down as it ended)
     PRUNED = "pruned"  # a search's pruner stopped the trial early; the job is COMPLETED
+    RESIZED = "resized"  # an elastic job stopped at a checkpoint; it starts again at a new size
 
 
 class FailureKind(StrEnum):
@@ -122,6 +123,7 @@ class StopReason(StrEnum):
     MAX_RUNTIME = "max_runtime"  # the job ran past its spec's max_runtime
     SHUTDOWN = "shutdown"  # the server is shutting down; the job resumes on restart
     PRUNE = "pruned"  # a search's pruner judged the trial unpromising (trainhouse.tune)
+    RESIZE = "resize"  # an elastic job restarts from its checkpoint at another size
 
     @property
     def text(self) -> str:
@@ -134,4 +136,5 @@ _STOP_TEXT = {
     StopReason.MAX_RUNTIME: "max_runtime exceeded",
     StopReason.SHUTDOWN: "the server is shutting down",
     StopReason.PRUNE: "pruned",
+    StopReason.RESIZE: "resized",
 }

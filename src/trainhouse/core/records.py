@@ -68,6 +68,7 @@ class Job:
     kind: str = "launched"
     search_id: int | None = None  # the search this job is a trial of (trainhouse.tune)
     prune_requested: bool = False  # the search's pruner stopped it
+    resize_requested: bool = False  # an elastic job asked to stop for a resize
 
     resumes: int = 0  # times a user sent it back to the queue after it ended
     cloned_from: int | None = None  # the job it was cloned from

@@ -203,6 +203,8 @@ CHECKPOINT_URL_ENV = "TRAINHOUSE_CHECKPOINT_URL"
 LOG_DIR_ENV = "TRAINHOUSE_LOG_DIR"
 ATTEMPT_DIR_ENV = "TRAINHOUSE_ATTEMPT_DIR"
 TENSORBOARD_ENV = "TRAINHOUSE_TENSORBOARD_DIR"
+# the world size of the job's previous attempt (unset on its first): an elastic job resized
+PREVIOUS_WORLD_ENV = "TRAINHOUSE_PREVIOUS_WORLD_SIZE"
 TENSORBOARD_DIR = "tensorboard"  # next to the node's logs directory
 #: MLflow's own variables: a script that logs through MLflow logs to its job
 MLFLOW_URI_ENV = "MLFLOW_TRACKING_URI"
@@ -241,6 +243,7 @@ class JobEnv:
     hparams: dict[str, Any] = field(default_factory=dict)
     log_dir: str | None = None
     attempt_dir: str | None = None
+    previous_world_size: int | None = None  # the previous attempt's, if there was one
 
     def on_node(self, log_dir: Path | str, attempt_dir: Path | str) -> JobEnv:
         """This environment with a node's log and attempt directories."""
@@ -270,6 +273,8 @@ class JobEnv:
             env[TENSORBOARD_ENV] = str(Path(self.log_dir).parent / TENSORBOARD_DIR)
         if self.attempt_dir is not None:
             env[ATTEMPT_DIR_ENV] = self.attempt_dir
+        if self.previous_world_size is not None:
+            env[PREVIOUS_WORLD_ENV] = str(self.previous_world_size)
         return env
 
     @classmethod
@@ -291,6 +296,7 @@ class JobEnv:
             hparams=json.loads(environ.get(HPARAMS_ENV) or "{}"),
             log_dir=environ.get(LOG_DIR_ENV),
             attempt_dir=environ.get(ATTEMPT_DIR_ENV),
+            previous_world_size=_int(environ, PREVIOUS_WORLD_ENV, 0) or None,
         )
 
     @property

@@ -30,9 +30,11 @@ from __future__ import annotations
 from bisect import bisect_left, insort
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
+from dataclasses import replace
 from heapq import heapify, heappop, heapreplace
 
 from trainhouse.core.spec import PRIORITY_TIERS, tier_rank
+from trainhouse.scheduler.elastic import start_larger
 from trainhouse.scheduler.policy import (
     DEFAULT_EXPECTED_RUNTIME,
     INF,
@@ -45,12 +47,12 @@ from trainhouse.scheduler.policy import (
     cluster_totals,
     cost_rate,
     free_capacity,
+    grow_into,
     largest_block,
     need_text,
-    place,
     quota_block,
 )
-from trainhouse.scheduler.resources import Demand, Free
+from trainhouse.scheduler.resources import Demand, Free, place
 
 __all__ = ["QueueIndex", "Scheduler", "walk"]
 
@@ -60,6 +62,9 @@ Entry = tuple[float, int, QueuedJob]  # (created_at, id, job): an owner's lane s
 
 
 def shape_of(d: Demand) -> Shape:
+    """A demand's shape; an elastic job's least (no larger size fits where that does not)."""
+    if d.elastic:
+        d = d.smallest()
     return d.nodes, d.cpus, d.gpus
 
 
@@ -247,6 +252,18 @@ def walk(
     position = 0
     for position, job in enumerate(ordered, start=1):
         d = job.demand
+        if d.elastic:  # the same rule as decide(): its largest size that starts now
+            quota = quotas.get(job.owner, default_quota)
+            if start_larger(job, free, reservation, quota, used[job.owner], now, decisions.starts):
+                fits.clear()
+                delays.clear()
+                gists.clear()
+                blocks.clear()
+                if reservation is not None and stuck(free, shapes, fits):
+                    break
+                continue
+            job = replace(job, demand=d.smallest())
+            d = job.demand
         if limited is None or job.owner in limited:
             quota = quotas.get(job.owner, default_quota)
             blocked = quota_block(job, quota, used[job.owner])
@@ -306,6 +323,7 @@ def walk(
             gists[key] = gist
         waiting[job.id] = f"queue position {position}: {gist}"
     else:
+        decisions.resizes.extend(grow_into(snapshot, decisions, free))
         return decisions
     # Nothing more can start: a reservation stands and no queued shape fits. Every job after
     # ``position`` waits, for its quota or with its shape's reason in its tier.
@@ -314,6 +332,8 @@ def walk(
     tail_gists: dict[tuple[Shape, int], str] = {}
     done = position
     for position, job in enumerate(ordered[done:], start=done + 1):
+        if job.demand.elastic:  # nothing fits: it waits at its least, as in decide()
+            job = replace(job, demand=job.demand.smallest())
         if limited is None or job.owner in limited:
             quota = quotas.get(job.owner, default_quota)
             blocked = quota_block(job, quota, used[job.owner])
@@ -334,6 +354,7 @@ def walk(
             )
             tail_gists[shape, rank] = gist
         waiting[job.id] = f"queue position {position}: {gist}"
+    decisions.resizes.extend(grow_into(snapshot, decisions, free))
     return decisions
 
 

@@ -33,6 +33,7 @@ from trainhouse.jobfs.layout import JobEnv, JobLayout
 from trainhouse.jobfs.storage import open_storage
 from trainhouse.jobfs.workdir import extract
 from trainhouse.scheduler import capacity, outcome
+from trainhouse.scheduler.elastic import Resize
 from trainhouse.scheduler.failures import DEFAULT_MAX_INFRA_RESTARTS, analyse, repeated
 from trainhouse.scheduler.fairshare import DEFAULT_ENTRY_SECONDS, DEFAULT_HALF_LIFE, UsageLedger
 from trainhouse.scheduler.incremental import Scheduler
@@ -235,7 +236,9 @@ class SchedulerLoop(BackgroundLoop):
         failure = None
         if outcome.needs_analysis(job, ended):
             spec = job.spec
-            failure = analyse(ended, layout, spec.resources.procs, spec.no_restart_on)
+            # the ranks this attempt had (an elastic job's size changes between attempts)
+            procs = max((p.procs for p in job.placement), default=spec.resources.procs)
+            failure = analyse(ended, layout, procs, spec.no_restart_on)
             failure = repeated(failure, self._last_failed(job.id, ended.attempt))
         self._apply(
             job,
@@ -259,7 +262,11 @@ class SchedulerLoop(BackgroundLoop):
         )
         if out.via is JobState.PREEMPTED:
             self.store.jobs.transition(
-                job.id, JobState.PREEMPTED, reason=out.reason, preempt_requested=False
+                job.id,
+                JobState.PREEMPTED,
+                reason=out.reason,
+                preempt_requested=False,
+                resize_requested=False,
             )
             self.store.jobs.transition(job.id, JobState.QUEUED, reason=out.reason)
         elif out.via is JobState.RESTARTING:
@@ -291,8 +298,8 @@ class SchedulerLoop(BackgroundLoop):
                 self._lost(job)
                 continue
             stop = outcome.stop_reason(job, self._attempt_started.get(job.id), now)
-            if stop is None or stop.reason is StopReason.PREEMPT:
-                continue  # a preemption was asked for once, by _preempt, with its grace
+            if stop is None or stop.reason in (StopReason.PREEMPT, StopReason.RESIZE):
+                continue  # asked for once, by _preempt or _resize, with its grace
             # should_stop() turns true; SIGTERM only if it has not exited within the grace
             grace = (
                 self.cancel_grace
@@ -355,22 +362,7 @@ class SchedulerLoop(BackgroundLoop):
             queued_jobs.append(extra)
         running_jobs = self.store.jobs.list(states=[JobState.RUNNING])
         checkpointed = self.store.checkpoints.last_times([j.id for j in running_jobs])
-        running = tuple(
-            RunningJob(
-                j.id,
-                j.placement,
-                owner=j.owner,
-                priority=j.priority,
-                started_at=self._attempt_started.get(j.id, j.started_at or now),
-                max_runtime=j.spec.max_runtime,
-                last_checkpoint_at=checkpointed.get(j.id),
-                stopping=j.cancel_requested or j.preempt_requested or j.prune_requested,
-                stop_deadline=now
-                if (j.cancel_requested or j.preempt_requested or j.prune_requested)
-                else None,
-            )
-            for j in running_jobs
-        )
+        running = tuple(self._running(j, now, checkpointed.get(j.id)) for j in running_jobs)
         limits = self.store.quotas.limits()
         snap = Snapshot(
             tuple(self.executor.nodes()),
@@ -390,6 +382,24 @@ class SchedulerLoop(BackgroundLoop):
             preemption=self.config.preemption,
         )
         return snap, by_id
+
+    def _running(self, j: Job, now: float, checkpointed: float | None) -> RunningJob:
+        stopping = j.cancel_requested or j.preempt_requested or j.prune_requested
+        stopping = stopping or j.resize_requested
+        spec = j.spec
+        return RunningJob(
+            j.id,
+            j.placement,
+            owner=j.owner,
+            priority=j.priority,
+            started_at=self._attempt_started.get(j.id, j.started_at or now),
+            max_runtime=spec.max_runtime,
+            last_checkpoint_at=checkpointed,
+            stopping=stopping,
+            stop_deadline=now if stopping else None,
+            demand=Demand.of(spec.resources) if spec.resources.elastic else None,
+            resize_interval=float(spec.resize_interval),
+        )
 
     def plan(self, extra: QueuedJob | None = None) -> Decisions:
         """What the policy would decide now (with ``extra`` queued too); changes nothing."""
@@ -436,7 +446,7 @@ class SchedulerLoop(BackgroundLoop):
         snap, by_id = self.snapshot(queued=queued)  # leaves out what was canceled
         totals = cluster_totals(snap.nodes)
         self._advance_usage(snap.now, snap.running, totals)
-        if not snap.queued:
+        if not snap.queued and not any(r.demand is not None for r in snap.running):
             self._autoscale(snap, Decisions())  # withdraws what was asked for
             self.waiting = after
             self._write_reasons()
@@ -454,6 +464,8 @@ class SchedulerLoop(BackgroundLoop):
                 self.usage.charge_start(job.owner, cost_rate(demand, *totals))
         for pre in decisions.preemptions:
             self._preempt(pre.victim, pre.reason)
+        for resize in decisions.resizes:
+            self._resize(resize)
         notes = self._autoscale(snap, decisions)
         waiting = with_held_gpus(decisions.waiting, snap)
         self.waiting = {j: f"{r}; {notes[j]}" if j in notes else r for j, r in waiting.items()}
@@ -496,6 +508,30 @@ class SchedulerLoop(BackgroundLoop):
         self.executor.stop(job_id, grace=grace, reason=StopReason.PREEMPT, terminate=False)
         log.info("job %s: %s (grace %.0f s)", job_id, reason, grace)
 
+    def _previous_world(self, job_id: int, number: int) -> int | None:
+        """The world size of the attempt before ``number``, if it had one."""
+        if number <= 1:
+            return None
+        try:
+            before = self.store.jobs.attempt(job_id, number - 1)
+        except StoreError:
+            return None
+        return sum(p.procs for p in before.placement) or None
+
+    def _resize(self, resize: Resize) -> None:
+        """Ask an elastic job to stop at a checkpoint; it starts again at its new size."""
+        job = self.store.jobs.get(resize.job)
+        if job.state is not JobState.RUNNING or job.preempt_requested or job.resize_requested:
+            return
+        if job.cancel_requested or job.prune_requested:
+            return
+        grace = float(job.spec.preemption_grace)
+        self.store.jobs.update(resize.job, resize_requested=True, reason=resize.reason)
+        self.store.jobs.add_event(resize.job, f"resize: {resize.reason}")
+        # should_stop() turns true with the reason "resize"; SIGKILL only after the grace
+        self.executor.stop(resize.job, grace=grace, reason=StopReason.RESIZE, terminate=False)
+        log.info("job %s: %s (grace %.0f s)", resize.job, resize.reason, grace)
+
     def _start(self, job: Job, placements: Placements) -> bool:
         token = job_token(job.id)
         try:
@@ -523,6 +559,7 @@ class SchedulerLoop(BackgroundLoop):
                 token=token,
                 checkpoints=checkpoints,
                 hparams=spec.hparams,
+                previous_world_size=self._previous_world(job.id, attempt.number),
             )
             request = envspec.request_for(
                 spec.environment, self.env_defaults, f"{job.id}.{attempt.number}"

@@ -11,6 +11,8 @@ the attempt ended ...                  attempt       the job
 after a cancel request                 canceled      CANCELED
 after a search's prune request         pruned        COMPLETED (the trial ended early)
 after a preemption request             preempted     PREEMPTED -> QUEUED
+after a resize request (elastic)       resized       PREEMPTED -> QUEUED, no restart counted;
+                                                     it starts again at the new size
 without ever starting (unplaced)       unplaced      RESTARTING -> QUEUED, no restart counted
 past its max_runtime                   failed        FAILED
 because the server shut down           interrupted   RESTARTING -> QUEUED, no restart counted
@@ -103,6 +105,8 @@ def stop_reason(job: Job, attempt_started: float | None, now: float) -> Stop | N
         return Stop(StopReason.PRUNE, StopReason.PRUNE.text)
     if job.preempt_requested:
         return Stop(StopReason.PREEMPT, job.reason or "preempted")
+    if job.resize_requested:  # run.stop_reason: "resize: shrunk 4->2: job 17 (high) ..."
+        return Stop(StopReason.RESIZE, f"{StopReason.RESIZE.value}: {job.reason or 'resized'}")
     limit = job.spec.max_runtime
     if limit and attempt_started is not None and now - attempt_started > limit:
         return Stop(StopReason.MAX_RUNTIME, max_runtime_message(limit))
@@ -122,6 +126,8 @@ def exit_code_of(ended: Exit) -> int:
 def needs_analysis(job: Job, ended: Exit) -> bool:
     """Whether :func:`outcome` needs the failure analysis of ``ended`` (it failed on its own)."""
     if job.cancel_requested or job.prune_requested or job.preempt_requested:
+        return False
+    if job.resize_requested:
         return False
     if ended.requeue is not None:
         return False
@@ -154,6 +160,14 @@ def outcome(job: Job, ended: Exit, failure: Failure | None, *, max_infra_restart
         reason = job.reason or "preempted"
         return Outcome(
             AttemptEnd(AttemptResult.PREEMPTED, reason, code, ranks),
+            JobState.QUEUED,
+            reason,
+            via=JobState.PREEMPTED,
+        )
+    if job.resize_requested:  # the scheduler's own stop: not a failure, not a restart
+        reason = job.reason or StopReason.RESIZE.text
+        return Outcome(
+            AttemptEnd(AttemptResult.RESIZED, reason, code, ranks),
             JobState.QUEUED,
             reason,
             via=JobState.PREEMPTED,

@@ -14,6 +14,10 @@ age. Walking that order:
   and the time it will start as running jobs end (their ``max_runtime`` tells when; a job with
   none may run forever). A job behind it starts now only if it cannot delay that reservation:
   it ends before the reserved time, or it leaves enough room on the reserved nodes.
+* **Elastic jobs** (:mod:`~trainhouse.scheduler.elastic`) start at the largest size that fits
+  without delaying the reservation, shrink (never below their least) before anything is
+  preempted whole for a higher tier, and grow into what is left free when no job of higher or
+  equal priority waits.
 * **Preemption.** That first blocked job may preempt running jobs of a strictly lower tier
   when that makes it fit; victims lose the least work (time since their last checkpoint) and
   are as few as possible. While victims checkpoint and exit, nobody is preempted again for it.
@@ -25,12 +29,13 @@ import heapq
 import math
 from collections import defaultdict
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from trainhouse.core.cluster import Node, Placement
 from trainhouse.core.spec import tier_rank
+from trainhouse.scheduler.elastic import Resize, choose_shrinks, grows, start_larger
 from trainhouse.scheduler.preemption import choose_victims
-from trainhouse.scheduler.resources import Demand, Free
+from trainhouse.scheduler.resources import Demand, Free, place
 
 INF = math.inf
 # expected runtime charged to an owner's fair-share key for each job handed out in one pass
@@ -56,9 +61,13 @@ class RunningJob:
     started_at: float = 0.0
     max_runtime: float | None = None
     last_checkpoint_at: float | None = None
-    # asked to stop (preempted or canceled); its resources come back by ``stop_deadline``
+    # asked to stop (preempted, resized or canceled); its resources come back by
+    # ``stop_deadline``
     stopping: bool = False
     stop_deadline: float | None = None
+    # an elastic job's range (None: fixed) and how long it runs at a size before it may grow
+    demand: Demand | None = None
+    resize_interval: float = 0.0
 
     @property
     def end_estimate(self) -> float:
@@ -109,6 +118,7 @@ class Preemption:
 class Decisions:
     starts: list[tuple[int, tuple[Placement, ...]]] = field(default_factory=list)
     preemptions: list[Preemption] = field(default_factory=list)
+    resizes: list[Resize] = field(default_factory=list)  # elastic jobs shrunk or grown
     waiting: dict[int, str] = field(default_factory=dict)
     order: list[int] = field(default_factory=list)  # queued job ids in decision order
 
@@ -176,15 +186,6 @@ def free_capacity(nodes: tuple[Node, ...], running: tuple[RunningJob, ...]) -> d
             slot.cpus -= p.cpus
             slot.gpus = [g for g in slot.gpus if g not in p.gpus]
     return free
-
-
-def place(free: dict[str, Free], demand: Demand) -> list[Free] | None:
-    """Best fit: the fullest nodes that still fit, one per gang member; None if too few."""
-    fitting = [f for f in free.values() if f.fits(demand)]
-    if len(fitting) < demand.nodes:
-        return None
-    fitting.sort(key=lambda f: (len(f.gpus), f.cpus, f.node.name))
-    return fitting[: demand.nodes]
 
 
 @dataclass
@@ -331,6 +332,13 @@ def decide(snapshot: Snapshot) -> Decisions:
         tier = tier_rank(job.priority)
         where = f"queue position {position}"
         quota = snapshot.quotas.get(job.owner, snapshot.default_quota)
+        if d.elastic:
+            if start_larger(job, free, reservation, quota, used[job.owner], now, decisions.starts):
+                placements.clear()
+                blocks.clear()
+                continue
+            job = replace(job, demand=d.smallest())  # the rest of the walk: at its least
+            d = job.demand
         blocked = quota_block(job, quota, used[job.owner])
         if blocked:
             decisions.waiting[job.id] = f"{where}: {blocked}"
@@ -368,7 +376,24 @@ def decide(snapshot: Snapshot) -> Decisions:
             continue
         # the first job that does not fit: preempt for it, or reserve for it
         reservation = block_head(snapshot, job, free, decisions, where, block(d))
+    decisions.resizes.extend(grow_into(snapshot, decisions, free))
     return decisions
+
+
+def grow_into(snapshot: Snapshot, decisions: Decisions, free: dict[str, Free]) -> list[Resize]:
+    """The elastic jobs that grow into what a pass left ``free`` (none when no running job
+    is elastic, so a queue of fixed jobs pays nothing for them)."""
+    if not any(r.demand is not None for r in snapshot.running):
+        return []
+    return grows(
+        snapshot.running,
+        decisions,
+        {job.id: job for job in snapshot.queued},
+        free,
+        snapshot.quotas,
+        snapshot.default_quota,
+        snapshot.now,
+    )
 
 
 def block_head(
@@ -384,7 +409,22 @@ def block_head(
     now = snapshot.now
     d = job.demand
     note = ""
-    if snapshot.preemption:
+    shrinks = choose_shrinks(job, free, snapshot.running, now) if snapshot.preemption else None
+    if shrinks:
+        # elastic jobs of a lower tier give part of what they hold: nobody stops whole
+        decisions.resizes.extend(shrinks)
+        shrunk = {r.job for r in shrinks}
+        running = tuple(
+            RunningJob(**{**r.__dict__, "stopping": True, "stop_deadline": now})
+            if r.id in shrunk
+            else r
+            for r in snapshot.running
+        )
+        names = ", ".join(
+            f"{r.job} ({r.old[0] * r.old[1]}->{r.new[0] * r.new[1]})" for r in shrinks
+        )
+        note = f"; shrinking lower-priority elastic job(s) {names}, which checkpoint first"
+    elif snapshot.preemption:
         victims = choose_victims(job, free, snapshot.running, now)
         if victims is not None:
             names = ", ".join(str(v.id) for v in victims)

@@ -2,12 +2,27 @@
 
 Used by the property tests (starvation, fair share, preemption) and by ``bench/scheduler.py``
 (decision time and utilisation against FIFO without backfill). Time jumps from event to event:
-an arrival, a job's end, a preempted job's stop. A preempted job loses the work since its last
-checkpoint and goes back to the queue.
+an arrival, a job's end, a preempted job's stop, the moment an elastic job below its largest
+size may grow. A preempted job loses the work since its last checkpoint and goes back to the
+queue.
+
+Elastic jobs (a :class:`Demand` with a range) run at the size the policy starts them at and are
+resized by ``Decisions.resizes``. A job's work is measured in rank-seconds: ``SimJob.runtime``
+is its wall time at its largest size, so it needs ``runtime`` x (its largest world) rank-seconds,
+and an attempt at ``w`` ranks does ``w`` of them per second: **linear scaling**, a job at half
+its size runs half as fast (no real job scales better than that, and many worse). A resize is
+checkpoint first, as in the loop: the job stops at once with none of its work lost, goes back to
+the queue with its original submission time, and its next attempt starts at the size the
+start rule gives then, after ``resize_overhead`` seconds (60) of setup in which it holds its
+GPUs and does no work (the restart: processes, rendezvous, loading the checkpoint). Running
+elastic jobs are shown to the policy with their range and ``SimJob.resize_interval`` (300 s),
+and the policy is asked also with an empty queue while one of them could grow. A fixed job's
+simulation is exactly what it was before elastic jobs (rate 1, no setup).
 """
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -23,9 +38,26 @@ from trainhouse.scheduler.policy import (
     cost_rate,
     decide,
     free_capacity,
-    place,
 )
-from trainhouse.scheduler.resources import Demand
+from trainhouse.scheduler.resources import Demand, place
+
+DEFAULT_RESIZE_INTERVAL = 300.0  # seconds an elastic job runs at a size before it may grow
+RESIZE_OVERHEAD = 60.0  # seconds of setup of the attempt after a resize (no work done)
+
+Size = tuple[int, int]  # (nodes, ranks per node)
+
+
+@dataclass(frozen=True)
+class SimAttempt:
+    """One stretch a job held resources: ``ranks`` ranks on ``gpus`` GPUs from ``start`` to
+    ``end``, the first ``setup`` seconds of it without work (after a resize)."""
+
+    job: int
+    start: float
+    end: float
+    ranks: int
+    gpus: int
+    setup: float = 0.0
 
 
 @dataclass
@@ -38,6 +70,8 @@ class SimJob:
     runtime: float  # seconds of work it needs
     max_runtime: float | None = None  # what it declares (for backfill)
     checkpoint_every: float = 600.0
+    # an elastic job's (a demand with a range): how long it runs at a size before it may grow
+    resize_interval: float = DEFAULT_RESIZE_INTERVAL
 
 
 @dataclass
@@ -55,6 +89,10 @@ class SimResult:
     segments: list[tuple[float, float, int]] = field(default_factory=list)
     # the first time a decision left a job waiting (the queue first stayed non-empty)
     first_wait: float | None = None
+    # (job, old size, new size, when) of every resize applied
+    resizes: list[tuple[int, Size, Size, float]] = field(default_factory=list)
+    setup_gpu_seconds: float = 0.0  # GPUs held in the setup after resizes, no work done
+    attempts: list[SimAttempt] = field(default_factory=list)  # every stretch, in end order
 
     def utilisation(self, total_gpus: int, until: float | None = None) -> float:
         span = until or self.makespan
@@ -88,7 +126,56 @@ class _Run:
     job: SimJob
     placements: tuple[Placement, ...]
     started: float
-    remaining_at_start: float
+    remaining_at_start: float  # work left, in seconds at the job's largest size
+    held: Demand  # the fixed demand of the size it runs at (a fixed job's own)
+    rate: float = 1.0  # work per second: ranks / the largest world (1 for a fixed job)
+    setup: float = 0.0  # seconds without work at the start (after a resize)
+
+    @property
+    def end(self) -> float:
+        return self.started + self.setup + self.remaining_at_start / self.rate
+
+    def work(self, seconds: float) -> float:
+        """Work done (seconds at the largest size) in its first ``seconds``."""
+        return max(seconds - self.setup, 0.0) * self.rate
+
+    def shown(self, now: float) -> RunningJob:
+        """What the policy sees of it at ``now``."""
+        job = self.job
+        every = job.checkpoint_every
+        checkpoint = self.started + ((now - self.started) // every) * every
+        if not job.demand.elastic:
+            return RunningJob(
+                job.id,
+                self.placements,
+                job.owner,
+                job.priority,
+                self.started,
+                job.max_runtime,
+                checkpoint,
+            )
+        return RunningJob(
+            job.id,
+            self.placements,
+            job.owner,
+            job.priority,
+            self.started,
+            job.max_runtime,
+            checkpoint,
+            demand=job.demand,
+            resize_interval=job.resize_interval,
+        )
+
+    @property
+    def may_grow_at(self) -> float | None:
+        """When an elastic job below its largest size may grow (None: never)."""
+        d = self.job.demand
+        if not d.elastic or sum(p.procs for p in self.placements) >= d.world:
+            return None
+        at = self.started + self.job.resize_interval
+        while at - self.started < self.job.resize_interval:  # the policy's own test holds
+            at = math.nextafter(at, math.inf)
+        return at
 
 
 def simulate(
@@ -100,6 +187,7 @@ def simulate(
     half_life: float = DEFAULT_HALF_LIFE,
     entry_seconds: float = DEFAULT_ENTRY_SECONDS,
     max_events: int = 1_000_000,
+    resize_overhead: float = RESIZE_OVERHEAD,
 ) -> SimResult:
     nodes = tuple(nodes)
     total_gpus, total_cpus = cluster_totals(nodes)
@@ -110,6 +198,7 @@ def simulate(
     # enters the queue, so that an incremental policy recognises the unchanged queue
     queued: dict[int, QueuedJob] = {}
     running: dict[int, _Run] = {}
+    resized: set[int] = set()  # queued after a resize: its next attempt pays the setup
     ledger = UsageLedger(at=0.0, half_life=half_life, entry_seconds=entry_seconds)
     result = SimResult(makespan=0.0)
     now = 0.0
@@ -120,34 +209,20 @@ def simulate(
             arrival += 1
         # finish what is done
         for job_id, run in list(running.items()):
-            if run.started + run.remaining_at_start <= now + 1e-9:
+            if run.end <= now + 1e-9:
                 _account(result, run, now)
                 del running[job_id]
                 remaining[job_id] = 0.0
                 result.finished[job_id] = now
         ledger.advance(
             now,
-            [
-                (r.job.owner, cost_rate(r.job.demand, total_gpus, total_cpus))
-                for r in running.values()
-            ],
+            [(r.job.owner, cost_rate(r.held, total_gpus, total_cpus)) for r in running.values()],
         )
-        if queued:
+        grows = [t for r in running.values() if (t := r.may_grow_at) is not None]
+        if queued or any(t <= now for t in grows):
             snap = Snapshot(
                 nodes,
-                tuple(
-                    RunningJob(
-                        r.job.id,
-                        r.placements,
-                        r.job.owner,
-                        r.job.priority,
-                        r.started,
-                        r.job.max_runtime,
-                        r.started
-                        + ((now - r.started) // r.job.checkpoint_every) * r.job.checkpoint_every,
-                    )
-                    for r in running.values()
-                ),
+                tuple(r.shown(now) for r in running.values()),
                 tuple(queued.values()),
                 now=now,
                 usage=ledger.snapshot(),
@@ -162,20 +237,36 @@ def simulate(
                 kept = done - since_ckpt
                 _account(result, run, now)
                 result.lost_seconds += since_ckpt
-                remaining[pre.victim] = run.remaining_at_start - kept
+                remaining[pre.victim] = run.remaining_at_start - run.work(kept)
                 queued[pre.victim] = _queued(run.job, now)
                 result.preemptions.append((pre.victim, pre.for_job))
+            for resize in decisions.resizes:
+                # checkpoint first: it stops now with all its work kept, and is queued again
+                # with its submission time; its next attempt starts at the size that fits then
+                run = running.pop(resize.job)
+                _account(result, run, now)
+                left = run.remaining_at_start - run.work(now - run.started)
+                remaining[resize.job] = max(left, 0.0)
+                queued[resize.job] = _queued(run.job, run.job.submit_at)
+                resized.add(resize.job)
+                result.resizes.append((resize.job, resize.old, resize.new, now))
             for job_id, placements in decisions.starts:
                 job = by_id[job_id]
-                running[job_id] = _Run(job, placements, now, remaining[job_id])
+                running[job_id] = _start(job, placements, now, remaining[job_id])
+                if job_id in resized:
+                    resized.discard(job_id)
+                    running[job_id].setup = resize_overhead
                 result.started.setdefault(job_id, now)
                 del queued[job_id]
-                ledger.charge_start(job.owner, cost_rate(job.demand, total_gpus, total_cpus))
+                held = running[job_id].held
+                ledger.charge_start(job.owner, cost_rate(held, total_gpus, total_cpus))
             if queued and result.first_wait is None:
                 result.first_wait = now
-            if decisions.preemptions:
+            if decisions.preemptions or decisions.resizes:
                 continue  # the freed room is handed out at the same instant
-        nxt = [r.started + r.remaining_at_start for r in running.values()]
+        nxt = [r.end for r in running.values()]
+        # an elastic job below its largest size may grow once it has run its resize_interval
+        nxt.extend(t for r in running.values() if (t := r.may_grow_at) is not None and t > now)
         if arrival < len(pending):
             nxt.append(pending[arrival].submit_at)
         if not nxt or (until is not None and min(nxt) > until):
@@ -193,10 +284,25 @@ def _queued(job: SimJob, since: float) -> QueuedJob:
     return QueuedJob(job.id, job.priority, since, job.demand, job.owner, job.max_runtime)
 
 
+def _start(job: SimJob, placements: tuple[Placement, ...], now: float, left: float) -> _Run:
+    d = job.demand
+    if not d.elastic:
+        return _Run(job, placements, now, left, d)
+    ranks = sum(p.procs for p in placements)
+    held = d.at(len(placements), max(p.procs for p in placements))
+    return _Run(job, placements, now, left, held, rate=ranks / d.world)
+
+
 def _account(result: SimResult, run: _Run, now: float) -> None:
     seconds = max(now - run.started, 0.0)
     gpus = sum(len(p.gpus) for p in run.placements)
     result.segments.append((run.started, run.started + seconds, gpus))
+    ranks = sum(p.procs for p in run.placements)
+    setup = min(run.setup, seconds)
+    result.attempts.append(
+        SimAttempt(run.job.id, run.started, run.started + seconds, ranks, gpus, setup)
+    )
+    result.setup_gpu_seconds += gpus * setup
     cpus = sum(p.cpus for p in run.placements)
     owner = run.job.owner
     result.gpu_seconds[owner] = result.gpu_seconds.get(owner, 0.0) + gpus * seconds

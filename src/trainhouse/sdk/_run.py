@@ -239,6 +239,20 @@ class Run:
         return self._dist.world_size
 
     @property
+    def previous_world_size(self) -> int | None:
+        """How many processes the job's previous attempt had (None on its first attempt or
+        outside the server)."""
+        return self._job.previous_world_size if self._job is not None else None
+
+    @property
+    def resized(self) -> bool:
+        """Whether this attempt has another world size than the previous one: the scheduler
+        resized an elastic job (a script may rescale its learning rate, say). Its data
+        resumes where it stopped with :class:`trainhouse.sdk.data.ResumableSampler`."""
+        previous = self.previous_world_size
+        return previous is not None and previous != self.world_size
+
+    @property
     def is_main(self) -> bool:
         """Whether this is rank 0, which speaks for the job."""
         return self._dist.is_main

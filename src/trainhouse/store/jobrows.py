@@ -106,6 +106,7 @@ def job_from_row(row: RowMapping) -> Job:
         kind=row["kind"],
         search_id=row["search_id"],
         prune_requested=bool(row["prune_requested"]),
+        resize_requested=bool(row["resize_requested"]),
         resumes=row["resumes"],
         cloned_from=row["cloned_from"],
         cloned_step=row["cloned_step"],

@@ -140,6 +140,7 @@ class JobRepo:
                 exit_code=None,
                 cancel_requested=False,
                 preempt_requested=False,
+                resize_requested=False,
             )
 
     def get(self, job_id: int) -> Job:
@@ -366,6 +367,7 @@ class JobRepo:
                     placement=placed,
                     token_hash=token_hash,
                     preempt_requested=False,
+                    resize_requested=False,
                     started_at=row[2] or now,
                     updated_at=now,
                     reason=None,

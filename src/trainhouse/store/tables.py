@@ -112,6 +112,8 @@ jobs = Table(
     # a search's pruner stopped it: should_stop() says "pruned", it ends COMPLETED
     # (no Python-side default: an insert that does not name it works on older schemas too)
     Column("prune_requested", Boolean, nullable=False, server_default=false()),
+    # an elastic job asked to stop at a checkpoint and start again at another size (0019)
+    Column("resize_requested", Boolean, nullable=False, server_default=false()),
     # times a user sent it back to the queue after it ended (``trainhouse resume``)
     Column("resumes", Integer, nullable=False, default=0, server_default=text("0")),
     # the job it was cloned from (``trainhouse clone``; no foreign key: the original may be

@@ -62,7 +62,11 @@ def state_summary(job: Job) -> str:
     state = job.state
     if state is JobState.RUNNING:
         return f"running attempt {job.attempts}" + (
-            "; asked to yield its resources" if job.preempt_requested else ""
+            "; asked to yield its resources"
+            if job.preempt_requested
+            else "; asked to stop at a checkpoint for a resize"
+            if job.resize_requested
+            else ""
         )
     if state is JobState.FAILED and job.exit_code is not None:
         return f"failed with exit code {job.exit_code}"

@@ -6,7 +6,7 @@ transaction with its audit entry, and the scheduler is woken after it."""
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from trainhouse.core.errors import NotFound
@@ -106,7 +106,7 @@ def queue(rt: Runtime, p: Principal) -> Queue:
             "reason": j.reason if p.may_read(j, visibility) else state_summary(j),
         }
         for j in rt.store.jobs.list(states=[JobState.RUNNING])
-        if j.preempt_requested and (everyone or j.owner == p.name)
+        if (j.preempt_requested or j.resize_requested) and (everyone or j.owner == p.name)
     ]
     return Queue(jobs=entries, preempting=preempting)
 
@@ -114,13 +114,14 @@ def queue(rt: Runtime, p: Principal) -> Queue:
 @dataclass(frozen=True)
 class DryRun:
     """Where a job would run right now (``placement``), or why it would wait and whom it
-    would preempt; its place in the queue."""
+    would preempt or shrink (elastic jobs); its place in the queue."""
 
     would_start: bool
     placement: list[dict[str, Any]] | None
     preempts: list[int]
     position: int
     reason: str
+    shrinks: list[int] = field(default_factory=list)
 
 
 def dry_run(rt: Runtime, p: Principal, spec: str, owner: str) -> DryRun:
@@ -158,6 +159,7 @@ def dry_run(rt: Runtime, p: Principal, spec: str, owner: str) -> DryRun:
         preempts=[pr.victim for pr in decisions.preemptions if pr.for_job == 0],
         position=position,
         reason=decisions.waiting[0],
+        shrinks=[r.job for r in decisions.resizes if r.for_job == 0],
     )
 
 

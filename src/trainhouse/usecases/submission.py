@@ -33,7 +33,7 @@ def schedulable_spec(
     run on this server."""
     job_spec = parse_spec(text, source=source, overrides=overrides)
     reason = never_fits(rt, job_spec.resources)
-    if reason is None and job_spec.resources.nodes > 1 and not rt.settings.shared_checkpoints:
+    if reason is None and job_spec.resources.max_nodes > 1 and not rt.settings.shared_checkpoints:
         reason = (
             f"resources.nodes is {job_spec.resources.nodes}, but checkpoints are stored on the "
             "server's own disk (HOME/jobs/<id>/checkpoints), which the other nodes do not "

@@ -87,6 +87,7 @@ class Job(TypedDict):
     kind: str
     search_id: int | None
     prune_requested: bool
+    resize_requested: bool
     resumes: int
     cloned_from: int | None
     cloned_step: int | None
@@ -185,6 +186,7 @@ class DryRun(TypedDict):
     would_start: bool
     placement: list[dict[str, Any]] | None
     preempts: list[int]
+    shrinks: list[int]
     position: int
     reason: str
 

@@ -19,6 +19,7 @@ from trainhouse.core.defaults import DEFAULT_KEEP_LAST
 from trainhouse.core.errors import DatasetError, FlowError, ModelError
 from trainhouse.core.flows import MAX_AFTER, MAX_INPUTS, check_input_key, check_input_ref
 from trainhouse.core.searchspec import SearchSpec, check_search, distributions
+from trainhouse.core.spec.resources import Resources as Resources
 
 PRIORITY_TIERS: tuple[str, ...] = ("low", "normal", "high", "urgent")
 Priority = Literal["low", "normal", "high", "urgent"]
@@ -84,47 +85,6 @@ def parse_duration(value: str | int | float) -> int:
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
-
-
-class Resources(_Strict):
-    nodes: int = Field(
-        1, ge=1, le=4096, description="Machines the job spans; >1 needs a multi-node executor"
-    )
-    procs_per_node: int | None = Field(
-        None,
-        ge=1,
-        le=1024,
-        description="torch.distributed ranks per node; default gpus_per_node or 1",
-    )
-    gpus_per_node: int = Field(0, ge=0, le=1024, description="GPUs per node; 0 = CPU job")
-    cpus_per_proc: int = Field(1, ge=1, le=4096, description="CPU cores reserved for each rank")
-
-    @model_validator(mode="after")
-    def _default_procs(self) -> Resources:
-        if self.procs_per_node is None:
-            object.__setattr__(self, "procs_per_node", max(self.gpus_per_node, 1))
-        elif 0 < self.gpus_per_node < self.procs_per_node:
-            # each rank of a GPU job takes a GPU of its own (run.device): two ranks on one GPU
-            # fail under NCCL ("Duplicate GPU detected"); no sharing mode is offered
-            raise ValueError(
-                f"has procs_per_node ({self.procs_per_node}) more than gpus_per_node "
-                f"({self.gpus_per_node}): each rank of a GPU job gets a GPU of its own; ask for "
-                f"gpus_per_node: {self.procs_per_node} or procs_per_node: {self.gpus_per_node}"
-            )
-        return self
-
-    @property
-    def procs(self) -> int:
-        """Ranks per node, with the default applied."""
-        return self.procs_per_node or max(self.gpus_per_node, 1)
-
-    @property
-    def world_size(self) -> int:
-        return self.nodes * self.procs
-
-    @property
-    def cpus_per_node(self) -> int:
-        return self.procs * self.cpus_per_proc
 
 
 class CheckpointPolicy(_Strict):
@@ -376,6 +336,12 @@ class JobSpec(_Strict):
         None, description="Seconds (or a duration such as 6h) after which the job is stopped"
     )
     preemption_grace: int = Field(120, ge=0, le=86400)
+    resize_interval: int = Field(
+        300,
+        description="Seconds (or a duration such as 5m) an elastic job runs at one size before "
+        "the scheduler may resize it again (a shrink for a job of higher priority is not held "
+        "by it)",
+    )
     hparams: dict[str, Any] = Field(
         default_factory=dict,
         description=f"Plain JSON values, at most {MAX_HPARAMS_BYTES // 1024} KiB as JSON",
@@ -459,6 +425,16 @@ class JobSpec(_Strict):
     def _duration(cls, value: Any) -> Any:
         if value is None:
             return None
+        seconds = parse_duration(value)
+        if seconds > MAX_RUNTIME:
+            raise ValueError(f"must be at most 366 days ({MAX_RUNTIME} s), got {value!r}")
+        return seconds
+
+    @field_validator("resize_interval", mode="before")
+    @classmethod
+    def _interval(cls, value: Any) -> Any:
+        if value == 0:
+            return 0  # resizes as soon as they help (tests, simulations)
         seconds = parse_duration(value)
         if seconds > MAX_RUNTIME:
             raise ValueError(f"must be at most 366 days ({MAX_RUNTIME} s), got {value!r}")

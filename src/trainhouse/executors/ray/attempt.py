@@ -16,6 +16,7 @@ import socket
 import tarfile
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -237,6 +238,19 @@ def probe(address: str) -> None:
             f"no Ray cluster answers at {address} ({exc}); start one with `ray start --head` "
             "and pass the address it prints"
         ) from None
+
+
+def ranks_per_node(placements: Sequence[Placement]) -> int:
+    """The ranks each node of an attempt runs: its placements' (an elastic job's size is the
+    one it was placed at, not its spec's largest). torchrun's static rendezvous gives every
+    node as many ranks, so the placements must agree (ValueError otherwise)."""
+    counts = sorted({p.procs for p in placements})
+    if len(counts) != 1:
+        raise ValueError(
+            "the Ray executor runs as many ranks on every node of a job, got "
+            + (", ".join(f"{p.node}: {p.procs}" for p in placements) or "no placement")
+        )
+    return counts[0]
 
 
 def bundle(placement: Placement) -> dict[str, float]:

@@ -6,13 +6,15 @@ scheduling pass (nodes joining and leaving are followed), each offering what Ray
 plus what trainhouse's own placement groups hold there; custom resources become the node's
 labels.
 
-An attempt of a job of N nodes is a detached placement group of N bundles (``STRICT_SPREAD``,
-or ``STRICT_PACK`` for one node), each bundle pinned to the node the scheduler chose, and one
-detached :class:`~trainhouse.executors.ray.node.NodeAgent` actor per bundle, all named after
-the server's home, the job and the attempt. The actor of bundle *i* runs torchrun for node rank
-*i* (static rendezvous at a free port of node 0), so ranks see the same environment as under
-the local executor. A group Ray cannot place within ``--ray-placement-timeout`` is removed and
-the job goes back to the queue with that reason (no restart is counted).
+An attempt placed on N nodes is a detached placement group of N bundles (``STRICT_SPREAD``, or
+``STRICT_PACK`` for one node), each bundle pinned to the node the scheduler chose, and one
+detached :class:`~trainhouse.executors.ray.node.NodeAgent` actor per bundle, all named after the
+server's home, the job and the attempt; an elastic job's N and ranks per node are those of the
+attempt's placements (the size it was placed at), not its spec's largest. The actor of bundle
+*i* runs torchrun for node rank *i* (static rendezvous at a free port of node 0), so ranks see
+the same environment as under the local executor. A group Ray cannot place within
+``--ray-placement-timeout`` is removed and the job goes back to the queue with that reason (no
+restart is counted).
 
 The server polls every actor without blocking (one outstanding ``status`` call each): the
 ranks' log files grow on the nodes' disks and are appended to ``HOME/jobs/<id>/logs`` as they
@@ -34,11 +36,9 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import importlib
 import inspect
 import logging
 import signal
-import socket
 import threading
 import time
 from pathlib import Path
@@ -57,9 +57,16 @@ from trainhouse.executors.ray.attempt import (
     node_name,
     pack,
     probe,
-    to_node,
+    ranks_per_node,
 )
 from trainhouse.executors.ray.autoscale import Autoscaler, NodeWatch
+from trainhouse.executors.ray.inventory import (
+    Inventory,
+    Resources,
+    free_per_node,
+    held_by,
+    ray_module,
+)
 from trainhouse.executors.ray.node import NodeAgent, boot_id
 from trainhouse.jobfs import jobfiles
 from trainhouse.jobfs.layout import LAUNCHER_LOG, JobLayout
@@ -67,19 +74,10 @@ from trainhouse.jobfs.layout import LAUNCHER_LOG, JobLayout
 log = logging.getLogger(__name__)
 
 NAMESPACE = "trainhouse"
-NODES_TTL = 1.0  # seconds one read of Ray's nodes serves nodes() calls
 PIDS_EVERY = 2.0  # seconds between two process lists of a node (for the resource monitor)
 START_TIMEOUT = 120.0  # seconds the actors get to unpack the code and start torchrun
 TEARDOWN_TIMEOUT = 10.0
 UNRESPONSIVE = 60.0  # seconds a node may stay silent after SIGKILL before it counts as lost
-
-
-def _ray() -> Any:
-    try:
-        import ray
-    except ImportError:
-        raise RayUnavailable("the Ray executor needs Ray: pip install 'trainhouse[ray]'") from None
-    return ray
 
 
 class RayExecutor:
@@ -96,7 +94,7 @@ class RayExecutor:
         placement_timeout: float = 60.0,
         node_dir: str | None = None,
     ) -> None:
-        ray = _ray()
+        ray = ray_module()
         if not address:
             raise RayUnavailable("the Ray executor needs --ray-address HOST:PORT")
         self.home = home
@@ -122,8 +120,7 @@ class RayExecutor:
         self._boot_id = boot_id()
         self._attempts: dict[int, Attempt] = {}
         self._lock = threading.RLock()
-        self._nodes: tuple[float, list[dict[str, Any]], dict[str, dict[str, float]]] | None = None
-        self._nodes_lock = threading.Lock()
+        self.inventory = Inventory(self._held)
         self._swept = False
         self.autoscaler = Autoscaler(str(ray.get_runtime_context().gcs_address))
         self.watch = NodeWatch()
@@ -139,58 +136,29 @@ class RayExecutor:
         return f"{self.home_id}:{job_id}:{attempt}:{index}"
 
     # -- inventory -------------------------------------------------------------------------
-    def _read_nodes(
-        self, *, fresh: bool = False
-    ) -> tuple[list[dict[str, Any]], dict[str, dict[str, float]]]:
-        with self._nodes_lock:
-            now = time.monotonic()
-            if fresh or self._nodes is None or now - self._nodes[0] > NODES_TTL:
-                ray = _ray()
-                alive = [n for n in ray.nodes() if n.get("Alive")]
-                try:
-                    state: Any = importlib.import_module("ray._private.state")
-                    free: dict[str, dict[str, float]] = state.available_resources_per_node()
-                except Exception:  # a private API: without it, totals are offered
-                    free = {}
-                self._nodes = (now, alive, free)
-                self.watch.observe(alive, self.autoscaler.kinds())
-            return self._nodes[1], self._nodes[2]
-
-    def _held(self) -> dict[str, dict[str, float]]:
+    def _held(self) -> Resources:
         """Resources of trainhouse's placed bundles on each node (node id -> resources)."""
-        held: dict[str, dict[str, float]] = {}
         with self._lock:
-            for att in self._attempts.values():
-                for m in att.members:
-                    if m.node_id and not m.lost and m.index < len(att.bundles):
-                        slot = held.setdefault(m.node_id, {})
-                        for key, value in att.bundles[m.index].items():
-                            slot[key] = slot.get(key, 0.0) + value
-        return held
+            return held_by(self._attempts.values())
 
     def capacity(self) -> list[Node]:
         """Every live node with everything it has (what a job could ever get)."""
-        raw, _ = self._read_nodes()
-        return [to_node(n, None) for n in raw]
+        return self.inventory.capacity()
 
     def nodes(self) -> list[Node]:
-        """Every live node with what is free for trainhouse: Ray's free resources plus what
-        trainhouse's own groups hold there (the scheduler subtracts those itself)."""
-        raw, free = self._read_nodes()
-        held = self._held()
-        out = []
-        for n in raw:
-            avail = free.get(n["NodeID"])
-            if avail is not None:
-                ours = held.get(n["NodeID"], {})
-                avail = {k: avail.get(k, 0.0) + ours.get(k, 0.0) for k in ("CPU", "GPU")}
-            out.append(to_node(n, avail))
-        return out
+        """Every live node with what is free for trainhouse (:mod:`.inventory`)."""
+        return self.inventory.nodes()
 
     # -- the autoscaler ----------------------------------------------------------------------
+    def _observed(self) -> list[dict[str, Any]]:
+        """The live nodes, the ones that joined or left since the last call kept as events."""
+        alive, _ = self.inventory.read()
+        self.watch.observe(alive, self.autoscaler.kinds())
+        return alive
+
     def launchable(self) -> tuple[list[NodeType], int | None]:
         """The node types the cluster's autoscaler can launch and its cap on workers."""
-        return self.autoscaler.launchable(self._read_nodes()[0])
+        return self.autoscaler.launchable(self._observed())
 
     def request_capacity(self, wants: Wants) -> dict[int, str]:
         """Ask the autoscaler for the waiting jobs' nodes; what each job waits for."""
@@ -198,26 +166,21 @@ class RayExecutor:
 
     def cluster_view(self) -> dict[str, Any]:
         """Nodes that joined and left lately, and what was asked of the autoscaler."""
-        self._read_nodes()
+        self._observed()
         return {"node_events": self.watch.recent(), "autoscaler": self.autoscaler.view()}
 
     def server_node(self) -> str:
         """The node the server itself runs on (its resource samples are named after it)."""
-        raw, _ = self._read_nodes()
-        ip = _ray().util.get_node_ip_address()
-        here = [n for n in raw if n.get("NodeManagerAddress") == ip]
-        head = [n for n in here if "node:__internal_head__" in (n.get("Resources") or {})]
-        chosen = (head or here)[:1]
-        return node_name(chosen[0]) if chosen else socket.gethostname()
+        return self.inventory.server_node()
 
     # -- launch ----------------------------------------------------------------------------
     def launch(self, launch: Launch) -> ProcessInfo:
-        res = launch.spec.resources
+        # the size it was placed at: an elastic job's may be below its spec's largest
         att = Attempt(
             launch.job_id,
             launch.attempt,
             launch.layout,
-            res.procs,
+            ranks_per_node(launch.placements),
             [Member(i) for i in range(len(launch.placements))],
         )
         att.bundles = [bundle(p) for p in launch.placements]
@@ -237,12 +200,12 @@ class RayExecutor:
         return ProcessInfo(0, time.time())
 
     def _start(self, att: Attempt, launch: Launch) -> None:
-        ray = _ray()
+        ray = ray_module()
         from ray.util.placement_group import placement_group, placement_group_table
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         try:
-            by_name = {node_name(n): n["NodeID"] for n in self._read_nodes(fresh=True)[0]}
+            by_name = {node_name(n): n["NodeID"] for n in self.inventory.read(fresh=True)[0]}
             wanted = [by_name.get(p.node) for p in launch.placements]
             gone = [p.node for p, nid in zip(launch.placements, wanted, strict=True) if not nid]
             if gone:
@@ -340,7 +303,7 @@ class RayExecutor:
 
     def _wait(self, att: Attempt, refs: list[Any]) -> list[Any] | None:
         """The results of ``refs``; None (and the attempt aborted) if it is stopped first."""
-        ray = _ray()
+        ray = ray_module()
         deadline = time.monotonic() + START_TIMEOUT
         while True:
             if att.abort.is_set():
@@ -362,7 +325,7 @@ class RayExecutor:
     def adopt(self, job_id: int, attempt: int, info: ProcessInfo) -> bool:
         """Find a running attempt again by its names: its placement group and one actor per
         node, all started; False (its leftovers go with :meth:`kill_orphans`) otherwise."""
-        ray = _ray()
+        ray = ray_module()
         try:
             att = Attempt.load(job_id, attempt, JobLayout(self.home, job_id))
             att.pg = ray.util.get_placement_group(self.group_name(job_id, attempt))
@@ -438,7 +401,7 @@ class RayExecutor:
         return exits
 
     def _consume(self, refs: list[Any]) -> None:
-        ray = _ray()
+        ray = ray_module()
         if not refs:
             return
         done, rest = ray.wait(refs, num_returns=len(refs), timeout=0)
@@ -448,7 +411,7 @@ class RayExecutor:
         refs[:] = rest
 
     def _collect(self, att: Attempt) -> None:
-        ray = _ray()
+        ray = ray_module()
         pending = [m.pending for m in att.members if m.pending is not None]
         ready = set()
         if pending:
@@ -484,13 +447,12 @@ class RayExecutor:
         died, and stop the rest of the gang."""
         why = f"its actor died ({first_line(exc)})"
         with contextlib.suppress(Exception):
-            raw = next(n for n in _ray().nodes() if n["NodeID"] == m.node_id)
+            raw = next(n for n in ray_module().nodes() if n["NodeID"] == m.node_id)
             if not raw.get("Alive"):
                 why = f"{node_name(raw)} left the Ray cluster"
         m.lost = why
         m.pids = []
-        with self._nodes_lock:
-            self._nodes = None  # the scheduler must not place the restart there
+        self.inventory.forget()  # the scheduler must not place the restart there
         log.warning("job %s attempt %s: node %s lost: %s", att.job_id, att.number, m.index, why)
         self._fail_fast(att, f"node {m.index} was lost")
 
@@ -531,7 +493,7 @@ class RayExecutor:
 
     def _teardown(self, att: Attempt) -> int:
         """Clear every node of the attempt, end its actors, remove its group."""
-        ray = _ray()
+        ray = ray_module()
         self._consume(att.signals)
         live = [m for m in att.members if m.actor is not None and m.lost is None]
         killed = 0
@@ -546,14 +508,18 @@ class RayExecutor:
                 with contextlib.suppress(Exception):
                     ray.kill(m.actor, no_restart=True)
         if att.pg is not None:
+            returned = held_by([att])
+            before = free_per_node() if returned else {}
             with contextlib.suppress(Exception):
                 ray.util.remove_placement_group(att.pg)
+            # what it held is offered at the next pass: Ray's view shows it free first
+            self.inventory.await_release(before, returned)
         return killed
 
     def _sweep(self) -> None:
         """Remove this home's groups and actors that no tracked attempt owns (a previous
         server died between an attempt's end and its teardown)."""
-        ray = _ray()
+        ray = ray_module()
         prefix = f"th-{self.home_id}-"
         with self._lock:
             ours = {self.group_name(a.job_id, a.number) for a in self._attempts.values()}
@@ -585,7 +551,7 @@ class RayExecutor:
     def kill_orphans(self, job_id: int, attempt: int) -> int:
         """End whatever an attempt left on the cluster: its actors (clearing their nodes)
         and its placement group."""
-        ray = _ray()
+        ray = ray_module()
         att = Attempt(job_id, attempt, JobLayout(self.home, job_id), 1, [])
         nodes = 64  # how many actors to look for: the group knows (a lost node's is gone)
         with contextlib.suppress(Exception):
@@ -615,5 +581,5 @@ class RayExecutor:
                     m.lost = "no answer while the server shut down"
             exits.append(self._finish(att))
         with contextlib.suppress(Exception):
-            _ray().shutdown()
+            ray_module().shutdown()
         return exits

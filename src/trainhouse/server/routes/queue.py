@@ -56,6 +56,9 @@ class DryRunOut(BaseModel):
     preempts: list[int]
     position: int
     reason: str
+    shrinks: list[int] = Field(
+        default_factory=list, description="Elastic jobs it would shrink (at a checkpoint)"
+    )
 
 
 @router.post("/jobs/dry-run", response_model=DryRunOut)

@@ -47,6 +47,7 @@ STATIC_FILES = (
     "logs.js",
     "jobs.js",
     "job.js",
+    "sizes.js",
     "media.js",
     "compare.js",
     "comparetable.js",

@@ -66,6 +66,9 @@ class JobOut(BaseModel):
     )
     search_id: int | None = Field(None, description="The search this job is a trial of")
     prune_requested: bool = Field(False, description="The search's pruner stopped it")
+    resize_requested: bool = Field(
+        False, description="An elastic job asked to stop at a checkpoint for a resize"
+    )
     resumes: int = Field(0, description="Times it was resumed after it ended (trainhouse resume)")
     cloned_from: int | None = Field(None, description="The job it was cloned from")
     cloned_step: int | None = Field(

@@ -23,16 +23,25 @@ export function plotlyText(text) {
   return String(text).replaceAll("&", "&amp;").replaceAll("<", "&lt;").replaceAll(">", "&gt;");
 }
 
+/** The page's (light or dark) text, grid, muted and accent colours, for a chart drawn on it. */
+export function pageColors() {
+  const css = getComputedStyle(document.documentElement);
+  return {
+    ink: css.getPropertyValue("--ink").trim() || "#1d2433",
+    grid: css.getPropertyValue("--line").trim() || "#e2e5eb",
+    muted: css.getPropertyValue("--muted").trim() || "#6b7385",
+    accent: css.getPropertyValue("--accent").trim() || "#2b59c3",
+  };
+}
+
 /**
  * Draws traces [{name, x, y}] into el. data[i] are the raw series in order; smoothed copies
  * (when opts.smoothing > 0) follow them, so el.data[0].x/y is always the first raw series.
- * The title and the traces' names are plain text (plotlyText).
+ * The title, the traces' names and their hover texts are plain text (plotlyText).
+ * A trace may also say how it is drawn: mode ("lines", "markers"), shape (a line's: "hv" for
+ * steps), text (a hover text per point), symbol (its markers'). opts.yaxis adds to the y axis
+ * (a title, integer ticks); opts.marks are dashed vertical lines, each labelled.
  */
-/** The page's (light or dark) text and grid colours, for a chart drawn on it. */
-export function pageColors() {
-  const css = getComputedStyle(document.documentElement);
-  return { ink: css.getPropertyValue("--ink").trim() || "#1d2433", grid: css.getPropertyValue("--line").trim() || "#e2e5eb" };
-}
 
 export function drawChart(el, title, traces, opts) {
   if (!window.Plotly) {
@@ -48,16 +57,17 @@ export function drawChart(el, title, traces, opts) {
   // copies, or the chart and its axes would stay as first drawn until the next full read
   const data = traces.map((t, i) => ({
     type: t.x.length > 20000 ? "scattergl" : "scatter",
-    mode: t.x.length === 1 ? "markers" : "lines",
+    mode: t.mode || (t.x.length === 1 ? "markers" : "lines"),
     name: plotlyText(t.name),
     x: t.x.slice(),
     y: t.y.slice(),
+    ...(t.text ? { text: t.text.map((s) => (s === null || s === undefined ? "" : plotlyText(s))) } : {}),
     legendgroup: t.name,
     showlegend: multi && smoothing === 0,
     opacity: smoothing > 0 ? 0.28 : 1,
-    line: { color: t.color || PALETTE[i % PALETTE.length], width: smoothing > 0 ? 1 : 1.6 },
-    marker: { color: t.color || PALETTE[i % PALETTE.length], size: 5 },
-    hoverinfo: smoothing > 0 ? "skip" : "x+y+name",
+    line: { color: t.color || PALETTE[i % PALETTE.length], width: smoothing > 0 ? 1 : 1.6, ...(t.shape ? { shape: t.shape } : {}) },
+    marker: { color: t.color || PALETTE[i % PALETTE.length], size: t.symbol ? 9 : 5, ...(t.symbol ? { symbol: t.symbol } : {}) },
+    hoverinfo: smoothing > 0 ? "skip" : t.text ? "x+text" : "x+y+name",
   }));
   if (smoothing > 0) {
     traces.forEach((t, i) => data.push({
@@ -72,7 +82,7 @@ export function drawChart(el, title, traces, opts) {
       marker: { color: t.color || PALETTE[i % PALETTE.length], size: 5 },
     }));
   }
-  const { ink, grid } = pageColors();
+  const { ink, grid, muted } = pageColors();
   const layout = {
     title: { text: plotlyText(title), font: { size: 13 }, x: 0.01, xanchor: "left" },
     height: opts.height || 260,
@@ -86,9 +96,9 @@ export function drawChart(el, title, traces, opts) {
     xaxis: { title: { text: plotlyText(opts.xTitle ?? "step") }, type: opts.xType || "-", zeroline: false, automargin: true, gridcolor: grid },
     // marks (restarts): dashed vertical lines at these x values, labelled
     shapes: (opts.marks || []).map((m) => ({ type: "line", xref: "x", yref: "paper", x0: m.x, x1: m.x, y0: 0, y1: 1,
-      line: { color: m.color || "#888", width: 1, dash: "dash" } })),
+      line: { color: m.color || muted, width: 1, dash: "dash" } })),
     annotations: (opts.marks || []).map((m) => ({ x: m.x, xref: "x", yref: "paper", y: 1, yanchor: "bottom",
-      text: plotlyText(m.label || "restart"), showarrow: false, font: { size: 9, color: m.color || "#888" } })),
+      text: plotlyText(m.label || "restart"), showarrow: false, font: { size: 9, color: m.color || muted } })),
     yaxis: {
       gridcolor: grid,
       type: opts.log ? "log" : "linear",
@@ -96,6 +106,7 @@ export function drawChart(el, title, traces, opts) {
       zeroline: false,
       automargin: true,
       ...(opts.yBytes ? { exponentformat: "SI", ticksuffix: "B" } : {}),
+      ...(opts.yaxis || {}),
     },
   };
   const config = {

@@ -179,7 +179,9 @@ export function metricsText(latest, max = 3) {
 
 export function worldSize(spec) {
   const res = (spec && spec.resources) || {};
-  return Math.max(1, (res.nodes || 1) * (res.procs_per_node || res.gpus_per_node || 1));
+  // an elastic size is "MIN:MAX": its most
+  const most = (v) => parseInt(String(v || 1).split(":").pop(), 10) || 1;
+  return Math.max(1, most(res.nodes) * most(res.procs_per_node || res.gpus_per_node));
 }
 
 /** A small YAML rendering of the spec (display only). */

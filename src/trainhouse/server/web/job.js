@@ -1,6 +1,6 @@
 // A job's page (#/jobs/<id>): state, cancel, datasets, its flow (what it waits for, reads and
 // promotes), metrics, media (media.js), system, logs, attempts, checkpoints, artifacts
-// (artifacts.js).
+// (artifacts.js); an elastic or resized job's world size over time (sizes.js).
 import { experimentCard } from "./runs.js";
 import { ChartGrid, MetricSeries, chartControls, drawSystem, systemSeries } from "./charts.js";
 import {
@@ -31,21 +31,14 @@ import { jobDatasets } from "./datasets.js";
 import { jobFlowFacts } from "./flows.js";
 import { AnsiRenderer, LogView } from "./logs.js";
 import { jobMedia } from "./media.js";
-
-export function resourcesText(spec) {
-  const r = (spec && spec.resources) || {};
-  const procs = r.procs_per_node || r.gpus_per_node || 1;
-  const parts = [`${r.nodes || 1} node${(r.nodes || 1) > 1 ? "s" : ""} × ${procs} rank${procs > 1 ? "s" : ""}`];
-  parts.push(r.gpus_per_node ? `${r.gpus_per_node} GPU/node` : "CPU only");
-  if (r.cpus_per_proc) parts.push(`${r.cpus_per_proc} CPU/rank`);
-  return parts.join(", ");
-}
+import { attemptRanks, resourcesText, sizeCard } from "./sizes.js";
 
 /** How an attempt's processes ended, as people read it: a stopped attempt (canceled,
  * preempted, pruned) says so, and that its ranks exited cleanly when they all exited 0, rather
  * than the signal its launcher got. */
 function attemptExit(a) {
-  const stopped = { canceled: "canceled", preempted: "preempted", pruned: "pruned", interrupted: "server stopped" }[a.result];
+  const stopped = { canceled: "canceled", preempted: "preempted", pruned: "pruned", resized: "resized",
+    interrupted: "server stopped" }[a.result];
   if (!stopped) return exitText(a.exit_code);
   const codes = Object.values(a.rank_exit_codes || {});
   const clean = codes.length && codes.every((c) => c === 0);
@@ -65,7 +58,8 @@ export function attemptsTable(job) {
     h("td", { class: "num" }, String(a.number)),
     h("td", {}, timeCell(a.started_at)),
     h("td", {}, a.ended_at ? fmtDuration(a.ended_at - a.started_at) : h("span", { class: "muted" }, "running")),
-    h("td", {}, a.result ? h("span", { class: `result result-${a.result}` }, a.result) : "—"),
+    h("td", { class: "num", testid: "attempt-ranks" }, String(attemptRanks(a) ?? "—")),
+    h("td", { testid: "attempt-result" }, a.result ? h("span", { class: `result result-${a.result}` }, a.result) : "—"),
     h("td", {}, a.failure || "—"),
     h("td", { class: "num", testid: "attempt-exit" }, attemptExit(a)),
     h("td", { class: "mono" }, a.rank_exit_codes ? Object.entries(a.rank_exit_codes).map(([r, c]) => `${r}:${exitText(c)}`).join(" ") : "—"),
@@ -75,7 +69,7 @@ export function attemptsTable(job) {
     h("td", {}, a.log_tail ? h("details", {}, h("summary", {}, "log tail"), h("pre", { class: "log small" }, new AnsiRenderer().render(a.log_tail))) : "—")));
   if (!rows.length) return h("p", { class: "muted" }, "No attempt yet: the job has not started.");
   return h("div", { class: "table-wrap" }, h("table", { class: "grid", testid: "attempts-table" },
-    h("thead", {}, h("tr", {}, ["#", "Started", "Ran", "Result", "Failure", "Exit", "Rank exits", "Failed rank", "Reason", "Placement", "Log"].map((c) => h("th", {}, c)))),
+    h("thead", {}, h("tr", {}, ["#", "Started", "Ran", "Ranks", "Result", "Failure", "Exit", "Rank exits", "Failed rank", "Reason", "Placement", "Log"].map((c) => h("th", {}, c)))),
     h("tbody", {}, rows)));
 }
 
@@ -224,6 +218,9 @@ export function jobPage(view, jobId) {
   // system (monitoring): nothing at all unless the route exists and has series
   const sysGrid = h("div", { class: "charts" });
   const sysCharts = new ChartGrid(sysGrid, "system-chart-", chartOpts);
+  // world size (elastic or resized jobs only)
+  const sizes = sizeCard();
+
   const sysSection = h("section", { class: "card", testid: "system-section", hidden: true },
     h("h2", {}, "System"), sysGrid);
 
@@ -342,12 +339,13 @@ export function jobPage(view, jobId) {
       ...kv("Started", fmtTime(job.started_at)),
       ...kv(ended ? "Ended" : "Running for", ended ? fmtTime(job.ended_at) : running === null ? "—" : fmtDuration(running)),
       ...kv("Exit code", jobExit(job), "job-exit"),
-      ...kv("Resources", resourcesText(job.spec)),
+      ...kv("Resources", resourcesText(job), "job-resources"),
       ...kv("Placement", placementText(job.placement)),
       ...kv("Latest metrics", metricsText(job.latest_metrics, 8)),
       ...kv("Job directory", h("span", { class: "mono small" }, job.job_dir || "—")));
     summary.dataset.progress = p.text;
     reason.textContent = job.reason ? `${job.state === "QUEUED" ? "Waiting: " : ""}${job.reason}` : "";
+    sizes.update(job); // each poll: the running attempt's line reaches now
     const attemptsKey = JSON.stringify(job.attempt_history);
     if (attemptsKey !== lastAttempts) {
       lastAttempts = attemptsKey;
@@ -475,6 +473,7 @@ export function jobPage(view, jobId) {
     h("section", { class: "card", testid: "metrics-section" },
       h("div", { class: "card-head" }, h("h2", {}, "Metrics"), controls), metricsNote, metricsGrid),
     mediaSection,
+    sizes.el,
     sysSection,
     h("section", { class: "card", testid: "logs-section" },
       h("div", { class: "card-head" }, h("h2", {}, "Logs"), logTabs, h("span", { class: "spacer" }),
