@@ -85,6 +85,9 @@ SINGLE_BACKEND = {
     "save a model through the SDK (torch.export each); the store's side of a promotion (decided "
     "once, the model locked against a concurrent alias move, decided at start-up) runs on both "
     "backends in tests/unit/test_flows_store.py",
+    "test_autoscaler.py": "Ray's autoscaler (the fake multi-node provider) launching and "
+    "ending nodes for a queued job is under test, one autoscaling cluster for the module; the "
+    "store's side of a waiting reason is the scheduler's on both backends elsewhere",
     "test_isolation.py": "the processes and files of a server are under test, not its store: "
     "the secret's test picks its own PostgreSQL database, and the SQLite file is among the "
     "files whose modes are checked",

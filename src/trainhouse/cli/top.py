@@ -60,7 +60,8 @@ def job_usage(series: list[SystemSeries]) -> dict[str, Any]:
 
 def gather(c: Client) -> dict[str, Any]:
     """Nodes with their latest sample, and every running job with its latest."""
-    nodes = c.nodes()["nodes"]
+    inventory = c.nodes()
+    nodes = inventory["nodes"]
     jobs = []
     for j in c.jobs(all=False):
         if j["state"] != "RUNNING":
@@ -77,7 +78,66 @@ def gather(c: Client) -> dict[str, Any]:
                 **usage,
             }
         )
-    return {"nodes": nodes, "jobs": jobs}
+    return {
+        "nodes": nodes,
+        "jobs": jobs,
+        "node_events": inventory.get("node_events") or [],
+        "autoscaler": inventory.get("autoscaler"),
+    }
+
+
+EVENTS_SHOWN = 8  # the latest node arrivals and departures a frame shows
+
+
+def bundles_text(bundles: list[dict[str, float]]) -> str:
+    """``2 x {CPU: 2}, 1 x {CPU: 8, GPU: 1}``: the bundles of a request, alike ones counted."""
+    counts: dict[str, int] = {}
+    for b in bundles:
+        key = "{" + ", ".join(f"{k}: {v:g}" for k, v in sorted(b.items())) + "}"
+        counts[key] = counts.get(key, 0) + 1
+    return ", ".join(f"{n} x {key}" for key, n in counts.items())
+
+
+def render_cluster(data: dict[str, Any]) -> list[Any]:
+    """Nodes that joined and left lately, and what was asked of the cluster's autoscaler."""
+    out: list[Any] = []
+    events = data.get("node_events") or []
+    if events:
+        table = Table(title="nodes joined and left", title_justify="left", box=None)
+        for col in ("WHEN", "NODE", "EVENT", "TYPE", "CPU", "GPUS"):
+            table.add_column(col, no_wrap=True, header_style="bold")
+        for e in events[-EVENTS_SHOWN:]:
+            table.add_row(
+                ago(e["at"]),
+                e["node"],
+                e["event"],
+                e["node_type"] or "-",
+                str(e["cpus"]),
+                str(e["gpus"]),
+            )
+        out += ["", table]
+    scaler = data.get("autoscaler")
+    if scaler:
+        types = ", ".join(
+            f"{t['name']} {t['up']}/{t['max_workers']}"
+            + (
+                f" (+{scaler['launching'][t['name']]} launching)"
+                if t["name"] in scaler["launching"]
+                else ""
+            )
+            for t in scaler["node_types"]
+        )
+        lines = [f"autoscaler: {types}"]
+        for a in scaler["asked"]:
+            what = f"{a['nodes']} node(s)" if a["nodes"] else "room on a node"
+            kind, since = a["node_type"], ago(a["since"])
+            lines.append(f"  job {a['job']} waits for {what} of type {kind}, asked {since}")
+        last = scaler["requests"][-1] if scaler["requests"] else None
+        if last is not None:
+            asked = bundles_text(last["bundles"]) if last["bundles"] else "nothing (withdrawn)"
+            lines.append(f"  last request {ago(last['at'])}: {asked}")
+        out += ["", "\n".join(lines)]
+    return out
 
 
 def render(data: dict[str, Any]) -> Group:
@@ -122,9 +182,10 @@ def render(data: dict[str, Any]) -> Group:
             gpu_mem or "-",
             "-" if procs is None else str(int(procs)),
         )
+    cluster = render_cluster(data)
     if not data["jobs"]:
-        return Group(nodes, "", "no running jobs")
-    return Group(nodes, "", jobs)
+        return Group(nodes, *cluster, "", "no running jobs")
+    return Group(nodes, *cluster, "", jobs)
 
 
 @app.command("top")

@@ -2,20 +2,28 @@
 
 A :class:`Placement` says where one node's share of a job runs (concrete GPU indices and a CPU
 count); a job spans a tuple of them, one per node, stored as ``{"nodes": [...]}``
-(:func:`placements_to_json`, :func:`placements_from_json`). Standard library only.
+(:func:`placements_to_json`, :func:`placements_from_json`). A :class:`NodeType` is a kind of
+node a cluster's autoscaler can launch, and :class:`Wants` what the scheduler asks it for
+(chosen by :mod:`trainhouse.scheduler.capacity`, sent by the Ray executor). Standard library
+only.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
-from dataclasses import asdict, dataclass
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 __all__ = [
+    "Bundle",
     "Gpu",
     "Node",
+    "NodeType",
     "Placement",
     "Placements",
+    "Want",
+    "Wants",
+    "bundle_of",
     "placements_from_json",
     "placements_to_json",
 ]
@@ -100,3 +108,79 @@ def placements_to_json(placements: Iterable[Placement]) -> dict[str, Any]:
 def placements_from_json(data: Mapping[str, Any] | None) -> Placements:
     """The placements of :func:`placements_to_json`'s form (none for ``None``)."""
     return tuple(Placement.from_dict(p) for p in (data or {}).get("nodes", []))
+
+
+#: Resources one node's share of a job takes, as Ray names them (``{"CPU": 8.0, "GPU": 1.0}``).
+Bundle = dict[str, float]
+
+
+def bundle_of(cpus: int, gpus: int) -> Bundle:
+    out = {"CPU": float(cpus)}
+    if gpus:
+        out["GPU"] = float(gpus)
+    return out
+
+
+@dataclass(frozen=True)
+class NodeType:
+    """A kind of node the cluster's autoscaler can launch: what one offers, at most how many
+    may run at once (its ``max_workers``), and how many are in the cluster now."""
+
+    name: str
+    cpus: int
+    gpus: int = 0
+    max_workers: int = 0
+    up: int = 0
+
+    @property
+    def room(self) -> int:
+        """How many more the autoscaler may launch."""
+        return max(self.max_workers - self.up, 0)
+
+    def offers(self) -> str:
+        gpu = f"{self.gpus} GPU(s)" if self.gpus else "no GPUs"
+        return f"{self.name} ({self.cpus} CPU cores, {gpu})"
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class Want:
+    """A waiting job the autoscaler is asked to make room for: ``nodes`` new nodes of
+    ``node_type``, and the bundles of every node of the job."""
+
+    job: int
+    node_type: str
+    nodes: int
+    bundles: tuple[Bundle, ...]
+
+
+@dataclass(frozen=True)
+class Wants:
+    """What to ask the autoscaler for: the jobs (decision order), the bundles of what runs now
+    (the autoscaler fits a request into the cluster's total resources, so what is busy must be
+    in it for new nodes to come), and the jobs it cannot make room for, with why."""
+
+    jobs: tuple[Want, ...] = ()
+    held: tuple[Bundle, ...] = ()
+    unmet: Mapping[int, str] = field(default_factory=dict)
+
+    def keeping(self, before: Sequence[Want]) -> Wants:
+        """These wants, with the asks of ``before`` kept for the jobs they found no room for: a
+        node the autoscaler launched for a job shows in the cluster's resources a little after
+        it shows as up, and one pass that sees it so must not withdraw what is being launched.
+        A job placed, canceled or held by its quota is not among them: its ask goes."""
+        kept = tuple(w for w in before if w.job in self.unmet)
+        if not kept:
+            return self
+        gone = {w.job for w in kept}
+        unmet = {job: why for job, why in self.unmet.items() if job not in gone}
+        return Wants((*self.jobs, *kept), self.held, unmet)
+
+    def bundles(self) -> list[Bundle]:
+        """The request: nothing when no job wants a node (the autoscaler's idle timeout then
+        lets unused nodes go)."""
+        if not self.jobs:
+            return []
+        return [*self.held, *(b for w in self.jobs for b in w.bundles)]

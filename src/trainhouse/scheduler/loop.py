@@ -32,7 +32,7 @@ from trainhouse.jobfs import jobfiles
 from trainhouse.jobfs.layout import JobEnv, JobLayout
 from trainhouse.jobfs.storage import open_storage
 from trainhouse.jobfs.workdir import extract
-from trainhouse.scheduler import outcome
+from trainhouse.scheduler import capacity, outcome
 from trainhouse.scheduler.elastic import Resize
 from trainhouse.scheduler.failures import DEFAULT_MAX_INFRA_RESTARTS, analyse, repeated
 from trainhouse.scheduler.fairshare import DEFAULT_ENTRY_SECONDS, DEFAULT_HALF_LIFE, UsageLedger
@@ -447,6 +447,7 @@ class SchedulerLoop(BackgroundLoop):
         totals = cluster_totals(snap.nodes)
         self._advance_usage(snap.now, snap.running, totals)
         if not snap.queued and not any(r.demand is not None for r in snap.running):
+            self._autoscale(snap, Decisions())  # withdraws what was asked for
             self.waiting = after
             self._write_reasons()
             return
@@ -465,8 +466,25 @@ class SchedulerLoop(BackgroundLoop):
             self._preempt(pre.victim, pre.reason)
         for resize in decisions.resizes:
             self._resize(resize)
-        self.waiting = with_held_gpus(decisions.waiting, snap) | after
+        notes = self._autoscale(snap, decisions)
+        waiting = with_held_gpus(decisions.waiting, snap)
+        self.waiting = {j: f"{r}; {notes[j]}" if j in notes else r for j, r in waiting.items()}
+        self.waiting |= after
         self._write_reasons()
+
+    def _autoscale(self, snap: Snapshot, decisions: Decisions) -> dict[int, str]:
+        """Ask the cluster's autoscaler for the nodes waiting jobs lack, when the executor has
+        one (:mod:`~trainhouse.scheduler.capacity`); what each job asked for waits for."""
+        request = getattr(self.executor, "request_capacity", None)
+        launchable = getattr(self.executor, "launchable", None)
+        if not callable(request) or not callable(launchable):
+            return {}
+        try:
+            types, cap = launchable()
+            return dict(request(capacity.wants(snap, decisions, types, max_workers=cap)))
+        except Exception:  # the queue goes on without new nodes
+            log.exception("asking the autoscaler for nodes failed")
+            return {}
 
     def _write_reasons(self) -> None:
         # the store keeps each waiting job's reason too, but a queue of thousands shifts its

@@ -17,11 +17,10 @@ from trainhouse.core.errors import InvalidTransition, NotFound, ResourceError, S
 from trainhouse.core.flows import verdict
 from trainhouse.core.lifecycle import RESUMABLE, JobState
 from trainhouse.core.records import Checkpoint, Job
-from trainhouse.scheduler.resources import never_fits
 from trainhouse.usecases import audit
 from trainhouse.usecases.access import Principal
 from trainhouse.usecases.runtime import Runtime
-from trainhouse.usecases.submission import accepted_spec, check_entrypoint
+from trainhouse.usecases.submission import accepted_spec, check_entrypoint, never_fits
 
 __all__ = ["acting_name", "clone", "resume"]
 
@@ -66,9 +65,7 @@ def resume(rt: Runtime, p: Principal, job: Job, by: str | None = None) -> Job:
             f"job {job_id} has no checkpoint to resume from (it saved none, or none is left); "
             f"`trainhouse clone {job_id}` runs it again from the start"
         )
-    executor = rt.scheduler.executor
-    spec = job.spec
-    reason = never_fits(executor.capacity(), spec.resources, multi_node=executor.multi_node)
+    reason = never_fits(rt, job.spec.resources)
     if reason:
         raise ResourceError(f"job {job_id} can no longer run on this server: {reason}")
     latest = max(loadable, key=lambda c: (c.step, c.id))

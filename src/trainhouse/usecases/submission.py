@@ -17,10 +17,10 @@ from trainhouse.core.errors import (
 )
 from trainhouse.core.flows import parse_input_ref
 from trainhouse.core.lifecycle import RESUMABLE
-from trainhouse.core.spec import PRIORITY_TIERS, JobSpec, parse_spec
+from trainhouse.core.spec import PRIORITY_TIERS, JobSpec, Resources, parse_spec
 from trainhouse.ingest import promotions
 from trainhouse.jobfs.workdir import human_size, list_members
-from trainhouse.scheduler.resources import never_fits
+from trainhouse.scheduler import capacity
 from trainhouse.usecases.access import Principal
 from trainhouse.usecases.callers import readable_job
 from trainhouse.usecases.runtime import Runtime
@@ -32,9 +32,7 @@ def schedulable_spec(
     """Parse a submitted spec (with ``--set`` overrides) and refuse a job that could never
     run on this server."""
     job_spec = parse_spec(text, source=source, overrides=overrides)
-    executor = rt.scheduler.executor
-    # the inventory, busy or not (nodes() is what is free right now)
-    reason = never_fits(executor.capacity(), job_spec.resources, multi_node=executor.multi_node)
+    reason = never_fits(rt, job_spec.resources)
     if reason is None and job_spec.resources.max_nodes > 1 and not rt.settings.shared_checkpoints:
         reason = (
             f"resources.nodes is {job_spec.resources.nodes}, but checkpoints are stored on the "
@@ -46,6 +44,16 @@ def schedulable_spec(
     if reason:
         raise ResourceError(f"job can never run on this server: {reason}")
     return job_spec
+
+
+def never_fits(rt: Runtime, res: Resources) -> str | None:
+    """Why ``res`` could never run here, even on an idle cluster grown as far as its
+    autoscaler may (an executor with ``launchable()`` names the node types it can add)."""
+    executor = rt.scheduler.executor
+    launchable = getattr(executor, "launchable", None)
+    types = launchable()[0] if callable(launchable) else []
+    # the inventory, busy or not (nodes() is what is free right now)
+    return capacity.never_fits(executor.capacity(), types, res, multi_node=executor.multi_node)
 
 
 def accepted_spec(

@@ -21,6 +21,7 @@ __all__ = [
     "DEFAULT_MAX_POINTS",
     "NODE_DEFAULT_SPAN",
     "Series",
+    "cluster",
     "exposition",
     "job_series",
     "node_series",
@@ -83,6 +84,16 @@ def nodes(rt: Runtime) -> list[dict[str, Any]]:
         }
         for n in snap.nodes
     ]
+
+
+def cluster(rt: Runtime) -> dict[str, Any]:
+    """What an executor that watches its cluster says of it (the fields of ``NodesOut`` past
+    the nodes): the nodes that joined and left lately, and the cluster's autoscaler with what
+    was asked of it (the Ray executor's ``cluster_view``; nothing for the local one)."""
+    view = getattr(rt.scheduler.executor, "cluster_view", None)
+    if not callable(view):
+        return {}
+    return dict(view())
 
 
 def node_series(

@@ -5,12 +5,17 @@ TypedDicts, no ``from __future__ import annotations``: see :mod:`trainhouse.clie
 from typing import Any, TypedDict
 
 __all__ = [
+    "Asked",
+    "Autoscaler",
+    "CapacityRequest",
     "Env",
     "Envs",
     "GpuLive",
     "Health",
     "Limits",
     "Node",
+    "NodeEvent",
+    "NodeType",
     "Nodes",
     "Pruned",
     "Queue",
@@ -57,11 +62,62 @@ class Node(TypedDict):
     sampled_at: float | None
 
 
+class NodeEvent(TypedDict):
+    """``NodeEventOut``: a node that joined or left the cluster."""
+
+    at: float
+    node: str
+    event: str
+    node_type: str | None
+    cpus: int
+    gpus: int
+
+
+class NodeType(TypedDict):
+    """``NodeTypeOut``: a node type the cluster's autoscaler can launch."""
+
+    name: str
+    cpus: int
+    gpus: int
+    max_workers: int
+    up: int
+
+
+class Asked(TypedDict):
+    """``AskedOut``: a waiting job the autoscaler is asked for."""
+
+    job: int
+    node_type: str
+    nodes: int
+    since: float
+
+
+class CapacityRequest(TypedDict):
+    """``CapacityRequestOut``: a request sent to the autoscaler."""
+
+    at: float
+    bundles: list[dict[str, float]]
+    jobs: list[int]
+
+
+class Autoscaler(TypedDict):
+    """``AutoscalerOut``: the cluster's autoscaler and what was asked of it."""
+
+    source: str
+    node_types: list[NodeType]
+    max_workers: int | None
+    launching: dict[str, int]
+    asked: list[Asked]
+    requests: list[CapacityRequest]
+
+
 class Nodes(TypedDict):
     """``NodesOut``: ``GET /nodes``."""
 
     executor: str
     nodes: list[Node]
+    node_events: list[NodeEvent]
+    autoscaler: Autoscaler | None
 
 
 class SystemSeries(TypedDict):

@@ -195,9 +195,13 @@ class Attempt:
 
 # -- Ray's view and trainhouse's ---------------------------------------------------------------
 def node_name(raw: dict[str, Any]) -> str:
-    """A node of ``ray.nodes()`` as the scheduler names it: host and the node id's start."""
+    """A node of ``ray.nodes()`` as the scheduler names it: host and the node id's start; and
+    its end where the start is one digit eight times over (never so in Ray's random ids, but
+    Ray's fake multi-node provider numbers its nodes ``fff...f00001``, ``fff...f00002``)."""
     host = raw.get("NodeManagerHostname") or raw.get("NodeManagerAddress") or "ray"
-    return f"{host}-{raw['NodeID'][:8]}"
+    node_id = str(raw["NodeID"])
+    start = node_id[:8]
+    return f"{host}-{start}" if len(set(start)) > 1 else f"{host}-{start}-{node_id[-5:]}"
 
 
 def to_node(raw: dict[str, Any], avail: dict[str, float] | None) -> Node:

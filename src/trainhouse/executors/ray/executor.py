@@ -26,6 +26,10 @@ gets the others SIGTERM at once and SIGKILL 5 s later; a lost node's ranks are r
 killed (SIGKILL) before any other rank ended, an infrastructure failure. Then every actor
 clears its node (nothing survives it: see :mod:`~trainhouse.executors.ray.node`) and the group
 is removed. A restarted server finds running attempts again by their names (:meth:`adopt`).
+
+With an autoscaler on the cluster, the scheduler asks it for the nodes waiting jobs lack
+(:meth:`launchable`, :meth:`request_capacity`: :mod:`~trainhouse.executors.ray.autoscale`), and
+the nodes that join and leave are kept as events (:meth:`cluster_view`).
 """
 
 from __future__ import annotations
@@ -40,7 +44,7 @@ import time
 from pathlib import Path
 from typing import Any, ClassVar
 
-from trainhouse.core.cluster import Node
+from trainhouse.core.cluster import Node, NodeType, Wants
 from trainhouse.core.errors import RayUnavailable
 from trainhouse.core.lifecycle import StopReason
 from trainhouse.executors.base import Exit, Launch, ProcessInfo
@@ -55,6 +59,7 @@ from trainhouse.executors.ray.attempt import (
     probe,
     ranks_per_node,
 )
+from trainhouse.executors.ray.autoscale import Autoscaler, NodeWatch
 from trainhouse.executors.ray.inventory import (
     Inventory,
     Resources,
@@ -117,6 +122,8 @@ class RayExecutor:
         self._lock = threading.RLock()
         self.inventory = Inventory(self._held)
         self._swept = False
+        self.autoscaler = Autoscaler(str(ray.get_runtime_context().gcs_address))
+        self.watch = NodeWatch()
 
     # -- names -----------------------------------------------------------------------------
     def group_name(self, job_id: int, attempt: int) -> str:
@@ -141,6 +148,26 @@ class RayExecutor:
     def nodes(self) -> list[Node]:
         """Every live node with what is free for trainhouse (:mod:`.inventory`)."""
         return self.inventory.nodes()
+
+    # -- the autoscaler ----------------------------------------------------------------------
+    def _observed(self) -> list[dict[str, Any]]:
+        """The live nodes, the ones that joined or left since the last call kept as events."""
+        alive, _ = self.inventory.read()
+        self.watch.observe(alive, self.autoscaler.kinds())
+        return alive
+
+    def launchable(self) -> tuple[list[NodeType], int | None]:
+        """The node types the cluster's autoscaler can launch and its cap on workers."""
+        return self.autoscaler.launchable(self._observed())
+
+    def request_capacity(self, wants: Wants) -> dict[int, str]:
+        """Ask the autoscaler for the waiting jobs' nodes; what each job waits for."""
+        return self.autoscaler.request(wants)
+
+    def cluster_view(self) -> dict[str, Any]:
+        """Nodes that joined and left lately, and what was asked of the autoscaler."""
+        self._observed()
+        return {"node_events": self.watch.recent(), "autoscaler": self.autoscaler.view()}
 
     def server_node(self) -> str:
         """The node the server itself runs on (its resource samples are named after it)."""

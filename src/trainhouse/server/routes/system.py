@@ -58,7 +58,11 @@ def health(rt: Runtime = Depends(runtime)) -> HealthOut:
 
 @router.get("/nodes", response_model=NodesOut)
 def nodes(_p: Principal = Depends(signed_in), rt: Runtime = Depends(runtime)) -> NodesOut:
-    return NodesOut(executor=rt.settings.executor, nodes=[NodeOut(**n) for n in system.nodes(rt)])
+    return NodesOut(
+        executor=rt.settings.executor,
+        nodes=[NodeOut(**n) for n in system.nodes(rt)],
+        **system.cluster(rt),
+    )
 
 
 @router.get("/nodes/{node}/metrics", response_model=SystemMetricsOut)

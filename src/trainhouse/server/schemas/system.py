@@ -35,9 +35,54 @@ class NodeOut(BaseModel):
     sampled_at: float | None = None
 
 
+class NodeEventOut(BaseModel):
+    at: float
+    node: str
+    event: str = Field(description="joined or left")
+    node_type: str | None = Field(None, description="The autoscaler's node type, when known")
+    cpus: int
+    gpus: int
+
+
+class NodeTypeOut(BaseModel):
+    name: str
+    cpus: int
+    gpus: int
+    max_workers: int = Field(description="At most this many at once")
+    up: int = Field(description="How many are in the cluster now")
+
+
+class AskedOut(BaseModel):
+    job: int
+    node_type: str
+    nodes: int = Field(description="New nodes it waits for (0: room on a node asked for before)")
+    since: float
+
+
+class CapacityRequestOut(BaseModel):
+    at: float
+    bundles: list[dict[str, float]] = Field(description="Empty: the request was withdrawn")
+    jobs: list[int]
+
+
+class AutoscalerOut(BaseModel):
+    source: str = Field(description="Where the node types were read from")
+    node_types: list[NodeTypeOut]
+    max_workers: int | None = Field(None, description="The cluster's cap on worker nodes")
+    launching: dict[str, int] = Field(description="Nodes of each type being launched")
+    asked: list[AskedOut] = Field(description="The waiting jobs asked for now")
+    requests: list[CapacityRequestOut] = Field(description="The last requests, oldest first")
+
+
 class NodesOut(BaseModel):
     executor: str
     nodes: list[NodeOut]
+    node_events: list[NodeEventOut] = Field(
+        default_factory=list, description="Nodes that joined or left lately, oldest first"
+    )
+    autoscaler: AutoscalerOut | None = Field(
+        None, description="The cluster's autoscaler and what was asked of it (none: no autoscaler)"
+    )
 
 
 class HealthOut(BaseModel):

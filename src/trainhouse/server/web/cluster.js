@@ -175,13 +175,58 @@ export function nodeCard(node, metricsGrid) {
     metricsGrid);
 }
 
+const bundleText = (b) => Object.entries(b).map(([k, v]) => `${fmtNum(v)} ${k}`).join(" + ");
+
+/** The cluster's autoscaler (its node types, the jobs asked for, the last requests) and the
+ * nodes that joined and left lately; nothing for an executor that says neither. */
+export function clusterPanel(data) {
+  const events = data.node_events || [];
+  const scaler = data.autoscaler;
+  if (!events.length && !scaler) return null;
+  const parts = [];
+  if (scaler) {
+    const types = scaler.node_types.map((t) => {
+      const coming = scaler.launching[t.name];
+      return `${t.name} (${t.cpus} CPU${t.gpus ? `, ${t.gpus} GPU` : ""}): ${t.up} of ${t.max_workers}`
+        + (coming ? `, ${coming} launching` : "");
+    }).join(" · ");
+    parts.push(h("dl", { class: "summary", testid: "autoscaler" },
+      ...kv("Node types", types, "autoscaler-types"),
+      ...kv("Read from", scaler.source),
+      ...kv("Asked for", scaler.asked.length ? h("span", {}, ...scaler.asked.flatMap((a, i) => [i ? ", " : "",
+        h("a", { href: `#/jobs/${a.job}` }, `job ${a.job}`),
+        a.nodes ? `: ${a.nodes} node(s) of ${a.node_type} ` : `: room on a ${a.node_type} asked for `,
+        timeCell(a.since)])) : "nothing", "autoscaler-asked")));
+    if (scaler.requests.length) {
+      parts.push(h("div", { class: "table-wrap" }, h("table", { class: "grid", testid: "autoscaler-requests" },
+        h("thead", {}, h("tr", {}, ["Requested", "Bundles", "For jobs"].map((c) => h("th", {}, c)))),
+        h("tbody", {}, [...scaler.requests].reverse().map((r) => h("tr", { testid: "autoscaler-request" },
+          h("td", {}, timeCell(r.at)),
+          h("td", { class: "mono small" }, r.bundles.length ? r.bundles.map(bundleText).join(", ") : "nothing (withdrawn)"),
+          h("td", {}, r.jobs.join(", ") || "—")))))));
+    }
+  }
+  if (events.length) {
+    parts.push(h("div", { class: "table-wrap" }, h("table", { class: "grid", testid: "node-events" },
+      h("thead", {}, h("tr", {}, ["When", "Node", "Event", "Type", "CPU", "GPUs"].map((c) => h("th", {}, c)))),
+      h("tbody", {}, [...events].reverse().map((e) => h("tr", { testid: "node-event", "data-event": e.event },
+        h("td", {}, timeCell(e.at)), h("td", {}, e.node), h("td", {}, e.event), h("td", {}, e.node_type || "—"),
+        h("td", { class: "num" }, String(e.cpus)), h("td", { class: "num" }, String(e.gpus))))))));
+  }
+  return h("section", { class: "card", testid: "cluster-panel" },
+    h("div", { class: "card-head" }, h("h2", {}, scaler ? "Autoscaler and node events" : "Node events")), ...parts);
+}
+
 export function nodesPage(view) {
   const cards = h("div", { class: "nodes", testid: "nodes" });
+  const cluster = h("div", { testid: "cluster" });
   const executor = h("span", { class: "muted", testid: "executor" });
   const histories = new Map(); // node -> {grid, charts, missing}
   view.poll(async () => {
     const data = await api("/nodes");
     executor.textContent = `executor: ${data.executor}`;
+    const panel = clusterPanel(data);
+    cluster.replaceChildren(...(panel ? [panel] : []));
     let added = false;
     cards.replaceChildren(...data.nodes.map((n) => {
       if (!histories.has(n.name)) {
@@ -209,5 +254,5 @@ export function nodesPage(view) {
     return any || histories.size === 0;
   }, POLL_MS * 2.5);
   return h("section", { class: "page nodes-page" },
-    h("div", { class: "toolbar" }, h("h1", {}, "Nodes"), executor), cards);
+    h("div", { class: "toolbar" }, h("h1", {}, "Nodes"), executor), cluster, cards);
 }
