@@ -208,3 +208,12 @@ def test_an_ask_is_kept_while_its_job_still_waits_for_the_nodes_being_launched()
     assert kept.jobs == before.jobs and kept.bundles() == before.bundles() and not kept.unmet
     # placed, canceled or held by its quota: not in unmet, and its ask goes
     assert Wants().keeping(before.jobs).bundles() == []
+
+
+def test_an_elastic_job_is_asked_for_at_its_least() -> None:
+    # nodes "2:4" of 2 CPUs each: two new nodes start it; it grows onto more as they come
+    elastic = Demand(4, 2, 0, 2, min_nodes=2, min_procs=2, cpus_per_proc=1)
+    s = snap([node("head", 1)], [QueuedJob(1, "normal", 1.0, elastic, "u")])
+    asked, bundles = ask(s, [CPU2.__class__("cpu-2", 2, 0, max_workers=8)])
+    assert asked == {1: ("cpu-2", 2)}
+    assert bundles == [{"CPU": 2.0}, {"CPU": 2.0}]

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Sequence
+from dataclasses import replace
 
 from trainhouse.core.cluster import Bundle, Gpu, Node, NodeType, Want, Wants, bundle_of
 from trainhouse.core.spec import Resources
@@ -85,6 +86,8 @@ def wants(
         job = queued.get(job_id)
         if reason is None or job is None or "quota:" in reason or job_id in preempting_for:
             continue
+        if job.demand.elastic:  # asked for at its least: it grows onto what frees later
+            job = replace(job, demand=job.demand.smallest())
         quota = snapshot.quotas.get(job.owner, snapshot.default_quota)
         if quota_block(job, quota, used[job.owner]):
             continue  # its owner's quota would stop it once the jobs before it run
