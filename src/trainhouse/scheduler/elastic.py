@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING
 
 from trainhouse.core.cluster import Placement
 from trainhouse.core.spec import tier_rank
+from trainhouse.scheduler.preemption import jobs_on_nodes
 from trainhouse.scheduler.resources import Demand, Free, place
 
 if TYPE_CHECKING:
@@ -139,10 +140,7 @@ def choose_shrinks(
     are needed (jobs already stopping free enough) or shrinking alone cannot make it fit."""
     d = job.demand
     tier = tier_rank(job.priority)
-    on_node: dict[str, list[RunningJob]] = {}
-    for r in running:
-        for p in r.placements:
-            on_node.setdefault(p.node, []).append(r)
+    on_node = jobs_on_nodes(running)
     # per node: (shrinks, work lost, name, {job id: (drop this node, ranks per node here)})
     options: list[tuple[int, float, str, dict[int, tuple[bool, int]]]] = []
     for name, f in free.items():

@@ -15,6 +15,15 @@ def _fits(cpus: int, gpus: int, d: Demand) -> bool:
     return cpus >= d.cpus and gpus >= d.gpus
 
 
+def jobs_on_nodes(running: tuple[RunningJob, ...]) -> dict[str, list[RunningJob]]:
+    """Each node's running jobs."""
+    on_node: dict[str, list[RunningJob]] = {}
+    for r in running:
+        for p in r.placements:
+            on_node.setdefault(p.node, []).append(r)
+    return on_node
+
+
 def choose_victims(
     job: QueuedJob, free: dict[str, Free], running: tuple[RunningJob, ...], now: float
 ) -> tuple[RunningJob, ...] | None:
@@ -26,10 +35,7 @@ def choose_victims(
     """
     d = job.demand
     tier = tier_rank(job.priority)
-    on_node: dict[str, list[RunningJob]] = {}
-    for r in running:
-        for p in r.placements:
-            on_node.setdefault(p.node, []).append(r)
+    on_node = jobs_on_nodes(running)
     options: list[tuple[int, float, str, tuple[RunningJob, ...]]] = []
     for name, f in free.items():
         if f.node.cpus < d.cpus or len(f.node.gpus) < d.gpus:

@@ -144,16 +144,6 @@ class _Run:
         job = self.job
         every = job.checkpoint_every
         checkpoint = self.started + ((now - self.started) // every) * every
-        if not job.demand.elastic:
-            return RunningJob(
-                job.id,
-                self.placements,
-                job.owner,
-                job.priority,
-                self.started,
-                job.max_runtime,
-                checkpoint,
-            )
         return RunningJob(
             job.id,
             self.placements,
@@ -162,7 +152,7 @@ class _Run:
             self.started,
             job.max_runtime,
             checkpoint,
-            demand=job.demand,
+            demand=job.demand if job.demand.elastic else None,
             resize_interval=job.resize_interval,
         )
 
