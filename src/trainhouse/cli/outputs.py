@@ -79,25 +79,49 @@ def _follow_logs(
 
     res = c.job(job_id)["spec"]["resources"]
     prefix = rank is None and render.most(res["nodes"]) * render.most(res["procs_per_node"]) > 1
-    partial: dict[str, bool] = {}  # a rank's last text did not end its line
-    pattern = re.compile(grep) if grep else None
+    lines = RankLines(prefix=prefix, pattern=re.compile(grep) if grep else None)
     for event in c.stream_logs(
         job_id, ranks=[rank] if rank else None, tail=tail, on_reconnect=reconnecting
     ):
         if "end" in event:
             break
-        text: str = event["text"]
-        if prefix or pattern is not None:  # each line says whose it is; or only some lines
-            lines = text.splitlines(keepends=True)
-            out = []
-            for ln in lines:
-                cont = partial.get(event["rank"])
-                if pattern is None or pattern.search(ln):
-                    out.append(ln if cont or not prefix else f"[rank {event['rank']}] {ln}")
-                partial[event["rank"]] = not ln.endswith("\n")
-            text = "".join(out)
-        sys.stdout.write(text)
+        sys.stdout.write(lines.feed(event["rank"], event["text"]))
         sys.stdout.flush()
+    sys.stdout.write(lines.flush())
+    sys.stdout.flush()
+
+
+class RankLines:
+    """What ``logs -f`` prints of the ranks' texts as they arrive: with ``prefix`` (several
+    ranks) or a ``pattern`` (only some lines), whole lines only, each with its rank's prefix: a
+    rank's unfinished line waits for its end, so another rank's text never lands inside it.
+    Without either, the text as it comes."""
+
+    def __init__(self, *, prefix: bool, pattern: re.Pattern[str] | None) -> None:
+        self.prefix, self.pattern = prefix, pattern
+        self.pending: dict[str, str] = {}  # a rank's text after its last line end
+
+    def feed(self, rank: str, text: str) -> str:
+        if not self.prefix and self.pattern is None:
+            return text
+        out = []
+        for ln in (self.pending.pop(rank, "") + text).splitlines(keepends=True):
+            if not ln.endswith(("\n", "\r")):
+                self.pending[rank] = ln  # its end comes in a later text
+            else:
+                out.append(self._line(rank, ln))
+        return "".join(out)
+
+    def flush(self) -> str:
+        """Every rank's unfinished last line (the stream ended)."""
+        out = [self._line(rank, ln + "\n") for rank, ln in self.pending.items()]
+        self.pending.clear()
+        return "".join(out)
+
+    def _line(self, rank: str, ln: str) -> str:
+        if self.pattern is not None and not self.pattern.search(ln):
+            return ""
+        return f"[rank {rank}] {ln}" if self.prefix else ln
 
 
 # -- metrics / checkpoints -------------------------------------------------------------------
