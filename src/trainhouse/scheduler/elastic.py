@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING
 
 from trainhouse.core.cluster import Placement
 from trainhouse.core.spec import tier_rank
-from trainhouse.scheduler.preemption import jobs_on_nodes
+from trainhouse.scheduler.preemption import free_soon, held_on, jobs_on_nodes
 from trainhouse.scheduler.resources import Demand, Free, place
 
 if TYPE_CHECKING:
@@ -146,12 +146,8 @@ def choose_shrinks(
     for name, f in free.items():
         if f.node.cpus < d.cpus or len(f.node.gpus) < d.gpus:
             continue
-        cpus, gpus = f.cpus, len(f.gpus)
         held = on_node.get(name, [])
-        for r in held:
-            if r.stopping:  # already on its way out: all it holds comes back
-                cpus += sum(p.cpus for p in r.placements if p.node == name)
-                gpus += sum(len(p.gpus) for p in r.placements if p.node == name)
+        cpus, gpus = free_soon(f, held)
         if cpus >= d.cpus and gpus >= d.gpus:
             options.append((0, 0.0, name, {}))
             continue
@@ -224,11 +220,9 @@ def _shrink_on(
     the most it can free there): (drop the node, ranks per node, CPUs freed, GPUs freed)."""
     assert r.demand is not None
     d = r.demand
-    here = [p for p in r.placements if p.node == node]
-    if not here:
+    if not any(p.node == node for p in r.placements):
         return None
-    held_cpus = sum(p.cpus for p in here)
-    held_gpus = sum(len(p.gpus) for p in here)
+    held_cpus, held_gpus = held_on(r, node)
     nodes, procs = current_size(r)
     steps: list[tuple[bool, int, int, int]] = []
     for fewer in range(procs - 1, d.min_procs - 1, -1):  # fewer ranks on every node

@@ -24,6 +24,22 @@ def jobs_on_nodes(running: tuple[RunningJob, ...]) -> dict[str, list[RunningJob]
     return on_node
 
 
+def held_on(r: RunningJob, node: str) -> tuple[int, int]:
+    """(CPUs, GPUs) ``r`` holds on ``node``."""
+    here = [p for p in r.placements if p.node == node]
+    return sum(p.cpus for p in here), sum(len(p.gpus) for p in here)
+
+
+def free_soon(f: Free, held: list[RunningJob]) -> tuple[int, int]:
+    """(CPUs, GPUs) free on ``f``'s node once the jobs there already stopping have gone."""
+    cpus, gpus = f.cpus, len(f.gpus)
+    for r in held:
+        if r.stopping:  # already on its way out: all it holds there comes back
+            c, g = held_on(r, f.node.name)
+            cpus, gpus = cpus + c, gpus + g
+    return cpus, gpus
+
+
 def choose_victims(
     job: QueuedJob, free: dict[str, Free], running: tuple[RunningJob, ...], now: float
 ) -> tuple[RunningJob, ...] | None:
@@ -40,12 +56,8 @@ def choose_victims(
     for name, f in free.items():
         if f.node.cpus < d.cpus or len(f.node.gpus) < d.gpus:
             continue
-        cpus, gpus = f.cpus, len(f.gpus)
         held = on_node.get(name, [])
-        for r in held:
-            if r.stopping:  # already on its way out
-                cpus += sum(p.cpus for p in r.placements if p.node == name)
-                gpus += sum(len(p.gpus) for p in r.placements if p.node == name)
+        cpus, gpus = free_soon(f, held)
         if _fits(cpus, gpus, d):
             options.append((0, 0.0, name, ()))
             continue
@@ -58,14 +70,13 @@ def choose_victims(
             if _fits(cpus, gpus, d):
                 break
             chosen.append(r)
-            cpus += sum(p.cpus for p in r.placements if p.node == name)
-            gpus += sum(len(p.gpus) for p in r.placements if p.node == name)
+            c, g = held_on(r, name)
+            cpus, gpus = cpus + c, gpus + g
         if not _fits(cpus, gpus, d):
             continue
         # as few as possible: drop any victim the node can do without, costliest first
         for r in sorted(chosen, key=lambda r: -r.work_at_risk(now)):
-            c = sum(p.cpus for p in r.placements if p.node == name)
-            g = sum(len(p.gpus) for p in r.placements if p.node == name)
+            c, g = held_on(r, name)
             if _fits(cpus - c, gpus - g, d):
                 chosen.remove(r)
                 cpus, gpus = cpus - c, gpus - g
