@@ -5,13 +5,21 @@ tests/integration/test_autoscaler.py."""
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from trainhouse.core.cluster import NodeType
 from trainhouse.executors.ray.attempt import node_name
-from trainhouse.executors.ray.autoscale import NodeWatch, types_from_config, types_from_gcs
+from trainhouse.executors.ray.autoscale import (
+    MAX_CONFIG,
+    NodeWatch,
+    read_config,
+    types_from_config,
+    types_from_gcs,
+)
 
 AWS = {
     "cluster_name": "trainhouse",
@@ -85,3 +93,24 @@ def test_node_events_and_their_types_once_known() -> None:
 def test_node_names_are_unique_for_the_fake_providers_ids() -> None:
     assert node_name(raw("a1b2c3d4" + "9" * 48)) == "vm-a1b2c3d4"  # as it always was
     assert node_name(raw("f" * 51 + "00007")) == "vm-ffffffff-00007"
+
+
+def test_the_config_a_command_line_names_is_read_as_hostile_input(tmp_path: Path) -> None:
+    """Any process (a job's too) can look like Ray's autoscaler on the command line: a FIFO
+    there must not block the read, a link is not followed, a huge file is not read."""
+    good = tmp_path / "cluster.yaml"
+    good.write_text("max_workers: 3\navailable_node_types: {}\n")
+    assert read_config(good) == {"max_workers": 3, "available_node_types": {}}
+    fifo = tmp_path / "fifo.yaml"
+    os.mkfifo(fifo)
+    with pytest.raises(OSError, match="not a regular file"):
+        read_config(fifo)  # returns at once: no writer is ever waited for
+    link = tmp_path / "link.yaml"
+    link.symlink_to(good)
+    with pytest.raises(OSError):
+        read_config(link)
+    huge = tmp_path / "huge.yaml"
+    with huge.open("wb") as fh:
+        fh.truncate(MAX_CONFIG + 1)  # sparse: nothing is written, the size is over
+    with pytest.raises(OSError, match="limit"):
+        read_config(huge)

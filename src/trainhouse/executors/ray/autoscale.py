@@ -43,6 +43,7 @@ import yaml
 
 from trainhouse.core.cluster import Bundle, NodeType, Want, Wants
 from trainhouse.executors.ray.attempt import node_name
+from trainhouse.jobfs import jobfiles
 
 log = logging.getLogger(__name__)
 
@@ -116,6 +117,19 @@ def monitor_config(gcs_address: str) -> Path | None:
             found = Path(path).expanduser()
             return found if found.is_absolute() else Path(proc.cwd()) / found
     return None
+
+
+MAX_CONFIG = 1 << 20  # bytes of an autoscaling config read
+
+
+def read_config(path: Path) -> dict[str, Any]:
+    """The YAML of the autoscaling config at ``path``: a regular file of at most
+    ``MAX_CONFIG`` bytes, no link followed. The path comes from a process's command line,
+    which any process on the machine (a job's too) can make look like Ray's autoscaler: a
+    FIFO there must not block the scheduler, nor a link or a huge file be read."""
+    data = jobfiles.read_file(path.parent, path, max_size=MAX_CONFIG)
+    loaded = yaml.safe_load(data.decode("utf-8"))
+    return loaded if isinstance(loaded, dict) else {}
 
 
 class NodeWatch:
@@ -201,7 +215,7 @@ class Autoscaler:
             path = monitor_config(self.gcs_address)
             if path is not None:
                 try:
-                    types, cap = types_from_config(yaml.safe_load(path.read_text()) or {})
+                    types, cap = types_from_config(read_config(path))
                     self.source = f"{path} (the head's autoscaling config)"
                 except (OSError, yaml.YAMLError, TypeError, ValueError) as exc:
                     log.warning("the autoscaling config %s cannot be read: %s", path, exc)
