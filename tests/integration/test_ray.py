@@ -12,6 +12,7 @@ import json
 import os
 import signal
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -30,7 +31,7 @@ from tests.support.raycluster import (
     wait_gone,
 )
 from tests.support.s3 import CREDENTIALS, MotoS3, fsspec_io, moto_s3
-from tests.support.servers import Server, assert_clean_stop
+from tests.support.servers import EXAMPLE, Server, assert_clean_stop, example_module
 from tests.support.wheels import write_wheel
 from trainhouse.executors.ray.node import interface_of
 
@@ -440,3 +441,30 @@ def test_a_lost_node_restarts_the_job_from_its_checkpoint(
     assert resumed >= 6 and resumed % 5 == 1, logs[0]  # after a checkpoint (every 5 steps)
     wait_gone("processes of the job", marked_processes)
     wait_gone("node agents", agents)
+
+
+def test_a_service_replica_listens_where_the_server_reaches_it(
+    server: Server, ray_cluster: RayCluster
+) -> None:
+    """A service's replica on Ray listens on its node's Ray address (a loopback address on
+    another node than the server's would be the server's own), which the server checks
+    against the node its rank was placed on; predictions reach it there."""
+    job = server.cli_json(
+        "submit", str(EXAMPLE), "--set", "hparams.epochs=1", "--set", "hparams.save_model=rayd"
+    )
+    assert job["state"] == "COMPLETED", job
+    started = server.cli_json("serve", "rayd@1", "--max-wait-ms", "1")
+    try:
+        deadline = time.monotonic() + 180
+        while (shown := server.cli_json("serve", "show", "rayd"))["state"] != "ready":
+            assert time.monotonic() < deadline, shown
+            time.sleep(0.5)
+        (replica,) = shown["replica_list"]
+        assert replica["url"].startswith(f"http://{ray_cluster.head_ip}:"), replica
+        _, val = example_module().datasets(0)
+        with server.client as c:
+            answer = c.predict("rayd", val.tensors[0][:3].tolist())
+        assert (answer["version"], len(answer["outputs"])) == (1, 3), answer
+    finally:
+        server.cli("serve", "stop", "rayd")
+    server.wait(started["job_id"], {"CANCELED"}, timeout=60)

@@ -36,6 +36,7 @@ class FakeExecutor:
         self.launches: list[Launch] = []
         self.stops: list[tuple[int, StopReason]] = []
         self.alive_pids: set[int] = set()  # launchers that survive a server restart
+        self.addresses: dict[str, tuple[str, ...]] = {}  # node -> where the server reaches it
         self._lock = threading.Lock()
 
     # -- inventory -------------------------------------------------------------------------
@@ -47,6 +48,9 @@ class FakeExecutor:
 
     def server_node(self) -> str:
         return self.node.name
+
+    def node_addresses(self, node: str) -> tuple[str, ...]:
+        return self.addresses.get(node, ())
 
     # -- attempts --------------------------------------------------------------------------
     def launch(self, launch: Launch) -> ProcessInfo:

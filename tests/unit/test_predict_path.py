@@ -36,6 +36,7 @@ from trainhouse.server.limits import PREDICT_LIMIT
 from trainhouse.server.routes.services import empty_archive
 from trainhouse.spec import parse_spec
 from trainhouse.usecases import replicahub
+from trainhouse.usecases.replicahub import Reach
 from trainhouse.usecases.runtime import Runtime
 
 KEY = "a-replica-key-of-24-chars"
@@ -162,7 +163,7 @@ def ready(rt: Runtime, job: Job, url: str) -> None:
         state="ready",
         error=None,
         stats={},
-        allowed_hosts=set(),
+        reach=Reach("here", "here"),
     )
 
 

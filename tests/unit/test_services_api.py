@@ -316,6 +316,43 @@ def test_a_replica_may_claim_only_a_loopback_or_node_address(
     assert api.get("/api/v1/services/tiny").json()["replica_list"] == []
 
 
+def test_a_replica_off_the_servers_node_listens_on_its_nodes_address(
+    served: tuple[TestClient, Path],
+) -> None:
+    """On Ray a replica may run on another node than the server's: a loopback address there
+    is the server's own, so the replica listens on its node's address and the check says
+    which (the server once took its loopback URL and sent predictions to itself)."""
+    from trainhouse.core.cluster import Placement, placements_to_json
+
+    api, _ = served
+    rt = start(api, replicas=2).json()
+    wait_state(api, rt["job_id"], {"RUNNING"})
+    runtime = services(api)
+    executor = runtime.scheduler.executor
+    here = executor.server_node()
+    # replica 0 on the server's node, replica 1 on another node Ray reaches at 10.0.0.9
+    runtime.store.jobs.update(
+        rt["job_id"],
+        placement=placements_to_json([Placement(here, 1, procs=1), Placement("gpu-2", 1, procs=1)]),
+    )
+    executor.addresses = {"gpu-2": ("10.0.0.9",)}
+    away = call(api, rt, rank=1, url="http://127.0.0.1:5999")
+    assert away.status_code == 422, away.text
+    said = error_of(away)["message"]
+    assert "node gpu-2" in said and f"server runs on node {here}" in said, said
+    assert "10.0.0.9" in said, said
+    assert call(api, rt, rank=1, url="http://10.0.0.8:5999").status_code == 422
+    assert call(api, rt, rank=1, url="http://10.0.0.9:5999").status_code == 200
+    # the server's node: loopback, and not the other node's address
+    assert call(api, rt, rank=0, url="http://127.0.0.1:5998").status_code == 200
+    assert call(api, rt, rank=0, url="http://10.0.0.9:5998").status_code == 422
+    listed = api.get(f"/api/v1/services/{rt['name']}").json()["replica_list"]
+    assert [(r["rank"], r["url"]) for r in listed] == [
+        (0, "http://127.0.0.1:5998"),
+        (1, "http://10.0.0.9:5999"),
+    ]
+
+
 def test_a_replica_learns_what_to_serve_and_a_version_it_serves_is_kept(
     served: tuple[TestClient, Path],
 ) -> None:

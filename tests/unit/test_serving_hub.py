@@ -10,6 +10,7 @@ from tests.support.api import app_client, services, wait_launched, wait_state
 from trainhouse.lifecycle import TERMINAL
 from trainhouse.server.routes.services import empty_archive
 from trainhouse.spec import parse_spec
+from trainhouse.usecases.replicahub import Reach
 
 
 def test_a_stopped_service_shows_no_replica_after_its_last_call(tmp_path: Path) -> None:
@@ -43,7 +44,7 @@ def test_a_stopped_service_shows_no_replica_after_its_last_call(tmp_path: Path) 
                 state="ready",
                 error=None,
                 stats={"requests": 3, "batches": 2, "examples": 5},
-                allowed_hosts=set(),
+                reach=Reach("here", "here"),
             )
 
         call()

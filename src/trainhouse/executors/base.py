@@ -109,6 +109,10 @@ class Executor(Protocol):
     def server_node(self) -> str:
         """The node the server itself runs on (its own resource samples are named by it)."""
 
+    def node_addresses(self, node: str) -> tuple[str, ...]:
+        """The addresses the server reaches node ``node`` at (a service's replica there
+        listens on one); none where it knows of none (the server's own node: loopback)."""
+
     def launch(self, launch: Launch) -> ProcessInfo:
         """Start an attempt; returns its launcher process."""
 

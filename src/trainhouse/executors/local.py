@@ -225,6 +225,9 @@ class LocalExecutor:
     def server_node(self) -> str:
         return self.node.name
 
+    def node_addresses(self, node: str) -> tuple[str, ...]:
+        return ()  # its one node is the server's: a replica there listens on loopback
+
     def marker(self, job_id: int, attempt: int) -> str:
         return f"{self.home_id}:{job_id}:{attempt}"
 

@@ -205,6 +205,9 @@ ATTEMPT_DIR_ENV = "TRAINHOUSE_ATTEMPT_DIR"
 TENSORBOARD_ENV = "TRAINHOUSE_TENSORBOARD_DIR"
 # the world size of the job's previous attempt (unset on its first): an elastic job resized
 PREVIOUS_WORLD_ENV = "TRAINHOUSE_PREVIOUS_WORLD_SIZE"
+#: the address other machines reach a rank's node at, where its executor knows one (Ray's: the
+#: node's IP); a service's replica listens there (unset: on loopback, the server's own node)
+NODE_ADDRESS_ENV = "TRAINHOUSE_NODE_ADDRESS"
 TENSORBOARD_DIR = "tensorboard"  # next to the node's logs directory
 #: MLflow's own variables: a script that logs through MLflow logs to its job
 MLFLOW_URI_ENV = "MLFLOW_TRACKING_URI"

@@ -32,7 +32,7 @@ from typing import Any
 import httpx
 
 from trainhouse.core.wire import CLIENT_HEADERS
-from trainhouse.jobfs.layout import JOB_ID_ENV, JOB_TOKEN_ENV, URL_ENV
+from trainhouse.jobfs.layout import JOB_ID_ENV, JOB_TOKEN_ENV, NODE_ADDRESS_ENV, URL_ENV
 from trainhouse.serving.replica import Batcher, Loaded, build_app, load
 
 __all__ = ["Follower", "main"]
@@ -225,6 +225,19 @@ def device_of(local_rank: int) -> str:
     return f"cuda:{local_rank}" if torch.cuda.is_available() else "cpu"
 
 
+def listen() -> tuple[socket.socket, str]:
+    """A socket on a free port where the server reaches this replica, and its URL: the node's
+    address its executor gave (``TRAINHOUSE_NODE_ADDRESS``: Ray's, on a node that may not be
+    the server's), else loopback (the local executor's node is the server's)."""
+    host = os.environ.get(NODE_ADDRESS_ENV) or "127.0.0.1"
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, 0))
+    port = sock.getsockname()[1]
+    return sock, f"http://[{host}]:{port}" if family == socket.AF_INET6 else f"http://{host}:{port}"
+
+
 def main() -> None:
     import torch
     import uvicorn
@@ -239,10 +252,7 @@ def main() -> None:
     follower = Follower(
         os.environ[URL_ENV], int(os.environ[JOB_ID_ENV]), os.environ[JOB_TOKEN_ENV], rank, root
     )
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind(("127.0.0.1", 0))
-    follower.address = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    sock, follower.address = listen()
     loaded, target = follower.first()
     follower.current = loaded
     app, batcher = build_app(

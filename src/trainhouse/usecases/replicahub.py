@@ -17,9 +17,9 @@ Each forwarded prediction is counted in the server's Prometheus registry per ser
 by outcome, latency, the size of the batch it ran in) and in a window of the last minute that
 the Services page reads.
 
-What a job reports is hostile: a replica's address must be a loopback address or one of the
-addresses of the nodes its job runs on, with a port above 1023; the server sends it nothing but
-``POST /predict``.
+What a job reports is hostile: a replica's address must be the address of the node its rank runs
+on (as the executor knows it: Ray's address of the node), or a loopback address when that node is
+the server's own, with a port above 1023; the server sends it nothing but ``POST /predict``.
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ from trainhouse.usecases.replicaclient import Failed, ReplicaClient, Unreachable
 if TYPE_CHECKING:
     from trainhouse.store import Job, ModelVersion, ServiceRecord, Store
 
-__all__ = ["Replica", "ReplicaHub", "check_replica_url"]
+__all__ = ["Reach", "Replica", "ReplicaHub", "check_replica_url"]
 
 INTERVAL = 1.0  # seconds between a replica's calls
 STALE_AFTER = 5.0  # a replica not heard from this long is not sent predictions
@@ -67,9 +67,45 @@ ANSWER_TIMEOUT = 60.0
 CONNECT_TIMEOUT = 2.0
 
 
-def check_replica_url(url: str, allowed_hosts: set[str]) -> str:
-    """``url`` if it is ``http://HOST:PORT`` with HOST a loopback address or one of
-    ``allowed_hosts`` and PORT above 1023; else a :class:`TrainhouseError` (422)."""
+@dataclass(frozen=True)
+class Reach:
+    """Where one replica may listen: an address of the node it runs on (as its executor knows
+    it), or loopback when that node is the server's own; from any other node a loopback
+    address would be the server's, not the replica's."""
+
+    node: str  # the node the replica's rank was placed on
+    server_node: str
+    addresses: frozenset[str] = frozenset()
+
+    @property
+    def local(self) -> bool:
+        return self.node == self.server_node
+
+    def check(self, host: str) -> None:
+        """Nothing if a replica here may listen on ``host``; else why not (422)."""
+        try:
+            loopback = ipaddress.ip_address(host).is_loopback
+        except ValueError:
+            loopback = False
+        if host in self.addresses or (loopback and self.local):
+            return
+        known = ", ".join(sorted(self.addresses)) or "none known"
+        if loopback:
+            raise BadReplica(
+                f"a replica on node {self.node} listens on {host!r}, a loopback address, but the "
+                f"server runs on node {self.server_node}: it would reach itself, not the "
+                f"replica; a replica off the server's node listens on its node's address "
+                f"({known})"
+            )
+        allowed = "a loopback address or its node's" if self.local else "its node's address"
+        raise BadReplica(
+            f"a replica on node {self.node} listens on {allowed} ({known}), not {host!r}"
+        )
+
+
+def check_replica_url(url: str, reach: Reach) -> str:
+    """``url`` if it is ``http://HOST:PORT`` with PORT above 1023 and HOST where ``reach``
+    lets the replica listen; else a :class:`TrainhouseError` (422)."""
     parts = urlsplit(url)
     try:
         port = parts.port
@@ -82,16 +118,8 @@ def check_replica_url(url: str, allowed_hosts: set[str]) -> str:
         )
     if parts.username or parts.password or parts.query or parts.fragment:
         raise BadReplica(f"a replica's url has nothing but a host and a port: {url!r}")
-    try:
-        loopback = ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        loopback = False
-    if not loopback and host not in allowed_hosts:
-        nodes = ", ".join(sorted(allowed_hosts)) or "none"
-        raise BadReplica(
-            f"a replica listens on a loopback address or its node's ({nodes}), not {host!r}"
-        )
-    return f"http://{host}:{port}"
+    reach.check(host)
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
 @dataclass
@@ -232,9 +260,10 @@ class ReplicaHub:
         state: str,
         error: str | None,
         stats: dict[str, int],
-        allowed_hosts: set[str],
+        reach: Reach,
     ) -> dict[str, Any]:
-        """Record a replica's call; what its service should serve now."""
+        """Record a replica's call; what its service should serve now. ``reach``: where that
+        replica may listen."""
         service = self.store.services.of_job(job.id)
         if service is None:
             raise NotFound(f"job {job.id} runs no service")
@@ -243,7 +272,7 @@ class ReplicaHub:
                 f"service {service.name} has replicas 0..{service.replicas - 1}; "
                 f"there is no replica {rank}"
             )
-        url = check_replica_url(url, allowed_hosts)
+        url = check_replica_url(url, reach)
         now = time.time()
         with self._lock:
             table = self._replicas.setdefault(service.name, {})

@@ -23,6 +23,7 @@ from trainhouse.core.lifecycle import TERMINAL
 from trainhouse.core.records import Job, ModelVersion, ServiceRecord
 from trainhouse.usecases import audit
 from trainhouse.usecases.access import Principal
+from trainhouse.usecases.replicahub import Reach
 from trainhouse.usecases.runtime import Runtime
 from trainhouse.usecases.submission import check_priority, owner_of, schedulable_spec
 
@@ -196,15 +197,14 @@ def heartbeat(
     stats: dict[str, int],
     outputs: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
-    """A replica of ``job`` (the job whose credential called) says where it listens (a
-    loopback address or one of its job's nodes) and what it serves; the answer is what its
-    service should serve now (``version`` null while its ref names none). ``outputs``: what
-    the model of ``version`` answers, which the replica learned as it loaded it; recorded as
-    the signature's outputs of that version when it has none (a checkpoint's), for the
-    version the service serves only."""
+    """A replica of ``job`` (the job whose credential called) says where it listens (its
+    node's address, or loopback on the server's node: :func:`reach_of`) and what it serves;
+    the answer is what its service should serve now (``version`` null while its ref names
+    none). ``outputs``: what the model of ``version`` answers, which the replica learned as it
+    loaded it; recorded as the signature's outputs of that version when it has none (a
+    checkpoint's), for the version the service serves only."""
     if outputs and version is not None and state == "ready":
         learn_outputs(rt, job, version, outputs)
-    hosts = {placed.node for placed in job.placement}
     return rt.replicas.heartbeat(
         job,
         rank=rank,
@@ -214,8 +214,23 @@ def heartbeat(
         state=state,
         error=error,
         stats=stats,
-        allowed_hosts=hosts,
+        reach=reach_of(rt, job, rank),
     )
+
+
+def reach_of(rt: Runtime, job: Job, rank: int) -> Reach:
+    """Where replica ``rank`` of ``job`` may listen: the address of the node its rank was
+    placed on, or loopback when that is the server's node."""
+    executor = rt.scheduler.executor
+    first = 0
+    node = ""
+    for placed in job.placement:  # node rank order, each node's ranks in turn
+        if first <= rank < first + placed.procs:
+            node = placed.node
+            break
+        first += placed.procs
+    addresses = frozenset(executor.node_addresses(node)) if node else frozenset()
+    return Reach(node or "unknown", executor.server_node(), addresses)
 
 
 def learn_outputs(rt: Runtime, job: Job, version: int, outputs: list[dict[str, Any]]) -> None:

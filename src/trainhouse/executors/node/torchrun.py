@@ -25,7 +25,13 @@ from trainhouse.core.datasets import STAGE_VAR, StageRequest
 from trainhouse.core.envspec import ENV_VAR, Request
 from trainhouse.core.spec import JobSpec
 from trainhouse.executors.node import rank
-from trainhouse.jobfs.layout import MARKER_ENV, AttemptLayout, JobEnv, is_job_variable
+from trainhouse.jobfs.layout import (
+    MARKER_ENV,
+    NODE_ADDRESS_ENV,
+    AttemptLayout,
+    JobEnv,
+    is_job_variable,
+)
 
 __all__ = ["command", "rank_environment", "spec_environment"]
 
@@ -113,6 +119,7 @@ def rank_environment(
     pci_order: bool = True,
     environment: Request | None = None,
     datasets: StageRequest | None = None,
+    node_address: str | None = None,
 ) -> dict[str, str]:
     """The environment of a node's processes: ``base`` (the environment of whoever starts
     them) without variables trainhouse or torchrun set for ranks (nor those starting with
@@ -131,7 +138,8 @@ def rank_environment(
     ``environment`` (the node's cache filled in): the job's environment, which the supervisor
     sets up before torchrun starts (and does not pass on); ``datasets`` likewise (the node's
     cache filled in): the versions it stages, then gives each rank as
-    ``TRAINHOUSE_DATASET_<KEY>``."""
+    ``TRAINHOUSE_DATASET_<KEY>``. ``node_address``: where other machines reach this node (a
+    service's replica listens there), as ``TRAINHOUSE_NODE_ADDRESS``."""
     env = {
         k: v
         for k, v in base.items()
@@ -156,4 +164,6 @@ def rank_environment(
         env[ENV_VAR] = environment.to_json()
     if datasets is not None:
         env[STAGE_VAR] = datasets.to_json()
+    if node_address:
+        env[NODE_ADDRESS_ENV] = node_address
     return env

@@ -173,6 +173,10 @@ class RayExecutor:
         """The node the server itself runs on (its resource samples are named after it)."""
         return self.inventory.server_node()
 
+    def node_addresses(self, node: str) -> tuple[str, ...]:
+        """Ray's address of the live node ``node`` (none once it has left)."""
+        return self.inventory.addresses(node)
+
     # -- launch ----------------------------------------------------------------------------
     def launch(self, launch: Launch) -> ProcessInfo:
         # the size it was placed at: an elastic job's may be below its spec's largest

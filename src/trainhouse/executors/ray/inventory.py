@@ -101,6 +101,12 @@ class Inventory:
             out.append(to_node(n, avail))
         return out
 
+    def addresses(self, node: str) -> tuple[str, ...]:
+        """The address Ray reaches the live node named ``node`` at (its raylet's)."""
+        raw, _ = self.read()
+        found = (n.get("NodeManagerAddress") for n in raw if node_name(n) == node)
+        return tuple(str(a) for a in found if a)
+
     def server_node(self) -> str:
         """The node the server itself runs on (its resource samples are named after it)."""
         raw, _ = self.read()

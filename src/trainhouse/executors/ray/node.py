@@ -251,6 +251,7 @@ class NodeAgent:
                 if datasets
                 else None
             ),
+            node_address=self.ip,  # a service's replica listens where the server reaches it
         )
         full.update(socket_interfaces(self.ip, full) if self.ip else {})
         cmd = torchrun.command(
