@@ -35,7 +35,7 @@ from trainhouse.core.modelfiles import REPLICA_KEY_HEADER
 from trainhouse.core.tokens import hash_token
 from trainhouse.errors import NotFound, StoreError
 from trainhouse.jobfs.storage import open_storage
-from trainhouse.lifecycle import JobState
+from trainhouse.lifecycle import JobState, StopReason
 from trainhouse.sdk._model import write_model
 from trainhouse.serving.replica import build_app, load
 from trainhouse.spec import JobSpec
@@ -351,6 +351,37 @@ def test_a_replica_off_the_servers_node_listens_on_its_nodes_address(
         (0, "http://127.0.0.1:5998"),
         (1, "http://10.0.0.9:5999"),
     ]
+
+
+@pytest.mark.parametrize(
+    ("tier", "equal", "higher"), [("normal", "normal", "high"), ("high", "high", "urgent")]
+)
+def test_a_service_is_preempted_only_by_a_higher_tier(
+    served: tuple[TestClient, Path], tmp_path: Path, tier: str, equal: str, higher: str
+) -> None:
+    """A service runs at its own priority class like any job: a job of its tier (or lower)
+    waits for room rather than displace it; one of a higher tier preempts it, as
+    ``serve --priority`` says."""
+    api, _ = served
+    service = start(api, priority=tier).json()
+    wait_state(api, service["job_id"], {"RUNNING"})
+    whole = "name: big\nentrypoint: python train.py\nresources: {procs_per_node: 4}\npriority: %s\n"
+    for lower in ("low", equal):
+        plan = api.post("/api/v1/jobs/dry-run", data={"spec": whole % lower}).json()
+        assert service["job_id"] not in plan["preempts"], (lower, plan)
+    plan = api.post("/api/v1/jobs/dry-run", data={"spec": whole % higher}).json()
+    assert service["job_id"] in plan["preempts"], plan
+    executor = services(api).scheduler.executor
+    waiting = submit(api, whole % equal, workdir(tmp_path)).json()
+    deadline = time.monotonic() + 30
+    while not api.get(f"/api/v1/jobs/{waiting['id']}").json()["reason"]:  # the scheduler saw it
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    assert executor.stops == []
+    submit(api, whole % higher, workdir(tmp_path))
+    while (service["job_id"], StopReason.PREEMPT) not in executor.stops:
+        assert time.monotonic() < deadline, executor.stops
+        time.sleep(0.05)
 
 
 def test_a_replica_learns_what_to_serve_and_a_version_it_serves_is_kept(
