@@ -151,8 +151,11 @@ def test_reported_values_prune_a_trial_once_per_step(tmp_path: Path) -> None:
         assert report(api, first, tokens[first], [0, 1, 2, 3], 0.1)["stop"] is False
         fake.end(first, 0)
         wait_for(api, search_id, lambda v: v["trials"][0]["state"] == "COMPLETED")
+        # the pruner is fed off the request path: the next report or heartbeat learns
         answer = report(api, second, tokens[second], [0, 1, 2, 3], 5.0)
-        assert answer == {"accepted": 4, "stop": True, "stop_reason": "pruned"}
+        assert answer == {"accepted": 4, "stop": False, "stop_reason": None}
+        assert services(api).tune.prunes.settle()
+        assert report(api, second, tokens[second], [], 5.0)["stop_reason"] == "pruned"
         # the steps again (a restarted attempt, a re-sent batch): one value per step
         assert report(api, second, tokens[second], [2, 3], 5.0)["stop"] is True
         curves = api.get(f"/api/v1/searches/{search_id}/curves").json()["trials"]
@@ -172,7 +175,8 @@ def test_reported_values_prune_a_trial_once_per_step(tmp_path: Path) -> None:
             ),
         )
         job = api.get(f"/api/v1/jobs/{second}").json()
-        assert job["prune_requested"] and job["reason"].startswith("pruned at step 3 by asha")
+        # ASHA's first rung is step 1 (min_steps): the trial was compared as it reached it
+        assert job["prune_requested"] and job["reason"].startswith("pruned at step 1 by asha")
         assert job["attempt_history"][-1]["result"] == "pruned"
         assert view["best"]["job_id"] == first and view["best"]["value"] == 0.1
         # cancel: no new trials, the running one is canceled
@@ -317,6 +321,9 @@ def run_in_turn(
             stop = report(api, job_id, token, [step], value)["stop"]
             if stop:
                 break
+            assert services(api).tune.prunes.settle()  # the pruner has seen the step
+        if not stop:  # a prune at the last step: the heartbeat after it learns
+            stop = report(api, job_id, token, [], 0.0)["stop"]
         stopped.append(stop)
         fake.end(job_id, 0)
         wait_for(api, search_id, lambda v, i=i: v["trials"][i]["state"] != "RUNNING")
@@ -372,3 +379,123 @@ def test_hyperband_and_median_prune_a_trial_behind_the_others(
         assert stopped[-1] is True, stopped
         view = wait_for(api, search_id, ended)
         assert [t["state"] for t in view["trials"]][-1] == "PRUNED", view["trials"]
+
+
+ASHA = SPEC.replace("max_trials: 4", "max_trials: 2").replace(
+    "seed: 3}", "seed: 3, early_stopping: {method: asha, min_steps: 1, reduction_factor: 2}}"
+)
+
+
+def report_curve(api: TestClient, job_id: int, token: str, values: list[float]) -> Any:
+    """Trial ``job_id`` reports ``values[s]`` at each step ``s``, in one report."""
+    steps = list(range(len(values)))
+    body = {
+        "batch_id": uuid.uuid4().hex,
+        "attempt": 1,
+        "columns": {
+            "step": steps,
+            "name": ["val_loss"] * len(steps),
+            "value": values,
+            "rank": [None] * len(steps),
+            "wall_time": [1.0] * len(steps),
+        },
+    }
+    answer = api.post(
+        f"/api/v1/jobs/{job_id}/report", json=body, headers={"Authorization": f"Bearer {token}"}
+    )
+    assert answer.status_code == 200, answer.text
+    return answer.json()
+
+
+def two_trials(
+    api: TestClient, fake: FakeExecutor, archive: bytes
+) -> tuple[int, list[tuple[int, str]]]:
+    """An ASHA search of two trials, both started: its id and each trial's job and token."""
+    search_id = post_search(api, ASHA, archive).json()["id"]
+    view = wait_for(api, search_id, lambda v: v["trial_counts"].get("RUNNING") == 2)
+    jobs = [t["job_id"] for t in view["trials"]]
+    deadline = time.monotonic() + 30
+    while set(jobs) - {launch.job_id for launch in fake.launches}:
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    tokens = {launch.job_id: launch.env.token for launch in fake.launches}
+    return search_id, [(j, tokens[j]) for j in jobs]
+
+
+def test_a_big_report_returns_while_optunas_storage_is_held(tmp_path: Path) -> None:
+    """A report of 200,000 objective points never touches Optuna in the request: it is
+    answered while a lock the test holds keeps every Optuna write waiting; once the lock goes,
+    the pruner's feed prunes the trial, and the next heartbeat learns it."""
+    import sqlite3
+
+    from trainhouse.tune import study as studies
+
+    with app_client(tmp_path, exit_code=None) as api:
+        rt = services(api)
+        fake = rt.scheduler.executor
+        assert isinstance(fake, FakeExecutor)
+        search_id, [(first, first_token), (second, token)] = two_trials(
+            api, fake, workdir(tmp_path)
+        )
+        assert report_curve(api, first, first_token, [0.1] * 4)["stop"] is False
+        assert rt.tune.prunes.settle()
+        fake.end(first, 0)
+        wait_for(api, search_id, lambda v: v["trials"][0]["state"] == "COMPLETED")
+
+        url, _ = studies.storage_location(rt.settings.database_url, rt.settings.home)
+        held = sqlite3.connect(url.removeprefix("sqlite:///"), isolation_level=None)
+        try:
+            held.execute("BEGIN IMMEDIATE")  # Optuna's writers wait (its busy timeout: 60 s)
+            answer = report_curve(api, second, token, [5.0] * 200_000)
+            assert answer == {"accepted": 200_000, "stop": False, "stop_reason": None}
+            assert held.in_transaction  # answered while Optuna's storage was held
+        finally:
+            held.rollback()
+            held.close()
+        assert rt.tune.prunes.settle(timeout=120)
+        assert report_curve(api, second, token, [])["stop_reason"] == "pruned"
+        shown = api.get(f"/api/v1/jobs/{second}").json()
+        assert shown["reason"].startswith("pruned at step 1 by asha")
+
+
+def test_a_big_report_writes_optuna_only_the_rungs_and_still_prunes(tmp_path: Path) -> None:
+    """Optuna is written only the value at each rung a trial reaches (counted on its real
+    storage's engine), and ASHA compares the trial there: a trial as good as the first up to
+    step 63 and behind it from step 64 is pruned at rung 64, not at its last step."""
+    from sqlalchemy import event
+
+    with app_client(tmp_path, exit_code=None) as api:
+        rt = services(api)
+        fake = rt.scheduler.executor
+        assert isinstance(fake, FakeExecutor)
+        search_id, [(first, first_token), (second, token)] = two_trials(
+            api, fake, workdir(tmp_path)
+        )
+        engine = rt.tune.storage._backend.engine  # type: ignore[attr-defined]
+        writes: list[str] = []
+
+        def count(_conn: Any, _cursor: Any, statement: str, *_args: Any) -> None:
+            if "trial_intermediate_values" in statement and statement.lstrip().startswith(
+                ("INSERT", "UPDATE")
+            ):
+                writes.append(statement)
+
+        event.listen(engine, "after_cursor_execute", count)
+        assert report_curve(api, first, first_token, [1.0] * 2048)["stop"] is False
+        assert rt.tune.prunes.settle()
+        assert len(writes) == 11  # rungs 1, 2, 4, ..., 1024 of 2,048 steps
+        fake.end(first, 0)
+        wait_for(api, search_id, lambda v: v["trials"][0]["state"] == "COMPLETED")
+
+        writes.clear()
+        curve = [1.0] * 64 + [9.0] * (2048 - 64)
+        assert report_curve(api, second, token, curve)["stop"] is False
+        assert rt.tune.prunes.settle()
+        assert len(writes) == 7  # rungs 1 to 64, where it was pruned
+        assert report_curve(api, second, token, [])["stop_reason"] == "pruned"
+        shown = api.get(f"/api/v1/jobs/{second}").json()
+        assert shown["reason"].startswith("pruned at step 64 by asha (val_loss 9)")
+        # the views show what was reported, not only what the pruner read
+        curves = api.get(f"/api/v1/searches/{search_id}/curves").json()["trials"]
+        assert curves[1]["steps"] == list(range(2048)) and curves[1]["values"] == curve
+        event.remove(engine, "after_cursor_execute", count)

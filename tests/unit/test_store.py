@@ -427,3 +427,23 @@ def test_db_commands_name_a_bad_or_unreachable_database(url: str, says: str) -> 
 def test_migrate_must_be_a_known_mode(tmp_path: pytest.TempPathFactory) -> None:
     with pytest.raises(ValueError, match="migrate must be one of always, auto, never, got 'x'"):
         Store(f"sqlite:///{tmp_path}/x.db", migrate="x")  # type: ignore[arg-type]
+
+
+def test_event_file_positions_are_kept_per_path_and_go_with_their_job(store: Store) -> None:
+    """The TensorBoard import's read positions: set and moved per file (a path of any length
+    or bytes a job chose), read back by a new server, deleted with the job."""
+    from trainhouse.store.eventfiles import path_key
+
+    job_id, other = new_job(store), new_job(store, "k")
+    long = "sub/" * 500 + "events.out.tfevents.\udcff"
+    store.event_files.save(job_id, {"events.out.tfevents.1": 120, long: 7})
+    store.event_files.save(job_id, {"events.out.tfevents.1": 360})
+    store.event_files.save(other, {"events.out.tfevents.1": 5})
+    assert store.event_files.get(job_id) == {
+        path_key("events.out.tfevents.1"): 360,
+        path_key(long): 7,
+    }
+    store.jobs.transition(job_id, JobState.CANCELED, reason="test")
+    assert store.runs.delete(job_id)["tensorboard_positions"] == 2
+    assert store.event_files.get(job_id) == {}
+    assert store.event_files.get(other) == {path_key("events.out.tfevents.1"): 5}

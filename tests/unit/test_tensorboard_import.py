@@ -246,3 +246,39 @@ def test_a_jobs_last_scalars_are_stored_before_it_is_seen_ended(tmp_path: Path) 
         fake.end(job_id, 0)
         wait_ended(api, job_id)
         assert [s for s, _ in series(api, job_id)["loss"]] == list(range(7))
+
+
+def test_a_restarted_server_reads_each_event_file_on_from_where_it_stopped(
+    tmp_path: Path,
+) -> None:
+    """Each file's read position is kept in the store: a new server on the same database and
+    home reads only the records appended since (the old one's are neither read again nor
+    stored twice), and every point is there once."""
+    spec = "name: tb\nentrypoint: python train.py\n"
+    with app_client(tmp_path, exit_code=None, tensorboard_interval=0) as api:
+        job_id = submit(api, spec, workdir(tmp_path)).json()["id"]
+        wait_launched(api, job_id)
+        rt = services(api)
+        directory = rt.files(job_id).tensorboard
+        writer = SummaryWriter(str(directory))
+        for step in range(5):
+            writer.add_scalar("loss", float(step), step)
+        writer.flush()
+        assert rt.tensorboard is not None
+        assert rt.tensorboard.import_job(rt.store.jobs.get(job_id)) == 5
+        (path,) = directory.iterdir()
+        read_to = path.stat().st_size
+        assert list(rt.store.event_files.get(job_id).values()) == [read_to]
+    for step in range(5, 8):  # written while no server runs
+        writer.add_scalar("loss", float(step), step)
+    writer.close()
+    with app_client(tmp_path, exit_code=None, tensorboard_interval=0) as api:
+        rt = services(api)
+        assert rt.tensorboard is not None
+        assert rt.tensorboard.import_job(rt.store.jobs.get(job_id)) == 3  # the new ones only
+        (read,) = rt.tensorboard._jobs[job_id].files.values()
+        assert read.loader.records == 3  # from byte read_to on
+        assert [p[0] for p in series(api, job_id)["loss"]] == list(range(8))
+        raw = rt.store.metrics.points(job_id, name="loss", rank=-1)
+        assert sorted(p.step for p in raw) == list(range(8))  # each point once
+        assert list(rt.store.event_files.get(job_id).values()) == [path.stat().st_size]

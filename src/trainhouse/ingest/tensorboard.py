@@ -3,8 +3,8 @@
 Every job's processes get ``TRAINHOUSE_TENSORBOARD_DIR`` (``HOME/jobs/<id>/tensorboard``,
 :mod:`trainhouse.jobfs.layout`). This service looks there every ``interval`` seconds for each
 running job on this machine, reads the new records of every event file (``*tfevents*``, in the
-directory or below it) with the tensorboard package's own reader
-(``tensorboard.backend.event_processing.event_file_loader.EventFileLoader``, which also migrates TF1
+directory or below it: TFRecord framing checked by its CRCs, then the tensorboard package's own
+read-time compat layers, ``data_compat`` and ``dataclass_compat``, which also migrate TF1
 summaries), and stores each scalar as a point of the job's series named by its tag (``train/loss``;
 a file in a subdirectory ``sub/`` gives ``sub/train/loss``), at the event's step, through the report
 path (:mod:`trainhouse.ingest.groupcommit`): a step logged again replaces the value. Images
@@ -13,14 +13,22 @@ are, stored :data:`MAX_MEDIA_PER_TICK` at a time, at most :data:`MAX_MEDIA_PER_J
 job a tick: the next tick reads on). When a job stops running, its files are read one last
 time (over as many ticks as its media take).
 
-The files are the job's, so hostile: each is opened through :mod:`trainhouse.jobfs.jobfiles` (walked
-from the home without following a link, a regular file with one link) and the reader is given
-``/proc/self/fd/<fd>``, which reopens that very file however the path changes; a file past
-:data:`MAX_EVENT_FILE` bytes, one the reader fails on (a corrupt record, a length field that
-asks for more memory than there is) and one beyond :data:`MAX_FILES` are left (said once in the
-server's log); at most :data:`MAX_POINTS_PER_TICK` points are taken from a job per tick (the
-rest on the next). The reader is an optional extra (``pip install trainhouse[tensorboard]``):
-without it the service does not run.
+Where each file was read to is kept in the store (``store.event_files``): the byte offset after
+the last record whose points are all stored, written after each tick that moved it. A restarted
+server reads each file on from there: no record is read twice (a record whose points were only
+partly stored when the server stopped aside: it is read again, its steps replacing themselves),
+none is skipped. A file shorter than its position (replaced) is read from its start. A tag's
+metadata that only the file's first record carried (``dataclass_compat``) is not known past a
+restart: TF2's tensor scalars after it are passed over as before the first record was read.
+
+The files are the job's, so hostile: each is opened through :mod:`trainhouse.jobfs.jobfiles`
+(walked from the home without following a link, a regular file with one link) and read through
+that descriptor only, however the path changes; a file past :data:`MAX_EVENT_FILE` bytes, one
+the reader fails on (a record failing its CRC, a length field past the file's bound) and one
+beyond :data:`MAX_FILES` are left (said once in the server's log); at most
+:data:`MAX_POINTS_PER_TICK` points are taken from a job per tick (the rest on the next). The
+reader is an optional extra (``pip install trainhouse[tensorboard]``): without it the service
+does not run.
 """
 
 from __future__ import annotations
@@ -30,10 +38,11 @@ import logging
 import math
 import os
 import stat
+import struct
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -48,6 +57,7 @@ from trainhouse.ingest.tbmedia import media_item
 from trainhouse.jobfs import jobfiles
 from trainhouse.jobfs.layout import JobLayout
 from trainhouse.store import Job, Store
+from trainhouse.store.eventfiles import path_key
 
 __all__ = ["TensorBoardImport", "available"]
 
@@ -63,6 +73,8 @@ MAX_DEPTH = 8
 MAX_POINTS_PER_TICK = 100_000
 #: points per report handed to the group commit
 REPORT_POINTS = 10_000
+#: a point read: step, name, value, wall time, its file, where its record starts in the file
+_Point = tuple[int, str, float | None, float, str, int]
 #: images and histograms read from one file before they are stored (then the next few)
 MAX_MEDIA_PER_TICK = 16
 #: images and histograms of one job read in a tick (each image is inflated to be checked: a
@@ -75,23 +87,75 @@ def available() -> bool:
     return importlib.util.find_spec("tensorboard") is not None
 
 
+class _Loader:
+    """The events of one opened (and checked) file from a byte offset: TFRecord framing (a
+    length and its masked CRC-32C, the record and its own), then TensorBoard's read-time compat
+    layers. ``offset`` is where the next record starts, ``start`` where the last one read
+    began. A record not complete yet (the writer mid-write) is read at a later call; a CRC that
+    fails, or a length past :data:`MAX_EVENT_FILE`, raises ``ValueError`` (nothing allocated)."""
+
+    def __init__(self, fh: BinaryIO, offset: int = 0) -> None:
+        self.fh = fh
+        self.offset = self.start = offset
+        self.records = 0  # records read by this loader
+        self._metadata: dict[str, Any] = {}  # dataclass_compat's: a tag's first metadata
+
+    def _record(self, size: int) -> bytes | None:
+        """The next record of a file of ``size`` bytes (None: none complete yet)."""
+        from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import masked_crc32c
+
+        self.fh.seek(self.offset)  # within the read buffer: no system call
+        header = self.fh.read(12)
+        if len(header) < 12:
+            return None
+        (length,) = struct.unpack("<Q", header[:8])
+        if struct.unpack("<I", header[8:])[0] != masked_crc32c(header[:8]):
+            raise ValueError(f"the record at byte {self.offset} fails its length's CRC")
+        if length > MAX_EVENT_FILE:
+            raise ValueError(f"a record of {length} bytes at byte {self.offset}")
+        if self.offset + 12 + length + 4 > size:  # not all written yet: nothing read for it
+            return None
+        body = self.fh.read(length + 4)
+        if len(body) < length + 4:
+            return None
+        data = body[:length]
+        if struct.unpack("<I", body[length:])[0] != masked_crc32c(data):
+            raise ValueError(f"the record at byte {self.offset} fails its CRC")
+        self.start, self.offset = self.offset, self.offset + 12 + length + 4
+        self.records += 1
+        return data
+
+    def events(self) -> Iterator[Any]:
+        """The new events, read on from ``offset`` (stop iterating at any one)."""
+        from tensorboard import data_compat, dataclass_compat
+        from tensorboard.compat.proto import event_pb2
+
+        size = os.fstat(self.fh.fileno()).st_size
+        while (record := self._record(size)) is not None:
+            event = data_compat.migrate_event(event_pb2.Event.FromString(record))
+            yield from dataclass_compat.migrate_event(event, self._metadata)
+
+
 @dataclass
 class _File:
     fh: BinaryIO
-    loader: Any  # EventFileLoader
+    loader: _Loader
     prefix: str  # the subdirectory's path, with a trailing "/" (empty at the top)
-    pending: list[tuple[int, str, float | None, float]] = field(default_factory=list)
+    pending: list[_Point] = field(default_factory=list)
     media: list[Prepared] = field(default_factory=list)  # images and histograms read
     refused: list[str] = field(default_factory=list)  # why an image or histogram was not
     dead: bool = False
+    saved: int = 0  # the position the store holds
 
 
 @dataclass
 class _JobFiles:
+    #: each file's position the store held when this server began reading the job, by path key
+    positions: dict[str, int]
     files: dict[str, _File] = field(default_factory=dict)
     warned: set[str] = field(default_factory=set)
     #: points read but not stored yet (the writer refused them): the first of the next tick
-    unstored: list[tuple[int, str, float | None, float]] = field(default_factory=list)
+    unstored: list[_Point] = field(default_factory=list)
     #: a file stopped at the tick's bound on media: it is read on at the next tick
     more_media: bool = False
 
@@ -186,7 +250,9 @@ class TensorBoardImport(BackgroundLoop):
     # -- one job ------------------------------------------------------------------------------
     def import_job(self, job: Job) -> int:
         directory = JobLayout(self.home, job.id).tensorboard
-        state = self._jobs.setdefault(job.id, _JobFiles())
+        state = self._jobs.get(job.id)
+        if state is None:
+            state = self._jobs[job.id] = _JobFiles(self.store.event_files.get(job.id))
         self._discover(job.id, directory, state)
         points, state.unstored = state.unstored, []
         state.more_media = False
@@ -200,7 +266,7 @@ class TensorBoardImport(BackgroundLoop):
             room = MAX_POINTS_PER_TICK - len(points)
             try:
                 while True:  # media are stored a few at a time: memory holds few images
-                    self._read(f, room)
+                    self._read(f, rel, room)
                     more = len(f.media) >= MAX_MEDIA_PER_TICK and len(f.pending) < room
                     media_left -= len(f.media) + len(f.refused)
                     self._store_media(job, rel, f, state)
@@ -218,7 +284,30 @@ class TensorBoardImport(BackgroundLoop):
             if len(points) >= MAX_POINTS_PER_TICK:
                 break
         stored, state.unstored = self._store(job, points)
+        self._save_positions(job.id, state)
         return stored
+
+    def _save_positions(self, job_id: int, state: _JobFiles) -> None:
+        """Each file's position past the records whose points are all stored, where it moved
+        (a store error: said, and written at a later tick)."""
+        waiting: dict[str, int] = {}
+        for point in state.unstored:
+            waiting[point[4]] = min(point[5], waiting.get(point[4], point[5]))
+        moved: dict[str, int] = {}
+        for rel, f in state.files.items():
+            position = min([f.loader.offset] + [p[5] for p in f.pending[:1]])
+            position = min(position, waiting.get(rel, position))
+            if position != f.saved:
+                moved[rel] = position
+        if not moved:
+            return
+        try:
+            self.store.event_files.save(job_id, moved)
+        except Exception as exc:
+            log.info("TensorBoard import: job %s's read positions not saved yet: %s", job_id, exc)
+            return
+        for rel, position in moved.items():
+            state.files[rel].saved = position
 
     def _discover(self, job_id: int, directory: Path, state: _JobFiles) -> None:
         if len(state.files) >= MAX_FILES:
@@ -243,24 +332,24 @@ class TensorBoardImport(BackgroundLoop):
                 fh = jobfiles.open_file(self.home, directory / rel)
             except OSError:
                 continue
+            position = state.positions.get(path_key(rel), 0)
             try:
-                loader = _loader(fh)
-            except Exception as exc:
+                if position > os.fstat(fh.fileno()).st_size:  # replaced: read from its start
+                    position = 0
+            except OSError:
                 fh.close()
-                state.files[rel] = _File(fh, None, "", dead=True)
-                log.warning("TensorBoard import: job %s's %s refused: %s", job_id, rel, exc)
                 continue
             prefix = rel.rsplit("/", 1)[0] + "/" if "/" in rel else ""
-            state.files[rel] = _File(fh, loader, prefix)
+            state.files[rel] = _File(fh, _Loader(fh, position), prefix, saved=position)
 
-    def _read(self, f: _File, room: int) -> None:
+    def _read(self, f: _File, rel: str, room: int) -> None:
         """Move the file's new scalars to ``f.pending`` (up to about ``room`` more)."""
         if len(f.pending) >= room:
             return
         size = os.fstat(f.fh.fileno()).st_size
         if size > MAX_EVENT_FILE:
             raise ValueError(f"the file is over {MAX_EVENT_FILE} bytes")
-        for event in f.loader.Load():
+        for event in f.loader.events():
             if not event.HasField("summary"):
                 continue
             step = int(event.step)
@@ -283,7 +372,8 @@ class TensorBoardImport(BackgroundLoop):
                     if item is not None:
                         f.media.append(item)
                     continue
-                f.pending.append((step, name, scalar, wall))  # type: ignore[arg-type]
+                start = f.loader.start
+                f.pending.append((step, name, scalar, wall, rel, start))  # type: ignore[arg-type]
             if len(f.pending) >= room or len(f.media) >= MAX_MEDIA_PER_TICK:
                 break
 
@@ -311,9 +401,7 @@ class TensorBoardImport(BackgroundLoop):
                 state.warned.add(key)
                 log.warning("TensorBoard import: job %s's %s: %s not stored", job.id, rel, why)
 
-    def _store(
-        self, job: Job, points: list[tuple[int, str, float | None, float]]
-    ) -> tuple[int, list[tuple[int, str, float | None, float]]]:
+    def _store(self, job: Job, points: list[_Point]) -> tuple[int, list[_Point]]:
         """Through the group commit while the attempt's credential lives; once it has ended
         (the last events, read after the end), by the same ingest in a transaction of its
         own. Returns the points stored and those not stored (the writer refused them: its
@@ -399,10 +487,3 @@ def _scalar(value: Any) -> object:
     else:
         return _NOT_SCALAR
     return number if math.isfinite(number) else None
-
-
-def _loader(fh: BinaryIO) -> Any:
-    """TensorBoard's own event reader over the already opened (and checked) file."""
-    from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
-
-    return EventFileLoader(f"/proc/self/fd/{fh.fileno()}")

@@ -513,6 +513,7 @@ class RunsRepo:
             t.job_inputs,
             t.report_batches,
             t.job_media,
+            t.tensorboard_positions,
         )
         removed: dict[str, int] = {}
         with self.db.transaction() as conn:

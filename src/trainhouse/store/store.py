@@ -30,6 +30,7 @@ from trainhouse.store.accounts import Accounts
 from trainhouse.store.checkpoints import CheckpointRepo
 from trainhouse.store.database import Database, MigrateMode
 from trainhouse.store.datasets import DatasetRepo
+from trainhouse.store.eventfiles import EventFilePositions
 from trainhouse.store.flows import FlowRepo
 from trainhouse.store.jobs import JobRepo
 from trainhouse.store.media import MediaRepo
@@ -64,3 +65,4 @@ class Store(Database):
         self.datasets = DatasetRepo(self)
         self.flows = FlowRepo(self)
         self.media = MediaRepo(self)
+        self.event_files = EventFilePositions(self)  # the TensorBoard import's positions

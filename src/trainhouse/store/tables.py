@@ -639,3 +639,17 @@ job_media = Table(
     Column("created_at", Float, nullable=False),
     UniqueConstraint("job_id", "key", "step"),
 )
+
+# how far the TensorBoard import has read each event file of a job (trainhouse.ingest
+# .tensorboard): the byte offset after the last record whose points are stored, so a restarted
+# server reads on from there; keyed by the SHA-256 of the file's path below the job's
+# directory (a job names its paths: a long one is no key)
+tensorboard_positions = Table(
+    "tensorboard_positions",
+    metadata,
+    Column("job_id", _Id, ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True),
+    Column("path_sha256", String(64), primary_key=True),
+    Column("path", JobText, nullable=False),
+    Column("position", BigInteger, nullable=False),
+    Column("updated_at", Float, nullable=False),
+)

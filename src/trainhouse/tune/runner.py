@@ -1,5 +1,6 @@
-"""The searches' background service: it asks Optuna for trials, turns them into jobs, feeds the
-pruner the values trials report, and tells Optuna how each trial ended.
+"""The searches' background service: it asks Optuna for trials, turns them into jobs, and tells
+Optuna how each trial ended; the pruner is fed by its :class:`~trainhouse.tune.pruning.PruneFeed`
+(``prunes``), off the request path.
 
 Two stores, no transaction across them: Optuna's trials (its own tables) and trainhouse's
 (``search_trials`` rows, each written in one transaction with its job). Every tick derives what
@@ -35,12 +36,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trainhouse.core.background import BackgroundLoop
-from trainhouse.core.errors import InvalidTransition, NotFound, StoreError
+from trainhouse.core.errors import NotFound
 from trainhouse.core.lifecycle import JobState
 from trainhouse.core.reports import Columns
 from trainhouse.core.searchspec import (
     Distribution,
-    EarlyStopping,
     SearchSpec,
     distributions,
     fill,
@@ -48,6 +48,7 @@ from trainhouse.core.searchspec import (
 from trainhouse.store import Job, Search, Store, Trial
 from trainhouse.store.searches import TRIAL_ACTIVE
 from trainhouse.tune import study as studies
+from trainhouse.tune.pruning import PruneFeed, next_rung
 
 if TYPE_CHECKING:
     import optuna
@@ -55,19 +56,6 @@ if TYPE_CHECKING:
 __all__ = ["SearchRunner", "next_rung", "trial_spec"]
 
 log = logging.getLogger(__name__)
-
-
-def next_rung(stop: EarlyStopping, step: int) -> int:
-    """The first step after ``step`` at which the pruner could stop a trial it let through at
-    ``step``: ASHA and Hyperband decide only where a trial reaches a rung (min_steps times a
-    power of reduction_factor; Hyperband's brackets use some of those), the median rule at
-    every step."""
-    if stop.method == "median":
-        return step + 1
-    rung = stop.min_steps
-    while rung <= step:
-        rung *= stop.reduction_factor
-    return rung
 
 
 def trial_spec(search: Search, number: int, params: dict[str, Any]) -> Any:
@@ -114,8 +102,8 @@ class SearchRunner(BackgroundLoop):
         self._open: dict[int, _Open] = {}
         self._lock = threading.Lock()
         self._trials: dict[int, Trial | None] = {}  # job id -> its trial (None: a plain job)
-        # Optuna trial id -> the first step at which its pruner could answer yes again
-        self._due: dict[int, int] = {}
+        # the pruner's feed: reports hand it their values, its thread writes to Optuna
+        self.prunes = PruneFeed(self, store, wake_scheduler)
 
     def on_stop(self) -> None:
         """Close Optuna's connections (its engine is the storage's own)."""
@@ -338,7 +326,7 @@ class SearchRunner(BackgroundLoop):
         self.store.searches.finish_trial(trial.search_id, trial.number, state, final)
         with self._lock:
             self._trials.pop(job.id, None)
-            self._due.pop(trial.trial_id, None)
+        self.prunes.forget(trial.trial_id)
 
     def _sync_history(self, entry: _Open, trial: Trial, job: Job, *, pruned: bool) -> None:
         """Before Optuna is told, its history of the trial is made the job's: steps stored
@@ -383,62 +371,8 @@ class SearchRunner(BackgroundLoop):
         return trial
 
     def on_report(self, job: Job, columns: Columns) -> bool:
-        """Feed a trial's reported objective values to its study's pruner; whether the trial
-        is pruned now. Reporting the same step again overwrites its value."""
-        from optuna.exceptions import UpdateFinishedTrialError
-        from optuna.trial import TrialState
-
-        trial = self.trial_of(job)
-        if trial is None or trial.state != TRIAL_ACTIVE:
-            return False
-        if job.prune_requested:
-            return True
-        with self._lock:
-            entry_or_none = self._open.get(trial.search_id)
-        try:
-            entry = entry_or_none or self.opened(self.store.searches.get(trial.search_id))
-        except NotFound:
-            return False
-        metric = entry.spec.metric
-        values: dict[int, float] = {}
-        for step, name, value, rank in zip(
-            columns.steps, columns.names, columns.values, columns.ranks, strict=True
-        ):
-            if name == metric and rank is None and value is not None and step >= 0:
-                values[int(step)] = float(value)
-        if not values:
-            return False
-        storage = self.storage
-        try:
-            for step in sorted(values):
-                storage.set_trial_intermediate_value(trial.trial_id, step, values[step])
-        except UpdateFinishedTrialError:
-            return False
-        stop = entry.spec.early_stopping
-        if stop.method == "none":
-            return False
-        last = max(values)
-        with self._lock:
-            due = self._due.get(trial.trial_id, stop.min_steps)
-        if last < due:  # the pruner would answer no before the trial reaches its next rung
-            return False
-        frozen = storage.get_trial(trial.trial_id)
-        if frozen.state is not TrialState.RUNNING:
-            return False
-        if not entry.study.pruner.prune(entry.study, frozen):
-            with self._lock:
-                self._due[trial.trial_id] = next_rung(stop, frozen.last_step or last)
-            return False
-        last = frozen.last_step or last
-        reason = (
-            f"pruned at step {last} by {entry.spec.early_stopping.method} "
-            f"({metric} {frozen.intermediate_values.get(last, float('nan')):.6g})"
-        )
-        try:
-            self.store.jobs.update(job.id, prune_requested=True, reason=reason)
-            self.store.jobs.add_event(job.id, reason)
-        except (NotFound, StoreError, InvalidTransition):
-            return False
-        log.info("job %s (search %s trial %s): %s", job.id, trial.search_id, trial.number, reason)
-        self.wake_scheduler()
-        return True
+        """Hand a trial's reported objective values to its search's pruner, off the request
+        path (:class:`trainhouse.tune.pruning.PruneFeed`: no Optuna write here, no wait);
+        whether the trial is known to be pruned now. A prune decided from these values is
+        the job's ``prune_requested``, which its next report or heartbeat answers with."""
+        return self.prunes.offer(job, columns)

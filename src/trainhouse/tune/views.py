@@ -55,13 +55,27 @@ def search_summary(search: Search, counts: dict[str, int] | None = None) -> dict
     }
 
 
-def _intermediate(tune: SearchRunner, search: Search) -> dict[int, dict[int, float]]:
-    """Each trial's reported objective values by step, from Optuna's study."""
+def _intermediate(
+    store: Store, tune: SearchRunner, search: Search, trials: list[Trial]
+) -> dict[int, dict[int, float]]:
+    """Each trial's reported objective values by step: an ended trial's from Optuna's study
+    (its history was made the job's when it ended), a running one's from the job's stored
+    metrics (Optuna holds only what its pruner reads until then: trainhouse.tune.pruning)."""
+    from optuna.trial import TrialState
+
+    assert search.spec.search is not None
+    metric = search.spec.search.metric
+    jobs = {t.number: t.job_id for t in trials}
     entry = tune.opened(search)
-    return {
-        frozen.number: dict(frozen.intermediate_values)
-        for frozen in entry.study.get_trials(deepcopy=False)
-    }
+    found: dict[int, dict[int, float]] = {}
+    for frozen in entry.study.get_trials(deepcopy=False):
+        job_id = jobs.get(frozen.number)
+        if frozen.state is not TrialState.RUNNING or job_id is None:
+            found[frozen.number] = dict(frozen.intermediate_values)
+            continue
+        points = store.metrics.points(job_id, name=metric, rank=-1)
+        found[frozen.number] = {p.step: p.value for p in points if p.value is not None}
+    return found
 
 
 def search_view(store: Store, tune: SearchRunner, search: Search) -> dict[str, Any]:
@@ -70,7 +84,7 @@ def search_view(store: Store, tune: SearchRunner, search: Search) -> dict[str, A
     assert spec.search is not None
     trials = store.searches.trials(search.id)
     jobs = store.jobs.get_many(t.job_id for t in trials)
-    curves = _intermediate(tune, search)
+    curves = _intermediate(store, tune, search, trials)
     pick = min if spec.search.mode == "min" else max
     rows = []
     counts = dict.fromkeys(TRIAL_STATES, 0)
@@ -161,7 +175,7 @@ def curves(store: Store, tune: SearchRunner, search: Search) -> list[dict[str, A
     """Each trial's objective by step (what the pruner saw), with its state."""
     trials = store.searches.trials(search.id)
     jobs = store.jobs.get_many(t.job_id for t in trials)
-    values = _intermediate(tune, search)
+    values = _intermediate(store, tune, search, trials)
     return [
         {
             "number": t.number,

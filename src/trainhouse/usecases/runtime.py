@@ -111,8 +111,9 @@ class Runtime:
     def background(self) -> list[BackgroundLoop]:
         """The app's background loops, in the order they start (they stop in reverse):
         retention before the scheduler, whose last exits register checkpoints; searches after
-        the scheduler, which starts their trials."""
-        found = [self.checkpoints, self.scheduler, self.tune, self.monitor, self.log_retention]
+        the scheduler, which starts their trials, and their pruner's feed after them."""
+        found = [self.checkpoints, self.scheduler, self.tune, self.tune.prunes, self.monitor]
+        found.append(self.log_retention)
         found += [self.tensorboard] if self.tensorboard is not None else []
         return found + ([self.prefetch] if self.prefetch is not None else [])
 
