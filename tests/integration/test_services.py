@@ -3,7 +3,9 @@ registers it, aliases it ``prod`` and serves it (``trainhouse serve digits@prod`
 replicas: the ranks of a long-running job); predictions through the server equal the model's
 own outputs in process; 16 clients keep predicting while the alias moves to a second version
 and none fails; bad inputs get a 4xx naming the problem while the service keeps answering; a
-replica SIGKILLed comes back, and so does the server, finding its service running.
+replica's process SIGKILLed under load comes back alone (the other replica and the job's
+attempt untouched) and no request fails; a server SIGKILLed comes back finding its service
+running.
 
 One server and one service for the module (a replica is a torch process; the tests share it).
 """
@@ -232,7 +234,11 @@ def test_moving_the_alias_switches_every_replica_without_a_failed_request(
     assert srv.cli("models", "delete", "digits@1").returncode == 0
 
 
-def _replica(job_id: int, rank: int) -> psutil.Process:
+def _processes(job_id: int, rank: int) -> tuple[psutil.Process, psutil.Process]:
+    """Replica ``rank`` of job ``job_id``: the rank's process (the supervisor, under the rank
+    wrapper) and the process serving (its child; the same process where there is no
+    supervisor)."""
+    found = []
     for proc in marked_processes():
         try:
             env, cmd = proc.environ(), " ".join(proc.cmdline())
@@ -244,25 +250,68 @@ def _replica(job_id: int, rank: int) -> psutil.Process:
             and "trainhouse.serving.follow" in cmd
             and "rank.py" not in cmd
         ):
-            return proc
-    raise AssertionError(f"no replica process of rank {rank} of job {job_id}")
+            found.append(proc)
+    pids = {p.pid for p in found}
+    tops = [p for p in found if p.ppid() not in pids]
+    serving = [p for p in found if not any(c.pid in pids for c in p.children())]
+    assert len(tops) == 1 and len(serving) == 1, f"replica {rank} of job {job_id}: {found}"
+    return tops[0], serving[0]
 
 
-def test_a_killed_replica_and_a_killed_server_come_back_serving(shipped: Shipped) -> None:
-    before = shipped.show()
+def test_a_replica_killed_under_load_comes_back_alone_then_a_killed_server_finds_it(
+    shipped: Shipped,
+) -> None:
+    """16 clients predict while replica 1's serving process is SIGKILLed: the request it had in
+    flight is answered by replica 0, nothing is sent to it until it is ready again, its rank's
+    process starts it again alone (replica 0's process and the job's attempt are the same),
+    and every answer is the served version's prediction. Then the server SIGKILLed finds its
+    service running, and the service stops (one test: the restarted replica is the service's
+    until it stops)."""
+    srv = shipped.srv
+    before = shipped.wait_ready()
     job_id, version = before["job_id"], before["version"]
-    _replica(job_id, 1).send_signal(signal.SIGKILL)
-    deadline = time.monotonic() + 180
-    while True:  # the job restarts its replicas (a new attempt)
-        shown = shipped.show()
-        attempts = {r["attempt"] for r in shown["replica_list"]}
-        if shown["state"] == "ready" and attempts and min(attempts) > 1:
-            break
-        assert time.monotonic() < deadline, f"the replicas never came back: {shown}"
-        time.sleep(0.5)
-    assert shown["job_id"] == job_id
-    ok = post(shipped.predict_url(), {"inputs": shipped.x[:3].tolist()})
-    assert ok.status_code == 200 and ok.json()["version"] == version
+    attempts = {r["attempt"] for r in before["replica_list"]}
+    path = srv.cli_json("models", "download", f"digits@{version}", str(shipped.home.parent / "k"))
+    example = shipped.x[:1]
+    with torch.no_grad():
+        expected = load_model(Path(path["path"]))(example)[0]
+    rank0, serving0 = _processes(job_id, 0)
+    rank1, serving1 = _processes(job_id, 1)
+    started1 = next(r["started_at"] for r in before["replica_list"] if r["rank"] == 1)
+
+    async def scenario() -> list[Answer]:
+        stop = asyncio.Event()
+        task = asyncio.create_task(_clients(shipped.predict_url(), example[0].tolist(), stop))
+        await asyncio.sleep(1.0)
+        serving1.send_signal(signal.SIGKILL)
+        deadline = time.monotonic() + 60
+        while True:  # replica 1 is ready again, a new process
+            shown = await asyncio.to_thread(shipped.show)
+            one = next((r for r in shown["replica_list"] if r["rank"] == 1), None)
+            if one and one["state"] == "ready" and one["started_at"] != started1:
+                break
+            assert time.monotonic() < deadline, f"replica 1 never came back: {shown}"
+            await asyncio.sleep(0.2)
+        await asyncio.sleep(1.0)  # both serve again
+        stop.set()
+        return await task
+
+    answers = asyncio.run(scenario())
+    failed = [a for a in answers if a[1] != 200]
+    assert not failed, failed[:5]
+    assert len(answers) > 50
+    for _, _, got, outputs in answers:
+        assert got == version
+        assert torch.allclose(torch.tensor(outputs[0]), expected, atol=1e-5, rtol=0)
+    after = shipped.show()
+    assert after["job_id"] == job_id and after["ready_replicas"] == 2
+    assert {r["attempt"] for r in after["replica_list"]} == attempts  # no restart of the job
+    again0, now0 = _processes(job_id, 0)
+    again1, now1 = _processes(job_id, 1)
+    assert (again0.pid, now0.pid, again1.pid) == (rank0.pid, serving0.pid, rank1.pid)
+    assert now1.pid != serving1.pid and not serving1.is_running()
+    log = srv.cli("logs", str(job_id), "--rank", "1").stdout
+    assert f"its process {serving1.pid} was killed by signal 9; restarting it" in log, log[-2000:]
 
     # the server SIGKILLed and started again finds its service running, the same job
     srv = shipped.srv

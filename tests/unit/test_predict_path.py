@@ -132,15 +132,15 @@ def replica() -> Iterator[Callable[[Handler], FakeReplica]]:
     loop.close()
 
 
-def make_service(rt: Runtime, owner: str = "alice") -> Job:
-    """Service ``rt`` (its job made with it); its job."""
+def make_service(rt: Runtime, owner: str = "alice", replicas: int = 1) -> Job:
+    """Service ``rt`` of ``replicas`` (its job made with it); its job."""
     spec = parse_spec("name: serve-rt\nentrypoint: python -m trainhouse.serving.follow\n")
     made = rt.store.services.create(
         name="rt",
         owner=owner,
         model="tiny",
         ref="prod",
-        replicas=1,
+        replicas=replicas,
         gpus_per_replica=0,
         max_batch=8,
         max_wait_ms=1.0,
@@ -152,11 +152,12 @@ def make_service(rt: Runtime, owner: str = "alice") -> Job:
     return rt.store.jobs.get(made.job_id)
 
 
-def ready(rt: Runtime, job: Job, url: str) -> None:
-    """What the service's replica says in its call: ready at ``url``, wanting ``KEY``."""
+def ready(rt: Runtime, job: Job, url: str, rank: int = 0) -> None:
+    """What the service's replica ``rank`` says in its call: ready at ``url``, wanting
+    ``KEY``."""
     rt.replicas.heartbeat(
         rt.store.jobs.get(job.id),
-        rank=0,
+        rank=rank,
         url=url,
         key=KEY,
         version=1,
@@ -254,6 +255,65 @@ def test_a_replica_that_dies_mid_request_answers_502_then_503(
     shown = client.get("/api/v1/services/rt").json()
     assert shown["replica_list"][0]["state"] == "unreachable"
     assert shown["stats"]["errors_total"] == 1
+
+
+@pytest.mark.parametrize("how", ["reset", "closed"])
+def test_a_request_whose_replica_dies_before_answering_is_answered_by_the_other(
+    tmp_path: Path, replica: Callable[[Handler], FakeReplica], how: str
+) -> None:
+    """A replica that dies with a request (its connection reset or closed before a byte of
+    its answer) has the request sent once more to the other replica, and gets no other until
+    its next call says it is ready; once an answer has begun, nothing is sent again: 502."""
+    mode = {"answer": "none"}
+
+    async def dies(r: FakeReplica, reader: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        await r.read(reader)
+        if mode["answer"] == "begun":
+            w.write(b"HTTP/1.1 200 OK\r\ncontent-length: 500\r\n\r\n{")
+            await w.drain()
+        if how == "reset":
+            w.transport.abort()  # unsent data dropped: an RST, as a killed process's socket
+        else:
+            w.close()
+
+    with app_client(tmp_path, exit_code=None) as client:
+        rt = services(client)
+        job = make_service(rt, replicas=2)
+        wait_launched(client, job.id)
+        dying, alive = replica(dies), replica(answers)
+        ready(rt, job, dying.url, rank=0)
+        ready(rt, job, alive.url, rank=1)
+        # round robin: one of two requests goes to replica 0 first
+        got = [client.post(PREDICT, json={"inputs": [n]}) for n in range(2)]
+        assert [(r.status_code, r.content) for r in got] == [(200, OK)] * 2, got[0].text
+        assert [r.headers["x-trainhouse-replica"] for r in got] == ["1", "1"]
+        assert len(dying.requests) == 1
+        assert [body for _, body in alive.requests] == [b'{"inputs":[0]}', b'{"inputs":[1]}']
+        shown = client.get("/api/v1/services/rt").json()
+        assert [r["state"] for r in shown["replica_list"]] == ["unreachable", "ready"]
+        assert shown["ready_replicas"] == 1
+        for n in range(3):  # until its next call, it is sent nothing
+            assert client.post(PREDICT, json={"inputs": [n]}).status_code == 200
+        assert (len(dying.requests), len(alive.requests)) == (1, 5)
+
+        # ready again, it is sent predictions; an answer begun then cut is not sent again
+        ready(rt, job, dying.url, rank=0)
+        mode["answer"] = "begun"
+        got = [client.post(PREDICT, json={"inputs": [n]}) for n in range(2)]
+        assert sorted(r.status_code for r in got) == [200, 502], [r.text for r in got]
+        cut = next(r for r in got if r.status_code == 502)
+        assert "closed the connection before its answer ended" in error_of(cut)["message"]
+        assert (len(dying.requests), len(alive.requests)) == (2, 6)
+
+        # with no other replica ready, the dropped request fails as it did (502)
+        mode["answer"] = "none"
+        ready(rt, job, dying.url, rank=0)
+        ready(rt, job, "http://127.0.0.1:1024", rank=1)  # where nothing listens
+        alone = client.post(PREDICT, json={"inputs": [1]})
+        assert alone.status_code == 502, alone.text
+        assert "before any byte of its answer" in error_of(alone)["message"]
+        shown = client.get("/api/v1/services/rt").json()
+        assert shown["stats"]["errors_total"] == 2
 
 
 def test_a_replica_that_hangs_answers_502_past_the_timeout(

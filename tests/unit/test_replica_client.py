@@ -15,7 +15,7 @@ import pytest
 
 from trainhouse.core.modelfiles import REPLICA_KEY_HEADER
 from trainhouse.usecases import replicaclient
-from trainhouse.usecases.replicaclient import Failed, ReplicaClient, Unreachable
+from trainhouse.usecases.replicaclient import Dropped, Failed, ReplicaClient, Unreachable
 
 KEY = "k" * 24
 OK = b'{"outputs": [[1.0]], "model": "m", "version": 1}'
@@ -182,11 +182,39 @@ def test_a_hostile_answer_fails_its_request_and_its_connection(reply: bytes, say
     async def scenario() -> None:
         http = client(max_answer=4096)
         async with replica(handle) as r:
-            with pytest.raises(Failed, match=says):
+            with pytest.raises(Failed, match=says) as failed:
                 await http.post(r.url, KEY, b"{}")
+            assert not isinstance(failed.value, Dropped)  # an answer came: never sent again
             with pytest.raises(Failed, match=says):  # on a new connection, not the spoilt one
                 await http.post(r.url, KEY, b"{}")
             assert r.connections == 2
+        await http.close()
+
+    run(scenario)
+
+
+@pytest.mark.parametrize("reset", [True, False])
+def test_a_connection_that_ends_before_any_answer_is_dropped(reset: bool) -> None:
+    async def dies(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        if reset:
+            writer.transport.abort()
+        else:
+            writer.close()
+
+    async def late(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        await asyncio.sleep(30)
+
+    async def scenario() -> None:
+        http = client(answer_timeout=0.3)
+        async with replica(dies) as r:
+            with pytest.raises(Dropped, match="before any byte of its answer"):
+                await http.post(r.url, KEY, b"{}")
+        async with replica(late) as r:  # silent past the timeout: not dropped, it may be busy
+            with pytest.raises(Failed) as failed:
+                await http.post(r.url, KEY, b"{}")
+            assert not isinstance(failed.value, Dropped)
         await http.close()
 
     run(scenario)

@@ -30,9 +30,10 @@ A prediction passes the checks of the routed request, in the same order (:func:`
    a job's credential may not predict (:func:`trainhouse.server.auth.signed_in`: 403);
 5. the forwarding itself (:meth:`trainhouse.usecases.replicahub.ReplicaHub.predict`): a ready
    replica round robin with its key, the service's own pool of keep-alive connections
-   (:mod:`trainhouse.usecases.replicaclient`), no redirect followed, an answer capped; 503
-   without a ready replica, 502 for one that fails while answering, 404 for a service that
-   never was.
+   (:mod:`trainhouse.usecases.replicaclient`), no redirect followed, an answer capped; a
+   request whose replica died before a byte of its answer sent once more to the next ready
+   one; 503 without a ready replica, 502 for one that fails while answering, 404 for a
+   service that never was.
 
 The answer is the replica's status and body with ``Content-Type: application/json`` (what the
 replica's app answers; its own header is not passed on: a replica runs its model owner's code,

@@ -13,6 +13,10 @@ it, unpacked as a job's workdir is.
 
 The server being away (restarting) changes nothing here: the replica keeps serving and calls
 again; the server's new process learns of it at the next call.
+
+The rank's process is not the replica itself but its supervisor (:mod:`.supervisor`), which runs
+``python -m trainhouse.serving.follow --replica`` and starts it again when it fails: one
+replica's crash restarts that replica alone, never its job's other ranks.
 """
 
 from __future__ import annotations
@@ -35,7 +39,7 @@ from trainhouse.core.wire import CLIENT_HEADERS
 from trainhouse.jobfs.layout import JOB_ID_ENV, JOB_TOKEN_ENV, NODE_ADDRESS_ENV, URL_ENV
 from trainhouse.serving.replica import Batcher, Loaded, build_app, load
 
-__all__ = ["Follower", "main"]
+__all__ = ["Follower", "main", "serve"]
 
 KEEP_VERSIONS = 2  # downloaded versions kept on disk (the one served and the one before)
 
@@ -238,7 +242,25 @@ def listen() -> tuple[socket.socket, str]:
     return sock, f"http://[{host}]:{port}" if family == socket.AF_INET6 else f"http://{host}:{port}"
 
 
-def main() -> None:
+REPLICA_FLAG = "--replica"  # the supervisor's child: the replica itself
+
+
+def main(argv: list[str]) -> int:
+    """The rank's process: the supervisor of its replica (:mod:`.supervisor`); with
+    ``--replica``, the replica."""
+    if argv[:1] == [REPLICA_FLAG]:
+        serve()
+        return 0
+    if argv:
+        print(f"usage: python -m trainhouse.serving.follow [{REPLICA_FLAG}]", file=sys.stderr)
+        return 2
+    from trainhouse.serving.supervisor import supervise
+
+    return supervise([sys.executable, "-m", "trainhouse.serving.follow", REPLICA_FLAG])
+
+
+def serve() -> None:
+    """One replica: bind, load what the service serves, serve it, follow its alias."""
     import torch
     import uvicorn
 
@@ -249,6 +271,8 @@ def main() -> None:
     rank = int(os.environ.get("RANK", "0"))
     root = Path.cwd() / ".serve" / f"rank-{rank}"
     root.mkdir(parents=True, exist_ok=True)
+    for partial in root.glob(".v*"):  # a download an earlier process of this rank left half done
+        shutil.rmtree(partial, ignore_errors=True)
     follower = Follower(
         os.environ[URL_ENV], int(os.environ[JOB_ID_ENV]), os.environ[JOB_TOKEN_ENV], rank, root
     )
@@ -275,7 +299,7 @@ def main() -> None:
     threading.Thread(target=watch_start, daemon=True).start()
     calls = threading.Thread(target=follower.follow, args=(stop, started), daemon=True)
     calls.start()
-    log(f"serving {loaded.name}@{loaded.version} on {follower.address}")
+    log(f"serving {loaded.name}@{loaded.version} on {follower.address} (pid {os.getpid()})")
     try:
         server.run(sockets=[sock])
     finally:
@@ -285,4 +309,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main(sys.argv[1:]))

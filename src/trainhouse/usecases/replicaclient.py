@@ -23,7 +23,11 @@ code (a loader), so every answer is hostile:
   connection by ``connect_timeout``.
 
 A connection that cannot be made is :class:`Unreachable` (the replica never got the request:
-the caller may try another); a replica that fails while answering is :class:`Failed`. Idle
+the caller may try another); a replica that fails while answering is :class:`Failed`, and
+:class:`Dropped` (a kind of it) when its connection ended, closed or reset, before a byte of its
+answer came: the replica died with the request, or closed a kept-alive connection as it was
+sent, and a prediction (which changes nothing) may be sent again. Past a byte of an answer, a
+timeout, or any hostile answer, it is never :class:`Dropped`. Idle
 connections are reused newest first and dropped after :data:`IDLE_SECONDS`, below the 5 s a
 replica's uvicorn keeps an idle connection open, so a request is not written into a connection
 its replica is closing. At most ``connections`` are open at once (in use or idle): one
@@ -42,7 +46,7 @@ import httptools
 
 from trainhouse.core.modelfiles import BATCH_HEADER, REPLICA_KEY_HEADER
 
-__all__ = ["IDLE_SECONDS", "Answer", "Failed", "ReplicaClient", "Unreachable"]
+__all__ = ["IDLE_SECONDS", "Answer", "Dropped", "Failed", "ReplicaClient", "Unreachable"]
 
 #: an idle connection older than this is closed rather than reused (uvicorn: 5 s keep-alive)
 IDLE_SECONDS = 4.0
@@ -61,6 +65,12 @@ class Unreachable(Exception):
 
 class Failed(Exception):
     """The replica failed while answering; the message says how."""
+
+
+class Dropped(Failed):
+    """The replica's connection ended (closed or reset) before any byte of its answer: it
+    read the request, or some of it, and said nothing (it died, or closed a kept-alive
+    connection as the request went out)."""
 
 
 @dataclass(frozen=True)
@@ -113,6 +123,8 @@ class _Connection(asyncio.Protocol):
         self.complete = False
         self.keep_alive = False  # read with the head: the parser resets it with each message
         self.problem: str | None = None
+        self.answered = False  # a byte of the answer came
+        self.dropped = False  # the connection ended before one did
 
     # -- asyncio's side ----------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -122,6 +134,7 @@ class _Connection(asyncio.Protocol):
         if self.waiter is None or self.waiter.done():
             self.fail("sent bytes that answer no request")
             return
+        self.answered = True
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserUpgrade:
@@ -139,6 +152,11 @@ class _Connection(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
         self.client._lost(self)
+        if self.waiter is not None and not self.waiter.done() and not self.answered:
+            self.dropped = self.problem is None
+            how = "reset" if isinstance(exc, ConnectionResetError) else "closed"
+            self.fail(f"{how} the connection before any byte of its answer")
+            return
         self.fail("closed the connection before its answer ended")
 
     # -- the parser's callbacks --------------------------------------------------------------
@@ -198,7 +216,7 @@ class _Connection(asyncio.Protocol):
         finally:
             self.waiter = None
         if self.problem is not None:
-            raise Failed(self.problem)
+            raise (Dropped if self.dropped else Failed)(self.problem)
         batch = int(self.batch) if self.batch.isdigit() else 0
         body = self.chunks[0] if len(self.chunks) == 1 else b"".join(self.chunks)
         return Answer(self.status, body, batch)

@@ -12,7 +12,13 @@ restart of the server the replicas' next calls fill the table again: nothing of 
 ``POST /api/v1/services/{name}/predict`` (answered ahead of FastAPI, by
 :mod:`trainhouse.server.predict`) goes to a ready replica, round robin, through the service's
 own pool of keep-alive connections (:mod:`.replicaclient`). A replica that cannot be reached is
-skipped for the next (the request never got to it); one that fails while answering gives 502.
+skipped for the next (the request never got to it). One whose connection ends before a byte of
+its answer (it died with the request: SIGKILLed, out of memory) is not sent another prediction
+until its next call says it is ready, and the request goes once more, to the next ready replica:
+a prediction changes nothing, so running it twice is harmless, and once only, so a request that
+kills whatever runs it takes two replicas at most, never the whole service. A replica that
+fails once its answer has begun, or with a hostile or late answer, gives 502 (nothing is sent
+again: its answer may have been the cause).
 Each forwarded prediction is counted in the server's Prometheus registry per service (requests
 by outcome, latency, the size of the batch it ran in) and in a window of the last minute that
 the Services page reads.
@@ -44,7 +50,7 @@ from trainhouse.core.errors import (
     TrainhouseError,
 )
 from trainhouse.core.lifecycle import TERMINAL, JobState
-from trainhouse.usecases.replicaclient import Failed, ReplicaClient, Unreachable
+from trainhouse.usecases.replicaclient import Dropped, Failed, ReplicaClient, Unreachable
 
 if TYPE_CHECKING:
     from trainhouse.store import Job, ModelVersion, ServiceRecord, Store
@@ -394,12 +400,21 @@ class ReplicaHub:
             await asyncio.to_thread(self._unavailable, name)  # raises
         order = candidates[turn % len(candidates) :] + candidates[: turn % len(candidates)]
         http = self._client(name)
+        dropped: str | None = None  # how the replica a request was sent again after failed
         for replica in order:
             try:
                 answer = await http.post(replica.url, replica.key, body)
             except Unreachable:  # it never got the request: the next one may
                 replica.state = "unreachable"
                 continue
+            except Dropped as exc:  # it died with the request: the next one gets it, once
+                replica.state = "unreachable"  # until its next call says it is ready
+                failed = f"replica {replica.rank} of service {name} failed while answering: {exc}"
+                if dropped is None:
+                    dropped = failed
+                    continue
+                self._count(name, "error", arrived, 0)
+                raise ReplicaFailed(f"{dropped}; sent again, {failed}") from None
             except Failed as exc:
                 self._count(name, "error", arrived, 0)
                 raise ReplicaFailed(
@@ -409,6 +424,9 @@ class ReplicaHub:
             outcome = "ok" if code == 200 else "bad_input" if code < 500 else "error"
             self._count(name, outcome, arrived, answer.batch)
             return code, answer.body, {"x-trainhouse-replica": str(replica.rank)}
+        if dropped is not None:  # no other replica to send it to
+            self._count(name, "error", arrived, 0)
+            raise ReplicaFailed(dropped)
         await asyncio.to_thread(self._unavailable, name)
         raise AssertionError("unreachable")  # pragma: no cover
 
