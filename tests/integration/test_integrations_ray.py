@@ -220,8 +220,8 @@ def server(ray_cluster: RayCluster, tmp_path_factory: pytest.TempPathFactory) ->
 
 def _fail_once_and_resume(server: Server, tmp_path: Path, script: str, name: str) -> dict[str, Any]:
     """Run ``script`` on two nodes (rank 0 fails after step 4's checkpoint, the job restarts
-    once); check that each rank resumed at step 4 from a copy under its own TMPDIR, with the
-    optimizer state of the other rank; the job's record."""
+    once); check that each rank resumed at step 4 from a copy under its own TMPDIR, both with
+    the same optimizer state; what the callers check further."""
     spec = write_job(tmp_path, script, SPEC.format(name=name))
     job_id = server.cli_json("submit", str(spec), "--detach")["id"]
     final = server.wait(job_id, {"COMPLETED", "FAILED", "CANCELED"}, timeout=300)
