@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import enum
 import os
+import uuid
 from pathlib import Path
 from typing import Any
 
+import fsspec
 import numpy as np
 import pytest
 import torch
@@ -17,7 +19,13 @@ from trainhouse.errors import CheckpointError
 from trainhouse.integrations._common import flat_hparams, numbers
 from trainhouse.jobfs.storage import is_temp
 from trainhouse.sdk.checkpoint import Checkpointer
-from trainhouse.sdk.checkpoint._adopt import adopt, commit_record, resume_point
+from trainhouse.sdk.checkpoint._adopt import (
+    adopt,
+    commit_record,
+    fetch,
+    resume_choice,
+    resume_point,
+)
 from trainhouse.sdk.checkpoint._registry import LocalRegistry
 
 
@@ -98,6 +106,28 @@ def test_resume_point_is_the_newest_verified_and_skips_a_corrupt_one(tmp_path: P
     assert registry.resumed[-1] is not None and registry.resumed[-1]["step"] == 10
     (tmp_path / "job" / "step-000000010" / "trainer_state.json").write_text("tampered")
     assert resume_point(ckpt, tmp_path / "scratch") == tmp_path / "job" / "step-000000005"
+
+
+def test_each_node_fetches_a_remote_checkpoint_of_its_own_and_checks_it(tmp_path: Path) -> None:
+    """The main rank picks the checkpoint; each node downloads it into its own scratch
+    directory (a path under another node's is not on this node's disk) and checks the copy
+    against the record's sha256."""
+    url = f"memory://trainhouse-test-{uuid.uuid4().hex}"
+    try:
+        ckpt = Checkpointer(url, registry=Registry())
+        adopt(ckpt, trainer_dir(tmp_path / "out", 5), step=5, metrics={})
+        chosen = resume_choice(ckpt)
+        assert chosen is not None and chosen["step"] == 5
+        copies = [fetch(ckpt, chosen, tmp_path / node) for node in ("node0", "node1")]
+        assert copies == [tmp_path / n / "step-000000005" for n in ("node0", "node1")]
+        for copy in copies:
+            assert (copy / "sub" / "rng_state.pth").read_bytes() == b"rng"
+        with pytest.raises(CheckpointError, match="expected 0000"):
+            fetch(ckpt, {**chosen, "sha256": "0" * 64}, tmp_path / "node2")
+    finally:
+        fs = fsspec.filesystem("memory")
+        if fs.exists(url):
+            fs.rm(url, recursive=True)
 
 
 def test_an_uncommitted_copy_is_not_resumed_from_until_committed(tmp_path: Path) -> None:

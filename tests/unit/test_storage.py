@@ -216,3 +216,28 @@ def test_an_object_another_process_wrote_is_seen_on_s3(
     assert storage.exists("step-000000002.pt")
     assert storage.size("step-000000002.pt") == 3
     assert storage.list() == ["step-000000001.pt", "step-000000002.pt"]
+
+
+def test_a_directory_is_published_on_s3(moto_s3: MotoS3) -> None:
+    """A sharded checkpoint (a Trainer's ``checkpoint-N/`` copied in) published over S3's real
+    protocol: s3fs's recursive move also lists the directory's own pseudo-key, whose copy
+    failed (NoSuchKey), so no directory checkpoint could be published to S3."""
+    bucket = moto_s3.make_bucket("directories")
+    storage = FsspecStorage(
+        f"s3://{bucket}/runs/1",
+        skip_instance_cache=True,
+        client_kwargs={"endpoint_url": moto_s3.endpoint_url},
+    )
+    tmp = storage.temp_name("step-000000004")
+    storage.makedirs(tmp)
+    storage.write_bytes(f"{tmp}/optimizer.pt", b"optim")
+    storage.write_bytes(f"{tmp}/sub/deep", b"d")
+    storage.publish(tmp, "step-000000004")
+    assert storage.list() == ["step-000000004"]
+    assert storage.files("step-000000004") == [("optimizer.pt", 5), ("sub/deep", 1)]
+    # publishing over it replaces it
+    tmp2 = storage.temp_name("step-000000004")
+    storage.write_bytes(f"{tmp2}/only", b"x")
+    storage.publish(tmp2, "step-000000004")
+    assert storage.files("step-000000004") == [("only", 1)]
+    assert storage.list() == ["step-000000004"]

@@ -7,13 +7,15 @@ import enum
 import logging
 import math
 import os
+import socket
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from trainhouse.core.errors import CheckpointError
 from trainhouse.sdk import Run, init
-from trainhouse.sdk.checkpoint._adopt import adopt, commit_record, resume_point
+from trainhouse.sdk.checkpoint._adopt import adopt, commit_record, fetch, resume_choice
 
 log = logging.getLogger("trainhouse")
 
@@ -130,15 +132,55 @@ class JobLink:
             commit_record(self.run.checkpoint, record)
 
     def resume_point(self) -> Path | None:
-        """The job's newest verified checkpoint to resume from, as a local path, or None (a
-        fresh start, or not rank 0: only the main rank looks; the others get the same path
-        from it, through the run's collectives). Asked once per process."""
+        """The job's newest verified checkpoint to resume from, as a path on this node, or None
+        (a fresh start). Collective: every rank calls it. The main rank picks the checkpoint
+        and tells the other ranks which; the first rank of each node (``LOCAL_RANK`` 0) makes it
+        a local path (a download into its own temp directory where the storage is remote) and
+        the node's other ranks use that copy: a rank never gets a path on another node's disk.
+        A failure on any rank raises CheckpointError on every rank."""
         run = self.run
-        local: Path | None = None
+        dist = run._dist
+        chosen: dict[str, Any] | None = None
         if run.is_main:
-            if self._scratch is None:
-                self._scratch = tempfile.TemporaryDirectory(prefix="trainhouse-resume-")
-            local = resume_point(run.checkpoint, self._scratch.name)
-        shared = run._dist.broadcast(str(local) if local is not None else None)
-        self.resumed = Path(shared) if shared is not None else None
+            try:
+                chosen = resume_choice(run.checkpoint)
+            except Exception as exc:  # the other ranks wait in the broadcast: tell them
+                chosen = {"error": f"cannot find the checkpoint to resume from: {exc!r}"}
+        chosen = dist.broadcast(chosen)
+        if chosen is not None and "error" in chosen:
+            raise CheckpointError(str(chosen["error"]))
+        if chosen is None:
+            self.resumed = None
+            return None
+        # torchrun numbers a node's ranks consecutively: its first rank is rank - local_rank;
+        # the node each copy is on goes with it, and a rank not laid out so fetches its own
+        node = (socket.gethostname(), os.environ.get("GROUP_RANK"))
+        mine: tuple[str | None, str | None, tuple[str, str | None]] = (None, None, node)
+        if dist.local_rank == 0:
+            mine = (*self._fetch(chosen), node)
+        everyone = dist.all_gather(mine)
+        failed = [f"rank {r}: {err}" for r, (_, err, _) in enumerate(everyone) if err is not None]
+        if failed:
+            raise CheckpointError(
+                "cannot fetch the checkpoint to resume from: " + "; ".join(failed)
+            )
+        first = dist.rank - dist.local_rank
+        local = None
+        if 0 <= first < len(everyone) and tuple(everyone[first][2]) == node:
+            local = everyone[first][0]
+        if local is None:
+            local, err = self._fetch(chosen)
+            if err is not None or local is None:
+                raise CheckpointError(f"cannot fetch the checkpoint to resume from: {err}")
+        log.info("trainhouse: resuming from %s (step %s)", local, chosen["step"])
+        self.resumed = Path(local)
         return self.resumed
+
+    def _fetch(self, chosen: dict[str, Any]) -> tuple[str | None, str | None]:
+        """(the local path of ``chosen``, None) or (None, why not)."""
+        if self._scratch is None:
+            self._scratch = tempfile.TemporaryDirectory(prefix="trainhouse-resume-")
+        try:
+            return str(fetch(self.run.checkpoint, chosen, self._scratch.name)), None
+        except Exception as exc:
+            return None, repr(exc)

@@ -30,7 +30,8 @@ own hparams win).
   Lightning picks the checkpoint before any callback runs, so importing this module wraps
   ``lightning.pytorch.Trainer.fit`` once: the wrapper acts only for a trainer that carries a
   ``TrainhouseCallback`` (with ``resume=True``). The server then drops the steps that earlier
-  attempts logged after the checkpoint.
+  attempts logged after the checkpoint. Every rank loads ``ckpt_path``: each node gets a copy
+  of its own (:meth:`~trainhouse.integrations._common.JobLink.resume_point`).
 
 Both work with ``import lightning.pytorch as L`` (the ``lightning`` package).
 """

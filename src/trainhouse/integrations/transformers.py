@@ -19,7 +19,9 @@ and then:
   checkpoint storage as ``step-00000000N/``, hashed (sha256 over its files), published
   atomically and registered with the server, after the metrics logged before it. Retention
   (the spec's ``checkpoints:``) applies to these copies; the Trainer's ``save_total_limit``
-  still applies to its own ``output_dir``.
+  still applies to its own ``output_dir``. Each node has an ``output_dir`` of its own: the
+  ``rng_state_<rank>.pth`` of a rank on another node is sent to the main rank first
+  (:func:`_gather_rng_states`), so the copy holds every rank's.
 - **preemption**: ``run.should_stop()`` is asked at every step's end (every rank, as the
   collective requires); once true the callback sets ``control.should_save`` and
   ``control.should_training_stop``: the Trainer saves, the copy is registered, ``train()``
@@ -30,7 +32,8 @@ and then:
   ``transformers.Trainer.train`` once: the wrapper acts only for a trainer that carries a
   ``TrainhouseCallback`` (with ``resume=True``) and was given no ``resume_from_checkpoint``
   (an explicit path, ``True`` or ``False`` is left as it is). The server then drops the steps
-  that earlier attempts logged after the checkpoint.
+  that earlier attempts logged after the checkpoint. Every rank reads the checkpoint: each node
+  gets a copy of its own (:meth:`~trainhouse.integrations._common.JobLink.resume_point`).
 
 ``report_to`` is left alone (transformers 5 defaults it to ``"none"``): the callback is
 passed explicitly. Standalone (no ``TRAINHOUSE_JOB_ID``) metrics print on the console and
@@ -41,6 +44,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +58,9 @@ from trainhouse.sdk import Run
 log = logging.getLogger("trainhouse")
 
 __all__ = ["TrainhouseCallback"]
+
+#: the largest RNG state file of a rank on another node copied into the job's checkpoint
+_MAX_RNG_FILE = 1 << 20
 
 
 class TrainhouseCallback(TrainerCallback):
@@ -123,16 +130,56 @@ class TrainhouseCallback(TrainerCallback):
         if not self.checkpoints:
             return
         run = self.run
-        # every rank wrote its part (its RNG state) before the main rank copies the directory
+        step = int(state.global_step)
+        source = Path(str(args.output_dir)) / f"{PREFIX_CHECKPOINT_DIR}-{step}"
+        # every rank wrote its part (its RNG state) before the main rank copies the directory;
+        # the parts written on other nodes (each has an output_dir of its own) reach it first
         run._dist.barrier()
+        _gather_rng_states(run, source, int(args.process_index))
         if run.is_main:
-            step = int(state.global_step)
-            source = Path(str(args.output_dir)) / f"{PREFIX_CHECKPOINT_DIR}-{step}"
             if source.is_dir():
                 self.link.adopt(source, step=step, metrics=self._last)
             else:
                 log.error("trainhouse: the Trainer saved no %s: nothing registered", source)
         run._dist.barrier()
+
+
+def _gather_rng_states(run: Run, checkpoint: Path, process_index: int) -> None:
+    """Collective: the ``rng_state_<i>.pth`` that each rank of a distributed Trainer writes
+    into its own ``checkpoint`` directory, written into the main rank's where it lacks them.
+    Ranks on the main rank's node share its ``output_dir`` and send nothing; a rank on another
+    node sends its file (at most :data:`_MAX_RNG_FILE` bytes), so the job's copy holds every
+    rank's RNG state, as the Trainer reads it back on a resume (each rank its own file)."""
+    dist = run._dist
+    if not dist.active or dist.world_size <= 1:
+        return
+    mine: bytes | None = None
+    if dist.rank - dist.local_rank != 0:  # torchrun: the ranks of node 0 are 0 .. n-1
+        path = checkpoint / f"rng_state_{process_index}.pth"
+        try:
+            with path.open("rb") as fh:
+                mine = fh.read(_MAX_RNG_FILE + 1)
+        except OSError:
+            mine = None  # save_only_model, or a Trainer that saves no RNG state
+        if mine is not None and len(mine) > _MAX_RNG_FILE:
+            log.warning("trainhouse: %s is over %s bytes: not copied", path, _MAX_RNG_FILE)
+            mine = None
+    parts = dist.all_gather((process_index, mine))
+    if not run.is_main or not checkpoint.is_dir():
+        return
+    for index, data in parts:
+        if not isinstance(index, int) or not 0 < index < dist.world_size:
+            continue
+        if not isinstance(data, bytes):
+            continue
+        target = checkpoint / f"rng_state_{index}.pth"
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+        try:
+            fd = os.open(target, flags, 0o644)
+        except FileExistsError:
+            continue  # written there (a shared output_dir)
+        with os.fdopen(fd, "wb") as out:
+            out.write(data)
 
 
 def _callback_of(trainer: Any) -> TrainhouseCallback | None:

@@ -512,7 +512,14 @@ class FsspecStorage(Storage):
         if self.fs.isdir(src):
             if self.fs.exists(dst):
                 self.fs.rm(dst, recursive=True)
-            self.fs.mv(src, dst, recursive=True)
+            # file by file: on an object store a recursive move also lists the directory's own
+            # pseudo-key, whose copy fails (s3fs: NoSuchKey)
+            for sub, _ in self.files(tmp):
+                target = f"{dst}/{sub}"
+                self.fs.makedirs(posixpath.dirname(target), exist_ok=True)
+                self.fs.mv(f"{src}/{sub}", target)
+            with contextlib.suppress(FileNotFoundError):
+                self.fs.rm(src, recursive=True)
         else:
             self.fs.mv(src, dst)
         self.fs.invalidate_cache()

@@ -10,8 +10,10 @@ logged before it flushed first, then its sidecar record, then its registration w
 Only regular files are copied (a link or a FIFO in the source is refused), and nothing appears
 under the final name before every byte of the copy is written and fsynced.
 
-:func:`resume_point` is the other half: the job's newest verified checkpoint as a local path the
-framework can load, and the server told that the run goes on from its step.
+:func:`resume_choice` and :func:`fetch` are the other half: the main rank picks the job's newest
+verified checkpoint (and tells the server that the run goes on from its step), and each node
+gets it as a local path the framework can load (a copy of its own where the storage is remote:
+another node's scratch directory is not on this node's disk).
 """
 
 from __future__ import annotations
@@ -19,11 +21,12 @@ from __future__ import annotations
 import logging
 import os
 import stat
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from trainhouse.core.errors import CheckpointError
-from trainhouse.jobfs.storage import CHUNK, confine, tree_digest
+from trainhouse.jobfs.storage import CHUNK, LocalStorage, confine, tree_digest
 from trainhouse.sdk.checkpoint._checkpointer import Checkpointer
 from trainhouse.sdk.checkpoint._finding import dir_name, file_name
 from trainhouse.sdk.checkpoint._support import HashingWriter
@@ -127,18 +130,45 @@ def commit_record(checkpointer: Checkpointer, record: dict[str, Any]) -> dict[st
     return checkpointer._commit(record)
 
 
-def resume_point(checkpointer: Checkpointer, scratch: str | os.PathLike[str]) -> Path | None:
-    """The job's newest checkpoint whose sha256 matches, as a local path (downloaded under
-    ``scratch`` when the storage is remote), or None on a fresh start; the server is told that
-    the run goes on from its step (steps that earlier attempts logged after it are dropped).
-    Main rank only."""
+def resume_choice(checkpointer: Checkpointer) -> dict[str, Any] | None:
+    """The record of the job's newest checkpoint whose sha256 matches, or None on a fresh
+    start; the server is told that the run goes on from its step (steps that earlier attempts
+    logged after it are dropped). Main rank only: the other ranks get the record from it."""
     chosen = checkpointer.latest()
     checkpointer._registry.resume_from(chosen)
+    return chosen
+
+
+def fetch(
+    checkpointer: Checkpointer, record: Mapping[str, Any], scratch: str | os.PathLike[str]
+) -> Path:
+    """The checkpoint ``record`` names as a path on this machine: where it lies for a local
+    (or shared) storage, else a copy downloaded under ``scratch`` and checked against the
+    record's digest (a CheckpointError if it differs). Any rank: on a job of several nodes with
+    remote storage, each node needs a copy of its own."""
+    path = str(record["path"])
+    local = checkpointer.storage.local_path(path)
+    if local is not None:
+        return local
+    local = checkpointer.storage.download(path, Path(scratch) / confine(path))
+    expected = record.get("sha256")
+    if expected is not None:
+        algorithm = str(record.get("algorithm") or "sha256")
+        actual = LocalStorage(scratch).digest(confine(path), algorithm=algorithm)
+        if actual != expected:
+            raise CheckpointError(
+                f"the copy of {checkpointer.storage.location(path)} downloaded to {local} has "
+                f"{algorithm} {actual}, expected {expected}"
+            )
+    return local
+
+
+def resume_point(checkpointer: Checkpointer, scratch: str | os.PathLike[str]) -> Path | None:
+    """:func:`resume_choice` and :func:`fetch` in one process: the local path of the job's
+    newest verified checkpoint, or None on a fresh start. Main rank only."""
+    chosen = resume_choice(checkpointer)
     if chosen is None:
         return None
-    path = str(chosen["path"])
-    local = checkpointer.storage.local_path(path)
-    if local is None:
-        local = checkpointer.storage.download(path, Path(scratch) / path)
+    local = fetch(checkpointer, chosen, scratch)
     log.info("trainhouse: resuming from %s (step %s)", local, chosen["step"])
     return local
