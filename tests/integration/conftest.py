@@ -29,6 +29,8 @@ BACKENDS = tuple(os.environ.get("TRAINHOUSE_TEST_BACKENDS", "sqlite,postgresql")
 SINGLE_BACKEND = {
     "test_ray.py": "Ray: a module-wide cluster and server; the executor, not the store, is "
     "under test, and each test costs tens of seconds",
+    "test_integrations_ray.py": "Ray: a module-wide cluster and server; the frameworks' resume "
+    "on two nodes, not the store, is under test (each test costs a minute and more)",
     "test_ray_elastic.py": "Ray: a module-wide cluster whose nodes join and leave under an "
     "elastic job; the executor and the policy, not the store, are under test (the store's side "
     "of resizes runs on both backends in test_elastic.py)",
