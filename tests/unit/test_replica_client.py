@@ -193,6 +193,12 @@ def test_a_hostile_answer_fails_its_request_and_its_connection(reply: bytes, say
     run(scenario)
 
 
+async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """A replica that reads the request and never answers."""
+    await read_request(reader)
+    await asyncio.sleep(30)
+
+
 @pytest.mark.parametrize("reset", [True, False])
 def test_a_connection_that_ends_before_any_answer_is_dropped(reset: bool) -> None:
     async def dies(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -202,16 +208,12 @@ def test_a_connection_that_ends_before_any_answer_is_dropped(reset: bool) -> Non
         else:
             writer.close()
 
-    async def late(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await read_request(reader)
-        await asyncio.sleep(30)
-
     async def scenario() -> None:
         http = client(answer_timeout=0.3)
         async with replica(dies) as r:
             with pytest.raises(Dropped, match="before any byte of its answer"):
                 await http.post(r.url, KEY, b"{}")
-        async with replica(late) as r:  # silent past the timeout: not dropped, it may be busy
+        async with replica(silent) as r:  # silent past the timeout: not dropped, it may be busy
             with pytest.raises(Failed) as failed:
                 await http.post(r.url, KEY, b"{}")
             assert not isinstance(failed.value, Dropped)
@@ -273,10 +275,6 @@ def test_connections_are_bounded_and_a_closed_one_is_not_reused() -> None:
 
 
 def test_a_replica_that_never_answers_fails_past_the_timeout() -> None:
-    async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await read_request(reader)
-        await asyncio.sleep(30)
-
     async def scenario() -> None:
         http = client(answer_timeout=0.3)
         async with replica(silent) as r:

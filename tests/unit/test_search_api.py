@@ -115,13 +115,21 @@ def test_submit_refuses_what_could_never_run(api: TestClient, tmp_path: Path) ->
 
 
 def report(api: TestClient, job_id: int, token: str, steps: list[int], value: float) -> Any:
+    """Trial ``job_id`` reports ``value`` at each of ``steps``, in one report."""
+    return report_values(api, job_id, token, steps, [value] * len(steps))
+
+
+def report_values(
+    api: TestClient, job_id: int, token: str, steps: list[int], values: list[float]
+) -> Any:
+    """Trial ``job_id`` reports ``values[i]`` at ``steps[i]``, in one report."""
     body = {
         "batch_id": uuid.uuid4().hex,
         "attempt": 1,
         "columns": {
             "step": steps,
             "name": ["val_loss"] * len(steps),
-            "value": [value] * len(steps),
+            "value": values,
             "rank": [None] * len(steps),
             "wall_time": [time.time()] * len(steps),
         },
@@ -388,23 +396,7 @@ ASHA = SPEC.replace("max_trials: 4", "max_trials: 2").replace(
 
 def report_curve(api: TestClient, job_id: int, token: str, values: list[float]) -> Any:
     """Trial ``job_id`` reports ``values[s]`` at each step ``s``, in one report."""
-    steps = list(range(len(values)))
-    body = {
-        "batch_id": uuid.uuid4().hex,
-        "attempt": 1,
-        "columns": {
-            "step": steps,
-            "name": ["val_loss"] * len(steps),
-            "value": values,
-            "rank": [None] * len(steps),
-            "wall_time": [1.0] * len(steps),
-        },
-    }
-    answer = api.post(
-        f"/api/v1/jobs/{job_id}/report", json=body, headers={"Authorization": f"Bearer {token}"}
-    )
-    assert answer.status_code == 200, answer.text
-    return answer.json()
+    return report_values(api, job_id, token, list(range(len(values))), values)
 
 
 def two_trials(
