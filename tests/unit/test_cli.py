@@ -175,11 +175,15 @@ def test_server_help_shows_the_defaults_of_settings(tmp_path: Path) -> None:
         *("fairshare_half_life", "max_infra_restarts", "monitor_interval", "monitor_retention"),
         "job_visibility",
         *("env_cache_size", "dataset_cache_bytes", "dataset_upload_bytes"),
+        *("model_max_bytes", "clone_max_bytes"),
     }
     for name, default in shown.items():
         expected = getattr(defaults, name)
         value = parse_duration(default.shown) if name in durations else default.shown
-        if name in ("env_cache_size", "dataset_cache_bytes", "dataset_upload_bytes"):
+        if name in (
+            *("env_cache_size", "dataset_cache_bytes", "dataset_upload_bytes"),
+            *("model_max_bytes", "clone_max_bytes"),
+        ):
             value = parse_size(default.shown)
         assert value == expected, (
             f"--{name.replace('_', '-')} shows {default}, Settings has {expected!r}"

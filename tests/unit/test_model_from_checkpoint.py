@@ -263,6 +263,26 @@ def test_wrong_and_hostile_registrations_get_a_4xx_naming_the_problem(
     assert "models/saved/step-000000002 (run.save_model saved it)" in error_of(resp)["message"]
 
 
+def test_a_terabyte_sparse_checkpoint_is_refused_before_a_byte_is_copied(
+    api: TestClient, job: dict[str, Any]
+) -> None:
+    """A checkpoint a job registered truthfully as 1 TiB (sparse: nothing on its disk) is
+    refused by the server's default cap on its registered size; nothing is copied."""
+    path = "ckpt-000000009.th"
+    with (job["dir"] / path).open("wb") as fh:
+        fh.truncate(1 << 40)
+    body = {"attempt": 1, "step": 9, "path": path, "size": 1 << 40, "sha256": "0" * 64}
+    assert api.post(f"{job['url']}/checkpoints", json=body, headers=AUTH).status_code == 201
+    resp = register(api, job, "vast")
+    assert resp.status_code == 422, resp.json()
+    assert resp.json()["error"]["message"] == (
+        f"job {job['id']}'s checkpoint of step 9 holds {1 << 40} bytes, more than the "
+        f"{256 << 30} a model version may hold (the server's --model-max-bytes); refused "
+        "before reading it"
+    )
+    assert not (job["dir"] / "models").exists()
+
+
 def test_a_job_cannot_pass_off_a_record_of_kind_checkpoint_without_its_parts(
     api: TestClient, job: dict[str, Any]
 ) -> None:

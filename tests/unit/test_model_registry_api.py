@@ -231,6 +231,25 @@ def test_hostile_records_files_and_paths_are_refused(api: TestClient, job: dict[
     assert register(api, job, record).status_code == 201
 
 
+def test_a_terabyte_of_sparse_weights_is_refused_before_a_byte_is_read(
+    api: TestClient, job: dict[str, Any]
+) -> None:
+    """A job's record may tell the truth about a 1 TiB sparse file (it costs the job nothing on
+    disk): its registration is refused on the size alone, the server's default cap named."""
+    record = save(job, Branchy().eval(), 3, name="vast", loader="train.py:load")
+    weights = job["dir"] / record["path"] / "weights.safetensors"
+    with weights.open("r+b") as fh:
+        fh.truncate(1 << 40)
+    rewrite(job, record, lambda d, _w: d["files"][0].update(size=1 << 40))
+    resp = register(api, job, record)
+    assert resp.status_code == 422, resp.json()
+    assert resp.json()["error"]["message"] == (
+        f"the model in {record['path']} holds {1 << 40} bytes, more than the {256 << 30} a "
+        "model version may hold (the server's --model-max-bytes); refused before reading it"
+    )
+    assert api.get("/api/v1/models").json()["models"] == []
+
+
 def test_a_standalone_run_saves_a_model_next_to_its_checkpoints(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -22,6 +22,7 @@ import pytest
 import torch
 
 import trainhouse
+from trainhouse.core.wire import FILE_WORK_READ
 from trainhouse.errors import CheckpointError, ClientError
 from trainhouse.jobfs.storage import FsspecStorage, LocalStorage, new_hash
 from trainhouse.sdk._server import ServerLink
@@ -327,6 +328,26 @@ def test_report_corrupt_posts_to_the_checkpoint() -> None:
     api.report_corrupt(3, "sha256 mismatch")
     api.close()
     assert seen == [("POST", "/api/v1/jobs/7/checkpoints/3/corrupt", {"reason": "sha256 mismatch"})]
+
+
+def test_a_model_registration_waits_for_the_server_to_hash_it() -> None:
+    """The server answers a registration once it has hashed the model's files (minutes for a
+    large one, in its bounded pool): the SDK waits that long for the answer, and no longer
+    than its usual 10 s for anything else."""
+    reads: dict[str, float] = {}
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        reads[request.url.path] = request.extensions["timeout"]["read"]
+        return httpx.Response(201, json={"version": 1})
+
+    api = JobAPI("http://server", 7, "tok", transport=httpx.MockTransport(handler))
+    assert api.register_model("digits", "models/digits/step-000000001") == {"version": 1}
+    api.report_corrupt(3, "sha256 mismatch")
+    api.close()
+    assert reads == {
+        "/api/v1/jobs/7/models": FILE_WORK_READ,
+        "/api/v1/jobs/7/checkpoints/3/corrupt": 10.0,
+    }
 
 
 def test_unregistered_sidecar_checkpoints_are_candidates(standalone: Path) -> None:

@@ -285,6 +285,20 @@ def server(
             "the cluster's own network)"
         ),
     ] = False,
+    model_max_bytes: Annotated[
+        str | None,
+        typer.Option(
+            help="The most a model version's files may hold together (a job's saved model, a "
+            "checkpoint registered with --loader); a larger one is refused before it is read"
+        ),
+    ] = settings_default("256G"),
+    clone_max_bytes: Annotated[
+        str | None,
+        typer.Option(
+            help="The largest checkpoint clone --from-checkpoint copies; a larger one is "
+            "refused before it is read"
+        ),
+    ] = settings_default("256G"),
     log_level: Annotated[str, typer.Option(help="debug, info, warning")] = "info",
 ) -> None:
     """Run the trainhouse server in the foreground."""
@@ -330,6 +344,8 @@ def server(
             tuple(p.expanduser().resolve() for p in dataset_root) if dataset_root else None
         ),
         "dataset_allow_private": dataset_allow_private or None,
+        "model_max_bytes": _bytes("--model-max-bytes", model_max_bytes),
+        "clone_max_bytes": _bytes("--clone-max-bytes", clone_max_bytes),
     }
     settings = Settings(
         home=(home or default_home()).expanduser().resolve(),

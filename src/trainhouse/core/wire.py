@@ -14,7 +14,20 @@ import orjson
 
 from trainhouse.core.errors import ClientError, ServerUnreachable
 
-__all__ = ["CLIENT_HEADERS", "CSRF_HEADER", "JSON_HEADERS", "encode_json", "error_from", "send"]
+__all__ = [
+    "CLIENT_HEADERS",
+    "CSRF_HEADER",
+    "FILE_WORK_READ",
+    "JSON_HEADERS",
+    "encode_json",
+    "error_from",
+    "send",
+]
+
+#: seconds a caller waits for the answer to a request the server answers once it has hashed or
+#: copied a job's files (a model registration): that work is bounded by the server's caps
+#: (``--model-max-bytes``) and waits its turn in a bounded pool, so it may take minutes
+FILE_WORK_READ = 3600.0
 
 #: a header no page of another origin can send without the server's leave (a CORS preflight,
 #: which the server never grants): a write must carry it or come from the server's own pages

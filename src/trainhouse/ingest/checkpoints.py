@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from trainhouse.core.background import BackgroundLoop
-from trainhouse.core.errors import CheckpointError, NotFound
+from trainhouse.core.errors import CheckpointError, NotFound, ServerBusy
 from trainhouse.core.spec import CheckpointPolicy
 from trainhouse.jobfs.jobfiles import MAX_RECORD
 from trainhouse.jobfs.layout import JobLayout
@@ -328,14 +328,35 @@ class Checkpoints(BackgroundLoop):
                 self._changed.notify_all()
 
     # -- copies (clone --from-checkpoint) ---------------------------------------------------
-    def copy(self, source: Job, ckpt: Checkpoint, target: Job) -> Checkpoint:
+    def check_copy(self, ckpt: Checkpoint, near: int, *, max_bytes: int) -> None:
+        """Refuse, before any byte is read, a copy of ``ckpt`` larger than ``max_bytes`` (its
+        registered size: what a copy reads at most, a sparse file's apparent size) or than
+        the space left where job ``near``'s checkpoints are (the copy's storage is beside)."""
+        if ckpt.size > max_bytes:
+            raise CheckpointError(
+                f"checkpoint of step {ckpt.step} is {ckpt.size} bytes, more than the "
+                f"{max_bytes} a copy may take (the server's --clone-max-bytes); not copied"
+            )
+        try:
+            free = self.storage(near).free_bytes()
+        except OSError:
+            free = None
+        if free is not None and ckpt.size > free:
+            raise CheckpointError(
+                f"checkpoint of step {ckpt.step} is {ckpt.size} bytes; its copy's storage has "
+                f"{free} bytes free; not copied"
+            )
+
+    def copy(
+        self, source: Job, ckpt: Checkpoint, target: Job, cancel: threading.Event | None = None
+    ) -> None:
         """Copy ``ckpt`` of ``source`` into ``target``'s storage under the same name, verified
         as a restart verifies it: a file's digest (its registered algorithm) is computed over
         the bytes as they are copied, never more than its registered size; a sharded
         checkpoint's tree digest is computed over the copy. Written under a temp name and
-        published only once it matches; then its record (next to it, for the SDK) and its
-        registration as ``target``'s checkpoint of attempt 0, the one its first attempt
-        loads. A mismatch raises CheckpointError and leaves nothing behind."""
+        published only once it matches; then its record (next to it, for the SDK). A mismatch
+        raises CheckpointError and leaves nothing behind, as ``cancel`` set does (ServerBusy).
+        :meth:`add_copy` registers it."""
         src, dst = self.storage(source.id), self.storage(target.id)
         name = confine(ckpt.path)
         listing = self.files(source.id, ckpt)  # NotFound / CheckpointError when it is gone
@@ -350,10 +371,19 @@ class Checkpoints(BackgroundLoop):
                             f"checkpoint of step {ckpt.step} holds more than its registered "
                             f"{ckpt.size} bytes"
                         )
-                    _copy_file(src, f"{name}/{confine(sub)}", dst, f"{tmp}/{confine(sub)}", size)
+                    _copy_file(
+                        src,
+                        f"{name}/{confine(sub)}",
+                        dst,
+                        f"{tmp}/{confine(sub)}",
+                        size,
+                        cancel=cancel,
+                    )
                 actual = dst.digest(tmp, max_bytes=ckpt.size)
             else:
-                actual = _copy_file(src, name, dst, tmp, ckpt.size, algorithm=ckpt.algorithm)
+                actual = _copy_file(
+                    src, name, dst, tmp, ckpt.size, algorithm=ckpt.algorithm, cancel=cancel
+                )
             if actual != ckpt.sha256:
                 raise CheckpointError(
                     f"checkpoint of step {ckpt.step} of job {source.id} is corrupt: its "
@@ -377,6 +407,11 @@ class Checkpoints(BackgroundLoop):
             "copied_from": {"job": source.id, "step": ckpt.step},
         }
         dst.write_text(sidecar_name(name), json.dumps(record))
+
+    def add_copy(self, ckpt: Checkpoint, target: Job) -> Checkpoint:
+        """Register the copy :meth:`copy` made as ``target``'s checkpoint of attempt 0, the
+        one its first attempt loads."""
+        name = confine(ckpt.path)
         return self.store.checkpoints.add(
             target.id,
             attempt=0,
@@ -389,11 +424,14 @@ class Checkpoints(BackgroundLoop):
             algorithm=ckpt.algorithm,
         )
 
-    def copy_file(self, job: Job, ckpt: Checkpoint, to: str) -> str:
+    def copy_file(
+        self, job: Job, ckpt: Checkpoint, to: str, cancel: threading.Event | None = None
+    ) -> str:
         """Copy the file checkpoint ``ckpt`` of ``job`` to ``to`` in the same storage (a
         model registered from it), verified as :meth:`copy` verifies: its registered digest
         over the bytes copied, never more than its registered size; a CheckpointError on a
-        mismatch (the partial copy is the caller's to remove). Returns the copy's sha256."""
+        mismatch (the partial copy is the caller's to remove), ServerBusy once ``cancel`` is
+        set. Returns the copy's sha256."""
         if ckpt.kind != "file":
             raise CheckpointError(
                 f"checkpoint of step {ckpt.step} is {ckpt.kind}, not one file: it cannot be copied "
@@ -411,6 +449,7 @@ class Checkpoints(BackgroundLoop):
                 ckpt.size,
                 algorithm=ckpt.algorithm,
                 also=sha256,
+                cancel=cancel,
             )
         except OSError as exc:
             raise CheckpointError(f"checkpoint of step {ckpt.step} cannot be read: {exc}") from None
@@ -469,30 +508,44 @@ class Checkpoints(BackgroundLoop):
         return chunks()
 
 
+def hash_file(
+    storage: Storage, rel: str, size: int, *, cancel: threading.Event | None = None
+) -> str:
+    """The sha256 of the file ``rel`` of ``storage``, which must hold exactly ``size`` bytes
+    (no more is read: a CheckpointError past them or short of them); ServerBusy once
+    ``cancel`` is set."""
+    return _copy_file(storage, rel, None, "", size, cancel=cancel)
+
+
 def _copy_file(
     src: Storage,
     rel: str,
-    dst: Storage,
+    dst: Storage | None,
     to: str,
     size: int,
     *,
     algorithm: str = "sha256",
     also: Any = None,
+    cancel: threading.Event | None = None,
 ) -> str:
-    """Copy the file ``rel`` of ``src`` to ``to`` in ``dst``, reading at most ``size`` bytes
-    (a CheckpointError past them); returns the ``algorithm`` digest of what was copied (and
-    feeds the same bytes to the hasher ``also``)."""
+    """Copy the file ``rel`` of ``src`` to ``to`` in ``dst`` (None: only read it), reading at
+    most ``size`` bytes (a CheckpointError past them); returns the ``algorithm`` digest of what
+    was copied (and feeds the same bytes to the hasher ``also``). ServerBusy once ``cancel``
+    is set (the server stops)."""
     hasher = new_hash(algorithm)
     left = size
-    with src.open_read(rel) as fh, dst.open_write(to) as out:
+    with src.open_read(rel) as fh, dst.open_write(to) if dst else contextlib.nullcontext() as out:
         while chunk := fh.read(min(CHUNK, left + 1)):
+            if cancel is not None and cancel.is_set():
+                raise ServerBusy(f"the server is stopping: {rel} was not read to its end")
             left -= len(chunk)
             if left < 0:
                 raise CheckpointError(f"{rel} holds more than its registered {size} bytes")
             hasher.update(chunk)
             if also is not None:
                 also.update(chunk)
-            out.write(chunk)
+            if out is not None:
+                out.write(chunk)
     if left:
         raise CheckpointError(f"{rel} holds {size - left} bytes, not its registered {size}")
     return str(hasher.hexdigest())

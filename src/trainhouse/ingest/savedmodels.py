@@ -8,6 +8,13 @@ link followed, regular files only. What the job wrote there is hostile: the reco
 ``MAX_MODEL_RECORD`` bytes and validated field by field, only the files a kind has are accepted, and
 each file's size and sha256 are checked against the record before the version is registered (the
 record's own sha256 is added then).
+
+A registration comes in three parts, so that no request's thread reads a job's files: a
+``prepare_*`` method checks what it can without reading them (the record, each file's size, the
+model's bytes together against the server's cap, a sparse file counted at its apparent size) and
+returns a :class:`Pending` whose ``work`` (hashing, or copying a checkpoint) runs in the
+server's bounded pool of background work (:class:`~trainhouse.core.background.WorkPool`); its
+:class:`Verified` result becomes a version with :meth:`SavedModels.add`.
 """
 
 from __future__ import annotations
@@ -16,8 +23,10 @@ import contextlib
 import hashlib
 import json
 import logging
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +48,7 @@ from trainhouse.core.modelfiles import (
     version_dir,
 )
 from trainhouse.core.modelrecord import SavedModelRecord
-from trainhouse.ingest.checkpoints import CHUNK, Checkpoints
+from trainhouse.ingest.checkpoints import CHUNK, Checkpoints, hash_file
 from trainhouse.jobfs.storage import confine, is_temp
 from trainhouse.jobfs.workdir import list_members
 from trainhouse.store import Checkpoint, Job, ModelVersion, Store
@@ -50,6 +59,36 @@ log = logging.getLogger(__name__)
 KIND_FILES = {"export": {PROGRAM, WEIGHTS}, "loader": {WEIGHTS}, "checkpoint": {CHECKPOINT}}
 
 
+@dataclass(frozen=True)
+class Verified:
+    """A saved model's record and files, checked: what a new version is made of."""
+
+    path: str
+    record: SavedModelRecord
+    raw: bytes  # the record's bytes
+    files: list[dict[str, Any]]  # each file's name, size and sha256 (the record's own not yet)
+
+
+@dataclass(frozen=True)
+class Pending:
+    """A registration checked as far as it can be without reading the model's files: its
+    directory, the name its version takes, the bytes :attr:`work` reads (or copies), and that
+    work, a function of a stop event (set when the server stops), for a background thread."""
+
+    path: str
+    name: str
+    size: int
+    work: Callable[[threading.Event], Verified]
+
+
+def _check_cap(what: str, size: int, max_bytes: int) -> None:
+    if size > max_bytes:
+        raise ModelError(
+            f"{what} holds {size} bytes, more than the {max_bytes} a model version may hold "
+            "(the server's --model-max-bytes); refused before reading it"
+        )
+
+
 class SavedModels:
     """Registering saved models and reading their files."""
 
@@ -58,9 +97,11 @@ class SavedModels:
         self.checkpoints = checkpoints
 
     # -- registering -----------------------------------------------------------------------
-    def register(self, job: Job, path: str, *, name: str | None = None) -> ModelVersion:
-        """Register the model ``job`` saved in ``path`` as a new version of ``name`` (default:
-        the name it was saved under), once its record and files check out."""
+    def prepare(self, job: Job, path: str, *, name: str | None = None, max_bytes: int) -> Pending:
+        """The model ``job`` saved in ``path``, to register as a new version of ``name``
+        (default: the name it was saved under): its record read and checked, each file's
+        size checked against it and their total against ``max_bytes``; the files' sha256 are
+        the pending work's."""
         path = confine(path)
         if step_of(path) is None or not path.startswith(f"{ROOT}/") or path.count("/") != 2:
             raise ModelError(
@@ -99,25 +140,55 @@ class SavedModels:
                 f"{path}/{RECORD} lists the files {names}; a {record.kind!r} model has "
                 f"{sorted(KIND_FILES[record.kind])}"
             )
-        files = []
-        for entry in record.files:
+        for entry in record.files:  # sizes only (a sparse file's apparent one): nothing read
             rel = f"{path}/{entry.name}"
             try:
                 size = storage.size(rel)
-                actual = storage.digest(rel, max_bytes=entry.size) if size == entry.size else ""
             except FileNotFoundError:
                 raise ModelError(f"{rel} is listed in the record but missing") from None
             except (OSError, CheckpointError) as exc:
                 raise ModelError(f"{rel} cannot be read: {exc}") from None
             if size != entry.size:
                 raise ModelError(f"{rel} is {size} bytes; its record says {entry.size}")
+        total = sum(entry.size for entry in record.files)
+        _check_cap(f"the model in {path}", total, max_bytes)
+
+        def work(cancel: threading.Event) -> Verified:
+            return self._verify(job, path, record, raw, cancel)
+
+        return Pending(path, check_name(name or record.name), total, work)
+
+    def _verify(
+        self,
+        job: Job,
+        path: str,
+        record: SavedModelRecord,
+        raw: bytes,
+        cancel: threading.Event,
+    ) -> Verified:
+        """Each of the record's files hashed (never more than its size) and checked."""
+        storage = self.checkpoints.storage(job.id)
+        files = []
+        for entry in record.files:
+            rel = f"{path}/{entry.name}"
+            try:
+                actual = hash_file(storage, rel, entry.size, cancel=cancel)
+            except FileNotFoundError:
+                raise ModelError(f"{rel} is listed in the record but missing") from None
+            except (OSError, CheckpointError) as exc:
+                raise ModelError(f"{rel} cannot be read: {exc}") from None
             if actual != entry.sha256:
                 raise ModelError(
                     f"{rel}: sha256 {actual[:16]}... does not match its record's "
                     f"{entry.sha256[:16]}..."
                 )
             files.append(entry.model_dump())
-        return self._add(job, check_name(name or record.name), path, record, raw, files)
+        return Verified(path, record, raw, files)
+
+    def add(self, job: Job, name: str, verified: Verified) -> ModelVersion:
+        """A new version of ``name``: what :meth:`prepare` and its work checked."""
+        v = verified
+        return self._add(job, check_name(name), v.path, v.record, v.raw, v.files)
 
     def _add(
         self,
@@ -170,9 +241,9 @@ class SavedModels:
             raise ModelError(f"job {job.id}'s saved models cannot be listed: {exc}") from None
         return sorted(found, key=lambda f: (f[1], f[0]))
 
-    def register_from_job(self, job: Job, name: str, step: int | None) -> ModelVersion:
+    def prepare_from_job(self, job: Job, name: str, step: int | None, *, max_bytes: int) -> Pending:
         """``models register NAME --job J [--step S]``: the job's model saved at ``step`` (its
-        newest by default), preferably the one saved as ``name``."""
+        newest by default), preferably the one saved as ``name`` (:meth:`prepare`)."""
         # the copies of its checkpoints registered with a loader are not what it saved
         copies = {v.path for v in self.store.models.for_job(job.id) if v.kind == "checkpoint"}
         saved = [
@@ -188,10 +259,10 @@ class SavedModels:
                 f"job {job.id} saved several models ({', '.join(sorted({s[0] for s in saved}))}) "
                 f"and none as {name!r}: name one of them"
             )
-        return self.register(job, pool[-1][2], name=name)
+        return self.prepare(job, pool[-1][2], name=name, max_bytes=max_bytes)
 
     # -- registering a checkpoint -----------------------------------------------------------
-    def register_checkpoint(
+    def prepare_checkpoint(
         self,
         job: Job,
         name: str,
@@ -200,13 +271,16 @@ class SavedModels:
         loader: str,
         archive: Path | None,
         inputs: list[dict[str, Any]] | None = None,
-    ) -> ModelVersion:
+        max_bytes: int,
+    ) -> Pending:
         """``models register NAME --job J [--step S] --loader FILE.py:FUNCTION``: the job's
-        checkpoint of ``step`` (its newest by default) copied into the job's model layout
+        checkpoint of ``step`` (its newest by default), to copy into the job's model layout
         (verified against its registered digest as it is copied, so retention never deletes
         it), with a record of kind "checkpoint" that names the loader, registered as a new
         version of ``name``. The loader's file must be in the job's workdir ``archive``
-        (listed, never extracted); ``inputs``, when given, are the model's signature."""
+        (listed, never extracted); ``inputs``, when given, are the model's signature. A
+        checkpoint over ``max_bytes`` (its registered size) is refused here; the copy is the
+        pending work's."""
         check_name(name)
         file = check_loader(loader).partition(":")[0]
         self._check_loader_file(job, archive, file, loader)
@@ -225,10 +299,37 @@ class SavedModels:
         except (OSError, CheckpointError) as exc:
             raise ModelError(f"{path} cannot be read: {exc}") from None
         if exists:
-            return self._again(job, name, path, loader, source, signature)
+            return self._again(job, name, path, loader, source, signature, max_bytes)
+        _check_cap(f"job {job.id}'s checkpoint of step {ckpt.step}", ckpt.size, max_bytes)
+        with contextlib.suppress(OSError):
+            free = storage.free_bytes()
+            if free is not None and ckpt.size > free:
+                raise ModelError(
+                    f"job {job.id}'s checkpoint of step {ckpt.step} is {ckpt.size} bytes; its "
+                    f"storage has {free} bytes free for the copy"
+                )
+
+        def work(cancel: threading.Event) -> Verified:
+            return self._copy_checkpoint(job, ckpt, name, path, loader, signature, source, cancel)
+
+        return Pending(path, name, ckpt.size, work)
+
+    def _copy_checkpoint(
+        self,
+        job: Job,
+        ckpt: Checkpoint,
+        name: str,
+        path: str,
+        loader: str,
+        signature: dict[str, Any],
+        source: dict[str, Any],
+        cancel: threading.Event,
+    ) -> Verified:
+        """The checkpoint copied (digest checked), its record written, published whole."""
+        storage = self.checkpoints.storage(job.id)
         tmp = storage.temp_name(path)
         try:
-            sha256 = self.checkpoints.copy_file(job, ckpt, f"{tmp}/{CHECKPOINT}")
+            sha256 = self.checkpoints.copy_file(job, ckpt, f"{tmp}/{CHECKPOINT}", cancel)
             record = SavedModelRecord.model_validate(
                 {
                     "name": name,
@@ -254,8 +355,7 @@ class SavedModels:
             with contextlib.suppress(Exception):
                 storage.delete(tmp)
             raise
-        files = [f.model_dump() for f in record.files]
-        return self._add(job, name, path, record, raw, files)
+        return Verified(path, record, raw, [f.model_dump() for f in record.files])
 
     def _check_loader_file(self, job: Job, archive: Path | None, file: str, loader: str) -> None:
         """The loader's file is in the job's uploaded workdir (its archive listed, never
@@ -304,7 +404,8 @@ class SavedModels:
         loader: str,
         source: dict[str, Any],
         signature: dict[str, Any],
-    ) -> ModelVersion:
+        max_bytes: int,
+    ) -> Pending:
         """The same checkpoint registered again with the same loader: its copy, checked
         again; anything else already in ``path`` is a conflict."""
         storage = self.checkpoints.storage(job.id)
@@ -333,7 +434,7 @@ class SavedModels:
                 f"job {job.id} already holds a model in {path} (run.save_model saved it): "
                 f"register it without --loader, or under another name than {name!r}"
             )
-        return self.register(job, path, name=name)
+        return self.prepare(job, path, name=name, max_bytes=max_bytes)
 
     # -- reading and deleting --------------------------------------------------------------
     def read(self, version: ModelVersion, file: str) -> Iterator[bytes]:

@@ -8,7 +8,7 @@ from typing import Any
 import httpx
 
 from trainhouse.core.errors import ClientError, ServerUnreachable
-from trainhouse.core.wire import CLIENT_HEADERS, JSON_HEADERS, encode_json, send
+from trainhouse.core.wire import CLIENT_HEADERS, FILE_WORK_READ, JSON_HEADERS, encode_json, send
 
 
 class JobAPI:
@@ -71,9 +71,19 @@ class JobAPI:
 
     def register_model(self, name: str, path: str, *, retry_for: float = 60.0) -> dict[str, Any]:
         """Register the model the job saved in ``path`` (its checkpoint storage) as a new
-        version of ``name``; the version as registered."""
+        version of ``name``; the version as registered. The server answers once it has hashed
+        every file: the answer is awaited up to ``FILE_WORK_READ`` seconds (a retry joins the
+        registration under way, it does not start another)."""
+        current = self._http.timeout
+        timeout = httpx.Timeout(
+            connect=current.connect, read=FILE_WORK_READ, write=current.write, pool=current.pool
+        )
         result: dict[str, Any] = self.call(
-            "POST", "/models", json={"name": name, "path": path}, retry_for=retry_for
+            "POST",
+            "/models",
+            json={"name": name, "path": path},
+            retry_for=retry_for,
+            timeout=timeout,
         )
         return result
 

@@ -11,14 +11,24 @@ its audit entry; the scheduler is woken after it.
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Callable
+
 import orjson
 
-from trainhouse.core.errors import InvalidTransition, NotFound, ResourceError, StoreError
+from trainhouse.core.errors import (
+    InvalidTransition,
+    NotFound,
+    ResourceError,
+    ServerBusy,
+    StoreError,
+)
 from trainhouse.core.flows import verdict
 from trainhouse.core.lifecycle import RESUMABLE, JobState
 from trainhouse.core.records import Checkpoint, Job
-from trainhouse.usecases import audit
+from trainhouse.usecases import audit, filework
 from trainhouse.usecases.access import Principal
+from trainhouse.usecases.filework import in_thread
 from trainhouse.usecases.runtime import Runtime
 from trainhouse.usecases.submission import accepted_spec, check_entrypoint, never_fits
 
@@ -94,7 +104,7 @@ def _checkpoint(rt: Runtime, source: Job, wanted: str) -> Checkpoint:
     return max(found, key=lambda c: c.id)
 
 
-def clone(
+async def clone(
     rt: Runtime,
     p: Principal,
     source: Job,
@@ -104,8 +114,51 @@ def clone(
 ) -> Job:
     """A new job, owned by the caller, with the same workdir archive as ``source`` (a job the
     caller may read) and its spec plus ``overrides`` (as ``--set``); with ``from_checkpoint``
-    ('latest' or a step) it starts from a verified copy of that checkpoint. It records where
-    it came from (``cloned_from``, ``cloned_step``). A copy that fails leaves no job behind."""
+    ('latest' or a step) it starts from a verified copy of that checkpoint, one of at most
+    ``Settings.clone_max_bytes`` (refused before anything is made or read), copied in the
+    server's bounded background work (:mod:`trainhouse.usecases.filework`), awaited without a
+    thread. It records where it came from (``cloned_from``, ``cloned_step``). A copy that
+    fails leaves no job behind."""
+    new, ckpt, audited = await in_thread(_make_clone, rt, p, source, overrides, from_checkpoint)
+    if ckpt is None:
+        rt.scheduler.wake()
+        return new
+
+    began = threading.Event()
+
+    def work(cancel: threading.Event) -> Job:  # the copy, then the clone released or dropped
+        began.set()
+        try:
+            rt.checkpoints.copy(source, ckpt, new, cancel)
+            with rt.store.transaction():
+                rt.checkpoints.add_copy(ckpt, new)
+                released = rt.store.jobs.release(new.id)
+                audited(released)
+        except BaseException:
+            rt.checkpoints.remove_all(new.id)
+            rt.store.jobs.discard(new.id)
+            raise
+        rt.scheduler.wake()
+        return released
+
+    what = f"copying job {source.id}'s checkpoint of step {ckpt.step}"
+    try:
+        return await filework.run(rt, ("clone", new.id), what, work)
+    except ServerBusy:  # the pool is full (or stopping): the held clone is not left behind
+        if not began.is_set():
+            await in_thread(_drop_clone, rt, new.id)
+        raise
+
+
+def _make_clone(
+    rt: Runtime,
+    p: Principal,
+    source: Job,
+    overrides: list[str] | None,
+    from_checkpoint: str | None,
+) -> tuple[Job, Checkpoint | None, Callable[[Job], None]]:
+    """The clone's row (held when a checkpoint is to be copied into it, audited now when
+    not), the checkpoint, and what audits it."""
     text = orjson.dumps(source.spec_data).decode()
     spec = accepted_spec(rt, p, text, overrides=overrides, source=f"job {source.id}'s spec")
     archive = rt.blobs.path(source.archive_sha256)
@@ -115,6 +168,8 @@ def clone(
     ckpt = _checkpoint(rt, source, from_checkpoint) if from_checkpoint is not None else None
     owner = p.name if p.authenticated else source.owner
     step = ckpt.step if ckpt is not None else None
+    if ckpt is not None:  # before anything is made: its bytes (a sparse file's apparent size)
+        rt.checkpoints.check_copy(ckpt, source.id, max_bytes=rt.settings.clone_max_bytes)
 
     def audited(new: Job) -> None:  # in the transaction that makes the clone schedulable
         audit.record(
@@ -140,15 +195,10 @@ def clone(
         )
         if ckpt is None:
             audited(new)
-    if ckpt is not None:  # the copy (maybe large) outside any transaction; the job held
-        try:
-            rt.checkpoints.copy(source, ckpt, new)
-        except BaseException:
-            rt.checkpoints.remove_all(new.id)
-            rt.store.jobs.discard(new.id)
-            raise
-        with rt.store.transaction():
-            new = rt.store.jobs.release(new.id)
-            audited(new)
-    rt.scheduler.wake()
-    return new
+    return new, ckpt, audited
+
+
+def _drop_clone(rt: Runtime, job_id: int) -> None:
+    """A held clone whose copy never started: its files and row removed."""
+    rt.checkpoints.remove_all(job_id)
+    rt.store.jobs.discard(job_id)

@@ -6,18 +6,27 @@ transaction with its audit entry. A job registers what it saved with its own cre
 A model belongs to whoever registered its first version (a job's owner, for what a job saved):
 a member adds versions to, moves the aliases of and deletes versions of their own models only,
 so nobody makes another user's service run their code; an admin does anything, and gives a
-model to another user (:func:`transfer`)."""
+model to another user (:func:`transfer`).
+
+A registration reads every file of the model (its sha256 checked against the record) or copies
+a checkpoint: :func:`register_saved` and :func:`register` are coroutines that check the caller
+and the model's size (``Settings.model_max_bytes``) in a thread, then await that work in the
+server's bounded pool (:mod:`trainhouse.usecases.filework`), which writes the version and its
+audit entry in one transaction once the files check out."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from typing import Any
 
 from trainhouse.core.errors import Forbidden, ModelError, NotFound, StoreError
 from trainhouse.core.records import Job, Model, ModelVersion, Promotion
-from trainhouse.usecases import audit
+from trainhouse.ingest.savedmodels import Pending
+from trainhouse.usecases import audit, filework
 from trainhouse.usecases.access import Principal
 from trainhouse.usecases.callers import readable_job
+from trainhouse.usecases.filework import in_thread
 from trainhouse.usecases.runtime import Runtime
 
 __all__ = [
@@ -51,16 +60,35 @@ def _owned(rt: Runtime, name: str, who: str, *, admin: bool = False) -> Model | 
     return model
 
 
-def register_saved(rt: Runtime, job: Job, path: str, *, name: str | None = None) -> ModelVersion:
+async def register_saved(
+    rt: Runtime, job: Job, path: str, *, name: str | None = None
+) -> ModelVersion:
     """A model ``job`` saved in ``path`` (``run.save_model``), checked and registered as a new
     version of ``name`` (default: the name it was saved under): of a model of the job's owner
     (or a new one, theirs)."""
-    with rt.store.transaction():
+
+    def prepare() -> Pending:
         if name is not None:
             _owned(rt, name, job.owner)
-        made = rt.saved_models.register(job, path, name=name)
-        _owned(rt, made.model, job.owner)  # checked again: it may have been made meanwhile
-    return made
+        pending = rt.saved_models.prepare(
+            job, path, name=name, max_bytes=rt.settings.model_max_bytes
+        )
+        _owned(rt, pending.name, job.owner)
+        return pending
+
+    pending = await in_thread(prepare)
+
+    def work(cancel: threading.Event) -> ModelVersion:
+        verified = pending.work(cancel)
+        with rt.store.transaction():
+            _owned(rt, pending.name, job.owner)
+            made = rt.saved_models.add(job, pending.name, verified)
+            _owned(rt, made.model, job.owner)  # checked again: it may have been made meanwhile
+        return made
+
+    key = ("saved", job.id, pending.path, pending.name)
+    what = f"registering {pending.path} of job {job.id} ({pending.size} bytes)"
+    return await filework.run(rt, key, what, work)
 
 
 def models(rt: Runtime) -> list[Model]:
@@ -86,7 +114,7 @@ def version(rt: Runtime, name: str, ref: str) -> ModelVersion:
     return rt.store.models.resolve(name, ref)
 
 
-def register(
+async def register(
     rt: Runtime,
     p: Principal,
     name: str,
@@ -99,35 +127,55 @@ def register(
     """A job's saved model (its newest, or the one of ``step``) as a new version of ``name``;
     with ``loader``, the job's checkpoint (its newest, or the one of ``step``) copied as a
     model that function of the job's code rebuilds. The job must be one ``p`` may read."""
-    job = readable_job(rt, p, job_id)
-    if loader is None and inputs is not None:
-        raise ModelError("inputs are declared with a loader only (a saved model has its own)")
+
+    def prepare() -> tuple[Job, Pending]:
+        job = readable_job(rt, p, job_id)
+        if loader is None and inputs is not None:
+            raise ModelError("inputs are declared with a loader only (a saved model has its own)")
+        _owned(rt, name, p.name, admin=p.is_admin)
+        cap = rt.settings.model_max_bytes
+        if loader is None:
+            return job, rt.saved_models.prepare_from_job(job, name, step, max_bytes=cap)
+        archive = rt.blobs.path(job.archive_sha256) if job.archive_sha256 else None
+        pending = rt.saved_models.prepare_checkpoint(
+            job,
+            name,
+            step=step,
+            loader=loader,
+            archive=archive,
+            inputs=inputs,
+            max_bytes=cap,
+        )
+        return job, pending
+
+    job, pending = await in_thread(prepare)
     # a new model is the registering user's (auth off: its job's owner's)
     owner = p.name if p.authenticated else job.owner
-    with rt.store.transaction():
-        existed = _owned(rt, name, p.name, admin=p.is_admin)
-        if loader is None:
-            made = rt.saved_models.register_from_job(job, name, step)
-        else:
-            archive = rt.blobs.path(job.archive_sha256) if job.archive_sha256 else None
-            made = rt.saved_models.register_checkpoint(
-                job, name, step=step, loader=loader, archive=archive, inputs=inputs
+
+    def work(cancel: threading.Event) -> ModelVersion:
+        verified = pending.work(cancel)
+        with rt.store.transaction():
+            existed = _owned(rt, name, p.name, admin=p.is_admin)
+            made = rt.saved_models.add(job, name, verified)
+            if existed is None:  # made by this registration, or by another one meanwhile
+                made_by = rt.store.models.get(name)
+                if made_by.owner == job.owner and owner != job.owner:
+                    rt.store.models.transfer(name, owner)
+                elif made_by.owner not in (job.owner, owner):
+                    _owned(rt, name, p.name, admin=p.is_admin)
+            audit.record(
+                rt,
+                p,
+                "model.register",
+                f"{name}@{made.version}",
+                job=job.id,
+                **({"loader": loader, "step": made.step} if loader else {}),
             )
-        if existed is None:  # made by this registration, or by another one meanwhile
-            made_by = rt.store.models.get(name)
-            if made_by.owner == job.owner and owner != job.owner:
-                rt.store.models.transfer(name, owner)
-            elif made_by.owner not in (job.owner, owner):
-                _owned(rt, name, p.name, admin=p.is_admin)
-        audit.record(
-            rt,
-            p,
-            "model.register",
-            f"{name}@{made.version}",
-            job=job.id,
-            **({"loader": loader, "step": made.step} if loader else {}),
-        )
-    return made
+        return made
+
+    key = ("register", p.name, name, job.id, pending.path, loader, repr(inputs))
+    what = f"registering {name} from job {job.id} ({pending.size} bytes)"
+    return await filework.run(rt, key, what, work)
 
 
 def set_alias(rt: Runtime, p: Principal, name: str, alias: str, number: int) -> ModelVersion:

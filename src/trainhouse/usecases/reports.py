@@ -11,13 +11,8 @@ audited but a refused credential (:meth:`trainhouse.usecases.access.Authenticato
 from __future__ import annotations
 
 import asyncio
-import functools
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import TypeVar
-
-import anyio.to_thread
 
 from trainhouse.core.errors import InvalidMetrics, Refused
 from trainhouse.core.records import Checkpoint, Job
@@ -25,6 +20,7 @@ from trainhouse.core.reports import parse_report
 from trainhouse.core.tokens import hash_token
 from trainhouse.scheduler.outcome import stop_reason
 from trainhouse.usecases import callers
+from trainhouse.usecases.filework import in_thread
 from trainhouse.usecases.runtime import Runtime
 
 PARSE_INLINE = 64 * 1024  # bytes: a bigger body is parsed in a thread, not the event loop
@@ -37,14 +33,6 @@ __all__ = [
     "register_checkpoint",
     "report",
 ]
-
-T = TypeVar("T")
-
-
-async def in_thread(func: Callable[..., T], *args: object, **kwargs: object) -> T:
-    """``func(*args, **kwargs)`` in a worker thread, off the event loop (as the routes' sync
-    handlers run)."""
-    return await anyio.to_thread.run_sync(functools.partial(func, *args, **kwargs))
 
 
 @dataclass(frozen=True)

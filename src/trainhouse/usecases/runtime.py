@@ -12,7 +12,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from trainhouse.core.background import BackgroundLoop
+from trainhouse.core.background import BackgroundLoop, WorkPool
 from trainhouse.core.errors import RateLimited
 from trainhouse.core.lifecycle import JobState
 from trainhouse.executors import registry
@@ -105,6 +105,8 @@ class Runtime:
     streams: StreamSlots = field(default_factory=StreamSlots)  # open log streams
     tensorboard: TensorBoardImport | None = None  # event files imported as metrics
     prefetch: DatasetPrefetch | None = None  # the next jobs' datasets staged ahead
+    # jobs' files hashed or copied for requests (trainhouse.usecases.filework)
+    file_work: WorkPool = field(default_factory=lambda: file_pool(Settings))
     _started: list[BackgroundLoop] = field(default_factory=list, init=False, repr=False)
 
     @property
@@ -152,6 +154,7 @@ class Runtime:
                 loop.stop()
             self._started.clear()
             self.reports.stop()  # stores what is queued
+            self.file_work.stop()  # what waits is refused; what runs gives up
             await self.replicas.aclose()
         finally:
             self.store.close()
@@ -271,7 +274,14 @@ def build_runtime(settings: Settings, executor: Executor | None = None) -> Runti
         dataset_files,
         tensorboard=tensorboard,
         prefetch=prefetch,
+        file_work=file_pool(settings),
     )
+
+
+def file_pool(settings: Settings | type[Settings]) -> WorkPool:
+    """The pool that hashes and copies jobs' files for requests (``file_workers`` at once,
+    ``file_queue`` waiting; :mod:`trainhouse.usecases.filework`)."""
+    return WorkPool("trainhouse-files", workers=settings.file_workers, queue=settings.file_queue)
 
 
 def _as_root() -> bool:

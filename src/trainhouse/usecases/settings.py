@@ -111,6 +111,16 @@ class Settings:
     dataset_upload_bytes: int = 8 << 30
     dataset_file_roots: tuple[Path, ...] = ()
     dataset_allow_private: bool = False
+    # the bytes a model version's files may hold together (what a job saved, a checkpoint
+    # registered with --loader) and a checkpoint `clone --from-checkpoint` copies: past them
+    # a registration or a clone is refused before any byte is read (a sparse file counts its
+    # apparent size)
+    model_max_bytes: int = 256 << 30
+    clone_max_bytes: int = 256 << 30
+    # jobs' files hashed or copied for requests (model registrations, clones), never on the
+    # API's threads: at once, server-wide, and waiting at most before a 503 (Retry-After)
+    file_workers: int = 2
+    file_queue: int = 16
     _db_file_url: str | None = field(default=None, init=False, repr=False, compare=False)
 
     @property
@@ -172,6 +182,10 @@ class Settings:
             ("--env-cache-size", self.env_cache_size, 0),
             ("--dataset-cache-bytes", self.dataset_cache_bytes, 0),
             ("--dataset-upload-bytes", self.dataset_upload_bytes, 1),
+            ("--model-max-bytes", self.model_max_bytes, 1),
+            ("--clone-max-bytes", self.clone_max_bytes, 1),
+            ("file_workers", self.file_workers, 1),
+            ("file_queue", self.file_queue, 0),
         ):
             if value < low:
                 raise ValueError(f"{option} must be >= {low:g}, got {value:g}")

@@ -18,6 +18,7 @@ from trainhouse.server.routes.jobs import job_out
 from trainhouse.server.schemas import CloneIn, JobOut, ResumeIn
 from trainhouse.usecases import lineage
 from trainhouse.usecases.access import Principal
+from trainhouse.usecases.filework import in_thread
 from trainhouse.usecases.runtime import Runtime
 
 router = APIRouter(tags=["jobs"])
@@ -39,7 +40,7 @@ def resume(
 
 
 @router.post("/jobs/{job_id}/clone", response_model=JobOut, status_code=201)
-def clone(
+async def clone(
     body: CloneIn = Body(default_factory=CloneIn),
     job: Job = Depends(readable_job),
     p: Principal = Depends(writer),
@@ -48,6 +49,7 @@ def clone(
     """A new job, owned by the caller, with the same workdir archive and the spec plus the
     overrides (``set``, as ``--set``); with ``from_checkpoint`` ('latest' or a step) it starts
     from a verified copy of that checkpoint. It records where it came from (``cloned_from``,
-    ``cloned_step``)."""
-    new = lineage.clone(rt, p, job, overrides=body.set, from_checkpoint=body.from_checkpoint)
-    return job_out(new, rt)
+    ``cloned_step``). The copy runs in the server's bounded background work: 503 with
+    Retry-After when that is full, 422 for a checkpoint past the server's --clone-max-bytes."""
+    new = await lineage.clone(rt, p, job, overrides=body.set, from_checkpoint=body.from_checkpoint)
+    return await in_thread(job_out, new, rt)

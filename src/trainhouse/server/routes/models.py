@@ -51,11 +51,13 @@ def version_out(v: ModelVersion) -> ModelVersionOut:
 
 
 @router.post("/jobs/{job_id}/models", response_model=ModelVersionOut, status_code=201)
-def register_saved(
+async def register_saved(
     body: ModelRegisterIn, job: Job = Depends(reporting_job), rt: Runtime = Depends(runtime)
 ) -> ModelVersionOut:
-    """A model the job saved (``run.save_model``): checked and registered as a new version."""
-    return version_out(models.register_saved(rt, job, body.path, name=body.name))
+    """A model the job saved (``run.save_model``): checked and registered as a new version
+    (its files hashed in the server's bounded background work; 503 with Retry-After when that
+    is full, 422 for a model past the server's --model-max-bytes)."""
+    return version_out(await models.register_saved(rt, job, body.path, name=body.name))
 
 
 @router.get("/models", response_model=ModelListOut)
@@ -94,7 +96,7 @@ def show_version(
 
 
 @router.post("/models/{name}/versions", response_model=ModelVersionOut, status_code=201)
-def register_version(
+async def register_version(
     body: VersionFromJobIn,
     name: ModelName,
     p: Principal = Depends(writer),
@@ -102,11 +104,14 @@ def register_version(
 ) -> ModelVersionOut:
     """A job's saved model (its newest, or the one of ``step``) as a new version of ``name``;
     with ``loader``, the job's checkpoint (its newest, or the one of ``step``) copied as a
-    model that function of the job's code rebuilds."""
+    model that function of the job's code rebuilds. The files are hashed (or the checkpoint
+    copied) in the server's bounded background work: 503 with Retry-After when that is full,
+    422 for a model past the server's --model-max-bytes."""
     inputs = [i.model_dump() for i in body.inputs] if body.inputs is not None else None
-    return version_out(
-        models.register(rt, p, name, body.job, step=body.step, loader=body.loader, inputs=inputs)
+    made = await models.register(
+        rt, p, name, body.job, step=body.step, loader=body.loader, inputs=inputs
     )
+    return version_out(made)
 
 
 @router.put("/models/{name}/aliases/{alias}", response_model=ModelVersionOut)
