@@ -345,3 +345,40 @@ def test_weights_that_do_not_fit_the_program_are_refused_by_name(
     rewrite(job, record, fix)
     with pytest.raises(ModelError, match=r"missing body\.2\.bias; unexpected extra\.weight"):
         load_model(where)
+
+
+def test_the_clients_registrations_and_clones_wait_for_the_servers_file_work() -> None:
+    """A registration and a clone from a checkpoint are answered once the server has hashed or
+    copied the files in its bounded pool (minutes for a large model): the client (and so the
+    CLI) waits that long for those answers, its usual 60 s for anything else. Before, a large
+    registration failed on the client after 60 s while the server went on with it."""
+    import httpx
+
+    from trainhouse.core.wire import CLIENT_HEADERS, FILE_WORK_READ
+
+    reads: dict[tuple[str, str], float] = {}
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        reads[(request.method, request.url.path)] = request.extensions["timeout"]["read"]
+        if request.url.path.endswith("/clone"):
+            return httpx.Response(201, json={"id": 2})
+        if request.method == "POST":
+            return httpx.Response(201, json={"model": "digits", "version": 1})
+        return httpx.Response(200, json={"models": []})
+
+    with Client(BASE_URL, token="t") as client:
+        client._http.close()
+        client._http = httpx.Client(
+            base_url=f"{BASE_URL}/api/v1",
+            headers=CLIENT_HEADERS,
+            timeout=60.0,
+            transport=httpx.MockTransport(handler),
+        )
+        assert client.register_model("digits", 1, loader="serve.py:load")["version"] == 1
+        assert client.clone(1, from_checkpoint="latest")["id"] == 2
+        assert client.models() == []
+    assert reads == {
+        ("POST", "/api/v1/models/digits/versions"): FILE_WORK_READ,
+        ("POST", "/api/v1/jobs/1/clone"): FILE_WORK_READ,
+        ("GET", "/api/v1/models"): 60.0,
+    }

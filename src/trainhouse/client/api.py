@@ -56,6 +56,7 @@ from trainhouse.client.records import (
 from trainhouse.client.registry import ModelsAndServices
 from trainhouse.client.searches import SearchCalls
 from trainhouse.core.lifecycle import TERMINAL
+from trainhouse.core.wire import file_work_wait
 
 __all__ = [
     "DEFAULT_URL",
@@ -210,7 +211,10 @@ class Client(
         body: dict[str, Any] = {"set": list(overrides or [])}
         if from_checkpoint is not None:
             body["from_checkpoint"] = str(from_checkpoint)
-        result: Job = self._json("POST", f"/jobs/{job_id}/clone", json=body)
+        # with a checkpoint, the server answers once it has copied it: minutes for a large one
+        result: Job = self._json(
+            "POST", f"/jobs/{job_id}/clone", json=body, extensions=file_work_wait(self._http)
+        )
         return result
 
     def metrics(

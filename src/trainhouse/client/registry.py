@@ -26,7 +26,7 @@ from trainhouse.client.records import (
     ServiceList,
 )
 from trainhouse.core.errors import ClientError
-from trainhouse.core.wire import error_from
+from trainhouse.core.wire import error_from, file_work_wait
 
 __all__ = ["ModelsAndServices"]
 
@@ -81,7 +81,13 @@ class ModelsAndServices(ClientBase):
             body["inputs"] = check_inputs(
                 [parse_input(i) if isinstance(i, str) else dict(i) for i in inputs]
             )
-        result: ModelVersion = self._json("POST", f"/models/{_seg(name)}/versions", json=body)
+        # the server answers once it has hashed (or copied) the files: minutes for a large one
+        result: ModelVersion = self._json(
+            "POST",
+            f"/models/{_seg(name)}/versions",
+            json=body,
+            extensions=file_work_wait(self._http),
+        )
         return result
 
     def set_alias(self, name: str, alias: str, version: int) -> ModelVersion:

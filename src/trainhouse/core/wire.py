@@ -21,6 +21,7 @@ __all__ = [
     "JSON_HEADERS",
     "encode_json",
     "error_from",
+    "file_work_wait",
     "send",
 ]
 
@@ -28,6 +29,19 @@ __all__ = [
 #: copied a job's files (a model registration): that work is bounded by the server's caps
 #: (``--model-max-bytes``) and waits its turn in a bounded pool, so it may take minutes
 FILE_WORK_READ = 3600.0
+
+
+def file_work_wait(http: httpx.Client) -> dict[str, Any]:
+    """The request extensions that wait :data:`FILE_WORK_READ` seconds for the answer (the
+    client's other timeouts kept): for a request the server answers once it has hashed or
+    copied a job's files. As extensions, not ``timeout=``, which Starlette's test client
+    refuses with a warning."""
+    current = http.timeout
+    wait = httpx.Timeout(
+        connect=current.connect, read=FILE_WORK_READ, write=current.write, pool=current.pool
+    )
+    return {"timeout": wait.as_dict()}
+
 
 #: a header no page of another origin can send without the server's leave (a CORS preflight,
 #: which the server never grants): a write must carry it or come from the server's own pages

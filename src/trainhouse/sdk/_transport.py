@@ -8,7 +8,7 @@ from typing import Any
 import httpx
 
 from trainhouse.core.errors import ClientError, ServerUnreachable
-from trainhouse.core.wire import CLIENT_HEADERS, FILE_WORK_READ, JSON_HEADERS, encode_json, send
+from trainhouse.core.wire import CLIENT_HEADERS, JSON_HEADERS, encode_json, file_work_wait, send
 
 
 class JobAPI:
@@ -74,16 +74,12 @@ class JobAPI:
         version of ``name``; the version as registered. The server answers once it has hashed
         every file: the answer is awaited up to ``FILE_WORK_READ`` seconds (a retry joins the
         registration under way, it does not start another)."""
-        current = self._http.timeout
-        timeout = httpx.Timeout(
-            connect=current.connect, read=FILE_WORK_READ, write=current.write, pool=current.pool
-        )
         result: dict[str, Any] = self.call(
             "POST",
             "/models",
             json={"name": name, "path": path},
             retry_for=retry_for,
-            timeout=timeout,
+            extensions=file_work_wait(self._http),
         )
         return result
 
