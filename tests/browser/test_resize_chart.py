@@ -25,7 +25,7 @@ from tests.support.dashboard import api, chart_data, contrast, labels_beside_val
 from tests.support.jobs import shrink_and_grow_back
 from tests.support.servers import Server, assert_clean_stop, start_server
 
-pytestmark = pytest.mark.browser
+pytestmark = [pytest.mark.browser, pytest.mark.xdist_group("resize-chart")]  # one job, resized
 
 CHART = "world-size-chart"
 # the card scrolls nothing sideways and its chart ends within it (plotly redraws on a resize)

@@ -20,7 +20,7 @@ from trainhouse.client import Client
 from trainhouse.jobfs.workdir import pack
 from trainhouse.spec import parse_spec
 
-pytestmark = pytest.mark.browser
+pytestmark = [pytest.mark.browser, pytest.mark.xdist_group("runs-table")]  # one module server
 
 CHOSEN = [
     "hparams.lr",

@@ -20,7 +20,7 @@ from tests.support.jobs import write_job
 from tests.support.servers import Server, assert_clean_stop, start_server
 from trainhouse.jobfs.layout import JobLayout
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("artifacts")]  # one module server
 
 
 class Kept(NamedTuple):

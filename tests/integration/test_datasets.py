@@ -19,7 +19,7 @@ from tests.support.jobs import RESUMABLE, rank_process, write_job
 from tests.support.s3 import MotoS3, fsspec_io, running_moto_s3
 from tests.support.servers import Server, assert_clean_stop, start_server
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("datasets")]  # one moto, one server
 __all__ = ["fsspec_io"]  # a session fixture of tests.support.s3
 
 # what each rank checks: every file of every pinned version, its bytes and its mode

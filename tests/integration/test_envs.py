@@ -21,7 +21,7 @@ import torch
 from tests.support.servers import Server, start_server
 from tests.support.wheels import Index, serving, write_wheel
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("envs")]  # one module server
 
 SECRET = "th-s3cret-pw"
 

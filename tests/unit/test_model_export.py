@@ -33,6 +33,8 @@ from trainhouse.jobfs.storage import open_storage
 from trainhouse.sdk._model import write_model
 from trainhouse.serving.export import ExportFailed, export_onnx
 
+pytestmark = pytest.mark.xdist_group("model-export")  # its module fixtures made once
+
 DIGITS = EXAMPLE.parent
 BRANCHY = """\
 import torch

@@ -18,6 +18,8 @@ from trainhouse.jobfs.storage import open_storage
 from trainhouse.sdk._model import write_model
 from trainhouse.serving.replica import build_app, learn_outputs, load, loader_function
 
+pytestmark = pytest.mark.xdist_group("serving-replica")  # its module fixtures made once
+
 
 @pytest.fixture(scope="module")
 def saved(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, torch.nn.Module]:
