@@ -36,6 +36,13 @@ with trainhouse.init(hparams={"steps": 6}) as run:
 
 STAMP = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z ")
 
+# true once the all-ranks pane shows two lines, each ending with the text it is given
+FILTERED = """(end) => {
+  const pane = document.querySelector('[data-testid="log-rank-all"]');
+  const lines = pane ? pane.innerText.trim().split("\\n") : [];
+  return lines.length === 2 && lines.every((line) => line.endsWith(end));
+}"""
+
 
 def api(server: Server, path: str) -> Any:
     resp = httpx.get(f"{server.url}/api/v1{path}", timeout=30)
@@ -68,9 +75,14 @@ def test_a_failed_jobs_page_shows_its_logs_and_resumes_and_clones(
     expect(every).to_contain_text("[rank 1] rank 1 attempt 1 step 4")
     # with the time each line was written, and only the lines a filter keeps
     page.get_by_test_id("log-timestamps").check()
+    expect(every).to_contain_text(
+        re.compile(STAMP.pattern[1:] + r"\[rank 0\] rank 0 attempt 1 step 0")
+    )
     page.get_by_test_id("log-filter").fill("step 2$")
-    expect(page.get_by_test_id("log-rank-all")).not_to_contain_text("step 1")
-    expect(page.get_by_test_id("log-rank-all")).to_contain_text("rank 1 attempt 1 step 2")
+    # the filter is sent once the box has been still for 300 ms, and the pane is emptied and
+    # read again: wait for the filtered lines themselves (the unfiltered pane also contains
+    # "step 2", the emptied one contains no "step 1")
+    page.wait_for_function(FILTERED, arg="step 2")
     lines = page.get_by_test_id("log-rank-all").inner_text().strip().splitlines()
     assert len(lines) == 2 and all(STAMP.match(ln) for ln in lines), lines
     assert {ln.split("] ", 1)[0].split(" ", 1)[1] for ln in lines} == {"[rank 0", "[rank 1"}

@@ -108,15 +108,17 @@ def test_an_asha_search_survives_two_server_kills(tmp_path: Path, pg_server: str
             jobs = {t["job_id"]: c.job(t["job_id"]) for t in view["trials"]}
             series = {j: c.metrics(j, name="val_loss") for j in jobs}
             all_jobs = c.jobs(all=True)
-            pruned = next(t for t in view["trials"] if t["state"] == "PRUNED")
-            log = c.logs(pruned["job_id"])[0]
+            pruned = [t for t in view["trials"] if t["state"] == "PRUNED"]
+            logs = [c.logs(t["job_id"])[0] for t in pruned]
         assert_clean_stop(srv)
         # ASHA: it pruned some, completed the others, and reports the best
         assert view["state"] == "COMPLETED"
         states = [t["state"] for t in view["trials"]]
         assert set(states) <= {"COMPLETED", "PRUNED"} and "COMPLETED" in states, view["trials"]
-        assert "stopped at step" in log and ": pruned" in log  # run.stop_reason
-        assert pruned["reason"].startswith("pruned at step")
+        # a pruned trial hears why on its next report (run.stop_reason); one pruned just before
+        # a kill may run to its end while the server is down, never hearing it
+        assert any("stopped at step" in log and ": pruned" in log for log in logs), logs
+        assert all(t["reason"].startswith("pruned at step") for t in pruned), pruned
         done = [t for t in view["trials"] if t["state"] == "COMPLETED"]
         assert view["best"]["value"] == min(t["value"] for t in done)
         assert best["job_id"] == view["best"]["job_id"] and best["checkpoint"]["step"] == 12
