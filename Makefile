@@ -24,11 +24,17 @@ venv: $(VENV)/.installed
 demo: venv
 	$(VENV)/bin/trainhouse demo --example examples/digits
 
+# The suite starts thousands of Python processes (servers, CLIs, supervisors, ranks): with
+# PYTHONDONTWRITEBYTECODE set (some shells and images set it) each one compiled every
+# trainhouse module it imported anew (a server 0.4-0.5 s of CPU more, a CLI call 0.2 s), so the
+# suite's processes write and reuse bytecode caches whatever the shell says.
+PYTEST := env -u PYTHONDONTWRITEBYTECODE $(PY) -m pytest
+
 test: venv
-	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
+	$(PYTEST) -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
 
 test-unit: venv
-	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup tests/unit $(PYTEST_ARGS)
+	$(PYTEST) -n $(TEST_WORKERS) --dist loadgroup tests/unit $(PYTEST_ARGS)
 
 check: venv
 	$(VENV)/bin/ruff check src tests bench examples

@@ -22,9 +22,10 @@ import psycopg
 import pytest
 
 from tests.support.hostile import Fifos
-from tests.support.postgres import PG_ADMIN
+from tests.support.postgres import PG_ADMIN, pg_url_of
 from tests.support.processes import add_session_root, marked_processes
 from tests.support.servers import Server, assert_clean_stop, start_server
+from tests.support.templates import drop_templates, keep_templates_in, migrated_postgres
 
 _LEAK_TMP = Path(tempfile.mkdtemp(prefix="trainhouse-tests-"))
 os.environ["TMPDIR"] = str(_LEAK_TMP)
@@ -60,8 +61,10 @@ def _describe(procs: list[psutil.Process]) -> str:
 @pytest.fixture(scope="session", autouse=True)
 def session_roots(tmp_path_factory: pytest.TempPathFactory) -> None:
     """The leak check and the fault tests find this session's job processes by where their
-    directories lie: TMPDIR, and pytest's temp root, which pytest-xdist puts elsewhere."""
+    directories lie: TMPDIR, and pytest's temp root, which pytest-xdist puts elsewhere. The
+    migrated databases that tests copy (tests.support.templates) are kept in that root too."""
     add_session_root(tmp_path_factory.getbasetemp())
+    keep_templates_in(tmp_path_factory.mktemp("templates"))
 
 
 @pytest.fixture(autouse=True)
@@ -100,6 +103,7 @@ def no_leaks(request: pytest.FixtureRequest) -> Iterator[None]:
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    drop_templates()
     shutil.rmtree(_LEAK_TMP, ignore_errors=True)
 
 
@@ -119,9 +123,20 @@ def pg_url(pg_server: str) -> Iterator[str]:
     name = f"trainhouse_test_{uuid.uuid4().hex[:12]}"
     with psycopg.connect(pg_server, autocommit=True) as conn:
         conn.execute(f'CREATE DATABASE "{name}"')
-    base = pg_server.rsplit("/", 1)[0].replace("postgresql://", "postgresql+psycopg://", 1)
     try:
-        yield f"{base}/{name}"
+        yield pg_url_of(name)
+    finally:
+        with psycopg.connect(pg_server, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture
+def pg_migrated_url(pg_server: str) -> Iterator[str]:
+    """A fresh PostgreSQL database for one test, migrated already (a copy of one migrated
+    database: tests.support.templates), dropped afterwards."""
+    name = migrated_postgres()
+    try:
+        yield pg_url_of(name)
     finally:
         with psycopg.connect(pg_server, autocommit=True) as conn:
             conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')

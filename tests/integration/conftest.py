@@ -90,6 +90,30 @@ SINGLE_BACKEND = {
     "test_autoscaler.py": "Ray's autoscaler (the fake multi-node provider) launching and "
     "ending nodes for a queued job is under test, one autoscaling cluster for the module; the "
     "store's side of a waiting reason is the scheduler's on both backends elsewhere",
+    "test_faults.py::test_a_missing_module_fails_at_once_and_show_says_why": "the failure "
+    "analysis of a real rank's import error and the CLI's account of it are under test; the "
+    "attempts' rows (log tails, failed rank, reason) are stored and read back on both backends "
+    "in test_training.py and by the NUL-bytes test of this module",
+    "test_faults.py::test_the_digits_example_refuses_a_bad_hparam_in_one_attempt": "the "
+    "example's own hparam check and no_restart_on are under test; the store's side of a failed "
+    "attempt runs on both backends in test_training.py",
+    "test_hostile_jobs.py": "FIFOs a job leaves are read by the server's file code (jobfiles), "
+    "never by the store; the store's side of the checkpoints it registers runs on both backends "
+    "in tests/unit/test_store.py",
+    "test_training.py::test_cancel_leaves_no_process": "the process tree of a canceled job is "
+    "under test; the store's side of a cancel runs on both backends in test_cli.py's and "
+    "test_recovery.py's other tests",
+    "test_recovery.py::test_cancel_kills_a_job_that_ignores_should_stop": "the cancel grace and "
+    "the kill of a rank that ignores should_stop() are under test, processes only",
+    "test_recovery.py::test_logs_follow_resumes_across_a_server_restart": "the CLI's log "
+    "follower across a server restart is under test (the logs are files, not rows); the "
+    "store's side of a killed and restarted server runs on both backends in this module",
+    "test_cli.py::test_server_refuses_busy_port_and_bad_flags": "the server's command line "
+    "(a busy port, a bad flag) is under test; no store is opened",
+    "test_cli.py::test_ctrl_c_detaches_without_killing": "the CLI's Ctrl-C and its log follower "
+    "are under test; the store's side of a cancel runs on both backends elsewhere in this module",
+    "test_cli.py::test_server_restarts_on_the_same_port_at_once": "the listening socket "
+    "(TIME-WAIT) is under test, not the store",
     "test_isolation.py": "the processes and files of a server are under test, not its store: "
     "the secret's test picks its own PostgreSQL database, and the SQLite file is among the "
     "files whose modes are checked",

@@ -20,6 +20,7 @@ from fastapi.testclient import TestClient
 from starlette.types import ASGIApp
 
 from tests.support.fakes import FakeExecutor
+from tests.support.templates import migrated_home
 from trainhouse.core.wire import CLIENT_HEADERS, CSRF_HEADER
 from trainhouse.executors.inventory import local_node
 from trainhouse.jobfs.workdir import pack
@@ -71,7 +72,12 @@ def page_request(api: TestClient, method: str, url: str, **kwargs: Any) -> httpx
 
 
 def settings_for(tmp_path: Path, **overrides: Any) -> Settings:
-    return Settings(home=tmp_path / "home", **{**DEFAULTS, **overrides})
+    """Settings of a server in ``tmp_path / "home"``; its embedded database (unless another is
+    named) a copy of one migrated already (:mod:`tests.support.templates`)."""
+    settings = Settings(home=tmp_path / "home", **{**DEFAULTS, **overrides})
+    if settings.db_url is None and settings.db_file is None:
+        migrated_home(settings.home)
+    return settings
 
 
 def fake_executor(settings: Settings, *, exit_code: int | None = 0) -> FakeExecutor:

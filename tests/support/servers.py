@@ -22,7 +22,7 @@ from typing import IO, Any, Self
 
 import psycopg
 
-from tests.support.postgres import PG_ADMIN
+from tests.support.postgres import PG_ADMIN, pg_url_of
 from tests.support.processes import unprivileged
 from trainhouse.client import Client
 from trainhouse.client.serverprocess import ServerProcess, free_port
@@ -38,11 +38,6 @@ def example_module() -> ModuleType:
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
-
-
-def pg_url_of(name: str) -> str:
-    base = PG_ADMIN.rsplit("/", 1)[0].replace("postgresql://", "postgresql+psycopg://", 1)
-    return f"{base}/{name}"
 
 
 def run_trainhouse(

@@ -13,15 +13,17 @@ import pytest
 from fastapi.testclient import TestClient
 
 from tests.support.api import app_client
+from tests.support.templates import migrated_sqlite
 from trainhouse.store import Store
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
 def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
+    """A migrated store on each backend (a copy: tests.support.templates)."""
     if request.param == "sqlite":
-        url = f"sqlite:///{tmp_path / 'trainhouse.db'}"
+        url = migrated_sqlite(tmp_path / "trainhouse.db")
     else:
-        url = request.getfixturevalue("pg_url")
+        url = request.getfixturevalue("pg_migrated_url")
     s = Store(url)
     try:
         yield s
