@@ -120,6 +120,46 @@ class Checkpoints(BackgroundLoop):
         kind: str,
         algorithm: str = "sha256",
     ) -> Checkpoint:
+        """Check a checkpoint the SDK of ``job`` finished writing against what is in storage
+        (:meth:`record`), record it, and queue the job's retention."""
+        ckpt = self.record(
+            job,
+            attempt=attempt,
+            step=step,
+            path=path,
+            size=size,
+            sha256=sha256,
+            metrics=metrics,
+            kind=kind,
+            algorithm=algorithm,
+        )
+        self.collect_later(job.id)
+        return ckpt
+
+    @property
+    def local(self) -> bool:
+        """Whether the checkpoints are on a local file system (checked in microseconds: what
+        :meth:`record` reads may be read in the group commit writer's transaction)."""
+        return (
+            self.base is None or "://" not in self.base or self.base.lower().startswith("file://")
+        )
+
+    def record(
+        self,
+        job: Job,
+        *,
+        attempt: int,
+        step: int,
+        path: str,
+        size: int,
+        sha256: str,
+        metrics: dict[str, float | None],
+        kind: str,
+        algorithm: str = "sha256",
+    ) -> Checkpoint:
+        """:meth:`register` without the retention (the caller queues it once the record is
+        committed: :meth:`collect_later`): the checkpoint is found in storage as reported (a
+        CheckpointError if not) and recorded, in the caller's transaction if one is open."""
         storage = self.storage(job.id)
         name = confine(path)  # one spelling per checkpoint; refuses names that escape
         try:
@@ -136,7 +176,7 @@ class Checkpoints(BackgroundLoop):
             raise CheckpointError(
                 f"checkpoint {path!r} is {actual} bytes in storage, but {size} were reported"
             )
-        ckpt = self.store.checkpoints.add(
+        return self.store.checkpoints.add(
             job.id,
             attempt=attempt,
             step=step,
@@ -149,8 +189,6 @@ class Checkpoints(BackgroundLoop):
             # the same checkpoint written again (a step redone after a restart) replaces it
             replace=True,
         )
-        self._collect_later(job.id)
-        return ckpt
 
     def register_unlisted(self, job_id: int, attempt: int) -> list[Checkpoint]:
         """Checkpoints an attempt wrote but could not register (the server was down as it
@@ -224,7 +262,7 @@ class Checkpoints(BackgroundLoop):
             )
         if added:
             log.info("job %s: registered %d checkpoints left unregistered", job_id, len(added))
-            self._collect_later(job_id)
+            self.collect_later(job_id)
         return added
 
     def mark_corrupt(self, job: Job, checkpoint_id: int, reason: str) -> Checkpoint:
@@ -274,7 +312,7 @@ class Checkpoints(BackgroundLoop):
         self.store.checkpoints.mark_deleted([c.id for c in drop])
         return drop
 
-    def _collect_later(self, job_id: int, *, now: bool = False) -> None:
+    def collect_later(self, job_id: int, *, now: bool = False) -> None:
         """Queue the retention of ``job_id``: at once if it ran more than
         :data:`RETENTION_EVERY` seconds ago (or ``now``), else that long after it ran."""
         with self._changed:
@@ -288,7 +326,7 @@ class Checkpoints(BackgroundLoop):
         """An attempt of ``job_id`` ended: what it left unregistered is registered, and its
         retention runs now (not up to :data:`RETENTION_EVERY` later)."""
         self.register_unlisted(job_id, attempt)
-        self._collect_later(job_id, now=True)
+        self.collect_later(job_id, now=True)
 
     def drain(self) -> None:
         """Run every queued retention now, and wait until it ran (tests)."""
