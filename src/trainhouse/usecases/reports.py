@@ -135,7 +135,7 @@ async def _outcome(rt: Runtime, job: Job, parsed: Report, accepted: int) -> Repo
     if trial and await in_thread(rt.tune.on_report, job, parsed.columns):
         job = replace(job, prune_requested=True)
     started = None
-    if job.spec.max_runtime:
+    if job.max_runtime:
         attempt = await in_thread(rt.store.jobs.attempt, job.id, job.attempts)
         started = attempt.started_at
     stop = stop_reason(job, started, time.time())
