@@ -56,6 +56,8 @@ MAX_UNLISTED = 1000
 #: would load per batch (a checkpoint every 110 ms cost the server 12 ms of CPU each, on the
 #: two cores its ranks ran on); one that checkpoints less often, at once
 RETENTION_EVERY = 2.0
+#: local storages :meth:`Checkpoints.storage` keeps (all forgotten at once past it)
+KEPT_STORAGES = 4096
 
 
 def retained(checkpoints: list[Checkpoint], policy: CheckpointPolicy) -> set[int]:
@@ -86,6 +88,7 @@ class Checkpoints(BackgroundLoop):
         self.home = home
         self.base = base.rstrip("/") if base else None
         self._verified: set[int] = set()
+        self._storages: dict[int, Storage] = {}  # job -> its local storage (see storage)
         self._changed = threading.Condition()  # guards the three below
         self._due: dict[int, float] = {}  # job -> when (monotonic) its retention runs
         self._collected: dict[int, float] = {}  # job -> when its retention last ran
@@ -99,7 +102,20 @@ class Checkpoints(BackgroundLoop):
 
     def storage(self, job_id: int) -> Storage:
         """The job's checkpoints; a local one anchored where the job cannot reach: the
-        server's home, or the ``--checkpoint-url`` directory (links below it are refused)."""
+        server's home, or the ``--checkpoint-url`` directory (links below it are refused).
+        A local one is kept (:data:`KEPT_STORAGES` at most): it holds paths only, every use
+        walks from its anchor anew, and making one cost a registration a tenth of its storage
+        checks."""
+        found = self._storages.get(job_id)
+        if found is None:
+            found = self._open_storage(job_id)
+            if self.local:
+                if len(self._storages) >= KEPT_STORAGES:
+                    self._storages.clear()
+                self._storages[job_id] = found
+        return found
+
+    def _open_storage(self, job_id: int) -> Storage:
         if self.base is None:
             return open_storage(self.location(job_id), anchor=self.home)
         if "://" in self.base and not self.base.lower().startswith("file://"):
@@ -303,12 +319,10 @@ class Checkpoints(BackgroundLoop):
                 )
                 return []
             self._verified.add(newest.id)
-        for old in drop:
-            for name in (old.path, sidecar_name(old.path)):
-                try:
-                    storage.delete(name)
-                except OSError as exc:  # a link on the way: nothing was deleted through it
-                    log.warning("job %s: checkpoint %s not deleted: %s", job_id, name, exc)
+        names = [name for old in drop for name in (old.path, sidecar_name(old.path))]
+        # a link on the way: nothing was deleted through it
+        for name, why in storage.delete_many(names):
+            log.warning("job %s: checkpoint %s not deleted: %s", job_id, name, why)
         self.store.checkpoints.mark_deleted([c.id for c in drop])
         return drop
 
