@@ -375,12 +375,20 @@ class LocalStorage(Storage):
             return os.fstat(fh.fileno()).st_size
 
     def entry(self, rel: str) -> tuple[bool, int] | None:
-        st = self._lstat(rel)  # one walk from the anchor, not three
-        if st is None:
+        # one walk from the anchor to its directory, not one to look and one to open
+        full = self._p(rel)
+        try:
+            d = jobfiles.open_dir(self.anchor, full.parent)
+        except (FileNotFoundError, NotADirectoryError):
             return None
-        if stat.S_ISDIR(st.st_mode):
-            return True, sum(size for _, size in self.files(rel))
-        return False, self._file_size(rel)  # opened: a link, a FIFO, ... is refused here
+        with d:
+            st = d.lstat(full.name)
+            if st is None:
+                return None
+            if not stat.S_ISDIR(st.st_mode):
+                with d.open_file(full.name) as fh:  # a link, a FIFO, ... is refused here
+                    return False, os.fstat(fh.fileno()).st_size
+        return True, sum(size for _, size in self.files(rel))
 
     def files(self, rel: str) -> FileList:
         try:
