@@ -109,3 +109,23 @@ def report(r: Registrations) -> str:
         f"({r.steps} checkpoints {r.checkpoints_cpu_s:.2f} s, the same job without them "
         f"{r.control_cpu_s:.2f} s; {r.kept} kept) (goal <= {GOAL_MS:g} ms): {verdict}"
     )
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Only this measurement, without overhead.py's ABBA runs before it."""
+    import argparse
+
+    from overhead import served  # bench/ is on the path when this file is run
+
+    parser = argparse.ArgumentParser(description="The server's CPU per checkpoint registration.")
+    parser.add_argument("--registrations", type=int, default=200, help="checkpoints (200)")
+    parser.add_argument("--pause", type=float, default=0.05, help="seconds between them (0.05)")
+    parser.add_argument("--repeats", type=int, default=1, help="measurements, each a server (1)")
+    args = parser.parse_args(argv)
+    for _ in range(args.repeats):
+        print(report(measure(served, args.registrations, args.pause)), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -323,3 +323,46 @@ def test_the_route_answers_503_with_retry_after_when_the_queue_is_full(
     assert [answers[k].json()["accepted"] for k in (0, 10)] == [10, 10]
     again = api.post(f"/api/v1/jobs/{job}/report", json=body(20), headers=headers)
     assert again.status_code == 200 and again.json()["accepted"] == 10
+
+
+def test_then_runs_in_its_report_s_transaction_and_fails_with_it(
+    store: Store, writer: gc.ReportWriter
+) -> None:
+    """A submit's ``then`` (a checkpoint's record) runs after its points in the same
+    transaction, with the job as read: what it writes commits with the points, its answer
+    comes with the report's; a ``then`` that raises takes its report's points and what it
+    wrote along, and the rest of the batch is stored as ever. A submit without a report is
+    its credential checked and its ``then``."""
+    jobs = [running(store) for _ in range(3)]
+    gate, _ = held(writer, jobs[0])
+
+    def then(job_id: int, fail: bool = False) -> gc.Then:
+        def run(conn: Any, job: Any) -> int:
+            assert job.id == job_id
+            ckpt = store.checkpoints.add(  # joins the writer's transaction
+                job_id, attempt=1, step=9, path="c.pt", size=1, sha256="0" * 64
+            )
+            if fail:
+                raise RuntimeError("the record could not be written")
+            return ckpt.id
+
+        return run
+
+    token = hash_token(TOKEN)
+    first = writer.submit(jobs[0], report(0), token, then=then(jobs[0]))
+    failing = writer.submit(jobs[1], report(0), token, then=then(jobs[1], fail=True))
+    alone = writer.submit(jobs[2], None, token, then=then(jobs[2]))
+    refused = writer.submit(jobs[2], None, hash_token("thj_someone-else"), then=then(jobs[2]))
+    gate.opened.set()
+    stored = first.result(30)
+    assert stored.accepted == 10
+    assert [c.id for c in store.checkpoints.list(jobs[0])] == [stored.then]
+    with pytest.raises(RuntimeError, match="could not be written"):
+        failing.result(30)
+    assert store.metrics.count(jobs[1]) == 0  # its points went with its record
+    assert store.checkpoints.list(jobs[1], include_deleted=True) == []
+    assert alone.result(30).accepted == 0
+    assert [c.id for c in store.checkpoints.list(jobs[2])] == [alone.result(30).then]
+    with pytest.raises(gc.Refused):
+        refused.result(30)
+    assert [s for s, _ in steps_of(store, jobs[0])] == [*range(10), *range(10_000, 10_010)]

@@ -241,3 +241,29 @@ def test_a_directory_is_published_on_s3(moto_s3: MotoS3) -> None:
     storage.publish(tmp2, "step-000000004")
     assert storage.files("step-000000004") == [("only", 1)]
     assert storage.list() == ["step-000000004"]
+
+
+def test_delete_many(storage: Storage) -> None:
+    """What retention deletes in a batch: each name as delete removes it, missing ones fine,
+    the entries of one directory through one walk to it."""
+    for name in ("a.pt", "a.pt.json", "d/b.pt", "d/b.pt.json", "c.pt"):
+        storage.write_bytes(name, b"x")
+    gone = ["a.pt", "a.pt.json", "d/b.pt", "d/b.pt.json", "never.pt", "nodir/x.pt"]
+    assert storage.delete_many(gone) == []
+    assert [n for n in ("a.pt", "a.pt.json", "d/b.pt", "d/b.pt.json") if storage.exists(n)] == []
+    assert storage.exists("c.pt")
+    with pytest.raises(CheckpointError):
+        storage.delete_many(["../x"])
+
+
+def test_delete_many_deletes_nothing_through_a_link(tmp_path: Path) -> None:
+    root, elsewhere = tmp_path / "root", tmp_path / "elsewhere"
+    storage = open_storage(root)
+    storage.write_bytes("kept.pt", b"x")
+    elsewhere.mkdir()
+    (elsewhere / "f.pt").write_bytes(b"not the job's")
+    (root / "linked").symlink_to(elsewhere)
+    failed = storage.delete_many(["linked/f.pt", "kept.pt"])
+    assert [name for name, _ in failed] == ["linked/f.pt"]
+    assert "link" in str(failed[0][1])
+    assert (elsewhere / "f.pt").exists() and not storage.exists("kept.pt")

@@ -90,6 +90,15 @@ class Job:
         """The job's spec, parsed."""
         return JobSpec.model_validate(self.spec_data)
 
+    @property
+    def max_runtime(self) -> int | None:
+        """The spec's ``max_runtime`` (seconds), the spec parsed only when it has one: every
+        report and checkpoint registration asks (should the attempt stop?), each of a job read
+        anew, and parsing a spec cost more than the rest of the answer."""
+        if "spec" not in self.__dict__ and not self.spec_data.get("max_runtime"):
+            return None  # absent or null (or 0): JobSpec's None or 0, either no limit
+        return self.spec.max_runtime
+
     def public(self) -> dict[str, Any]:
         """The job as the API shows it: the spec as stored, the placement as
         ``{"nodes": [...]}`` (None before its first attempt), no credential hash."""

@@ -56,6 +56,8 @@ MAX_UNLISTED = 1000
 #: would load per batch (a checkpoint every 110 ms cost the server 12 ms of CPU each, on the
 #: two cores its ranks ran on); one that checkpoints less often, at once
 RETENTION_EVERY = 2.0
+#: local storages :meth:`Checkpoints.storage` keeps (all forgotten at once past it)
+KEPT_STORAGES = 4096
 
 
 def retained(checkpoints: list[Checkpoint], policy: CheckpointPolicy) -> set[int]:
@@ -86,6 +88,7 @@ class Checkpoints(BackgroundLoop):
         self.home = home
         self.base = base.rstrip("/") if base else None
         self._verified: set[int] = set()
+        self._storages: dict[int, Storage] = {}  # job -> its local storage (see storage)
         self._changed = threading.Condition()  # guards the three below
         self._due: dict[int, float] = {}  # job -> when (monotonic) its retention runs
         self._collected: dict[int, float] = {}  # job -> when its retention last ran
@@ -99,7 +102,20 @@ class Checkpoints(BackgroundLoop):
 
     def storage(self, job_id: int) -> Storage:
         """The job's checkpoints; a local one anchored where the job cannot reach: the
-        server's home, or the ``--checkpoint-url`` directory (links below it are refused)."""
+        server's home, or the ``--checkpoint-url`` directory (links below it are refused).
+        A local one is kept (:data:`KEPT_STORAGES` at most): it holds paths only, every use
+        walks from its anchor anew, and making one cost a registration a tenth of its storage
+        checks."""
+        found = self._storages.get(job_id)
+        if found is None:
+            found = self._open_storage(job_id)
+            if self.local:
+                if len(self._storages) >= KEPT_STORAGES:
+                    self._storages.clear()
+                self._storages[job_id] = found
+        return found
+
+    def _open_storage(self, job_id: int) -> Storage:
         if self.base is None:
             return open_storage(self.location(job_id), anchor=self.home)
         if "://" in self.base and not self.base.lower().startswith("file://"):
@@ -120,6 +136,46 @@ class Checkpoints(BackgroundLoop):
         kind: str,
         algorithm: str = "sha256",
     ) -> Checkpoint:
+        """Check a checkpoint the SDK of ``job`` finished writing against what is in storage
+        (:meth:`record`), record it, and queue the job's retention."""
+        ckpt = self.record(
+            job,
+            attempt=attempt,
+            step=step,
+            path=path,
+            size=size,
+            sha256=sha256,
+            metrics=metrics,
+            kind=kind,
+            algorithm=algorithm,
+        )
+        self.collect_later(job.id)
+        return ckpt
+
+    @property
+    def local(self) -> bool:
+        """Whether the checkpoints are on a local file system (checked in microseconds: what
+        :meth:`record` reads may be read in the group commit writer's transaction)."""
+        return (
+            self.base is None or "://" not in self.base or self.base.lower().startswith("file://")
+        )
+
+    def record(
+        self,
+        job: Job,
+        *,
+        attempt: int,
+        step: int,
+        path: str,
+        size: int,
+        sha256: str,
+        metrics: dict[str, float | None],
+        kind: str,
+        algorithm: str = "sha256",
+    ) -> Checkpoint:
+        """:meth:`register` without the retention (the caller queues it once the record is
+        committed: :meth:`collect_later`): the checkpoint is found in storage as reported (a
+        CheckpointError if not) and recorded, in the caller's transaction if one is open."""
         storage = self.storage(job.id)
         name = confine(path)  # one spelling per checkpoint; refuses names that escape
         try:
@@ -136,7 +192,7 @@ class Checkpoints(BackgroundLoop):
             raise CheckpointError(
                 f"checkpoint {path!r} is {actual} bytes in storage, but {size} were reported"
             )
-        ckpt = self.store.checkpoints.add(
+        return self.store.checkpoints.add(
             job.id,
             attempt=attempt,
             step=step,
@@ -149,8 +205,6 @@ class Checkpoints(BackgroundLoop):
             # the same checkpoint written again (a step redone after a restart) replaces it
             replace=True,
         )
-        self._collect_later(job.id)
-        return ckpt
 
     def register_unlisted(self, job_id: int, attempt: int) -> list[Checkpoint]:
         """Checkpoints an attempt wrote but could not register (the server was down as it
@@ -224,7 +278,7 @@ class Checkpoints(BackgroundLoop):
             )
         if added:
             log.info("job %s: registered %d checkpoints left unregistered", job_id, len(added))
-            self._collect_later(job_id)
+            self.collect_later(job_id)
         return added
 
     def mark_corrupt(self, job: Job, checkpoint_id: int, reason: str) -> Checkpoint:
@@ -265,16 +319,14 @@ class Checkpoints(BackgroundLoop):
                 )
                 return []
             self._verified.add(newest.id)
-        for old in drop:
-            for name in (old.path, sidecar_name(old.path)):
-                try:
-                    storage.delete(name)
-                except OSError as exc:  # a link on the way: nothing was deleted through it
-                    log.warning("job %s: checkpoint %s not deleted: %s", job_id, name, exc)
+        names = [name for old in drop for name in (old.path, sidecar_name(old.path))]
+        # a link on the way: nothing was deleted through it
+        for name, why in storage.delete_many(names):
+            log.warning("job %s: checkpoint %s not deleted: %s", job_id, name, why)
         self.store.checkpoints.mark_deleted([c.id for c in drop])
         return drop
 
-    def _collect_later(self, job_id: int, *, now: bool = False) -> None:
+    def collect_later(self, job_id: int, *, now: bool = False) -> None:
         """Queue the retention of ``job_id``: at once if it ran more than
         :data:`RETENTION_EVERY` seconds ago (or ``now``), else that long after it ran."""
         with self._changed:
@@ -288,7 +340,7 @@ class Checkpoints(BackgroundLoop):
         """An attempt of ``job_id`` ended: what it left unregistered is registered, and its
         retention runs now (not up to :data:`RETENTION_EVERY` later)."""
         self.register_unlisted(job_id, attempt)
-        self._collect_later(job_id, now=True)
+        self.collect_later(job_id, now=True)
 
     def drain(self) -> None:
         """Run every queued retention now, and wait until it ran (tests)."""

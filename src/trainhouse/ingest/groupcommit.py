@@ -14,6 +14,12 @@ costs one commit (one fsync) and one credential query however many requests it h
 to fill a batch: a writer that is idle takes the first report at once, and the reports that arrive
 while it commits make the next batch.
 
+A submit may carry ``then``: work done in the same transaction once its points are stored (a
+checkpoint's record, :func:`trainhouse.usecases.reports.register`), with the job as read; what
+it returns is the answer's :attr:`Stored.then`. The points are durable no later than what it
+wrote, and never is what it wrote committed without them. A submit without a report (``None``)
+is only its credential checked and its ``then``, in a batch's transaction as any.
+
 Semantics are those of one transaction per report:
 
 * errors stay per request: when storing a report raises (a report past the job's series cap,
@@ -45,7 +51,9 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
+
+from sqlalchemy import Connection
 
 from trainhouse.core.errors import NotFound, Refused, ServerBusy
 from trainhouse.core.records import Job
@@ -69,24 +77,31 @@ RETRY_AFTER = 1.0  # seconds, in the 503's Retry-After
 
 @dataclass(frozen=True)
 class Stored:
-    """A report committed: the points written (0 for a batch id seen before) and its job as
-    read before the write."""
+    """A report committed: the points written (0 for a batch id seen before), its job as
+    read before the write, and what the submit's ``then`` returned in its transaction (None
+    without one)."""
 
     accepted: int
     job: Job
+    then: Any = None
+
+
+#: work done in a report's transaction after its points: (the connection, its job) -> answer
+Then = Callable[[Connection, Job], Any]
 
 
 @dataclass
 class _Pending:
     job_id: int
-    report: Report
+    report: Report | None  # None: no points, only ``then``
     credential: str  # the hash of the token the request presented
+    then: Then | None = None
     future: Future[Stored] = field(default_factory=Future)
     job: Job | None = None  # read by the writer
 
     @property
     def points(self) -> int:
-        return len(self.report.columns)
+        return 0 if self.report is None else len(self.report.columns)
 
 
 class _Failed(Exception):
@@ -200,15 +215,18 @@ class ReportWriter:
         """Reports waiting to be stored."""
         return sum(len(lane.queue) for lane in self._lanes)
 
-    def submit(self, job_id: int, report: Report, credential: str) -> Future[Stored]:
-        """Queue ``report`` (checked) for ``job_id``, sent with the token whose hash is
-        ``credential``; the future gives :class:`Stored` once the points are committed, or raises
-        :class:`NotFound`, :class:`Refused` or the error storing them raised. Raises
-        :class:`~trainhouse.core.errors.ServerBusy` when the queue is full or the writer
-        stopping."""
+    def submit(
+        self, job_id: int, report: Report | None, credential: str, *, then: Then | None = None
+    ) -> Future[Stored]:
+        """Queue ``report`` (checked; None: no points) for ``job_id``, sent with the token whose
+        hash is ``credential``, and ``then``, called in the same transaction after the points
+        are stored; the future gives :class:`Stored` once the points are committed, or raises
+        :class:`NotFound`, :class:`Refused` or the error storing them (or ``then``) raised,
+        nothing of the report committed. Raises :class:`~trainhouse.core.errors.ServerBusy`
+        when the queue is full or the writer stopping."""
         if not self._started:
             raise ServerBusy("the report writer is not running", retry_after=RETRY_AFTER)
-        item = _Pending(job_id, report, credential)
+        item = _Pending(job_id, report, credential, then)
         self._lanes[job_id % len(self._lanes)].put(item)
         return item.future
 
@@ -254,13 +272,14 @@ class ReportWriter:
                 if i + 1 < len(batch):
                     self.store(batch[i + 1 :])
             return
-        for p, accepted in zip(batch, results, strict=True):
-            if accepted is not None:  # None: refused, answered already
+        for p, done in zip(batch, results, strict=True):
+            if done is not None:  # None: refused, answered already
                 assert p.job is not None
-                p.future.set_result(Stored(accepted, p.job))
+                accepted, then = done
+                p.future.set_result(Stored(accepted, p.job, then))
 
-    def _transaction(self, batch: Sequence[_Pending]) -> list[int | None]:
-        results: list[int | None] = []
+    def _transaction(self, batch: Sequence[_Pending]) -> list[tuple[int, Any] | None]:
+        results: list[tuple[int, Any] | None] = []
         dialect = self.db.dialect
         index: int | None = None
         try:
@@ -271,9 +290,10 @@ class ReportWriter:
                         results.append(None)
                         continue
                     r = p.report
-                    resume = (r.attempt, r.resume_step) if r.resume_step is not None else None
-                    results.append(
-                        metrics.add(
+                    accepted = 0
+                    if r is not None:
+                        resume = (r.attempt, r.resume_step) if r.resume_step is not None else None
+                        accepted = metrics.add(
                             conn,
                             dialect,
                             p.job_id,
@@ -282,7 +302,9 @@ class ReportWriter:
                             total_steps=r.total_steps,
                             resume=resume,
                         )
-                    )
+                    assert p.job is not None
+                    then = p.then(conn, p.job) if p.then is not None else None
+                    results.append((accepted, then))
                 index = None  # from here on: the commit
         except Exception as exc:
             raise _Failed(index, exc) from exc

@@ -65,6 +65,7 @@ _DRIVE = re.compile(r"^[A-Za-z]:")
 FileList = list[tuple[str, int]]
 EntryList = list[tuple[str, str, int]]
 NameList = list[str]
+Failures = list[tuple[str, OSError]]  # names, each with why it was not deleted
 
 
 def confine(rel: str) -> str:
@@ -312,6 +313,17 @@ class Storage:
         """Remove the file or directory tree ``rel``; a missing one is fine."""
         raise NotImplementedError
 
+    def delete_many(self, rels: Iterable[str]) -> Failures:
+        """:meth:`delete` each of ``rels``, in order, on past a failure; the ones that
+        failed, with why."""
+        failed: Failures = []
+        for rel in rels:
+            try:
+                self.delete(rel)
+            except OSError as exc:
+                failed.append((rel, exc))
+        return failed
+
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.url}>"
 
@@ -363,12 +375,20 @@ class LocalStorage(Storage):
             return os.fstat(fh.fileno()).st_size
 
     def entry(self, rel: str) -> tuple[bool, int] | None:
-        st = self._lstat(rel)  # one walk from the anchor, not three
-        if st is None:
+        # one walk from the anchor to its directory, not one to look and one to open
+        full = self._p(rel)
+        try:
+            d = jobfiles.open_dir(self.anchor, full.parent)
+        except (FileNotFoundError, NotADirectoryError):
             return None
-        if stat.S_ISDIR(st.st_mode):
-            return True, sum(size for _, size in self.files(rel))
-        return False, self._file_size(rel)  # opened: a link, a FIFO, ... is refused here
+        with d:
+            st = d.lstat(full.name)
+            if st is None:
+                return None
+            if not stat.S_ISDIR(st.st_mode):
+                with d.open_file(full.name) as fh:  # a link, a FIFO, ... is refused here
+                    return False, os.fstat(fh.fileno()).st_size
+        return True, sum(size for _, size in self.files(rel))
 
     def files(self, rel: str) -> FileList:
         try:
@@ -429,6 +449,31 @@ class LocalStorage(Storage):
         """Remove the file or directory tree ``rel``; a link is removed itself, and nothing is
         removed through a link on the way (``jobfiles.UnsafeFile``)."""
         jobfiles.remove(self.anchor, self._p(rel))
+
+    def delete_many(self, rels: Iterable[str]) -> Failures:
+        """:meth:`delete` each of ``rels`` (on past a failure; the ones that failed, with
+        why), the entries of one directory through one walk to it from the anchor, not one
+        each (retention deletes a batch of checkpoints and their records at a time)."""
+        by_parent: dict[Path, list[tuple[str, str]]] = {}
+        failed: Failures = []
+        for rel in rels:
+            full = self._p(rel)  # a name that escapes: CheckpointError, as delete raises
+            by_parent.setdefault(full.parent, []).append((rel, full.name))
+        for parent, names in by_parent.items():
+            try:
+                d = jobfiles.open_dir(self.anchor, parent)
+            except (FileNotFoundError, NotADirectoryError):
+                continue  # nothing there to remove
+            except OSError as exc:  # a link on the way: nothing is removed through it
+                failed.extend((rel, exc) for rel, _ in names)
+                continue
+            with d:
+                for rel, name in names:
+                    try:
+                        d.remove(name)
+                    except OSError as exc:
+                        failed.append((rel, exc))
+        return failed
 
 
 class FsspecStorage(Storage):

@@ -107,7 +107,7 @@ def stop_reason(job: Job, attempt_started: float | None, now: float) -> Stop | N
         return Stop(StopReason.PREEMPT, job.reason or "preempted")
     if job.resize_requested:  # run.stop_reason: "resize: shrunk 4->2: job 17 (high) ..."
         return Stop(StopReason.RESIZE, f"{StopReason.RESIZE.value}: {job.reason or 'resized'}")
-    limit = job.spec.max_runtime
+    limit = job.max_runtime
     if limit and attempt_started is not None and now - attempt_started > limit:
         return Stop(StopReason.MAX_RUNTIME, max_runtime_message(limit))
     return None

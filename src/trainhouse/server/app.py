@@ -20,7 +20,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from trainhouse import __version__
 from trainhouse.core.errors import ServerBusy, TrainhouseError
-from trainhouse.server import limits, origin, predict
+from trainhouse.server import limits, origin, predict, registrations
 from trainhouse.server.mlflow import create_app as create_mlflow_app
 from trainhouse.server.mlflow import set_runtime as set_mlflow_runtime
 from trainhouse.server.routes import (
@@ -78,15 +78,28 @@ class API(FastAPI):
     """FastAPI, with the predictions of services answered ahead of it (its middleware, its
     router, its own checks per request): :mod:`trainhouse.server.predict`, through the same
     origin guard and body limit in a stack of their own. FastAPI's way to a route cost a
-    prediction more CPU than all the rest of its way to a replica and back."""
+    prediction more CPU than all the rest of its way to a replica and back. A job's
+    checkpoint registrations too (:mod:`trainhouse.server.registrations`): the way cost a
+    third of the server's CPU per checkpoint."""
 
     predictions: ASGIApp | None = None
+    #: the registrations of checkpoints, likewise (:mod:`trainhouse.server.registrations`)
+    registrations: ASGIApp | None = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if self.predictions is not None and predict.service_of(scope) is not None:
             scope["app"] = self  # as Starlette does: the runtime is the app's state
             await self.predictions(scope, receive, send)
             return
+        if self.registrations is not None and registrations.job_of(scope) is not None:
+            scope["app"] = self
+            await self.registrations(scope, receive, send)
+            return
+        await super().__call__(scope, receive, send)
+
+    async def routed(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """The request through FastAPI's stack and router, as if no lean path took it (what
+        a lean path hands back: a body its checks leave to the route)."""
         await super().__call__(scope, receive, send)
 
 
@@ -177,4 +190,5 @@ def create_app(settings: Settings, *, executor: Executor | None = None) -> FastA
     origin.install(app, settings)  # outermost: unknown hosts 400, cross-origin writes 403
     # predictions ahead of all that, through the same guard and limit (server.predict)
     app.predictions = predict.predictions(settings)
+    app.registrations = registrations.registrations(settings)
     return app

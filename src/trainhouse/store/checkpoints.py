@@ -11,7 +11,7 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from sqlalchemy import func, insert, select, update
+from sqlalchemy import bindparam, func, insert, select, update
 from sqlalchemy.engine import RowMapping
 
 from trainhouse.core.errors import NotFound
@@ -44,6 +44,17 @@ def _checkpoint(row: RowMapping) -> Checkpoint:
     )
 
 
+_c = t.checkpoints.c
+#: a checkpoint at the same path listed no more (``CheckpointRepo.add``'s ``replace``)
+_REPLACE = (
+    update(t.checkpoints)
+    .where(_c.job_id == bindparam("b_job"), _c.path == bindparam("b_path"), _c.deleted.is_(False))
+    .values(deleted=True)
+)
+#: a checkpoint's row (every column but its id and ``corrupt``), its id returned
+_INSERT = insert(t.checkpoints).returning(_c.id)
+
+
 class CheckpointRepo:
     def __init__(self, db: Database) -> None:
         self.db = db
@@ -63,15 +74,12 @@ class CheckpointRepo:
         replace: bool = False,
     ) -> Checkpoint:
         """Record a checkpoint; ``replace``: one at the same path (the same step written
-        again, after a restart) is listed no more, in the same transaction."""
+        again, after a restart) is listed no more, in the same transaction. Both statements
+        are built once (:data:`_REPLACE`, :data:`_INSERT`): built per call, they cost more
+        CPU than the database spent on them (a registration's record, issue 34)."""
         with self.db.transaction() as conn:
             if replace:
-                c = t.checkpoints.c
-                conn.execute(
-                    update(t.checkpoints)
-                    .where(c.job_id == job_id, c.path == path, c.deleted.is_(False))
-                    .values(deleted=True)
-                )
+                conn.execute(_REPLACE, {"b_job": job_id, "b_path": path})
             made = Checkpoint(
                 id=0,
                 job_id=job_id,
@@ -88,11 +96,19 @@ class CheckpointRepo:
                 algorithm=algorithm,
             )
             values = {
-                k: v for k, v in dataclasses.asdict(made).items() if k not in ("id", "corrupt")
+                "job_id": job_id,
+                "attempt": attempt,
+                "step": step,
+                "path": path,
+                "size": size,
+                "sha256": sha256,
+                "metrics": made.metrics,
+                "created_at": made.created_at,
+                "deleted": False,
+                "kind": kind,
+                "algorithm": algorithm,
             }
-            ckpt_id = conn.execute(
-                insert(t.checkpoints).values(**values).returning(t.checkpoints.c.id)
-            ).scalar_one()
+            ckpt_id = conn.execute(_INSERT, values).scalar_one()
         # the row is what was inserted (no column has a default of the database's)
         return dataclasses.replace(made, id=ckpt_id)
 

@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping
 from contextlib import suppress
 from typing import TYPE_CHECKING, Any, Literal, get_args
 
-from sqlalchemy import case, delete, func, insert, select, update
+from sqlalchemy import bindparam, case, delete, func, insert, select, update
 from sqlalchemy.sql.elements import ColumnElement
 
 from trainhouse.core.cluster import Placements, placements_to_json
@@ -41,6 +41,12 @@ EventList = list[Event]
 
 JobSort = Literal["id", "created_at", "name", "owner", "state", "priority"]
 JOB_SORT_KEYS: tuple[str, ...] = get_args(JobSort)
+
+
+#: jobs by id (``JobRepo.get_many``): the ids a list, expanded as the query runs
+_MANY = select(t.jobs).where(t.jobs.c.id.in_(bindparam("ids", expanding=True)))
+#: the same, their rows locked in id order for the transaction (FOR SHARE)
+_MANY_LOCKED = _MANY.order_by(t.jobs.c.id).with_for_update(read=True)
 
 
 class JobRepo:
@@ -154,11 +160,9 @@ class JobRepo:
         """The jobs of ``job_ids`` that exist, by id (one query). ``lock`` (inside a
         transaction): no other transaction changes their rows before this one ends (PostgreSQL's
         ``FOR SHARE``, taken in id order; SQLite has one writer at a time anyway)."""
-        query = select(t.jobs).where(t.jobs.c.id.in_(set(job_ids)))
-        if lock:
-            query = query.order_by(t.jobs.c.id).with_for_update(read=True)
+        query = _MANY_LOCKED if lock else _MANY  # built once: a report's batch reads them
         with self.db.connect() as conn:
-            rows = conn.execute(query).mappings()
+            rows = conn.execute(query, {"ids": list(set(job_ids))}).mappings()
             return {row["id"]: job_from_row(row) for row in rows}
 
     def list(

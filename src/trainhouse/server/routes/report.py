@@ -25,7 +25,7 @@ from trainhouse.server.schemas import (
     ReportOut,
     RowId,
 )
-from trainhouse.usecases import callers, reports
+from trainhouse.usecases import reports
 from trainhouse.usecases.runtime import Runtime
 
 router = APIRouter(tags=["report"])
@@ -77,37 +77,36 @@ async def register_checkpoint(
 ) -> CheckpointRegisteredOut:
     """A checkpoint the SDK finished writing; retention runs after it in the background.
     With ``report`` (the points logged before it), they are stored first, as
-    ``POST /jobs/{id}/report`` stores them, and the answer carries that report's answer."""
-    token, client = bearer_token(authorization), client_address(request)
-    stored = None
+    ``POST /jobs/{id}/report`` stores them (with group commit, in the same transaction as the
+    checkpoint's record), and the answer carries that report's answer.
+
+    Its requests are answered ahead of this route (:mod:`trainhouse.server.registrations`);
+    it answers those the lean path leaves to it: a body this route's validation refuses, or
+    any request when the lean path is off."""
+    raw = None
     if body.report is not None:
         try:  # the route parsed it as JSON: back to bytes for the report's own parser
             raw = orjson.dumps(body.report)
         except (TypeError, ValueError, RecursionError):  # nested past what orjson writes
             raise InvalidMetrics("the report is not a metric report") from None
-        stored = await reports.report(rt, job_id, raw, token, client)
-    if stored is not None:  # the report's credential checked: the job it carried
-        job = stored.job
-    else:
-        job = await reports.in_thread(callers.reporting_job, rt, job_id, token, client)
-    ckpt = await reports.in_thread(
-        reports.register_checkpoint,
+    fields = body.model_dump(exclude={"report"})
+    done = await reports.register(
         rt,
-        job,
-        attempt=body.attempt,
-        step=body.step,
-        path=body.path,
-        size=body.size,
-        sha256=body.sha256,
-        metrics=body.metrics,
-        kind=body.kind,
-        algorithm=body.algorithm,
+        job_id,
+        reports.Registration(**fields),
+        raw,
+        bearer_token(authorization),
+        client_address(request),
     )
+    return registered_out(done)
+
+
+def registered_out(done: reports.Registered) -> CheckpointRegisteredOut:
     answer = None
-    if stored is not None:
-        why = stored.stop_reason
-        answer = ReportOut(accepted=stored.accepted, stop=why is not None, stop_reason=why)
-    return CheckpointRegisteredOut(**asdict(ckpt), report=answer)
+    if done.report is not None:
+        why = done.report.stop_reason
+        answer = ReportOut(accepted=done.report.accepted, stop=why is not None, stop_reason=why)
+    return CheckpointRegisteredOut(**asdict(done.checkpoint), report=answer)
 
 
 @router.post("/jobs/{job_id}/checkpoints/{checkpoint_id}/corrupt", response_model=CheckpointOut)
