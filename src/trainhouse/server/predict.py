@@ -164,8 +164,14 @@ async def _answer(
 def predictions(settings: Settings) -> ASGIApp:
     """The predictions' own stack: the origin guard, the body limit (each as the app's
     middleware has it for ``settings``), then :class:`LeanPredict`."""
+    return lean_stack(LeanPredict(), settings)
+
+
+def lean_stack(inner: ASGIApp, settings: Settings) -> ASGIApp:
+    """``inner`` behind the origin guard and the body limit, each as the app's middleware has
+    it for ``settings``: the checks every lean path keeps (predictions, registrations)."""
     limited = limits.BodyLimit(
-        LeanPredict(),
+        inner,
         default=limits.DEFAULT_LIMIT,
         per_route=limits.route_limits(
             settings.max_upload_bytes, settings.mlflow_artifact_bytes, settings.dataset_upload_bytes

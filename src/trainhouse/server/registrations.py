@@ -47,8 +47,14 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from trainhouse.core.errors import InvalidMetrics, TrainhouseError
 from trainhouse.core.reports import INT64, Report, parse_report
-from trainhouse.server import limits, origin
-from trainhouse.server.predict import INTERNAL, _answer, _error, _error_body, read_body
+from trainhouse.server.predict import (
+    INTERNAL,
+    _answer,
+    _error,
+    _error_body,
+    lean_stack,
+    read_body,
+)
 from trainhouse.server.schemas import CheckpointIn
 from trainhouse.usecases import reports
 from trainhouse.usecases.errors import Unstorable
@@ -232,11 +238,4 @@ class LeanRegistration:
 def registrations(settings: Settings) -> ASGIApp:
     """The registrations' own stack: the origin guard, the body limit (each as the app's
     middleware has it for ``settings``), then :class:`LeanRegistration`."""
-    limited = limits.BodyLimit(
-        LeanRegistration(),
-        default=limits.DEFAULT_LIMIT,
-        per_route=limits.route_limits(
-            settings.max_upload_bytes, settings.mlflow_artifact_bytes, settings.dataset_upload_bytes
-        ),
-    )
-    return origin.OriginGuard(limited, hosts=origin.Hosts.of(settings))
+    return lean_stack(LeanRegistration(), settings)
