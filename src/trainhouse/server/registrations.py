@@ -47,6 +47,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from trainhouse.core.errors import InvalidMetrics, TrainhouseError
 from trainhouse.core.reports import INT64, Report, parse_report
+from trainhouse.server.auth import bearer_token
 from trainhouse.server.predict import (
     INTERNAL,
     _answer,
@@ -100,14 +101,9 @@ def _header(scope: Scope, name: bytes) -> bytes | None:
 
 
 def _bearer(scope: Scope) -> str | None:
-    """``trainhouse.server.auth.bearer_token`` of the ``Authorization`` header."""
+    """The token of the ``Authorization`` header (decoded as Starlette decodes headers)."""
     raw = _header(scope, b"authorization")
-    if raw is None:
-        return None
-    value = raw.decode("latin-1")
-    if not value.startswith("Bearer "):
-        return None
-    return value.removeprefix("Bearer ").strip()
+    return bearer_token(None if raw is None else raw.decode("latin-1"))
 
 
 def _client(scope: Scope) -> str:

@@ -188,9 +188,11 @@ async def register(
     were a transaction of their own. Otherwise (no credential, group commit off, an fsspec
     storage, whose checks may take a network's time) the points are stored as a report, then
     the checkpoint registered in a worker thread."""
-    parsed = report if not isinstance(report, bytes) else None
-    if isinstance(report, bytes):
-        parsed = await _parsed(rt, job_id, report, len(report), token, client)
+    parsed = (
+        await _parsed(rt, job_id, report, len(report), token, client)
+        if isinstance(report, bytes)
+        else report
+    )
     fields = asdict(checkpoint)
     if token is None or not rt.settings.report_group_commit or not rt.checkpoints.local:
         reported = None
