@@ -13,7 +13,6 @@ import signal
 import tempfile
 import threading
 import time
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -22,10 +21,10 @@ import psycopg
 import pytest
 
 from tests.support.hostile import Fifos
-from tests.support.postgres import PG_ADMIN, pg_url_of
+from tests.support.postgres import PG_ADMIN, create_database, drop_database, pg_url_of
 from tests.support.processes import add_session_root, marked_processes
 from tests.support.servers import Server, assert_clean_stop, start_server
-from tests.support.templates import drop_templates, keep_templates_in, migrated_postgres
+from tests.support.templates import drop_templates, keep_templates_in, pg_template
 
 _LEAK_TMP = Path(tempfile.mkdtemp(prefix="trainhouse-tests-"))
 os.environ["TMPDIR"] = str(_LEAK_TMP)
@@ -120,26 +119,22 @@ def pg_server() -> str:
 @pytest.fixture
 def pg_url(pg_server: str) -> Iterator[str]:
     """A fresh, empty PostgreSQL database for one test, dropped afterwards."""
-    name = f"trainhouse_test_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(pg_server, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
+    name = create_database()
     try:
         yield pg_url_of(name)
     finally:
-        with psycopg.connect(pg_server, autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        drop_database(name)
 
 
 @pytest.fixture
 def pg_migrated_url(pg_server: str) -> Iterator[str]:
     """A fresh PostgreSQL database for one test, migrated already (a copy of one migrated
     database: tests.support.templates), dropped afterwards."""
-    name = migrated_postgres()
+    name = create_database(template=pg_template())
     try:
         yield pg_url_of(name)
     finally:
-        with psycopg.connect(pg_server, autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        drop_database(name)
 
 
 @pytest.fixture

@@ -15,14 +15,11 @@ import signal
 import subprocess
 import sys
 import time
-import uuid
 from pathlib import Path
 from types import ModuleType
 from typing import IO, Any, Self
 
-import psycopg
-
-from tests.support.postgres import PG_ADMIN, pg_url_of
+from tests.support.postgres import create_database, drop_database, pg_url_of
 from tests.support.processes import unprivileged
 from trainhouse.client import Client
 from trainhouse.client.serverprocess import ServerProcess, free_port
@@ -78,9 +75,7 @@ class Databases:
             return None
         key = home.resolve()
         if key not in self.by_home:
-            name = f"trainhouse_it_{uuid.uuid4().hex[:12]}"
-            with psycopg.connect(PG_ADMIN, autocommit=True) as conn:
-                conn.execute(f'CREATE DATABASE "{name}"')
+            name = create_database("trainhouse_it")
             self.created.append(name)
             self.by_home[key] = pg_url_of(name)
         return self.by_home[key]
@@ -92,9 +87,8 @@ class Databases:
             self.upgraded.add(url)
 
     def drop(self) -> None:
-        with psycopg.connect(PG_ADMIN, autocommit=True) as conn:
-            for name in self.created:
-                conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        for name in self.created:
+            drop_database(name)
         self.created.clear()
 
 

@@ -17,12 +17,9 @@ import os
 import shutil
 import tempfile
 import threading
-import uuid
 from pathlib import Path
 
-import psycopg
-
-from tests.support.postgres import PG_ADMIN, pg_url_of
+from tests.support.postgres import create_database, drop_database, pg_url_of
 from trainhouse.store import Store
 
 _lock = threading.Lock()
@@ -68,32 +65,22 @@ def migrated_home(home: Path) -> Path:
     return home
 
 
-def _pg_template() -> str:
+def pg_template() -> str:
+    """The name of this process's migrated PostgreSQL database, for ``create_database``'s
+    ``template`` (made on first use; no connection to it stays open: it is copied)."""
     with _lock:
         if "postgresql" not in _made:
-            name = f"trainhouse_template_{uuid.uuid4().hex[:12]}"
-            with psycopg.connect(PG_ADMIN, autocommit=True) as conn:
-                conn.execute(f'CREATE DATABASE "{name}"')
-            Store(pg_url_of(name)).close()  # no connection may stay: the template is copied
+            name = create_database("trainhouse_template")
+            Store(pg_url_of(name)).close()
             _made["postgresql"] = name
         return _made["postgresql"]
-
-
-def migrated_postgres() -> str:
-    """A new PostgreSQL database, migrated (a copy of this process's template); its name."""
-    template = _pg_template()
-    name = f"trainhouse_test_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(PG_ADMIN, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template}"')
-    return name
 
 
 def drop_templates() -> None:
     """Drop this process's PostgreSQL template and remove its SQLite one (session end)."""
     with _lock:
         if "postgresql" in _made:
-            with psycopg.connect(PG_ADMIN, autocommit=True) as conn:
-                conn.execute(f'DROP DATABASE IF EXISTS "{_made["postgresql"]}" WITH (FORCE)')
+            drop_database(_made["postgresql"])
         if "sqlite" in _made:
             Path(_made["sqlite"]).unlink(missing_ok=True)
         _made.clear()
