@@ -54,12 +54,13 @@ class Served:
         return float(stats["mean_batch"] or 0.0)
 
     def replica_process(self) -> psutil.Process:
-        """The service's replica: the process of its job's rank (the server's descendant that
-        runs ``trainhouse.serving.follow`` itself, not its launcher or rank wrapper)."""
+        """The service's replica: the server's descendant that answers the predictions,
+        ``trainhouse.serving.follow --replica`` (the rank's process is its supervisor, which
+        runs it; not the launcher or the rank wrapper either)."""
         for child in self.process.children(recursive=True):
             with contextlib.suppress(psutil.Error):
-                cmd = " ".join(child.cmdline())
-                if "trainhouse.serving.follow" in cmd and "rank.py" not in cmd:
+                argv = child.cmdline()
+                if "trainhouse.serving.follow" in argv and "--replica" in argv:
                     return child
         raise SystemExit(f"no replica process of service {SERVICE} under the server")
 

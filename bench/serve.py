@@ -279,6 +279,12 @@ def straight_and_through(
         )
         cpu["service replica"] += cpu_seconds(theirs) - before["service replica"]
         cpu["server"] += cpu_seconds(served.process) - before["server"]
+    answered = sum(len(r.latencies) for r in through)
+    if answered and cpu["service replica"] <= 0:  # its CPU per prediction would read 0
+        raise SystemExit(
+            f"the service's replica process found (pid {theirs.pid}) used no CPU for "
+            f"{answered} predictions: it is not the process that answers them"
+        )
     direct, forwarded = summary(*straight), summary(*through)
     direct["mean_batch"] = mean_batch(replica_url)
     forwarded["mean_batch"] = served.mean_batch()
