@@ -20,12 +20,20 @@ The two sides
                 and the unmodified example submitted to it through ``trainhouse.client``, with
                 the same epochs. Its ranks run under the local executor (torchrun plus the rank
                 wrapper), log ``loss`` at every step through ``run.log``, report to the server
-                and checkpoint every epoch; the per-epoch ``samples_per_s`` values are read back
-                from the server's metrics API. The server is stopped (SIGTERM) afterwards.
+                and checkpoint every epoch (``--checkpoint-epochs N``: every Nth and the last;
+                0: the last only); the per-epoch ``samples_per_s`` values are read back from the
+                server's metrics API. The server is stopped (SIGTERM) afterwards.
 
     Both sides get the same hparams (the spec's, after ``--epochs``), the same number of ranks,
     and the same thread settings (``OMP_NUM_THREADS`` from the spec's ``cpus_per_proc`` and
     ``env``, as the local executor sets them).
+
+Cadence
+    The issue's two cadences: a checkpoint every epoch (``--checkpoint-epochs 1``, the default:
+    every ~0.1 s here, target >= 0.97) and about every 10 seconds (``--epochs 120
+    --checkpoint-epochs 90`` here: target >= 0.99, which applies once the cadence printed, N
+    epochs at the trainhouse side's median epoch time, is 10 s or more). The bare side never
+    checkpoints.
 
 Steady state
     The first ``--warmup`` epochs of every run are dropped. A run's steady-state throughput is the
@@ -34,8 +42,9 @@ Steady state
     hit some epochs, like a periodic metrics flush) is shown next to it as a cross-check.
 
     Runs alternate in ABBA order (bare, trainhouse, trainhouse, bare, ...) so that slow drift of
-    a noisy machine cancels out. The ratio is trainhouse / bare; the target is >= 0.97. This is a
-    benchmark, not a test: it exits 0 whatever the ratio (non-zero only when a run fails).
+    a noisy machine cancels out. The ratio is trainhouse / bare; the target is >= 0.97 (0.99 at a
+    10 s cadence). This is a benchmark, not a test: it exits 0 whatever the ratio (non-zero only
+    when a run fails).
 
 The server's CPU per checkpoint
     After the ABBA runs, ``bench/_registrations.py`` measures what the server spends on each
@@ -44,7 +53,7 @@ The server's CPU per checkpoint
     against the same job without the checkpoints, on one fresh server; goal <= 2 ms.
 
     python bench/overhead.py [--epochs 20] [--repeats 2] [--warmup 3] [--quiet-wait 60] [--json]
-                             [--registrations 200] [--pause 0.05]
+                             [--checkpoint-epochs 1] [--registrations 200] [--pause 0.05]
     python bench/overhead.py --smoke     # both sides run once, 2 epochs: a check, not a number
 """
 
@@ -53,6 +62,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import importlib.util
+import itertools
 import json
 import os
 import signal
@@ -74,6 +84,8 @@ from _machine import BUSY_PERCENT, log, machine_busy, wait_quiet
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_EXAMPLE = REPO / "examples" / "digits"
 TARGET = 0.97
+#: the target where checkpoints are at least RARE_SECONDS apart (the issue's "every 10 s")
+RARE_TARGET, RARE_SECONDS = 0.99, 10.0
 RESULT_MARKER = "OVERHEAD_BARE_RESULT "
 METRIC = "samples_per_s"
 
@@ -156,6 +168,7 @@ class Run:
     steady: list[float] = field(default_factory=list)
     busy: float = 0.0  # % of the CPUs others used just before or just after the run
     server_cpu_s: float | None = None  # CPU seconds the server process used while the job ran
+    epoch_s: float | None = None  # median wall time between two epochs' metrics (trainhouse)
 
     @property
     def median(self) -> float:
@@ -314,7 +327,14 @@ def run_trainhouse(spec_file: Path, overrides: list[str], spec: Any, timeout: fl
             raise RuntimeError(f"the trainhouse job ended {final['state']}:\n{text}")
         series = client.metrics(job["id"], name=METRIC)["series"]
     points = sorted(next(s for s in series if s["rank"] is None)["points"], key=lambda p: p[0])
-    return Run("trainhouse", [float(p[1]) for p in points], wall, server_cpu_s=server_cpu)
+    gaps = [b[2] - a[2] for a, b in itertools.pairwise(points)]
+    return Run(
+        "trainhouse",
+        [float(p[1]) for p in points],
+        wall,
+        server_cpu_s=server_cpu,
+        epoch_s=statistics.median(gaps) if gaps else None,
+    )
 
 
 def server_cpu_seconds(pid: int) -> float:
@@ -346,6 +366,12 @@ def summarize(runs: list[Run], spec: Any, args: argparse.Namespace) -> dict[str,
             "stdev": statistics.stdev(rates) if len(rates) > 1 else 0.0,
         }
     ratio = sides["trainhouse"]["median"] / sides["bare"]["median"]
+    epoch_s = [r.epoch_s for r in runs if r.epoch_s is not None]
+    every = args.checkpoint_epochs
+    # seconds between two checkpoints inside the timed epochs (none when every is 0)
+    cadence = every * statistics.median(epoch_s) if every and epoch_s else None
+    rare = cadence is None or cadence >= RARE_SECONDS
+    target = RARE_TARGET if rare else TARGET
     ratio_tw = sides["trainhouse"]["time_weighted"] / sides["bare"]["time_weighted"]
     server_cpu = sum(r.server_cpu_s or 0.0 for r in runs)
     server_wall = sum(r.wall_s for r in runs if r.side == "trainhouse")
@@ -353,6 +379,8 @@ def summarize(runs: list[Run], spec: Any, args: argparse.Namespace) -> dict[str,
         "example": str(args.example),
         "epochs": args.epochs,
         "warmup": args.warmup,
+        "checkpoint_epochs": every,
+        "checkpoint_cadence_s": cadence,
         "repeats": args.repeats,
         "ranks": spec.resources.procs,
         "hparams": spec.hparams,
@@ -361,8 +389,8 @@ def summarize(runs: list[Run], spec: Any, args: argparse.Namespace) -> dict[str,
         "trainhouse": sides["trainhouse"],
         "ratio": ratio,
         "ratio_time_weighted": ratio_tw,
-        "target": TARGET,
-        "pass": ratio >= TARGET,
+        "target": target,
+        "pass": ratio >= target,
         "server_cpu_percent": 100 * server_cpu / server_wall,
         "busy_runs": sum(r.busy > BUSY_PERCENT for r in runs),
         "runs": [asdict(r) for r in runs],
@@ -387,6 +415,14 @@ def print_table(s: dict[str, Any]) -> None:
     print(f"{'stdev of epochs':<28}{b['stdev']:>12.1f}{t['stdev']:>14.1f}")
     for i, (bm, tm) in enumerate(zip(b["run_medians"], t["run_medians"], strict=True)):
         print(f"{f'pair {i + 1} medians':<28}{bm:>12.1f}{tm:>14.1f}{tm / bm:>9.3f}")
+    every, cadence = s["checkpoint_epochs"], s["checkpoint_cadence_s"]
+    if not every:
+        print("trainhouse side: one checkpoint, after the last epoch")
+    else:
+        print(
+            f"trainhouse side: a checkpoint every {every} epoch(s) and after the last "
+            + (f"(every {cadence:.2f} s)" if cadence is not None else "")
+        )
     print(
         f"the server used {s['server_cpu_percent']:.1f}% of one CPU while its jobs ran "
         "(start-up and shutdown included)"
@@ -407,6 +443,7 @@ def drive(args: argparse.Namespace) -> int:
     example: Path = args.example.resolve()
     spec_file = example / "trainhouse.yaml"
     overrides = [f"hparams.epochs={args.epochs}"]
+    overrides.append(f"hparams.checkpoint_epochs={args.checkpoint_epochs}")
     spec = load_spec(spec_file, overrides)
     if args.epochs <= args.warmup:
         raise SystemExit(f"--epochs ({args.epochs}) must exceed --warmup ({args.warmup})")
@@ -437,6 +474,9 @@ def drive(args: argparse.Namespace) -> int:
     log(f"the server's CPU per checkpoint: {args.registrations} steps with and without ...")
     registrations = _registrations.measure(served, args.registrations, args.pause)
     summary["server_ms_per_checkpoint"] = registrations.ms_per_checkpoint
+    summary["server_ms_per_checkpoint_same_duration"] = (
+        registrations.ms_per_checkpoint_same_duration
+    )
     if args.json:
         print(json.dumps(summary, indent=2))
     else:
@@ -453,6 +493,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=2, help="runs per side (default 2)")
     parser.add_argument("--warmup", type=int, default=3, help="epochs dropped per run (3)")
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
+    parser.add_argument(
+        "--checkpoint-epochs",
+        type=int,
+        default=1,
+        help="the trainhouse side checkpoints every N epochs and after the last (default 1; "
+        "0: after the last only); the target is 0.99 where that is 10 s or more apart",
+    )
     parser.add_argument(
         "--smoke",
         action="store_true",
@@ -488,6 +535,8 @@ def main(argv: list[str] | None = None) -> int:
         args.registrations = 10
     if args.repeats < 1:
         parser.error("--repeats must be >= 1")
+    if args.checkpoint_epochs < 0:
+        parser.error("--checkpoint-epochs must be >= 0")
     return drive(args)
 
 

@@ -7,7 +7,8 @@ Runs the same way everywhere:
 It resumes from its latest checkpoint when restarted, at the exact next batch: the checkpoint
 holds the sampler's position (``ResumableSampler``) and every rank's RNG states (saved and
 restored by ``run.checkpoint`` itself). It checkpoints at the end of every epoch (in the
-background: ``blocking=False``), every ``checkpoint_every`` steps if set, and when asked to stop.
+background: ``blocking=False``; every ``checkpoint_epochs``-th epoch and the last if set, 0: the
+last only), every ``checkpoint_every`` steps if set, and when asked to stop.
 With ``--set hparams.save_model=NAME`` it saves the trained model to the registry at the end
 (``run.save_model``: ``trainhouse models show NAME``).
 """
@@ -35,6 +36,7 @@ DEFAULTS = {
     "batch_size": 32,
     "seed": 0,
     "checkpoint_every": 0,
+    "checkpoint_epochs": 1,
     # a model name: at the end, save the trained model to the registry (run.save_model)
     "save_model": "",
 }
@@ -48,6 +50,11 @@ RULES: dict[str, tuple[type, Callable[[float], bool], str]] = {
     "batch_size": (int, lambda v: v >= 1, "a whole number, at least 1"),
     "seed": (int, lambda v: v >= 0, "a whole number, 0 or more"),
     "checkpoint_every": (int, lambda v: v >= 0, "steps between checkpoints (0: each epoch)"),
+    "checkpoint_epochs": (
+        int,
+        lambda v: v >= 0,
+        "epochs between the end-of-epoch checkpoints (0: the last epoch's only)",
+    ),
 }
 
 
@@ -166,6 +173,7 @@ def main() -> None:
         steps_per_epoch = len(train_loader)
         epochs = int(hp["epochs"])
         every = int(hp["checkpoint_every"])
+        every_epochs = int(hp["checkpoint_epochs"])
         run.set_total_steps(epochs * steps_per_epoch)
 
         print(
@@ -252,11 +260,17 @@ def main() -> None:
                     f"val_acc={val_acc:.4f}",
                     flush=True,
                 )
-            # written in the background while the next epoch trains; finish() waits for it
-            save(epoch, last, batches, {"val_loss": val_loss, "val_acc": val_acc}, blocking=False)
-            if stopping or run.should_stop():
+            stopping = stopping or run.should_stop()
+            if (
+                stopping
+                or epoch == epochs - 1
+                or (every_epochs and (epoch + 1) % every_epochs == 0)
+            ):
+                # written in the background while the next epoch trains; finish() waits for it
+                metrics = {"val_loss": val_loss, "val_acc": val_acc}
+                save(epoch, last, batches, metrics, blocking=False)
+            if stopping:
                 print(f"rank {run.rank}: stopping after epoch {epoch} as asked", flush=True)
-                stopping = True
                 break
         if hp["save_model"] and not stopping:
             # collective: every rank calls it, the main rank exports, writes and registers

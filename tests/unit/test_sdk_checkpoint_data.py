@@ -212,3 +212,50 @@ def test_the_example_resumes_at_the_exact_batch(tmp_path: Path) -> None:
     assert result["mid_step"] == 30
     assert result["mid_data"]["epoch"] == 0 and result["mid_data"]["consumed"] == 31 * 32
     assert result["same"] is True, result  # bit for bit the model of an uninterrupted run
+
+
+CADENCE_DRIVER = textwrap.dedent(
+    r"""
+    import importlib.util, json, os, sys
+
+    spec = importlib.util.spec_from_file_location("digits_train", sys.argv[1])
+    train = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(train)
+    saved = {}
+    for every in (1, 2, 0):
+        os.makedirs(f"every-{every}")
+        os.chdir(f"every-{every}")
+        train.DEFAULTS.update(epochs=4, checkpoint_epochs=every)
+        train.main()
+        saved[every] = sorted(n for n in os.listdir("checkpoints") if n.endswith(".pt"))
+        os.chdir("..")
+    print(json.dumps(saved))
+    """
+)
+
+
+def test_the_example_checkpoints_every_nth_epoch_and_the_last(tmp_path: Path) -> None:
+    """``hparams.checkpoint_epochs`` (bench/overhead.py's cadence): every Nth epoch's end and the
+    last epoch's; 0: the last only (one process: 45 steps an epoch; a standalone run keeps the
+    last 2)."""
+    (tmp_path / "driver.py").write_text(CADENCE_DRIVER)
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith("TRAINHOUSE_") and k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")
+    }
+    env.update(TMPDIR=str(tmp_path), OMP_NUM_THREADS="1", PYTHONPATH=str(REPO / "src"))
+    proc = subprocess.run(
+        [sys.executable, "driver.py", str(REPO / "examples" / "digits" / "train.py")],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    saved = json.loads(proc.stdout.strip().splitlines()[-1])
+    steps = {
+        every: [int(n.split("-")[1].split(".")[0]) for n in names] for every, names in saved.items()
+    }
+    assert steps == {"1": [134, 179], "2": [89, 179], "0": [179]}, saved
