@@ -7,8 +7,10 @@ import errno
 import io
 import json
 import logging
+import os
 import pickle
 import random
+import sys
 import threading
 import uuid
 from collections.abc import Iterator
@@ -526,6 +528,47 @@ def test_async_save_publishes_only_when_written(standalone: Path) -> None:
         assert handle.done() and record is not None and record["step"] == 1
         loaded = run.checkpoint.load()
         assert loaded is not None and torch.equal(loaded["w"], torch.ones(3))
+
+
+class Niceness(LocalStorage):
+    """A local storage that remembers the priority of the threads that write its files, and of
+    a thread such a writer starts (as the hashing writer starts its helper)."""
+
+    def __init__(self, root: Path) -> None:
+        super().__init__(root)
+        self.writers: list[int] = []
+        self.helpers: list[int] = []
+
+    def open_write(self, rel: str) -> Any:
+        self.writers.append(os.getpriority(os.PRIO_PROCESS, threading.get_native_id()))
+        helper = threading.Thread(
+            target=lambda: self.helpers.append(
+                os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+            )
+        )
+        helper.start()
+        helper.join()
+        return super().open_write(rel)
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="a thread's own nice value is Linux's")
+def test_a_background_save_writes_at_the_lowest_priority(standalone: Path) -> None:
+    """A background save's writer (and the hash helper it starts) yields its core to the
+    training loop (nice 19, bench/checkpoint.py part 4); a blocking save writes at the caller's
+    priority, which the background one leaves as it was."""
+    mine = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    with trainhouse.init() as run:
+        storage = Niceness(standalone / "checkpoints")
+        run.checkpoint.storage = storage
+        run.checkpoint.save({"w": torch.ones(3)}, step=1, blocking=False).wait()
+        background = (set(storage.writers), set(storage.helpers))
+        storage.writers.clear()
+        storage.helpers.clear()
+        run.checkpoint.save({"w": torch.ones(3)}, step=2)
+        blocking = (set(storage.writers), set(storage.helpers))
+    assert background == ({19}, {19})
+    assert blocking == ({mine}, {mine})
+    assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == mine
 
 
 def test_a_save_waits_for_the_pending_one(standalone: Path) -> None:

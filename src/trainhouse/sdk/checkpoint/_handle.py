@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -15,6 +17,23 @@ def message_of(exc: BaseException | None) -> str | None:
     if isinstance(exc, CheckpointError):
         return str(exc)
     return f"{type(exc).__name__}: {str(exc)[-1000:]}"
+
+
+def yield_to_training() -> None:
+    """Lower the calling thread, and the threads it starts (they inherit it), to the lowest
+    priority of its scheduling class (nice 19 on Linux: a fifteenth of a core beside a busy
+    thread at nice 0 at the least, all of a free core), where the OS lets it.
+
+    A background save's writer and its hash helper then take little from a training loop that
+    keeps every core busy: beside torch's threads on every core a writer at the same priority
+    left an OpenMP thread waiting for its core at every barrier while the others spun
+    (``bench/checkpoint.py`` part 4: 0.15 of the loop's speed while a save was written). On
+    free cores (a rank waiting for its peers, its data or its GPU) it writes at full speed.
+    ``SCHED_IDLE`` would leave the loop alone entirely, but a loop whose threads spin between
+    steps never leaves a core idle: its write took over a minute.
+    """
+    with contextlib.suppress(AttributeError, OSError):  # not Linux, or refused: as it was
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
 
 
 class SaveHandle:
@@ -46,6 +65,7 @@ class SaveHandle:
 
     def _run(self, work: Callable[[], dict[str, Any] | None]) -> None:
         self._go.wait()
+        yield_to_training()
         try:
             self.record = work()
         except BaseException as exc:  # surfaced by wait() / the next save
