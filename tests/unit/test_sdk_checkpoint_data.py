@@ -189,8 +189,10 @@ EXAMPLE_DRIVER = textwrap.dedent(
 )
 
 
-def test_the_example_resumes_at_the_exact_batch(tmp_path: Path) -> None:
-    (tmp_path / "driver.py").write_text(EXAMPLE_DRIVER)
+def run_example_driver(tmp_path: Path, driver: str) -> subprocess.CompletedProcess[str]:
+    """``driver`` run standalone (no TRAINHOUSE_* or torchrun variables) in ``tmp_path`` with
+    the example's train.py as its argument; it must exit 0."""
+    (tmp_path / "driver.py").write_text(driver)
     env = {
         k: v
         for k, v in os.environ.items()
@@ -206,6 +208,11 @@ def test_the_example_resumes_at_the_exact_batch(tmp_path: Path) -> None:
         timeout=240,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc
+
+
+def test_the_example_resumes_at_the_exact_batch(tmp_path: Path) -> None:
+    proc = run_example_driver(tmp_path, EXAMPLE_DRIVER)
     assert "stopping in epoch 0 as asked" in proc.stdout
     assert "going on at epoch 0, step 31" in proc.stdout
     result = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -238,22 +245,7 @@ def test_the_example_checkpoints_every_nth_epoch_and_the_last(tmp_path: Path) ->
     """``hparams.checkpoint_epochs`` (bench/overhead.py's cadence): every Nth epoch's end and the
     last epoch's; 0: the last only (one process: 45 steps an epoch; a standalone run keeps the
     last 2)."""
-    (tmp_path / "driver.py").write_text(CADENCE_DRIVER)
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith("TRAINHOUSE_") and k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")
-    }
-    env.update(TMPDIR=str(tmp_path), OMP_NUM_THREADS="1", PYTHONPATH=str(REPO / "src"))
-    proc = subprocess.run(
-        [sys.executable, "driver.py", str(REPO / "examples" / "digits" / "train.py")],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    proc = run_example_driver(tmp_path, CADENCE_DRIVER)
     saved = json.loads(proc.stdout.strip().splitlines()[-1])
     steps = {
         every: [int(n.split("-")[1].split(".")[0]) for n in names] for every, names in saved.items()
