@@ -261,38 +261,52 @@ def blob_file(entry: list[Any], data: bytes = bytes(64), tree: Any = None) -> by
     return craft({"format": 1, "blobs": [entry], "tree": tree or ["t", 0]}, data)
 
 
-@pytest.mark.parametrize(
-    ("data", "match"),
-    [
-        (fmt.MAGIC + b"\x01", "does not start with"),
-        (fmt.MAGIC + struct.pack("<Q", 1 << 40) + b"{}", "header claims"),
-        (craft(None, raw_header=b"{not json"), "not JSON"),
-        (craft(None, raw_header=b"\xff\xfe"), "not JSON"),
-        (craft({"format": 2, "blobs": [], "tree": 1}), "format-1"),
-        (craft({"format": 1, "tree": 1}), "no blob list"),
-        (blob_file(["float32", [2], 0, 8, False], bytes(4)), "past the file's end"),
-        (blob_file(["float32", [2], 1 << 62, 8, False]), "past the file's end"),
-        (blob_file(["float32", [3], 0, 8, False]), "is not 8 bytes"),
-        (blob_file(["float32", [-2], 0, 8, False]), "not a non-negative integer"),
-        (blob_file(["float32", [True], 0, 4, False]), "not a non-negative integer"),
-        (blob_file(["float32", "2", 0, 8, False]), "shape is not a list"),
-        (blob_file(["object", [1], 0, 8, False]), "unknown dtype"),
-        (blob_file(["int64", [1], 0, 8, True]), "cannot require grad"),
-        (blob_file(["int64", [1], 0, 8, "yes"]), "requires_grad"),
-        (blob_file(["np:|O", [1], 0, 8, False], tree=["a", 0]), "not allowed"),
-        (blob_file(["np:V8", [1], 0, 8, False], tree=["a", 0]), "not allowed"),
-        (blob_file(["np:<f8", [1], 0, 8, False]), "a torch one is expected"),
-        (blob_file(["float32", [2], 0, 8]), "malformed"),
-        (blob_file(["float32", [2], 0, 8, False], tree=["t", 1]), "does not exist"),
-        (blob_file(["float32", [2], 0, 8, False], tree=["x", 0]), "unknown node"),
-        (blob_file(["float32", [2], 0, 8, False], tree={"a": 1}), "malformed node"),
-        (blob_file(["float32", [2], 0, 8, False], tree=["d", [[["l", []], 1]]]), "hashable"),
-        (blob_file(["float32", [2], 0, 8, False], tree=["z", [1.5]]), "non-integer"),
-        (blob_file(["float32", [2], 0, 8, False], tree=["b", "zz"]), "not hex"),
-    ],
-)
+HOSTILE = [
+    (fmt.MAGIC + b"\x01", "does not start with"),
+    (fmt.MAGIC + struct.pack("<Q", 1 << 40) + b"{}", "header claims"),
+    (craft(None, raw_header=b"{not json"), "not JSON"),
+    (craft(None, raw_header=b"\xff\xfe"), "not JSON"),
+    (craft({"format": 2, "blobs": [], "tree": 1}), "format-1"),
+    (craft({"format": 1, "tree": 1}), "no blob list"),
+    (blob_file(["float32", [2], 0, 8, False], bytes(4)), "past the file's end"),
+    (blob_file(["float32", [2], 1 << 62, 8, False]), "past the file's end"),
+    (blob_file(["float32", [3], 0, 8, False]), "is not 8 bytes"),
+    (blob_file(["float32", [-2], 0, 8, False]), "not a non-negative integer"),
+    (blob_file(["float32", [True], 0, 4, False]), "not a non-negative integer"),
+    (blob_file(["float32", "2", 0, 8, False]), "shape is not a list"),
+    (blob_file(["object", [1], 0, 8, False]), "unknown dtype"),
+    (blob_file(["int64", [1], 0, 8, True]), "cannot require grad"),
+    (blob_file(["int64", [1], 0, 8, "yes"]), "requires_grad"),
+    (blob_file(["np:|O", [1], 0, 8, False], tree=["a", 0]), "not allowed"),
+    (blob_file(["np:V8", [1], 0, 8, False], tree=["a", 0]), "not allowed"),
+    (blob_file(["np:<f8", [1], 0, 8, False]), "a torch one is expected"),
+    (blob_file(["float32", [2], 0, 8]), "malformed"),
+    (blob_file(["float32", [2], 0, 8, False], tree=["t", 1]), "does not exist"),
+    (blob_file(["float32", [2], 0, 8, False], tree=["x", 0]), "unknown node"),
+    (blob_file(["float32", [2], 0, 8, False], tree={"a": 1}), "malformed node"),
+    (blob_file(["float32", [2], 0, 8, False], tree=["d", [[["l", []], 1]]]), "hashable"),
+    (blob_file(["float32", [2], 0, 8, False], tree=["z", [1.5]]), "non-integer"),
+    (blob_file(["float32", [2], 0, 8, False], tree=["b", "zz"]), "not hex"),
+    (blob_file(["float32", [2], 0, 8, False], tree=["y", ["float32"]]), "unknown node"),
+]
+
+
+@pytest.mark.parametrize(("data", "match"), HOSTILE)
 def test_hostile_headers_are_refused(data: bytes, match: str) -> None:
     refused(data, match)
+
+
+@pytest.mark.parametrize(("data", "match"), HOSTILE)
+def test_hostile_headers_are_refused_from_a_bytearray(data: bytes, match: str) -> None:
+    """What a process without torch reads a file into (read_buffer's bytearray) is checked the
+    same way."""
+    with pytest.raises(CheckpointError, match=match):
+        fmt.parse(bytearray(data))
+
+
+def test_a_torch_free_state_parses_from_a_bytearray() -> None:
+    state = {"step": 3, "b": b"\x00\xff", "t": (1, 2.5, None), "o": collections.OrderedDict(a=[1])}
+    assert fmt.parse(bytearray(encode(state))) == state
 
 
 def test_deep_nesting_is_refused() -> None:

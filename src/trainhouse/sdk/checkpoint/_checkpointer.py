@@ -214,8 +214,6 @@ class Checkpointer(Finder):
     def _write_file(
         self, payload: dict[str, Any], step: int, metrics: dict[str, float | None]
     ) -> dict[str, Any]:
-        import torch
-
         storage = self.storage
         name = file_name(step)
         tmp = storage.temp_name(name)
@@ -228,6 +226,8 @@ class Checkpointer(Finder):
                 if encoded is not None:
                     encoded.write(writer.write)
                 else:
+                    import torch
+
                     torch.save(payload, writer)  # type: ignore[arg-type]
             if encoded is None:
                 with storage.open_read(tmp) as fh:

@@ -29,8 +29,10 @@ and the caller writes it with ``torch.save`` as before.
 from __future__ import annotations
 
 import collections
+import functools
 import json
 import struct
+import sys
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import IO, Any
@@ -108,12 +110,11 @@ class Plan:
 
     def chunks(self) -> Iterator[memoryview | bytes]:
         """The file's bytes, in order; the tensors' as views of their memory."""
-        import numpy as np
-
         head = MAGIC + _LEN.pack(len(self.header)) + self.header
         yield head + bytes(_pad(len(head)))
         for value, nbytes in self.blobs:
-            data = _array_bytes(value) if isinstance(value, np.ndarray) else _tensor_bytes(value)
+            numpy = type(value).__module__ == "numpy"  # an ndarray: the encoder let no other in
+            data = _array_bytes(value) if numpy else _tensor_bytes(value)
             if len(data) != nbytes:  # changed since it was planned
                 raise CheckpointError(f"a tensor changed size while it was written: {nbytes}")
             yield data
@@ -128,10 +129,9 @@ class Plan:
 
 class _Encoder:
     def __init__(self) -> None:
-        import torch
-
-        self.torch = torch
-        self.names = {dt: name for name, dt in _torch_dtypes().items()}
+        # None where the process never imported torch: then nothing in a state is torch's
+        self.torch: Any = sys.modules.get("torch")
+        self.names = {dt: name for name, dt in _torch_dtypes().items()} if self.torch else {}
         self.entries: list[list[Any]] = []
         self.blobs: list[tuple[Any, int]] = []
         self.seen: dict[int, int] = {}  # id of a tensor -> its blob index
@@ -180,12 +180,13 @@ class _Encoder:
             return ["l", [self.node(v) for v in obj]]
         if kind is tuple:
             return ["u", [self.node(v) for v in obj]]
-        if kind is torch.Size:
-            return ["z", [int(v) for v in obj]]
-        if isinstance(obj, torch.Tensor):
-            return ["t", self.tensor(obj)]
-        if kind is torch.dtype and obj in self.names:
-            return ["y", self.names[obj]]
+        if torch is not None:
+            if kind is torch.Size:
+                return ["z", [int(v) for v in obj]]
+            if isinstance(obj, torch.Tensor):
+                return ["t", self.tensor(obj)]
+            if kind is torch.dtype and obj in self.names:
+                return ["y", self.names[obj]]
         if kind is bytes:
             return ["b", obj.hex()]
         if kind.__module__ == "numpy":
@@ -221,14 +222,11 @@ READ_CHUNK = 16 << 20
 
 
 def read_buffer(fh: IO[bytes], size: int, hasher: Any = None) -> Any:
-    """``size`` bytes of ``fh`` from where it stands, into one aligned uint8 tensor, in chunks.
-    With ``hasher``, each chunk is hashed on a helper thread while the next one is read (both
-    release the GIL). A short file raises CheckpointError."""
-    import torch
-
-    buf = torch.empty(size, dtype=torch.uint8)
-    host: Any = buf.numpy()
-    view = memoryview(host).cast("B")
+    """``size`` bytes of ``fh`` from where it stands, into one aligned uint8 tensor (a
+    ``bytearray`` in a process that has not imported torch), in chunks. With ``hasher``, each
+    chunk is hashed on a helper thread while the next one is read (both release the GIL). A
+    short file raises CheckpointError."""
+    buf, view = _buffer(size)
     got = 0
     with ThreadPoolExecutor(1, thread_name_prefix="trainhouse-hash") as pool:
         hashed: Future[Any] | None = None
@@ -246,6 +244,27 @@ def read_buffer(fh: IO[bytes], size: int, hasher: Any = None) -> Any:
     return buf
 
 
+def _buffer(size: int) -> tuple[Any, memoryview]:
+    """A buffer of ``size`` bytes and a writable byte view of it: a uint8 tensor where torch is
+    imported (its tensors are views of it), else a bytearray (a torch-free state needs none; a
+    file that holds tensors imports torch then, and they view the bytearray)."""
+    torch: Any = sys.modules.get("torch")
+    if torch is None:
+        raw = bytearray(size)
+        return raw, memoryview(raw)
+    buf = torch.empty(size, dtype=torch.uint8)
+    host: Any = buf.numpy()
+    return buf, memoryview(host).cast("B")
+
+
+def _view(buf: Any) -> memoryview:
+    """The bytes of a buffer :func:`read_buffer` returned (or a uint8 CPU tensor)."""
+    if isinstance(buf, bytearray | bytes | memoryview):
+        return memoryview(buf).cast("B")
+    host: Any = buf.numpy()
+    return memoryview(host).cast("B")
+
+
 def _refuse(why: str) -> CheckpointError:
     return CheckpointError(f"not a valid checkpoint file: {why}")
 
@@ -258,19 +277,25 @@ def _int(v: Any, what: str) -> int:
 
 class _Decoder:
     def __init__(self, buf: Any, header: dict[str, Any], data_start: int) -> None:
-        import torch
-
-        self.torch = torch
         self.buf = buf
-        host: Any = buf.numpy()
-        self.view = memoryview(host).cast("B")
-        self.dtypes = _torch_dtypes()
+        self.view = _view(buf)
         entries = header.get("blobs")
         if not isinstance(entries, list):
             raise _refuse("the header has no blob list")
         self.entries = entries
         self.cache: dict[int, Any] = {}
         self.start = data_start
+
+    @functools.cached_property
+    def torch(self) -> Any:
+        """torch, imported by the first tensor, torch.Size or dtype the file holds."""
+        import torch
+
+        return torch
+
+    @functools.cached_property
+    def dtypes(self) -> dict[str, Any]:
+        return _torch_dtypes()
 
     def blob(self, index: Any, numpy: bool) -> Any:
         i = _int(index, "a blob index")
@@ -290,7 +315,7 @@ class _Decoder:
         for d in dims:
             numel *= d
         end = self.start + offset + nbytes
-        if end > self.buf.numel():
+        if end > len(self.view):
             raise _refuse(f"blob {i} ends at byte {end}, past the file's end")
         if not isinstance(dtype, str) or dtype.startswith("np:") != numpy:
             raise _refuse(
@@ -378,7 +403,7 @@ class _Decoder:
             return self.blob(payload, numpy=True)
         if tag == "s":
             return self.blob(payload, numpy=True)[()]
-        if tag == "y" and payload in self.dtypes:
+        if tag == "y" and isinstance(payload, str) and payload in self.dtypes:
             return self.dtypes[payload]
         if tag == "b" and isinstance(payload, str):
             try:
@@ -389,17 +414,19 @@ class _Decoder:
 
 
 def parse(buf: Any) -> Any:
-    """The state held in ``buf`` (a uint8 CPU tensor holding the whole file); its tensors are
-    views of ``buf``. Raises CheckpointError for anything malformed or out of bounds."""
-    size = int(buf.numel())
+    """The state held in ``buf`` (a uint8 CPU tensor or a bytearray holding the whole file, as
+    :func:`read_buffer` gives); its tensors are views of ``buf``. Raises CheckpointError for
+    anything malformed or out of bounds."""
+    view = _view(buf)
+    size = len(view)
     prefix = len(MAGIC) + _LEN.size
-    if size < prefix or bytes(buf[: len(MAGIC)].numpy()) != MAGIC:
+    if size < prefix or bytes(view[: len(MAGIC)]) != MAGIC:
         raise _refuse("it does not start with the trainhouse checkpoint header")
-    (length,) = _LEN.unpack(bytes(buf[len(MAGIC) : prefix].numpy()))
+    (length,) = _LEN.unpack(bytes(view[len(MAGIC) : prefix]))
     if length > min(MAX_HEADER, size - prefix):
         raise _refuse(f"its header claims {length} bytes; the file has {size}")
     try:
-        header = json.loads(bytes(buf[prefix : prefix + length].numpy()).decode("utf-8"))
+        header = json.loads(bytes(view[prefix : prefix + length]).decode("utf-8"))
     except (ValueError, RecursionError) as exc:
         raise _refuse(f"its header is not JSON ({str(exc)[:100]})") from None
     if not isinstance(header, dict) or header.get("format") != FORMAT:

@@ -1,55 +1,69 @@
 """Random number generator states, stored in a checkpoint so a resumed run draws the same numbers.
 
 A state is a dict of python ints, tuples and uint8/int64 tensors only, so that a checkpoint
-holding it loads with a plain ``torch.load(weights_only=True)``.
+holding it loads with a plain ``torch.load(weights_only=True)``. In a process that has not
+imported torch (a script of scikit-learn's, say) there is no torch state to keep, and the rest
+is kept as python ints and lists: saving a checkpoint does not import torch for them.
 """
 
 from __future__ import annotations
 
 import logging
 import random
+import sys
 from typing import Any
 
 log = logging.getLogger("trainhouse")
 
 
 def capture() -> dict[str, Any]:
-    """This process's RNG states: python ``random``, numpy's global one, torch CPU and CUDA."""
-    import torch
-
+    """This process's RNG states: python ``random``, numpy's global one, torch CPU and CUDA
+    (torch's and numpy's where the process imported them: one that did not has drawn nothing
+    from them)."""
+    torch: Any = sys.modules.get("torch")
     version, internal, gauss = random.getstate()
     state: dict[str, Any] = {
-        "python": (int(version), torch.tensor(internal, dtype=torch.int64), gauss),
-        "torch": torch.get_rng_state(),
+        "python": (int(version), _ints(torch, internal), gauss),
     }
-    try:
-        import numpy as np
-    except ImportError:
-        pass
-    else:
+    if torch is not None:
+        state["torch"] = torch.get_rng_state()
+    np: Any = sys.modules.get("numpy")
+    if np is not None:
         legacy = np.random.get_state(legacy=True)
         if isinstance(legacy, tuple) and legacy[0] == "MT19937":
             kind, keys, pos, has_gauss, cached = legacy
             state["numpy"] = (
                 str(kind),
-                torch.from_numpy(np.asarray(keys, dtype=np.int64)),
+                _ints(torch, [int(k) for k in keys]),
                 int(pos),
                 int(has_gauss),
                 float(cached),
             )
-    if torch.cuda.is_available() and torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
+    if torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized():
         state["cuda"] = list(torch.cuda.get_rng_state_all())
     return state
 
 
+def _ints(torch: Any, values: Any) -> Any:
+    """``values`` (python ints) as an int64 tensor, or as a list where torch is not imported."""
+    if torch is None:
+        return [int(v) for v in values]
+    return torch.tensor(values, dtype=torch.int64)
+
+
+def _listed(values: Any) -> list[int]:
+    """A saved list of ints back as python ints (a tensor of them, or a list)."""
+    return [int(v) for v in (values if isinstance(values, list | tuple) else values.tolist())]
+
+
 def restore(state: dict[str, Any]) -> None:
     """Set this process's RNG states from :func:`capture`'s dict (what is missing stays)."""
-    import torch
-
     if "python" in state:
         version, internal, gauss = state["python"]
-        random.setstate((int(version), tuple(int(v) for v in internal.tolist()), gauss))
+        random.setstate((int(version), tuple(_listed(internal)), gauss))
     if "torch" in state:
+        import torch
+
         torch.set_rng_state(state["torch"])
     if "numpy" in state:
         try:
@@ -59,10 +73,18 @@ def restore(state: dict[str, Any]) -> None:
         else:
             kind, keys, pos, has_gauss, cached = state["numpy"]
             np.random.set_state(
-                (kind, keys.numpy().astype(np.uint32), int(pos), int(has_gauss), float(cached))
+                (
+                    kind,
+                    np.asarray(_listed(keys), dtype=np.uint32),
+                    int(pos),
+                    int(has_gauss),
+                    float(cached),
+                )
             )
     cuda = state.get("cuda")
     if cuda:
+        import torch
+
         if not torch.cuda.is_available():
             log.warning("trainhouse: the checkpoint has CUDA RNG states but CUDA is unavailable")
         elif len(cuda) != torch.cuda.device_count():

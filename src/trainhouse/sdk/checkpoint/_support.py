@@ -118,9 +118,8 @@ class Stager:
         return buf
 
     def _stage(self, obj: Any, path: tuple[Any, ...]) -> Any:
-        import torch
-
-        if isinstance(obj, torch.Tensor):
+        torch: Any = sys.modules.get("torch")  # None: nothing in the state is a tensor
+        if torch is not None and isinstance(obj, torch.Tensor):
             return self._tensor(obj, path)
         if isinstance(obj, dict):
             items = [(k, self._stage(v, (*path, k))) for k, v in obj.items()]
@@ -172,6 +171,9 @@ def pinned_empty(shape: Any, dtype: Any) -> Any:
 def wait_for_copies(devices: Iterable[Any]) -> None:
     """Wait until the work queued so far on each device's current stream (the asynchronous
     copies among it) is over: every device read from, not only the current one."""
+    devices = list(devices)
+    if not devices:  # nothing copied from a GPU (torch perhaps never imported)
+        return
     import torch
 
     for device in devices:
@@ -196,11 +198,10 @@ def _leaves(obj: Any) -> Iterator[Any]:
 
 def estimate_bytes(obj: Any) -> int:
     """About how many bytes ``obj`` takes on disk (tensor and array data plus some overhead)."""
-    import torch
-
+    torch: Any = sys.modules.get("torch")  # None: nothing in it is a tensor
     total = 64 * 1024
     for leaf in _leaves(obj):
-        if isinstance(leaf, torch.Tensor):
+        if torch is not None and isinstance(leaf, torch.Tensor):
             try:
                 local = leaf.to_local() if hasattr(leaf, "to_local") else leaf
                 total += local.numel() * local.element_size()
