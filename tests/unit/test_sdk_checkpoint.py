@@ -710,13 +710,13 @@ with trainhouse.init() as run:
     np.random.seed(7)
     state = {"step": 1, "b": b"x", "t": (1, 2.5, None), "o": [1, 2]}
     run.checkpoint.save(state, step=1, blocking=False).wait()
-    run.checkpoint.save({"step": 2}, step=2)
+    run.checkpoint.save({"step": 2, "w": np.arange(4.0)}, step=2)
     after_save = [random.random(), float(np.random.rand())]
     random.random(), np.random.rand()  # more draws, undone by the load
     loaded = run.checkpoint.load()  # step 2's, and the RNG states saved with it
     after_load = [random.random(), float(np.random.rand())]
     print(json.dumps({
-        "loaded": loaded,
+        "loaded": {**loaded, "w": loaded["w"].tolist()},
         "after_save": after_save,
         "after_load": after_load,
         "torch_imported": "torch" in sys.modules,
@@ -738,7 +738,7 @@ def test_a_script_without_torch_checkpoints_without_importing_it(standalone: Pat
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert result["torch_imported"] is False
-    assert result["loaded"] == {"step": 2}
+    assert result["loaded"] == {"step": 2, "w": [0.0, 1.0, 2.0, 3.0]}
     assert result["after_load"] == result["after_save"]
     first = load_checkpoint(standalone / "checkpoints" / "step-000000001.pt")
     (rng,) = first.pop(RESERVED)["rng"]  # one rank's: python ints, no tensor
