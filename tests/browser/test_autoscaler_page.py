@@ -62,7 +62,10 @@ def test_the_nodes_page_shows_the_cluster_growing_and_shrinking(
         rows = panel.get_by_test_id("node-event")
         expect(rows).to_have_count(len(events))
         left = [e for e in events if e["event"] == "left"]
-        assert len(left) >= 2 and all(e["node_type"] == "cpu-2" for e in left), events
+        # the nodes the job ran on name their type; a node the autoscaler launched beyond them
+        # and ended within one of its reports (the fake provider is quick) has none to name
+        typed = [e for e in left if e["node_type"] == "cpu-2"]
+        assert len(typed) >= 2 and all(e["node_type"] in ("cpu-2", None) for e in left), events
         expect(panel.locator("[data-testid=node-event][data-event=left]")).to_have_count(len(left))
         expect(rows.first).to_contain_text("cpu-2")  # the newest first
         expect(request).to_contain_text("nothing (withdrawn)")
