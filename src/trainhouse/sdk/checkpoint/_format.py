@@ -253,8 +253,7 @@ def _buffer(size: int) -> tuple[Any, memoryview]:
         raw = bytearray(size)
         return raw, memoryview(raw)
     buf = torch.empty(size, dtype=torch.uint8)
-    host: Any = buf.numpy()
-    return buf, memoryview(host).cast("B")
+    return buf, _view(buf)
 
 
 def _view(buf: Any) -> memoryview:
@@ -277,8 +276,7 @@ def _int(v: Any, what: str) -> int:
 
 class _Decoder:
     def __init__(self, buf: Any, header: dict[str, Any], data_start: int) -> None:
-        self.buf = buf
-        self.view = _view(buf)
+        self.view = _view(buf)  # the views made of it keep the buffer alive
         entries = header.get("blobs")
         if not isinstance(entries, list):
             raise _refuse("the header has no blob list")
