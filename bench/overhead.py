@@ -7,7 +7,7 @@ What is measured
     epoch. Only the timed region of ``train_epoch`` counts; evaluation and checkpoints between
     epochs do not.
 
-The two sides
+The three sides
     bare        ``python -m torch.distributed.run --standalone`` starts this file with
                 ``--bare-worker`` on every rank. The worker loads ``train.py`` by path (the real
                 ``trainhouse`` package, so the SDK's pure helpers the training loop uses, such
@@ -16,6 +16,14 @@ The two sides
                 gloo itself, and runs the same seed, model, optimizer, loaders, epochs and
                 evaluation as ``train.py`` with ``train_epoch(..., on_step=None)``. Rank 0 prints
                 its per-epoch samples/s as JSON. No trainhouse server runs meanwhile.
+    sdk         torchrun starts this file with ``--sdk-worker``: the unmodified example's
+                ``main()`` through the real SDK standalone (no server: metrics to the console,
+                checkpoints to ``./checkpoints`` of a temporary directory, with the same cadence
+                and retention as under the server), its hparams the same as the other sides'.
+                A wrapper around ``Run.log`` keeps the ``samples_per_s`` values rank 0 logs.
+                What it adds to bare is what the SDK does inside the ranks (the run's set-up,
+                ``run.log``, the checkpoints); what trainhouse adds to it is the server, the
+                executor's processes and the SDK's reports to the server.
     trainhouse  A fresh server (temporary home, free port, ``--cpus`` as the job needs, no GPUs)
                 and the unmodified example submitted to it through ``trainhouse.client``, with
                 the same epochs. Its ranks run under the local executor (torchrun plus the rank
@@ -24,7 +32,7 @@ The two sides
                 0: the last only); the per-epoch ``samples_per_s`` values are read back from the
                 server's metrics API. The server is stopped (SIGTERM) afterwards.
 
-    Both sides get the same hparams (the spec's, after ``--epochs``), the same number of ranks,
+    Every side gets the same hparams (the spec's, after ``--epochs``), the same number of ranks,
     and the same thread settings (``OMP_NUM_THREADS`` from the spec's ``cpus_per_proc`` and
     ``env``, as the local executor sets them).
 
@@ -32,8 +40,8 @@ Cadence
     The issue's two cadences: a checkpoint every epoch (``--checkpoint-epochs 1``, the default:
     every ~0.1 s here, target >= 0.97) and about every 10 seconds (``--epochs 120
     --checkpoint-epochs 90`` here: target >= 0.99, which applies once the cadence printed, N
-    epochs at the trainhouse side's median epoch time, is 10 s or more). The bare side never
-    checkpoints.
+    epochs at the trainhouse side's median epoch time, is 10 s or more). The sdk side checkpoints
+    as the trainhouse side does; the bare side never checkpoints.
 
 Steady state
     The first ``--warmup`` epochs of every run are dropped. A run's steady-state throughput is the
@@ -41,10 +49,11 @@ Steady state
     The time-weighted mean (total samples / total seconds, which also charges costs that only
     hit some epochs, like a periodic metrics flush) is shown next to it as a cross-check.
 
-    Runs alternate in ABBA order (bare, trainhouse, trainhouse, bare, ...) so that slow drift of
-    a noisy machine cancels out. The ratio is trainhouse / bare; the target is >= 0.97 (0.99 at a
-    10 s cadence). This is a benchmark, not a test: it exits 0 whatever the ratio (non-zero only
-    when a run fails).
+    Runs alternate in ABCCBA order (bare, sdk, trainhouse, trainhouse, sdk, bare, ...) so that
+    slow drift of a noisy machine cancels out. The ratio is trainhouse / bare; the target is >=
+    0.97 (0.99 at a 10 s cadence). sdk / bare and trainhouse / sdk split it between the SDK and
+    the server; ``--sides bare,trainhouse`` leaves the sdk side out. This is a benchmark, not a
+    test: it exits 0 whatever the ratio (non-zero only when a run fails).
 
 The server's CPU per checkpoint
     After the ABBA runs, ``bench/_registrations.py`` measures what the server spends on each
@@ -54,7 +63,8 @@ The server's CPU per checkpoint
 
     python bench/overhead.py [--epochs 20] [--repeats 2] [--warmup 3] [--quiet-wait 60] [--json]
                              [--checkpoint-epochs 1] [--registrations 200] [--pause 0.05]
-    python bench/overhead.py --smoke     # both sides run once, 2 epochs: a check, not a number
+                             [--sides bare,sdk,trainhouse]
+    python bench/overhead.py --smoke     # each side runs once, 2 epochs: a check, not a number
 """
 
 from __future__ import annotations
@@ -88,9 +98,19 @@ TARGET = 0.97
 RARE_TARGET, RARE_SECONDS = 0.99, 10.0
 RESULT_MARKER = "OVERHEAD_BARE_RESULT "
 METRIC = "samples_per_s"
+SIDES = ("bare", "sdk", "trainhouse")
 
 
-# -- the bare worker (one rank, started by torchrun) -------------------------------------------
+# -- the bare and sdk workers (one rank each, started by torchrun) -----------------------------
+def _import_example(train_py: Path) -> types.ModuleType:
+    spec = importlib.util.spec_from_file_location("bench_digits_train", train_py)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot import {train_py}")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def _load_example(train_py: Path) -> types.ModuleType:
     """Import the example's train.py by path, with the real ``trainhouse`` package.
 
@@ -103,11 +123,7 @@ def _load_example(train_py: Path) -> types.ModuleType:
     def _no_sdk(**_kwargs: Any) -> Any:
         raise RuntimeError("the bare benchmark must not start a trainhouse run")
 
-    spec = importlib.util.spec_from_file_location("bench_digits_train", train_py)
-    if spec is None or spec.loader is None:
-        raise ImportError(f"cannot import {train_py}")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = _import_example(train_py)
     guard = types.ModuleType("trainhouse")
     guard.init = _no_sdk  # type: ignore[attr-defined]
     module.trainhouse = guard  # type: ignore[attr-defined]
@@ -159,10 +175,31 @@ def bare_worker(train_py: Path, hparams: dict[str, Any]) -> None:
             dist.destroy_process_group()
 
 
+def sdk_worker(train_py: Path, hparams: dict[str, Any]) -> None:
+    """The example's own ``main()`` through the SDK standalone, with the benchmark's hparams
+    (``trainhouse.init`` takes the module's ``DEFAULTS``: a standalone run has no spec)."""
+    from trainhouse.sdk._run import Run
+
+    ex = _import_example(train_py)
+    ex.DEFAULTS.update(hparams)
+    rates: list[float] = []
+    log_values = Run.log
+
+    def log(self: Run, metrics: dict[str, Any], *args: Any, **kwargs: Any) -> None:
+        if self.is_main and METRIC in metrics:
+            rates.append(float(metrics[METRIC]))
+        log_values(self, metrics, *args, **kwargs)
+
+    Run.log = log  # type: ignore[method-assign]
+    ex.main()
+    if rates:  # rank 0's
+        print(RESULT_MARKER + json.dumps({"rates": rates}), flush=True)
+
+
 # -- the driver ----------------------------------------------------------------------------
 @dataclass
 class Run:
-    side: str  # "bare" or "trainhouse"
+    side: str  # "bare", "sdk" or "trainhouse"
     rates: list[float]  # samples/s of every epoch, warm-up included
     wall_s: float  # submit/launch to finish, start-up included
     steady: list[float] = field(default_factory=list)
@@ -217,7 +254,8 @@ def rank_env(spec: Any) -> dict[str, str]:
     return env
 
 
-def run_bare(example: Path, spec: Any, timeout: float) -> Run:
+def run_torchrun(side: str, example: Path, spec: Any, timeout: float) -> Run:
+    """The bare or the sdk side: torchrun starts this file's worker on every rank."""
     cmd = [
         sys.executable,
         "-m",
@@ -226,20 +264,23 @@ def run_bare(example: Path, spec: Any, timeout: float) -> Run:
         "--nnodes=1",
         f"--nproc-per-node={spec.resources.procs}",
         str(Path(__file__).resolve()),
-        "--bare-worker",
+        f"--{side}-worker",
         "--train-py",
         str(example / "train.py"),
         "--hparams",
         json.dumps(spec.hparams),
     ]
+    # the sdk side's retention is the spec's, as under the server (keep_best has no standalone
+    # counterpart: one more file kept there, none read back)
+    keep_last = {"TRAINHOUSE_KEEP_LAST": str(spec.checkpoints.keep_last)} if side == "sdk" else {}
     start = time.monotonic()
-    with tempfile.TemporaryDirectory(prefix="trainhouse-bench-bare-") as cwd:
+    with tempfile.TemporaryDirectory(prefix=f"trainhouse-bench-{side}-") as cwd:
         proc = subprocess.Popen(
             cmd,
             cwd=cwd,
-            # torchrun's and torch's scratch files go where the job's do under trainhouse: a
-            # directory of the run's own, removed with it
-            env={**rank_env(spec), "TMPDIR": cwd},
+            # torchrun's and torch's scratch files (and the sdk side's checkpoints) go where the
+            # job's do under trainhouse: a directory of the run's own, removed with it
+            env={**rank_env(spec), "TMPDIR": cwd, **keep_last},
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
@@ -252,9 +293,9 @@ def run_bare(example: Path, spec: Any, timeout: float) -> Run:
     wall = time.monotonic() - start
     lines = [ln for ln in out.splitlines() if ln.startswith(RESULT_MARKER)]
     if proc.returncode != 0 or not lines:
-        raise RuntimeError(f"the bare run failed (exit {proc.returncode}):\n{out[-3000:]}")
+        raise RuntimeError(f"the {side} run failed (exit {proc.returncode}):\n{out[-3000:]}")
     result = json.loads(lines[-1][len(RESULT_MARKER) :])
-    return Run("bare", [float(r) for r in result["rates"]], wall)
+    return Run(side, [float(r) for r in result["rates"]], wall)
 
 
 def wait_healthy(client: Any, proc: subprocess.Popen[bytes], log_path: Path) -> None:
@@ -356,7 +397,7 @@ def time_weighted(rates: list[float]) -> float:
 
 def summarize(runs: list[Run], spec: Any, args: argparse.Namespace) -> dict[str, Any]:
     sides: dict[str, dict[str, Any]] = {}
-    for side in ("bare", "trainhouse"):
+    for side in args.sides:
         mine = [r for r in runs if r.side == side]
         rates = pooled(mine)
         sides[side] = {
@@ -366,6 +407,7 @@ def summarize(runs: list[Run], spec: Any, args: argparse.Namespace) -> dict[str,
             "stdev": statistics.stdev(rates) if len(rates) > 1 else 0.0,
         }
     ratio = sides["trainhouse"]["median"] / sides["bare"]["median"]
+    sdk = sides.get("sdk")
     epoch_s = [r.epoch_s for r in runs if r.epoch_s is not None]
     every = args.checkpoint_epochs
     # seconds between two checkpoints inside the timed epochs (none when every is 0)
@@ -386,9 +428,13 @@ def summarize(runs: list[Run], spec: Any, args: argparse.Namespace) -> dict[str,
         "hparams": spec.hparams,
         "omp_num_threads": rank_env(spec).get("OMP_NUM_THREADS"),
         "bare": sides["bare"],
+        "sdk": sdk,
         "trainhouse": sides["trainhouse"],
         "ratio": ratio,
         "ratio_time_weighted": ratio_tw,
+        # the split: what the SDK in the ranks costs, and what the server adds to that
+        "ratio_sdk": sdk["median"] / sides["bare"]["median"] if sdk else None,
+        "ratio_server": sides["trainhouse"]["median"] / sdk["median"] if sdk else None,
         "target": target,
         "pass": ratio >= target,
         "server_cpu_percent": 100 * server_cpu / server_wall,
@@ -398,29 +444,43 @@ def summarize(runs: list[Run], spec: Any, args: argparse.Namespace) -> dict[str,
 
 
 def print_table(s: dict[str, Any]) -> None:
-    b, t = s["bare"], s["trainhouse"]
+    b, k, t = s["bare"], s["sdk"], s["trainhouse"]
     hp = s["hparams"]
     print(
         f"digits example: {s['ranks']} ranks (gloo, OMP_NUM_THREADS={s['omp_num_threads']}), "
         f"{s['epochs']} epochs (first {s['warmup']} dropped), batch {hp.get('batch_size')}, "
-        f"seed {hp.get('seed')}, {s['repeats']} runs per side in ABBA order"
+        f"seed {hp.get('seed')}, {s['repeats']} runs per side in "
+        + ("ABCCBA order" if k else "ABBA order")
     )
     print()
-    print(f"{'':<28}{'bare':>12}{'trainhouse':>14}{'ratio':>9}")
-    print(f"{'median samples/s':<28}{b['median']:>12.1f}{t['median']:>14.1f}{s['ratio']:>9.3f}")
-    print(
-        f"{'time-weighted samples/s':<28}{b['time_weighted']:>12.1f}"
-        f"{t['time_weighted']:>14.1f}{s['ratio_time_weighted']:>9.3f}"
-    )
-    print(f"{'stdev of epochs':<28}{b['stdev']:>12.1f}{t['stdev']:>14.1f}")
-    for i, (bm, tm) in enumerate(zip(b["run_medians"], t["run_medians"], strict=True)):
-        print(f"{f'pair {i + 1} medians':<28}{bm:>12.1f}{tm:>14.1f}{tm / bm:>9.3f}")
+
+    def row(label: str, key: str, ratio: float | None, fmt: str = ".1f") -> None:
+        sdk = f"{k[key]:>12{fmt}}" if k else ""
+        end = f"{ratio:>9.3f}" if ratio is not None else ""
+        print(f"{label:<28}{b[key]:>12{fmt}}{sdk}{t[key]:>14{fmt}}{end}")
+
+    sdk_head = f"{'sdk':>12}" if k else ""
+    print(f"{'':<28}{'bare':>12}{sdk_head}{'trainhouse':>14}{'ratio':>9}")
+    row("median samples/s", "median", s["ratio"])
+    row("time-weighted samples/s", "time_weighted", s["ratio_time_weighted"])
+    row("stdev of epochs", "stdev", None)
+    medians = zip(b["run_medians"], t["run_medians"], strict=True)
+    for i, (bm, tm) in enumerate(medians):
+        sdk = f"{k['run_medians'][i]:>12.1f}" if k else ""
+        print(f"{f'run {i + 1} medians':<28}{bm:>12.1f}{sdk}{tm:>14.1f}{tm / bm:>9.3f}")
+    if k:
+        print(
+            f"the split: sdk/bare = {s['ratio_sdk']:.3f} (the SDK inside the ranks, its "
+            f"checkpoints included), trainhouse/sdk = {s['ratio_server']:.3f} (the server, the "
+            "executor, the SDK's reports)"
+        )
     every, cadence = s["checkpoint_epochs"], s["checkpoint_cadence_s"]
+    checkpointing = "sdk and trainhouse sides" if k else "trainhouse side"
     if not every:
-        print("trainhouse side: one checkpoint, after the last epoch")
+        print(f"{checkpointing}: one checkpoint, after the last epoch")
     else:
         print(
-            f"trainhouse side: a checkpoint every {every} epoch(s) and after the last "
+            f"{checkpointing}: a checkpoint every {every} epoch(s) and after the last "
             + (f"(every {cadence:.2f} s)" if cadence is not None else "")
         )
     print(
@@ -448,16 +508,16 @@ def drive(args: argparse.Namespace) -> int:
     if args.epochs <= args.warmup:
         raise SystemExit(f"--epochs ({args.epochs}) must exceed --warmup ({args.warmup})")
     order: list[str] = []
-    for i in range(args.repeats):
-        order += ["bare", "trainhouse"] if i % 2 == 0 else ["trainhouse", "bare"]
+    for i in range(args.repeats):  # ABCCBA: drift cancels between every two sides
+        order += list(args.sides) if i % 2 == 0 else list(reversed(args.sides))
     runs: list[Run] = []
     for n, side in enumerate(order, 1):
         busy = wait_quiet(args.quiet_wait)
         log(f"[{n}/{len(order)}] {side}: {args.epochs} epochs (CPU in use before: {busy:.0f}%) ...")
-        if side == "bare":
-            run = run_bare(example, spec, args.timeout)
-        else:
+        if side == "trainhouse":
             run = run_trainhouse(spec_file, overrides, spec, args.timeout)
+        else:
+            run = run_torchrun(side, example, spec, args.timeout)
         if len(run.rates) != args.epochs:
             raise RuntimeError(f"{side} reported {len(run.rates)} epochs, expected {args.epochs}")
         run.steady = run.rates[args.warmup :]
@@ -503,7 +563,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--smoke",
         action="store_true",
-        help="a quick check that both sides run: 2 epochs (1 dropped), 1 run per side, no "
+        help="a quick check that every side runs: 2 epochs (1 dropped), 1 run per side, no "
         "quiet-wait (the numbers mean nothing)",
     )
     parser.add_argument("--example", type=Path, default=DEFAULT_EXAMPLE, help=argparse.SUPPRESS)
@@ -523,13 +583,29 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--pause", type=float, default=0.05, help="seconds between those checkpoints (0.05)"
     )
+    parser.add_argument(
+        "--sides",
+        default=",".join(SIDES),
+        help="the sides to run, in this order (default bare,sdk,trainhouse; bare and "
+        "trainhouse are required)",
+    )
     parser.add_argument("--bare-worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--sdk-worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--train-py", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--hparams", default="{}", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.bare_worker:
         bare_worker(args.train_py, json.loads(args.hparams))
         return 0
+    if args.sdk_worker:
+        sdk_worker(args.train_py, json.loads(args.hparams))
+        return 0
+    args.sides = tuple(x.strip() for x in args.sides.split(",") if x.strip())
+    unknown = set(args.sides) - set(SIDES)
+    if unknown or len(set(args.sides)) != len(args.sides):
+        parser.error(f"--sides takes each of {', '.join(SIDES)} at most once, got {args.sides}")
+    if not {"bare", "trainhouse"} <= set(args.sides):
+        parser.error("--sides needs bare and trainhouse (the ratio is theirs)")
     if args.smoke:
         args.epochs, args.warmup, args.repeats, args.quiet_wait = 2, 1, 1, 0.0
         args.registrations = 10

@@ -54,3 +54,17 @@ def test_the_bare_worker_cannot_start_a_run(tmp_path: Path) -> None:
     assert "refused: the bare benchmark must not start a trainhouse run" in result.stdout, (
         result.stdout + result.stderr[-3000:]
     )
+
+
+def test_the_sdk_worker_runs_the_example_through_the_sdk_standalone(tmp_path: Path) -> None:
+    # the benchmark's third side: the example's own main() with the benchmark's hparams, its
+    # checkpoints written by the SDK where a standalone run keeps them, its rates from run.log
+    hparams = json.dumps({"epochs": 2, "checkpoint_epochs": 1})
+    args = [str(BENCH), "--sdk-worker", "--train-py", str(EXAMPLE), "--hparams", hparams]
+    result = _run(args, tmp_path)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    line = next(ln for ln in result.stdout.splitlines() if ln.startswith("OVERHEAD_BARE_RESULT "))
+    rates = json.loads(line.split(" ", 1)[1])["rates"]
+    assert len(rates) == 2 and min(rates) > 0
+    assert "[trainhouse] step 0: " in result.stdout  # the standalone run's console sink
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir())  # the SDK's own files
