@@ -56,8 +56,8 @@ Steady state
     test: it exits 0 whatever the ratio (non-zero only when a run fails).
 
 The server's CPU per checkpoint
-    After the ABBA runs, ``bench/_registrations.py`` measures what the server spends on each
-    checkpoint a job registers (the metrics flushed before it, the registration, retention):
+    After the alternating runs, ``bench/_registrations.py`` measures what the server spends on
+    each checkpoint a job registers (the metrics flushed before it, the registration, retention):
     one job that logs and checkpoints ``--registrations`` times, ``--pause`` seconds apart,
     against the same job without the checkpoints, on one fresh server; goal <= 2 ms.
 
